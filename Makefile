@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create (or reuse) .venv and install what they need.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch is installed from its pin first, so that no resolver ever pulls another
+# build (with its several GB of CUDA packages).
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[torch,gymnasium,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/replaybuffer demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/replaybuffer bench
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

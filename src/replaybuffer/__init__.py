@@ -1,0 +1,49 @@
+"""replaybuffer: experience replay for reinforcement learning.
+
+Quick start::
+
+    import numpy as np
+    import replaybuffer as rb
+
+    spec = (rb.ArraySpec((3,), np.float32, "action"),
+            (rb.ArraySpec((5,), np.float32, "lidar"),
+             rb.ArraySpec((3, 2), np.float32, "camera")))
+    buffer = rb.UniformReplayBuffer(spec, batch_size=32, max_length=1000)
+    buffer.add_batch(...)                       # leaves shaped [32, *spec.shape]
+    items, info = buffer.get_next(sample_batch_size=4, num_steps=2)
+    for items, info in buffer.as_dataset(sample_batch_size=4, num_steps=2): ...
+
+``import replaybuffer`` needs only numpy and optree; torch, gymnasium and the rest
+are imported by the parts that use them.
+"""
+
+from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
+from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
+from replaybuffer.persist import load
+from replaybuffer.specs import (
+    ArraySpec,
+    BoundedArraySpec,
+    as_data_spec,
+    spec_from_example,
+    spec_from_space,
+    spec_from_tensor_spec,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArraySpec",
+    "BoundedArraySpec",
+    "BufferInfo",
+    "CheckpointError",
+    "EmptyBufferError",
+    "ReplayBuffer",
+    "ReplayBufferError",
+    "SpecError",
+    "UniformReplayBuffer",
+    "as_data_spec",
+    "load",
+    "spec_from_example",
+    "spec_from_space",
+    "spec_from_tensor_spec",
+]

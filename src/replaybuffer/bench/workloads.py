@@ -1,0 +1,141 @@
+"""Benchmark workloads: add_batch and get_next against the plain numpy limit.
+
+The numpy limit is measured in the same process on the same arrays: for reads,
+``np.take(leaf, positions, axis=0, out=preallocated)`` per leaf with precomputed
+random positions (the bytes a sample must move, with no bookkeeping at all); for
+writes, one numpy row assignment per leaf.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.bench.timing import compare
+from replaybuffer.buffers import UniformReplayBuffer
+from replaybuffer.specs import ArraySpec
+
+
+@dataclass
+class Result:
+    workload: str
+    storage: str
+    op: str
+    items_per_call: int
+    seconds: float
+    limit_seconds: float | None
+
+    @property
+    def items_per_second(self) -> float:
+        return self.items_per_call / self.seconds
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.limit_seconds is None else self.seconds / self.limit_seconds
+
+
+def control_spec() -> dict[str, ArraySpec]:
+    """Control-size steps: float32 observation[17], action[6], reward, discount; int32 step type."""
+    return {"observation": ArraySpec((17,), np.float32), "action": ArraySpec((6,), np.float32),
+            "reward": ArraySpec((), np.float32), "discount": ArraySpec((), np.float32),
+            "step_type": ArraySpec((), np.int32)}
+
+
+def frames_spec() -> dict[str, ArraySpec]:
+    """Atari-size steps: uint8 observation[84, 84, 4] and the control scalars."""
+    spec = control_spec()
+    spec["observation"] = ArraySpec((84, 84, 4), np.uint8)
+    spec["action"] = ArraySpec((), np.int32)
+    return spec
+
+
+def random_items(spec: Any, outer: tuple[int, ...], rng: np.random.Generator) -> Any:
+    def leaf(s: ArraySpec) -> np.ndarray:
+        shape = outer + s.shape
+        if s.dtype.kind == "f":
+            return rng.standard_normal(shape, dtype=np.float32).astype(s.dtype)
+        return rng.integers(0, 100, size=shape).astype(s.dtype)
+    return nest.map_structure(leaf, spec)
+
+
+def fill(buffer: UniformReplayBuffer, rng: np.random.Generator, chunk: int = 1000) -> None:
+    """Fill every slot of ``buffer`` with random data (so reads touch real pages)."""
+    data = random_items(buffer.data_spec, (buffer.batch_size, chunk), rng)
+    remaining = buffer.max_length
+    while remaining > 0:
+        n = min(chunk, remaining)
+        buffer.extend(nest.map_structure(lambda a: a[:, :n], data) if n < chunk else data)
+        remaining -= n
+
+
+def host_arrays(buffer: UniformReplayBuffer) -> list[np.ndarray]:
+    """The storage's leaves as numpy arrays sharing memory (CPU backends only)."""
+    arrays = buffer._storage.arrays
+    return [a if isinstance(a, np.ndarray) else a.numpy() for a in arrays]
+
+
+def add_limit(arrays: list[np.ndarray], items: list[np.ndarray]) -> Callable[[], None]:
+    batch = len(items[0])
+    capacity = len(arrays[0])
+    state = {"slot": 0}
+
+    def assign() -> None:
+        s = state["slot"]
+        for dst, src in zip(arrays, items):
+            dst[s:s + batch] = src
+        state["slot"] = (s + batch) % (capacity - batch)
+    return assign
+
+
+def gather_limit(arrays: list[np.ndarray], positions: np.ndarray) -> Callable[[], None]:
+    outs = [np.empty(positions.shape + a.shape[1:], a.dtype) for a in arrays]
+
+    def take() -> None:
+        for src, out in zip(arrays, outs):
+            np.take(src, positions, axis=0, out=out)
+    return take
+
+
+def run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage: str,
+                 sample_sizes: tuple[int, ...], min_time: float) -> Iterator[Result]:
+    rng = np.random.default_rng(0)
+    buffer = UniformReplayBuffer(spec, batch_size=batch_size,
+                                 max_length=capacity // batch_size, storage=storage, seed=0)
+    fill(buffer, rng)
+    label = f"{name} B={batch_size}"
+    step = random_items(spec, (batch_size,), rng)
+    arrays = host_arrays(buffer)
+    step_leaves = nest.flatten(step)[0]
+    t = compare({"ours": lambda: buffer.add_batch(step),
+                 "limit": add_limit(arrays, step_leaves)}, min_time)
+    yield Result(label, storage, "add_batch", batch_size, t["ours"], t["limit"])
+    for size in sample_sizes:
+        for num_steps in (None, 2):
+            steps = num_steps or 1
+            positions = rng.integers(0, buffer.capacity, size=(size, steps))
+            if num_steps is None:
+                positions = positions[:, 0]
+            t = compare({"ours": lambda: buffer.get_next(size, num_steps),
+                         "limit": gather_limit(arrays, positions)}, min_time)
+            op = f"get_next({size}{'' if num_steps is None else f', num_steps={num_steps}'})"
+            yield Result(label, storage, op, size * steps, t["ours"], t["limit"])
+    del buffer, arrays
+    gc.collect()
+
+
+def run(workloads: list[str], storages: list[str], quick: bool) -> Iterator[Result]:
+    """Yield results for each workload and storage backend."""
+    min_time = 0.05 if quick else 0.25
+    for storage in storages:
+        if "control" in workloads:
+            for batch_size in (1, 32):
+                yield from run_workload("control", control_spec(), batch_size,
+                                        100_000 if quick else 1_000_000, storage, (256,),
+                                        min_time)
+        if "frames" in workloads:
+            yield from run_workload("frames[84,84,4]", frames_spec(), 1,
+                                    5_000 if quick else 100_000, storage, (32, 256), min_time)

@@ -1,0 +1,433 @@
+"""The replay-buffer core: a ring of ``batch_size x max_length`` steps, a storage
+and a sampler, joined under one lock.
+
+Subclasses choose the sampler; everything else (validation, the write path, the
+read path, datasets, persistence) lives here once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar, Iterable, NamedTuple
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.sampling import Ring, Sampler
+from replaybuffer.sampling.ring import table_rows
+from replaybuffer.specs import ArraySpec, as_data_spec
+from replaybuffer.storage import make_storage
+
+
+class BufferInfo(NamedTuple):
+    """What a read returns beside the items.
+
+    Attributes:
+        ids: int64 logical step ids of the items read, the same outer shape as the
+            items (``[S]``, ``[S, T]``, ...). Within a window they increase by 1. In a
+            deterministic pass they are TF-Agents' physical row indices instead
+            (``row * max_length + slot``).
+        probabilities: float32 ``[S]`` (or a scalar): the probability with which each
+            sample was drawn. ``()`` in a deterministic pass.
+    """
+
+    ids: Any
+    probabilities: Any
+
+
+def _positive_or_none(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return int(value)
+
+
+class ReplayBuffer:
+    """A fixed-capacity store of steps laid out as ``batch_size`` rows of ``max_length``.
+
+    Each :meth:`add_batch` writes one step to every row at the same logical id; once
+    a row is full the oldest step is overwritten. Reads never cross the write head.
+    All methods are thread-safe: a collector may add while learners sample, and no
+    sampled step mixes leaves from two different writes.
+
+    Args:
+        data_spec: a nest of :class:`~replaybuffer.ArraySpec` (or gymnasium spaces,
+            ``tf.TensorSpec`` s, anything with ``.shape`` and ``.dtype``).
+        batch_size: rows; every ``add_batch`` item has this leading dimension.
+        max_length: steps kept per row.
+        storage: ``"numpy"`` (host RAM) or ``"torch"`` (tensors on ``device``).
+        device: torch device for ``storage="torch"`` (``"cuda"``, ``"cuda:1"``, ...).
+        sampler: which windows reads draw.
+    """
+
+    _registry: ClassVar[dict[str, type["ReplayBuffer"]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ReplayBuffer._registry[cls.__name__] = cls
+
+    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
+                 storage: str = "numpy", device: Any = None, sampler: Sampler):
+        self._data_spec = as_data_spec(data_spec)
+        specs, self._structure = nest.flatten(self._data_spec)
+        self._specs: tuple[ArraySpec, ...] = tuple(specs)
+        self._paths = nest.leaf_paths(self._data_spec)
+        self._ring = Ring(batch_size, max_length)
+        self._storage = make_storage(storage, self._specs, self._ring.capacity, device)
+        self._sampler = sampler
+        self._lock = threading.Lock()
+        self._outer = (self._ring.batch_size,)
+        self._outer_names = f"[batch_size={self._ring.batch_size}]"
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def data_spec(self) -> Any:
+        """The nest of :class:`ArraySpec` describing one item (no batch dimension)."""
+        return self._data_spec
+
+    @property
+    def capacity(self) -> int:
+        """Steps the buffer can hold: ``batch_size * max_length`` (a Python int)."""
+        return self._ring.capacity
+
+    @property
+    def batch_size(self) -> int:
+        return self._ring.batch_size
+
+    @property
+    def max_length(self) -> int:
+        return self._ring.max_length
+
+    @property
+    def storage(self) -> str:
+        """The storage backend's name."""
+        return self._storage.kind
+
+    @property
+    def device(self) -> Any:
+        return getattr(self._storage, "device", None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the storage takes at full capacity (allocated at construction)."""
+        return self._storage.nbytes
+
+    @property
+    def last_id(self) -> int:
+        """Id of the newest step (-1 when empty); ids count adds from 0."""
+        return self._ring.last_id
+
+    def num_frames(self) -> int:
+        """Steps held: ``min(adds * batch_size, capacity)``."""
+        return self._ring.num_frames
+
+    def __len__(self) -> int:
+        return self._ring.num_frames
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(batch_size={self.batch_size}, "
+                f"max_length={self.max_length}, storage={self.storage!r}, "
+                f"frames={self.num_frames()}/{self.capacity})")
+
+    # ----------------------------------------------------------------- write path
+    def _flatten_items(self, items: Any, method: str) -> list[Any]:
+        leaves, structure = nest.flatten(items)
+        if structure != self._structure:
+            raise SpecError(self._structure_mismatch(items, structure, method))
+        return leaves
+
+    def _structure_mismatch(self, items: Any, structure: Any, method: str) -> str:
+        try:
+            got = set(nest.leaf_paths(items))
+        except Exception:  # an unflattenable object: report its structure only
+            got = set()
+        want = set(self._paths)
+        detail = []
+        if want - got:
+            detail.append(f"missing leaves {sorted(want - got)}")
+        if got - want:
+            detail.append(f"unexpected leaves {sorted(got - want)}")
+        return (f"{method}: items do not match the data_spec structure: expected "
+                f"{nest.describe(self._structure)}, got {nest.describe(structure)}"
+                + (f" ({'; '.join(detail)})" if detail else ""))
+
+    def add_batch(self, items: Any) -> None:
+        """Append one step to every row.
+
+        Args:
+            items: a nest matching ``data_spec`` whose leaves have shape
+                ``[batch_size, *spec.shape]``: numpy arrays, array-likes or (torch
+                storage) tensors, of a dtype that casts to the leaf's within its kind.
+
+        Raises:
+            SpecError: wrong structure, shape, batch size or dtype; the message names
+                the leaf. Nothing is written.
+        """
+        leaves = self._flatten_items(items, "add_batch")
+        arrays = self._storage.convert(leaves, self._paths, self._outer, self._outer_names)
+        ring = self._ring
+        with self._lock:
+            slot = (ring.last_id + 1) % ring.max_length
+            self._storage.write(slot * ring.batch_size, arrays)
+            ring.last_id += 1
+            self._sampler.on_add(ring, ring.last_id, 1)
+
+    def extend(self, items: Any) -> None:
+        """Append ``num_steps`` consecutive steps to every row in one call.
+
+        Args:
+            items: a nest matching ``data_spec`` whose leaves have shape
+                ``[batch_size, num_steps, *spec.shape]``, oldest step first.
+
+        Equivalent to ``num_steps`` calls of :meth:`add_batch` with ``items[:, t]``.
+        """
+        leaves = self._flatten_items(items, "extend")
+        first = leaves[0] if leaves else None
+        shape = tuple(getattr(first, "shape", np.shape(first)))
+        if len(shape) < 2:
+            raise SpecError(f"extend: leaf {self._paths[0]}: expected leading dimensions "
+                            f"[batch_size={self.batch_size}, num_steps], got shape {shape}")
+        num_steps = int(shape[1])
+        arrays = self._storage.convert(leaves, self._paths, (self.batch_size, num_steps),
+                                       f"[batch_size={self.batch_size}, num_steps]")
+        if num_steps == 0:
+            return
+        ring = self._ring
+        B, L = ring.batch_size, ring.max_length
+        skip = max(0, num_steps - L)  # steps overwritten within this very call
+        # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
+        time_major = [a[:, skip:].swapaxes(0, 1).reshape((-1,) + s.shape)
+                      for a, s in zip(arrays, self._specs)]
+        with self._lock:
+            first_id = ring.last_id + 1
+            kept = num_steps - skip
+            slot = (first_id + skip) % L
+            head = min(kept, L - slot)
+            self._storage.write(slot * B, [a[:head * B] for a in time_major])
+            if head < kept:
+                self._storage.write(0, [a[head * B:] for a in time_major])
+            ring.last_id += num_steps
+            self._sampler.on_add(ring, first_id, num_steps)
+
+    # ------------------------------------------------------------------ read path
+    def _empty_error(self, num_steps: int) -> EmptyBufferError:
+        name = type(self).__name__
+        if self._ring.last_id < 0:
+            return EmptyBufferError(f"{name} is empty. Make sure to add items before sampling "
+                                    "the buffer.")
+        return EmptyBufferError(
+            f"{name} has no window of num_steps={num_steps}: each row holds "
+            f"{self._ring.items_per_row} steps (max_length={self._ring.max_length}). "
+            "Make sure to add items before sampling the buffer.")
+
+    def _check_num_steps(self, num_steps: int) -> None:
+        if num_steps > self._ring.max_length:
+            raise EmptyBufferError(
+                f"num_steps={num_steps} can never be sampled: it exceeds "
+                f"max_length={self._ring.max_length}")
+
+    def _sample_arrays(self, sample_batch_size: int, num_steps: int | None,
+                       rng: np.random.Generator | None = None
+                       ) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:
+        """Draw and gather under the lock: ``(leaves, ids, info)``, batched."""
+        steps = num_steps or 1
+        self._check_num_steps(steps)
+        ring = self._ring
+        with self._lock:
+            lo, hi = ring.valid_start_range(steps)
+            if hi <= lo:
+                raise self._empty_error(steps)
+            indices, info = self._sampler.sample(ring, sample_batch_size, steps, rng)
+            if num_steps is None:
+                ids = indices.start_ids
+                rows: Any = indices.rows
+            else:
+                ids = indices.start_ids[:, None] + np.arange(num_steps, dtype=np.int64)
+                rows = indices.rows[:, None]
+            leaves = self._storage.gather(ring.positions(ids, rows))
+        return leaves, ids, info
+
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True) -> tuple[Any, BufferInfo]:
+        """Sample items (with replacement) and return ``(items, BufferInfo)``.
+
+        Shapes, with ``D`` the spec shape of a leaf:
+
+        ==================  ============  =====================================
+        sample_batch_size   num_steps     items leaf shape
+        ==================  ============  =====================================
+        None                None          ``[D]``
+        S                   None          ``[S, D]``
+        None                T             ``[T, D]`` (a T-tuple of ``[D]`` unstacked)
+        S                   T             ``[S, T, D]`` (a T-tuple of ``[S, D]``)
+        ==================  ============  =====================================
+
+        Every step of one sample comes from the same row; a window never crosses the
+        write head (it may wrap physically). ``BufferInfo.ids`` has the items' outer
+        shape; ``probabilities`` is float32 ``[S]`` (a scalar without ``S``).
+
+        Raises:
+            EmptyBufferError: the buffer is empty, or holds fewer than ``num_steps``
+                steps per row.
+        """
+        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = _positive_or_none(num_steps, "num_steps")
+        return self._sample(sample_batch_size, num_steps, time_stacked)
+
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None
+                ) -> tuple[Any, BufferInfo]:
+        """:meth:`get_next` after argument checks; ``rng`` overrides the sampler's."""
+        leaves, ids, info = self._sample_arrays(sample_batch_size or 1, num_steps, rng)
+        return self._package(leaves, ids, info["probabilities"], sample_batch_size,
+                             num_steps, time_stacked)
+
+    def _spawn_rng(self) -> np.random.Generator:
+        with self._lock:
+            return self._sampler.spawn_rng()
+
+    def _package(self, leaves: list[Any], ids: np.ndarray, probabilities: np.ndarray,
+                 sample_batch_size: int | None, num_steps: int | None,
+                 time_stacked: bool) -> tuple[Any, BufferInfo]:
+        to_backend = self._storage.from_numpy
+        if sample_batch_size is None:
+            leaves = [leaf[0] for leaf in leaves]
+            ids, probabilities = ids[0], probabilities[0]
+        if num_steps is not None and not time_stacked:
+            axis_t = 0 if sample_batch_size is None else 1
+            items = tuple(self._structure.unflatten([_take_step(leaf, t, axis_t)
+                                                     for leaf in leaves])
+                          for t in range(num_steps))
+            ids_out: Any = tuple(to_backend(np.ascontiguousarray(_take_step(ids, t, axis_t)))
+                                 for t in range(num_steps))
+        else:
+            items = self._structure.unflatten(leaves)
+            ids_out = to_backend(np.asarray(ids))
+        return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)))
+
+    def gather_all(self) -> Any:
+        """Every retained step, ``[batch_size, items_per_row, D]`` per leaf.
+
+        Rows are in chronological order, oldest first; an empty buffer gives
+        ``[batch_size, 0, D]``.
+        """
+        ring = self._ring
+        with self._lock:
+            first, n = ring.oldest_id, ring.items_per_row
+            ids = np.arange(first, first + n, dtype=np.int64)
+            rows = np.arange(ring.batch_size, dtype=np.int64)[:, None]
+            leaves = self._storage.gather(ring.positions(ids[None, :], rows))
+        return self._structure.unflatten(leaves)
+
+    def clear(self, zero_storage: bool = False) -> None:
+        """Forget every step: ``last_id`` goes back to -1.
+
+        Args:
+            zero_storage: also overwrite the stored arrays with zeros (otherwise they
+                are only unlinked, which is O(1)).
+        """
+        with self._lock:
+            self._ring.last_id = -1
+            self._sampler.on_clear()
+            if zero_storage:
+                self._storage.zero()
+
+    # ------------------------------------------------------------------- datasets
+    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                   num_parallel_calls: int | None = None,
+                   single_deterministic_pass: bool = False, *,
+                   prefetch: int | None = None, drop_remainder: bool = False,
+                   window_shift: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
+        """An iterable of ``(items, BufferInfo)`` elements.
+
+        Random mode (default) is infinite: each element is a fresh :meth:`get_next`
+        with ``time_stacked=True``. With ``num_parallel_calls=k`` that many worker
+        threads sample ahead into a bounded queue of ``prefetch`` elements (default
+        ``2 * k``); element order is still deterministic for a seeded buffer. Without
+        workers every element is drawn when it is pulled, so it sees the buffer as it
+        is at that moment.
+
+        ``single_deterministic_pass=True`` visits every retained step once, row by
+        row, oldest first (see :mod:`replaybuffer.sampling.deterministic` for the
+        order with ``sample_batch_size``/``num_steps``). ``window_shift`` sets the
+        steps between window starts (default ``num_steps``: disjoint windows);
+        ``drop_remainder`` drops partial windows and a partial last row group.
+        The index range is read when iteration starts.
+
+        Raises:
+            ValueError: the data spec contains Python lists (use tuples), or
+                ``drop_remainder`` would drop all data.
+        """
+        from replaybuffer.dataset import DeterministicPass, RandomStream
+
+        if nest.contains_lists(self._data_spec):
+            raise ValueError("as_dataset needs a data_spec without Python lists: convert "
+                             f"them to tuples (data_spec={self._data_spec!r})")
+        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = _positive_or_none(num_steps, "num_steps")
+        if single_deterministic_pass:
+            window_shift = _positive_or_none(window_shift, "window_shift")
+            return DeterministicPass(self, sample_batch_size, num_steps, window_shift,
+                                     drop_remainder)
+        num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
+        if num_steps is not None:
+            self._check_num_steps(num_steps)
+        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
+
+    def _deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
+                            shift: int | None, drop_remainder: bool
+                            ) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+        from replaybuffer.sampling.deterministic import plan
+
+        ring = self._ring
+        with self._lock:
+            if ring.last_id < 0:
+                raise EmptyBufferError(f"{type(self).__name__} is empty. Make sure to add "
+                                       "items before asking the buffer for data.")
+            first, n = ring.oldest_id, ring.items_per_row
+        return plan(first, n, ring.batch_size, sample_batch_size, num_steps, shift,
+                    drop_remainder)
+
+    def _read_block(self, ids: np.ndarray, rows: np.ndarray) -> tuple[Any, BufferInfo]:
+        """Gather one deterministic-pass element."""
+        ring = self._ring
+        with self._lock:
+            leaves = self._storage.gather(ring.positions(ids, rows))
+        physical = np.broadcast_to(table_rows(ids, rows, ring.max_length),
+                                   np.broadcast_shapes(np.shape(ids), np.shape(rows)))
+        info = BufferInfo(self._storage.from_numpy(np.ascontiguousarray(physical)), ())
+        return self._structure.unflatten(leaves), info
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, directory: str) -> None:
+        """Write the buffer (data, ids, write position, sampler state) to ``directory``.
+
+        No pickle: a JSON manifest and one ``.npy`` file per leaf. An existing save in
+        ``directory`` is replaced; any other non-empty directory is refused. Restore
+        with :func:`replaybuffer.load`.
+        """
+        from replaybuffer.persist import save
+
+        save(self, directory)
+
+    def _config(self) -> dict[str, Any]:
+        """Constructor keywords a restored buffer needs besides spec and layout."""
+        return {}
+
+    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """``(state, arrays)`` for persistence; the caller holds the lock."""
+        state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}
+        return state, self._storage.export(self._ring.num_frames)
+
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        with self._lock:
+            self._storage.load(arrays)
+            self._ring.last_id = int(state["last_id"])
+            self._sampler.load_state_dict(state["sampler"])
+
+
+def _take_step(array: Any, t: int, axis: int) -> Any:
+    return array[t] if axis == 0 else array[:, t]
+

@@ -1,0 +1,71 @@
+"""The ``replaybuffer`` command: ``demo``, ``bench`` and ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from replaybuffer.demos import tutorial
+
+    tutorial.main(storage=args.storage)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from replaybuffer.bench import run_and_report
+
+    return run_and_report(args)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from replaybuffer.persist import decode_spec, read_manifest
+
+    manifest = read_manifest(args.directory)
+    state = manifest["state"]
+    frames = min(state["last_id"] + 1, manifest["max_length"]) * manifest["batch_size"]
+    print(f"{manifest['buffer']}: batch_size={manifest['batch_size']} "
+          f"max_length={manifest['max_length']} storage={manifest['storage']}")
+    print(f"last_id={state['last_id']} frames={frames}")
+    print(f"data_spec={decode_spec(manifest['data_spec'])!r}")
+    if args.json:
+        print(json.dumps(manifest, indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replaybuffer",
+                                     description="Experience replay for reinforcement learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the main demo (the TF-Agents tutorial walk-through)")
+    demo.add_argument("--storage", default="numpy", choices=["numpy", "torch"])
+    demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="throughput against the plain numpy limit")
+    bench.add_argument("--storage", default="numpy,torch",
+                       help="comma-separated storage backends (default: numpy,torch)")
+    bench.add_argument("--workloads", default="control,frames",
+                       help="comma-separated: control, frames (default: both)")
+    bench.add_argument("--quick", action="store_true",
+                       help="small capacities and short timings (a smoke run)")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(func=_bench)
+
+    inspect = sub.add_parser("inspect", help="describe a saved buffer")
+    inspect.add_argument("directory")
+    inspect.add_argument("--json", action="store_true", help="print the whole manifest")
+    inspect.set_defaults(func=_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

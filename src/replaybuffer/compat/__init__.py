@@ -1,0 +1,4 @@
+"""Names for users coming from other libraries: thin aliases, no second implementations.
+
+* :mod:`replaybuffer.compat.tf_agents` — TF-Agents' replay-buffer names.
+"""

@@ -1,0 +1,64 @@
+"""TF-Agents' replay-buffer names over replaybuffer's implementation.
+
+Code written for ``tf_agents.replay_buffers.py_uniform_replay_buffer`` ports by
+changing the import::
+
+    from replaybuffer.compat.tf_agents import PyUniformReplayBuffer
+
+Differences from TF-Agents, each a fix of a reported problem:
+
+* ``get_next`` and dataset elements return ``(items, BufferInfo)`` as the TF buffer
+  does, not bare items (tensorflow/agents#797).
+* ``add_batch`` accepts any leading batch dimension ``n`` and stores the ``n`` items
+  in order, instead of raising for ``n != 1`` (tensorflow/agents#198).
+* ``gather_all`` returns only stored items, oldest first, ``[1, size, ...]``, rather
+  than every slot in storage order.
+* Sampling an empty buffer raises ``EmptyBufferError`` instead of returning
+  uninitialised arrays; ``num_frames()`` works; ``as_dataset`` supports
+  ``num_parallel_calls`` and the single deterministic pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
+from replaybuffer.specs import ArraySpec, BoundedArraySpec
+
+__all__ = ["ArraySpec", "BoundedArraySpec", "BufferInfo", "PyUniformReplayBuffer",
+           "ReplayBuffer"]
+
+
+class PyUniformReplayBuffer(UniformReplayBuffer):
+    """A numpy-backed uniform buffer of ``capacity`` items in one row.
+
+    Args:
+        data_spec: a nest of :class:`ArraySpec`.
+        capacity: items kept; older items are overwritten first.
+        seed: seeds sampling.
+    """
+
+    def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
+                 storage: str = "numpy", device: Any = None, batch_size: int = 1,
+                 max_length: int | None = None):
+        # batch_size/max_length are accepted so that load() can rebuild the buffer.
+        super().__init__(data_spec, batch_size=1, max_length=capacity if max_length is None
+                         else max_length, storage=storage, device=device, seed=seed)
+
+    def add_batch(self, items: Any) -> None:
+        """Append ``n`` items given with a leading dimension ``n`` (any ``n >= 0``)."""
+        self.extend(nest.map_structure(_add_leading_axis, items))
+
+    @property
+    def size(self) -> int:
+        """Items held."""
+        return self.num_frames()
+
+
+def _add_leading_axis(leaf: Any) -> Any:
+    if hasattr(leaf, "unsqueeze"):  # a torch tensor
+        return leaf.unsqueeze(0)
+    return np.asarray(leaf)[None]

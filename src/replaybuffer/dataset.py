@@ -1,0 +1,201 @@
+"""Iterating a buffer: the infinite random stream and the single deterministic pass.
+
+Both are plain Python iterables of ``(items, BufferInfo)`` elements; :func:`to_torch`
+wraps either in a ``torch.utils.data.IterableDataset``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from replaybuffer.sampling.deterministic import check_not_all_dropped
+from replaybuffer.sampling.sampler import make_rng
+
+if TYPE_CHECKING:
+    from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+
+Element = tuple[Any, "BufferInfo"]
+
+
+class RandomStream:
+    """An infinite stream of independent samples from a buffer.
+
+    Each ``iter()`` starts a new iterator with its own generator, seeded from the
+    buffer's sampler (so a seeded buffer gives the same stream every run).
+
+    Args:
+        buffer: the buffer to sample.
+        sample_batch_size, num_steps: as in ``get_next`` (time-stacked).
+        num_parallel_calls: worker threads sampling ahead; ``None`` samples on pull.
+        prefetch: elements buffered ahead in total (default ``2 * num_parallel_calls``).
+    """
+
+    def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
+                 num_steps: int | None, num_parallel_calls: int | None = None,
+                 prefetch: int | None = None):
+        if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
+            raise ValueError(f"prefetch must be a non-negative int or None, got {prefetch!r}")
+        self.buffer = buffer
+        self.sample_batch_size = sample_batch_size
+        self.num_steps = num_steps
+        self.workers = num_parallel_calls or (1 if prefetch else 0)
+        self.prefetch = (2 * self.workers if prefetch is None else prefetch)
+
+    def __iter__(self) -> Iterator[Element]:
+        if self.workers == 0:
+            return _SyncIterator(self)
+        return _PrefetchIterator(self)
+
+    def to_torch(self) -> Any:
+        """This stream as a ``torch.utils.data.IterableDataset``."""
+        return to_torch(self)
+
+
+class _SyncIterator:
+    def __init__(self, stream: RandomStream):
+        self._stream = stream
+        self._rng = stream.buffer._spawn_rng()
+
+    def __iter__(self) -> "_SyncIterator":
+        return self
+
+    def __next__(self) -> Element:
+        s = self._stream
+        return s.buffer._sample(s.sample_batch_size, s.num_steps, True, self._rng)
+
+
+class _PrefetchIterator:
+    """Worker ``w`` produces elements ``w, w + k, w + 2k, ...`` with its own generator
+    into its own queue; the consumer reads the queues round-robin, so the element
+    order does not depend on thread scheduling."""
+
+    def __init__(self, stream: RandomStream):
+        k = stream.workers
+        seed = int(stream.buffer._spawn_rng().integers(0, 2**63 - 1))
+        per_worker = max(1, -(-stream.prefetch // k))
+        self._queues: list[queue.Queue] = [queue.Queue(per_worker) for _ in range(k)]
+        self._stop = threading.Event()
+        self._next = 0
+        self._error: BaseException | None = None
+        self._threads = []
+        for w in range(k):
+            rng = make_rng(np.random.SeedSequence([seed, w]))
+            t = threading.Thread(target=_produce, name=f"replaybuffer-prefetch-{w}",
+                                 args=(stream, rng, self._queues[w], self._stop), daemon=True)
+            t.start()
+            self._threads.append(t)
+        # Workers hold no reference to the iterator, so dropping it stops them.
+        self._finalizer = weakref.finalize(self, self._stop.set)
+
+    def __iter__(self) -> "_PrefetchIterator":
+        return self
+
+    def __next__(self) -> Element:
+        if self._error is not None:
+            raise self._error
+        q = self._queues[self._next % len(self._queues)]
+        while True:
+            try:
+                ok, value = q.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise StopIteration from None
+        if not ok:
+            self._error = value
+            self.close()
+            raise value
+        self._next += 1
+        return value
+
+    def close(self) -> None:
+        """Stop the worker threads (also done when the iterator is garbage collected)."""
+        self._stop.set()
+
+    def __enter__(self) -> "_PrefetchIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
+             stop: threading.Event) -> None:
+    buffer = stream.buffer
+    while not stop.is_set():
+        try:
+            item: tuple[bool, Any] = (True, buffer._sample(stream.sample_batch_size,
+                                                           stream.num_steps, True, rng))
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            item = (False, exc)
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if not item[0]:
+            return
+
+
+class DeterministicPass:
+    """One pass over every retained step; see :mod:`replaybuffer.sampling.deterministic`.
+
+    The range of retained steps is read when iteration starts, not at construction.
+    Elements carry ``BufferInfo(ids=physical row indices, probabilities=())``.
+    Adding to the buffer while iterating may skip or repeat steps.
+    """
+
+    def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
+                 num_steps: int | None, shift: int | None, drop_remainder: bool):
+        check_not_all_dropped(buffer.batch_size, buffer.max_length, sample_batch_size,
+                              num_steps, drop_remainder)
+        self.buffer = buffer
+        self.sample_batch_size = sample_batch_size
+        self.num_steps = num_steps
+        self.shift = shift
+        self.drop_remainder = drop_remainder
+
+    def __iter__(self) -> Iterator[Element]:
+        buffer = self.buffer
+        blocks = buffer._deterministic_plan(self.sample_batch_size, self.num_steps,
+                                            self.shift, self.drop_remainder)
+        for ids, rows in blocks:
+            yield buffer._read_block(ids, rows)
+
+    def to_torch(self) -> Any:
+        """This pass as a ``torch.utils.data.IterableDataset``."""
+        return to_torch(self)
+
+
+_TORCH_DATASET_CLASS: Any = None
+
+
+def to_torch(dataset: Any) -> Any:
+    """Wrap an iterable of elements in a ``torch.utils.data.IterableDataset``.
+
+    Use it with ``DataLoader(ds, batch_size=None, num_workers=0)``: elements are
+    already batched, and worker processes would each copy the buffer. Parallel
+    sampling comes from ``num_parallel_calls`` instead.
+    """
+    global _TORCH_DATASET_CLASS
+    if _TORCH_DATASET_CLASS is None:
+        from torch.utils.data import IterableDataset
+
+        class ReplayIterableDataset(IterableDataset):
+            """A replaybuffer dataset seen by torch's data loading."""
+
+            def __init__(self, source: Any):
+                super().__init__()
+                self.source = source
+
+            def __iter__(self) -> Iterator[Element]:
+                return iter(self.source)
+
+        _TORCH_DATASET_CLASS = ReplayIterableDataset
+    return _TORCH_DATASET_CLASS(dataset)

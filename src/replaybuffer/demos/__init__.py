@@ -1,0 +1,1 @@
+"""Runnable walk-throughs behind ``replaybuffer demo``."""

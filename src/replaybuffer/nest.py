@@ -1,0 +1,72 @@
+"""Nests: the one module that talks to optree.
+
+A *nest* is a tree of tuples, lists, dicts and namedtuples whose leaves are
+arrays (or specs). ``None`` and empty containers are nodes with no leaves, so a
+``Trajectory`` whose ``policy_info`` is ``()`` flattens to six leaves.
+Dict keys are visited in sorted order, so two dicts with the same keys in a
+different insertion order have the same structure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import optree
+
+Structure = optree.PyTreeSpec
+
+
+def flatten(nest: Any) -> tuple[list[Any], Structure]:
+    """Return ``(leaves, structure)``; ``structure.unflatten(leaves)`` rebuilds it."""
+    return optree.tree_flatten(nest)
+
+
+def unflatten(structure: Structure, leaves: Sequence[Any]) -> Any:
+    """Rebuild a nest of ``structure`` from ``leaves`` (in flatten order)."""
+    return structure.unflatten(leaves)
+
+
+def map_structure(fn: Callable[..., Any], nest: Any, *rest: Any) -> Any:
+    """Apply ``fn`` to every leaf (and the matching leaves of ``rest``)."""
+    return optree.tree_map(fn, nest, *rest)
+
+
+def leaf_paths(nest: Any) -> list[str]:
+    """Readable paths of the leaves, in flatten order: ``"[1][0]"``, ``"['obs']"``.
+
+    Namedtuple fields are written as attributes (``".observation"``) so that an
+    error message can be pasted back into code.
+    """
+    accessors = optree.tree_accessors(nest)
+    return [_format_accessor(a) for a in accessors]
+
+
+def _format_accessor(accessor: Any) -> str:
+    parts = []
+    for entry in accessor:
+        kind = type(entry).__name__
+        if kind in ("NamedTupleEntry", "StructSequenceEntry", "DataclassEntry"):
+            parts.append(f".{entry.field}")
+        else:
+            parts.append(f"[{entry.entry!r}]")
+    return "".join(parts) or "<root>"
+
+
+def contains_lists(nest: Any) -> bool:
+    """True when any container in the nest is a Python ``list``.
+
+    Datasets need tuples: a list in a spec is ambiguous between "a container"
+    and "a batch" for many consumers (tf.data among them), as TF-Agents warns.
+    """
+    if type(nest) is list:
+        return True
+    if optree.tree_is_leaf(nest):
+        return False
+    children = optree.tree_flatten_one_level(nest)[0]
+    return any(contains_lists(child) for child in children)
+
+
+def describe(structure: Structure) -> str:
+    """A short human description of a structure for error messages."""
+    text = repr(structure)
+    return text[len("PyTreeSpec("):-1] if text.startswith("PyTreeSpec(") else text

@@ -1,0 +1,101 @@
+"""Ring bookkeeping: which logical steps a ``batch_size x max_length`` buffer holds.
+
+The layout is TF-Agents': ``batch_size`` rows, each a ring of ``max_length``
+slots. Every ``add_batch`` writes one step to every row at the same logical
+*id*; ids count adds from 0 and are shared by all rows. ``last_id`` is the id
+of the newest step (-1 when empty). Step ``id`` of row ``b`` lives in slot
+``id % max_length``.
+
+Storage is laid out slot-major, so one add writes ``batch_size`` consecutive
+positions: ``position = (id % max_length) * batch_size + row``.
+
+Everything here is pure integer arithmetic on numpy arrays or Python ints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def items_per_row(last_id: int, max_length: int) -> int:
+    """How many steps each row holds: ``min(last_id + 1, max_length)``."""
+    return min(last_id + 1, max_length)
+
+
+def oldest_id(last_id: int, max_length: int) -> int:
+    """The id of the oldest retained step (0 until the ring wraps)."""
+    return max(0, last_id + 1 - max_length)
+
+
+def valid_start_range(last_id: int, max_length: int, num_steps: int) -> tuple[int, int]:
+    """Half-open range ``[lo, hi)`` of start ids of ``num_steps`` windows.
+
+    A window ``[start, start + num_steps)`` lies wholly inside the retained steps,
+    so it never crosses the write head and never holds overwritten data. It may
+    wrap physically from slot ``max_length - 1`` to slot 0: ids stay contiguous.
+    ``hi <= lo`` means there is no valid window.
+    """
+    lo = oldest_id(last_id, max_length)
+    return lo, max(lo, last_id + 2 - num_steps)
+
+
+def positions(ids: np.ndarray, rows: np.ndarray | int, max_length: int,
+              batch_size: int) -> np.ndarray:
+    """Storage positions of (id, row) pairs; ``ids`` and ``rows`` broadcast."""
+    return (ids % max_length) * batch_size + rows
+
+
+def table_rows(ids: np.ndarray, rows: np.ndarray | int, max_length: int) -> np.ndarray:
+    """TF-Agents' physical row index ``row * max_length + id % max_length``.
+
+    This is what TF-Agents reports as ``BufferInfo.ids`` in a deterministic pass.
+    """
+    return rows * max_length + ids % max_length
+
+
+class Ring:
+    """The mutable ring state of one buffer: shape and ``last_id``.
+
+    Args:
+        batch_size: number of rows (parallel environments), >= 1.
+        max_length: slots per row, >= 1.
+    """
+
+    __slots__ = ("batch_size", "max_length", "last_id")
+
+    def __init__(self, batch_size: int, max_length: int):
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length)
+        self.last_id = -1
+
+    @property
+    def capacity(self) -> int:
+        """Positions in storage: ``batch_size * max_length``."""
+        return self.batch_size * self.max_length
+
+    @property
+    def items_per_row(self) -> int:
+        return items_per_row(self.last_id, self.max_length)
+
+    @property
+    def num_frames(self) -> int:
+        """Steps held across all rows: ``min((last_id + 1) * B, B * L)``."""
+        return self.items_per_row * self.batch_size
+
+    @property
+    def oldest_id(self) -> int:
+        return oldest_id(self.last_id, self.max_length)
+
+    def valid_start_range(self, num_steps: int) -> tuple[int, int]:
+        return valid_start_range(self.last_id, self.max_length, num_steps)
+
+    def write_slots(self, num_steps: int) -> tuple[int, int]:
+        """Slots of the next ``num_steps`` adds as ``(first_slot, count_before_wrap)``."""
+        first = (self.last_id + 1) % self.max_length
+        return first, min(num_steps, self.max_length - first)
+
+    def positions(self, ids: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
+        return positions(ids, rows, self.max_length, self.batch_size)

@@ -1,0 +1,53 @@
+"""The sampler protocol: which (id, row) pairs to read next.
+
+A sampler never touches data. Given the ring it returns
+``(SampleIndices(start_ids, rows), info)`` where ``info`` maps names to arrays
+of shape ``[sample_batch_size]`` (at least ``"probabilities"``). Each sampler
+owns a seeded ``numpy.random.Generator`` whose state is in its state dict, so
+a restored sampler draws exactly what the original would have.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from replaybuffer.sampling.ring import Ring
+
+
+class SampleIndices(NamedTuple):
+    """Where sampled windows start: ``start_ids`` int64 ``[S]``, ``rows`` int64 ``[S]``."""
+
+    start_ids: np.ndarray
+    rows: np.ndarray
+
+
+class Sampler(Protocol):
+    def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
+               rng: np.random.Generator | None = None
+               ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        """Draw ``sample_batch_size`` windows of ``num_steps`` valid steps.
+
+        ``rng`` overrides the sampler's own generator (datasets use one per element
+        for a reproducible order with parallel workers). The caller has checked that
+        at least one valid window exists.
+        """
+
+    def spawn_rng(self) -> np.random.Generator:
+        """A new generator seeded from this sampler's, advancing its state."""
+
+    def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
+        """Steps ``first_id .. first_id + num_steps - 1`` were just written."""
+
+    def on_clear(self) -> None:
+        """The buffer was emptied."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def make_rng(seed: int | np.random.SeedSequence | None) -> np.random.Generator:
+    """A PCG64 generator; ``None`` draws fresh entropy."""
+    return np.random.Generator(np.random.PCG64(seed))

@@ -1,0 +1,34 @@
+"""Where the bytes live: one module per backend behind :class:`Storage`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.base import Storage
+from replaybuffer.storage.numpy_storage import NumpyStorage
+
+__all__ = ["NumpyStorage", "Storage", "make_storage", "STORAGE_KINDS"]
+
+STORAGE_KINDS = ("numpy", "torch")
+
+
+def make_storage(kind: str, specs: Sequence[ArraySpec], capacity: int,
+                 device: Any = None) -> Storage:
+    """Build the storage backend named ``kind`` (``"numpy"`` or ``"torch"``).
+
+    Backends with optional dependencies are imported only when asked for.
+    """
+    if kind == "numpy":
+        if device not in (None, "cpu"):
+            raise ValueError(f"numpy storage lives in host RAM; device={device!r} needs "
+                             "storage='torch'")
+        return NumpyStorage(specs, capacity)
+    if kind == "torch":
+        try:
+            from replaybuffer.storage.torch_storage import TorchStorage
+        except ImportError as exc:
+            raise ImportError("storage='torch' needs PyTorch: pip install "
+                              "'replaybuffer[torch]'") from exc
+        return TorchStorage(specs, capacity, device)
+    raise ValueError(f"unknown storage {kind!r}; expected one of {STORAGE_KINDS}")

@@ -1,0 +1,58 @@
+"""The storage protocol: where the bytes of a buffer live.
+
+A storage holds one array per leaf spec, each of shape ``[capacity, *spec.shape]``.
+It validates and converts incoming leaves, writes a block of consecutive
+positions, and gathers arbitrary positions. It knows nothing of rows, rings,
+randomness or episodes: positions are plain integers in ``[0, capacity)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from replaybuffer.specs import ArraySpec
+
+
+class Storage(Protocol):
+    kind: str
+    """Backend name: ``"numpy"``, ``"torch"``."""
+    specs: tuple[ArraySpec, ...]
+    """One spec per leaf, in nest flatten order."""
+    capacity: int
+    """Number of positions."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (allocated up front)."""
+
+    def convert(self, leaves: Sequence[Any], paths: Sequence[str],
+                outer_shape: tuple[int, ...], outer_names: str) -> list[Any]:
+        """Validate leaves against the specs (with ``outer_shape`` leading dims) and
+        return them as backend arrays. Raises ``SpecError`` naming the leaf path."""
+
+    def write(self, start: int, leaves: Sequence[Any]) -> None:
+        """Write ``leaves[i]`` (shape ``[n, *spec.shape]``) at positions ``start .. start+n-1``.
+
+        The caller guarantees ``start + n <= capacity``."""
+
+    def gather(self, positions: np.ndarray) -> list[Any]:
+        """Read ``positions`` (int64, any shape P); leaf ``i`` comes back ``[*P, *spec_i.shape]``."""
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        """A numpy array as this backend's array type (used for ids and probabilities)."""
+
+    def zero(self) -> None:
+        """Set every stored value to zero."""
+
+    def export(self, count: int) -> list[np.ndarray]:
+        """Positions ``[0, count)`` of every leaf as numpy arrays (for saving)."""
+
+    def load(self, arrays: Sequence[np.ndarray]) -> None:
+        """Write numpy arrays at positions ``[0, len)`` of every leaf (for restoring)."""
+
+
+def leaf_nbytes(specs: Sequence[ArraySpec], capacity: int) -> int:
+    """Total bytes of ``capacity`` items of every spec."""
+    return sum(s.nbytes for s in specs) * capacity
