@@ -66,6 +66,40 @@ def contains_lists(nest: Any) -> bool:
     return any(contains_lists(child) for child in children)
 
 
+def fast_flattener(nest: Any) -> Callable[[Any], list[Any] | None] | None:
+    """A flatten shortcut for a one-level nest (a dict, tuple or namedtuple of leaves).
+
+    The returned function gives the leaves of a nest with exactly the same keys or
+    length as ``nest``, in :func:`flatten` order, and ``None`` for anything else
+    (callers then fall back to :func:`flatten`). It skips optree's generic walk,
+    which dominates the cost of adding one small step. Returns ``None`` when
+    ``nest`` is deeper than one level.
+    """
+    if optree.tree_is_leaf(nest):
+        return None
+    children = optree.tree_flatten_one_level(nest)[0]
+    if not children or not all(optree.tree_is_leaf(c) for c in children):
+        return None
+    top = type(nest)
+    size = len(children)
+    if top is dict:
+        keys = tuple(sorted(nest))
+
+        def from_dict(items: Any) -> list[Any] | None:
+            if type(items) is not dict or len(items) != size:
+                return None
+            try:
+                return [items[k] for k in keys]
+            except KeyError:
+                return None
+        return from_dict
+    if issubclass(top, tuple):
+        def from_tuple(items: Any) -> list[Any] | None:
+            return items if type(items) is top and len(items) == size else None
+        return from_tuple
+    return None
+
+
 def describe(structure: Structure) -> str:
     """A short human description of a structure for error messages."""
     text = repr(structure)

@@ -315,3 +315,21 @@ def check_leaf(path: str, shape: tuple[int, ...], dtype: np.dtype, spec: ArraySp
     if dtype != spec.dtype and not can_store(dtype, spec.dtype):
         raise SpecError(f"leaf {path}: expected dtype {spec.dtype.name} (or one that casts to it "
                         f"within its kind), got {dtype.name}")
+
+
+def as_leaf_array(leaf: Any, path: str) -> np.ndarray:
+    """``np.asarray(leaf)`` for a value offered at leaf ``path``, refusing containers.
+
+    A list, tuple or dict where an array belongs means the nest does not match the
+    spec; converting it silently would let ``[[1, 2]]`` stand in for an array.
+    """
+    if isinstance(leaf, (list, tuple, dict)):
+        raise SpecError(f"leaf {path}: expected an array, got a {type(leaf).__name__} "
+                        "(nests must match the data_spec; pass arrays as leaves)")
+    try:
+        arr = np.asarray(leaf)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"leaf {path}: cannot convert {type(leaf).__name__} to an array") from exc
+    if arr.dtype.hasobject:
+        raise SpecError(f"leaf {path}: expected a numeric array, got {type(leaf).__name__}")
+    return arr

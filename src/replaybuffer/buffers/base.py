@@ -18,6 +18,7 @@ from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.ring import table_rows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
+from replaybuffer.storage.base import identity
 
 
 class BufferInfo(NamedTuple):
@@ -37,8 +38,8 @@ class BufferInfo(NamedTuple):
 
 
 def _positive_or_none(value: Any, name: str) -> int | None:
-    if value is None:
-        return None
+    if value is None or (type(value) is int and value > 0):
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive int or None, got {value!r}")
     return int(value)
@@ -74,6 +75,7 @@ class ReplayBuffer:
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
         self._paths = nest.leaf_paths(self._data_spec)
+        self._fast_flatten = nest.fast_flattener(self._data_spec)
         self._ring = Ring(batch_size, max_length)
         self._storage = make_storage(storage, self._specs, self._ring.capacity, device)
         self._sampler = sampler
@@ -133,6 +135,10 @@ class ReplayBuffer:
 
     # ----------------------------------------------------------------- write path
     def _flatten_items(self, items: Any, method: str) -> list[Any]:
+        if self._fast_flatten is not None:
+            leaves = self._fast_flatten(items)
+            if leaves is not None:
+                return leaves
         leaves, structure = nest.flatten(items)
         if structure != self._structure:
             raise SpecError(self._structure_mismatch(items, structure, method))
@@ -232,20 +238,21 @@ class ReplayBuffer:
                        rng: np.random.Generator | None = None
                        ) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:
         """Draw and gather under the lock: ``(leaves, ids, info)``, batched."""
-        steps = num_steps or 1
-        self._check_num_steps(steps)
         ring = self._ring
+        steps = num_steps or 1
+        if steps > ring.max_length:
+            self._check_num_steps(steps)
         with self._lock:
             lo, hi = ring.valid_start_range(steps)
             if hi <= lo:
                 raise self._empty_error(steps)
-            indices, info = self._sampler.sample(ring, sample_batch_size, steps, rng)
+            (starts, rows), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
             if num_steps is None:
-                ids = indices.start_ids
-                rows: Any = indices.rows
+                ids = starts
             else:
-                ids = indices.start_ids[:, None] + np.arange(num_steps, dtype=np.int64)
-                rows = indices.rows[:, None]
+                ids = starts[:, None] + np.arange(num_steps, dtype=np.int64)
+                if ring.batch_size > 1:
+                    rows = rows[:, None]
             leaves = self._storage.gather(ring.positions(ids, rows))
         return leaves, ids, info
 
@@ -302,10 +309,11 @@ class ReplayBuffer:
                           for t in range(num_steps))
             ids_out: Any = tuple(to_backend(np.ascontiguousarray(_take_step(ids, t, axis_t)))
                                  for t in range(num_steps))
-        else:
-            items = self._structure.unflatten(leaves)
-            ids_out = to_backend(np.asarray(ids))
-        return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)))
+            return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)))
+        if to_backend is identity:
+            return self._structure.unflatten(leaves), BufferInfo(ids, probabilities)
+        return self._structure.unflatten(leaves), BufferInfo(
+            to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)))
 
     def gather_all(self) -> Any:
         """Every retained step, ``[batch_size, items_per_row, D]`` per leaf.

@@ -42,6 +42,8 @@ def valid_start_range(last_id: int, max_length: int, num_steps: int) -> tuple[in
 def positions(ids: np.ndarray, rows: np.ndarray | int, max_length: int,
               batch_size: int) -> np.ndarray:
     """Storage positions of (id, row) pairs; ``ids`` and ``rows`` broadcast."""
+    if batch_size == 1:  # the only row is 0: skip two array operations
+        return ids % max_length
     return (ids % max_length) * batch_size + rows
 
 

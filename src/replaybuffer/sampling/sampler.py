@@ -17,10 +17,13 @@ from replaybuffer.sampling.ring import Ring
 
 
 class SampleIndices(NamedTuple):
-    """Where sampled windows start: ``start_ids`` int64 ``[S]``, ``rows`` int64 ``[S]``."""
+    """Where sampled windows start: ``start_ids`` int64 ``[S]``, ``rows`` int64 ``[S]``.
+
+    ``rows`` is the int 0 when the buffer has a single row (nothing to draw).
+    """
 
     start_ids: np.ndarray
-    rows: np.ndarray
+    rows: np.ndarray | int
 
 
 class Sampler(Protocol):

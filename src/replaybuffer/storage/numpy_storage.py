@@ -6,9 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replaybuffer.errors import SpecError
-from replaybuffer.specs import ArraySpec, check_leaf
-from replaybuffer.storage.base import leaf_nbytes
+from replaybuffer.specs import ArraySpec, as_leaf_array, check_leaf
+from replaybuffer.storage.base import identity, leaf_nbytes
 
 
 class NumpyStorage:
@@ -27,9 +26,8 @@ class NumpyStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self.arrays = [np.zeros((self.capacity,) + s.shape, s.dtype) for s in self.specs]
-        # Precomputed per-leaf (spec, full shape) to keep convert() free of tuple building.
-        self._shapes = [s.shape for s in self.specs]
         self._dtypes = [s.dtype for s in self.specs]
+        self._full_shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -37,24 +35,27 @@ class NumpyStorage:
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> list[np.ndarray]:
+        shapes = self._full_shapes.get(outer_shape)
+        if shapes is None:
+            shapes = self._full_shapes[outer_shape] = [outer_shape + s.shape for s in self.specs]
         out = []
-        for leaf, spec, shape, dtype, path in zip(leaves, self.specs, self._shapes,
-                                                   self._dtypes, paths):
-            arr = leaf if type(leaf) is np.ndarray else _as_array(leaf, path)
-            if arr.dtype is not dtype or arr.shape != outer_shape + shape:
-                check_leaf(path, arr.shape, arr.dtype, spec, outer_shape, outer_names)
+        for i, (leaf, shape, dtype) in enumerate(zip(leaves, shapes, self._dtypes)):
+            arr = leaf if type(leaf) is np.ndarray else as_leaf_array(leaf, paths[i])
+            if arr.dtype is not dtype or arr.shape != shape:
+                check_leaf(paths[i], arr.shape, arr.dtype, self.specs[i], outer_shape,
+                           outer_names)
             out.append(arr)
         return out
 
     def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:
+        stop = start + len(leaves[0])
         for dst, src in zip(self.arrays, leaves):
-            dst[start:start + len(src)] = src
+            dst[start:stop] = src
 
     def gather(self, positions: np.ndarray) -> list[np.ndarray]:
-        return [arr.take(positions, axis=0) for arr in self.arrays]
+        return [arr.take(positions, 0) for arr in self.arrays]
 
-    def from_numpy(self, array: np.ndarray) -> np.ndarray:
-        return array
+    from_numpy = staticmethod(identity)
 
     def zero(self) -> None:
         for arr in self.arrays:
@@ -66,14 +67,3 @@ class NumpyStorage:
     def load(self, arrays: Sequence[np.ndarray]) -> None:
         for dst, src in zip(self.arrays, arrays):
             dst[:len(src)] = src
-
-
-def _as_array(leaf: Any, path: str) -> np.ndarray:
-    try:
-        arr = np.asarray(leaf)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"leaf {path}: cannot convert {type(leaf).__name__} to an array") from exc
-    if arr.dtype.hasobject:
-        raise SpecError(f"leaf {path}: expected a numeric array, got {type(leaf).__name__} "
-                        f"{leaf!r:.80}")
-    return arr

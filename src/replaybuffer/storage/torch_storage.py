@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from replaybuffer.errors import SpecError
-from replaybuffer.specs import ArraySpec, check_leaf
+from replaybuffer.specs import ArraySpec, as_leaf_array, check_leaf
 from replaybuffer.storage.base import leaf_nbytes
 
 _TORCH_TO_NUMPY = {
@@ -82,10 +82,7 @@ class TorchStorage:
                                outer_names)
                 tensor = leaf
             else:
-                arr = leaf if type(leaf) is np.ndarray else np.asarray(leaf)
-                if arr.dtype.hasobject:
-                    raise SpecError(f"leaf {path}: expected a numeric array, got "
-                                    f"{type(leaf).__name__}")
+                arr = leaf if type(leaf) is np.ndarray else as_leaf_array(leaf, path)
                 check_leaf(path, arr.shape, arr.dtype, spec, outer_shape, outer_names)
                 if arr.dtype not in _NUMPY_TO_TORCH:  # e.g. big-endian input
                     arr = arr.astype(spec.dtype)
