@@ -196,7 +196,7 @@ def build(storage: str, B: int, L: int, ops, as_torch: bool, seed: int | None = 
 
 # ============================================================ 1. writes & gather
 @storages
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=200, **SETTINGS)
 @given(scenario=scenarios(max_ops=14))
 def test_ops_match_model(storage, scenario):
     B, L, ops, as_torch = scenario
@@ -276,7 +276,7 @@ def read_args(draw, max_length: int):
 
 
 @storages
-@settings(max_examples=50, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(data=st.data())
 def test_get_next_windows(storage, data):
     B, L, ops, as_torch = data.draw(scenarios(max_ops=8))
@@ -343,7 +343,7 @@ def expected_pass(model: Model, S, T, shift, drop_remainder):
 
 
 @storages
-@settings(max_examples=80, **SETTINGS)
+@settings(max_examples=300, **SETTINGS)
 @given(data=st.data())
 def test_deterministic_pass(storage, data):
     B, L, ops, as_torch = data.draw(scenarios(max_ops=8))
@@ -423,7 +423,7 @@ def assert_same_samples(a, b) -> None:
 
 
 @storages
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(data=st.data())
 def test_seeded_buffers_reproduce(storage, data):
     B, L = data.draw(layouts())
@@ -444,16 +444,25 @@ def test_seeded_buffers_reproduce(storage, data):
             for buf, model in zip(bufs, models):
                 apply_op(buf, model, step, as_torch and storage == "torch")
     if models[0].n:
-        # Seeded random datasets reproduce too.
-        streams = [iter(buf.as_dataset(sample_batch_size=3, num_steps=1)) for buf in bufs]
-        for _ in range(3):
-            (a, ia), (b, ib) = next(streams[0]), next(streams[1])
-            np.testing.assert_array_equal(leaves_of(a)[0], leaves_of(b)[0])
-            np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
+        # Seeded random datasets reproduce too, with or without worker threads.
+        workers = data.draw(st.sampled_from([None, 2]), label="num_parallel_calls")
+        streams = [iter(buf.as_dataset(sample_batch_size=3, num_steps=1,
+                                       num_parallel_calls=workers)) for buf in bufs]
+        try:
+            for _ in range(4):
+                (a, ia), (b, ib) = next(streams[0]), next(streams[1])
+                c, _ = leaves_of(a, storage)
+                np.testing.assert_array_equal(c, leaves_of(b, storage)[0])
+                np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
+                check_windows(models[0], c, to_np(ia.ids), to_np(ia.probabilities))
+        finally:
+            for it in streams:
+                if hasattr(it, "close"):
+                    it.close()
 
 
 @storages
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=80, **SETTINGS)
 @given(data=st.data())
 def test_save_load_round_trip(storage, data):
     B, L, ops, as_torch = data.draw(scenarios(max_ops=8))
@@ -509,7 +518,7 @@ def apply_op_to_all(bufs, model: Model, op) -> None:
 
 # ============================================== 5. TF-Agents compat buffer
 @storages
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=200, **SETTINGS)
 @given(data=st.data())
 def test_py_uniform_replay_buffer(storage, data):
     capacity = data.draw(st.integers(1, 6), label="capacity")

@@ -226,9 +226,9 @@ def spec_from_tensor_spec(obj: Any, name: str | None = None) -> ArraySpec:
     if name is None:
         name = getattr(obj, "name", None)
         name = name if isinstance(name, str) and name else None
-    if hasattr(obj, "minimum") and hasattr(obj, "maximum"):  # tf BoundedTensorSpec
-        return BoundedArraySpec(dims, dtype, np.asarray(obj.minimum), np.asarray(obj.maximum),
-                                name)
+    lo, hi = getattr(obj, "minimum", None), getattr(obj, "maximum", None)
+    if lo is not None and hi is not None and not callable(lo):  # tf BoundedTensorSpec
+        return BoundedArraySpec(dims, dtype, np.asarray(lo), np.asarray(hi), name)
     return ArraySpec(dims, dtype, name)
 
 

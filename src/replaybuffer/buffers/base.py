@@ -307,7 +307,7 @@ class ReplayBuffer:
             items = tuple(self._structure.unflatten([_take_step(leaf, t, axis_t)
                                                      for leaf in leaves])
                           for t in range(num_steps))
-            ids_out: Any = tuple(to_backend(np.ascontiguousarray(_take_step(ids, t, axis_t)))
+            ids_out: Any = tuple(to_backend(np.array(_take_step(ids, t, axis_t)))
                                  for t in range(num_steps))
             return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)))
         if to_backend is identity:
@@ -405,7 +405,7 @@ class ReplayBuffer:
             leaves = self._storage.gather(ring.positions(ids, rows))
         physical = np.broadcast_to(table_rows(ids, rows, ring.max_length),
                                    np.broadcast_shapes(np.shape(ids), np.shape(rows)))
-        info = BufferInfo(self._storage.from_numpy(np.ascontiguousarray(physical)), ())
+        info = BufferInfo(self._storage.from_numpy(np.array(physical)), ())
         return self._structure.unflatten(leaves), info
 
     # ---------------------------------------------------------------- persistence

@@ -103,7 +103,10 @@ class TorchStorage:
                 for arr, shape in zip(self.arrays, self._shapes)]
 
     def from_numpy(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        array = np.asarray(array)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+        if not array.flags.c_contiguous:
+            array = array.copy()
+        return torch.from_numpy(array).to(self.device)
 
     def zero(self) -> None:
         for arr in self.arrays:

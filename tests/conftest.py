@@ -1,0 +1,34 @@
+"""Shared fixtures: every buffer test runs against each storage backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+STORAGES = ["numpy", "torch"]
+try:
+    import torch
+
+    if torch.cuda.is_available():
+        STORAGES.append("torch-cuda")
+except ImportError:  # torch is a test dependency; this only guards odd installs
+    torch = None
+
+
+@pytest.fixture(params=STORAGES)
+def storage(request: pytest.FixtureRequest) -> dict:
+    """Keyword arguments selecting a storage backend: ``UniformReplayBuffer(..., **storage)``."""
+    if request.param == "torch-cuda":
+        return {"storage": "torch", "device": "cuda"}
+    return {"storage": request.param}
+
+
+def to_np(x):
+    """A numpy copy of an array, tensor, scalar, or a nest of them."""
+    from replaybuffer import nest
+
+    def one(leaf):
+        if hasattr(leaf, "detach"):
+            return leaf.detach().cpu().numpy()
+        return np.asarray(leaf)
+    return nest.map_structure(one, x)
