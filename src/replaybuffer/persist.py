@@ -197,8 +197,8 @@ def load(directory: str | os.PathLike, *, storage: str | None = None, device: An
         int(manifest["batch_size"])
     arrays = [_read_leaf(Path(directory), entry, spec, count)
               for entry, spec in zip(entries, specs)]
-    buffer = cls(saved_spec, manifest["batch_size"], manifest["max_length"],
-                 storage=storage or manifest["storage"], device=device, **manifest["config"])
+    buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
+                            storage or manifest["storage"], device, manifest["config"])
     try:
         buffer._restore(state, arrays)
     except (KeyError, TypeError, ValueError) as exc:

@@ -424,6 +424,12 @@ class ReplayBuffer:
         """Constructor keywords a restored buffer needs besides spec and layout."""
         return {}
 
+    @classmethod
+    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+                   device: Any, config: dict[str, Any]) -> "ReplayBuffer":
+        """Build an empty buffer of this class for a restore."""
+        return cls(data_spec, batch_size, max_length, storage=storage, device=device, **config)
+
     def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         """``(state, arrays)`` for persistence; the caller holds the lock."""
         state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}

@@ -42,11 +42,14 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
-                 storage: str = "numpy", device: Any = None, batch_size: int = 1,
-                 max_length: int | None = None):
-        # batch_size/max_length are accepted so that load() can rebuild the buffer.
-        super().__init__(data_spec, batch_size=1, max_length=capacity if max_length is None
-                         else max_length, storage=storage, device=device, seed=seed)
+                 storage: str = "numpy", device: Any = None):
+        super().__init__(data_spec, batch_size=1, max_length=capacity, storage=storage,
+                         device=device, seed=seed)
+
+    @classmethod
+    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+                   device: Any, config: dict[str, Any]) -> "PyUniformReplayBuffer":
+        return cls(data_spec, max_length, storage=storage, device=device, **config)
 
     def add_batch(self, items: Any) -> None:
         """Append ``n`` items given with a leading dimension ``n`` (any ``n >= 0``)."""

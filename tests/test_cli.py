@@ -1,0 +1,49 @@
+"""The command line: help, the demo's printed shapes, a bench smoke run, inspect."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import replaybuffer as rb
+from replaybuffer.cli import main
+from replaybuffer.demos import tutorial
+
+
+def test_help_lists_the_commands():
+    out = subprocess.run([sys.executable, "-m", "replaybuffer", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    for command in ("demo", "bench", "inspect"):
+        assert command in out
+
+
+@pytest.mark.parametrize("storage", ["numpy", "torch"])
+def test_demo_prints_the_tutorials_shapes(storage):
+    lines = []
+    result = tutorial.main(storage=storage, echo=lines.append)
+    assert result["len_sample"] == 2
+    assert result["iterator_shapes"] == [((4, 2, 3), ((4, 2, 5), (4, 2, 3, 2)))] * 3
+    assert result["gather_all_shapes"] == ((32, 6, 3), ((32, 6, 5), (32, 6, 3, 2)))
+    assert "Iterator trajectories:" in lines and "Trajectories from gather all:" in lines
+
+
+def test_bench_quick_smoke(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--workloads", "control", "--storage", "numpy",
+                 "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    ops = {(r["workload"], r["op"]) for r in results}
+    assert ("control B=1", "add_batch") in ops and ("control B=32", "get_next(256)") in ops
+    assert all(r["seconds"] > 0 and r["limit_seconds"] > 0 for r in results)
+    assert "x numpy" in capsys.readouterr().out
+
+
+def test_inspect(tmp_path, capsys):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((2,), np.float32, "x"), 2, 3)
+    buf.add_batch(np.zeros((2, 2), np.float32))
+    buf.save(tmp_path / "c")
+    assert main(["inspect", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "UniformReplayBuffer: batch_size=2 max_length=3" in out and "frames=2" in out
