@@ -27,6 +27,7 @@ from replaybuffer.compat.tf_agents import PyUniformReplayBuffer
 torch = pytest.importorskip("torch")
 
 STORAGES = ["numpy", "torch"]
+# Direct parametrization: it overrides any conftest fixture named ``storage``.
 storages = pytest.mark.parametrize("storage", STORAGES)
 
 EPOCH = 100_000
