@@ -27,6 +27,7 @@ def test_items_oldest_positions_and_table_rows():
     ids = np.array([5, 6, 7])
     assert r.positions(ids, np.array([1, 0, 2]), 4, 3).tolist() == [4, 6, 11]
     assert r.positions(ids, 0, 4, 1).tolist() == [1, 2, 3]
+    assert r.window_positions(np.array([4, 11]), 3, 4, 3).tolist() == [[4, 7, 10], [11, 2, 5]]
     assert r.table_rows(ids, np.array([1, 0, 2]), 4).tolist() == [5, 2, 11]
 
 
@@ -49,12 +50,28 @@ def test_uniform_sampler_stays_in_the_valid_range_and_reports_probability():
     ring = Ring(3, 5)
     ring.last_id = 11  # holds ids 7..11 in every row
     sampler = UniformSampler(seed=1)
-    (starts, rows), info = sampler.sample(ring, 5000, 2)
+    (starts, positions), info = sampler.sample(ring, 5000, 2)
     assert starts.min() == 7 and starts.max() == 10  # start + 1 <= 11
+    rows = positions % 3
     assert set(rows.tolist()) == {0, 1, 2}
+    np.testing.assert_array_equal(positions, r.positions(starts, rows, 5, 3))
     np.testing.assert_allclose(info["probabilities"], 1 / (4 * 3))
     counts = np.bincount((starts - 7) * 3 + rows, minlength=12)
     assert counts.min() > 5000 / 12 * 0.75  # every (start, row) pair is drawn
+
+
+@pytest.mark.parametrize("batch_size,max_length,last_id,num_steps", [
+    (1, 5, 2, 1), (1, 5, 7, 1), (1, 5, 7, 3), (1, 5, 4, 5), (3, 5, 2, 1), (3, 5, 7, 2),
+    (3, 5, 9, 1), (4, 3, 11, 3), (2, 7, 100, 4)])
+def test_uniform_sampler_positions_match_ids(batch_size, max_length, last_id, num_steps):
+    ring = Ring(batch_size, max_length)
+    ring.last_id = last_id
+    (starts, positions), _ = UniformSampler(seed=0).sample(ring, 3000, num_steps)
+    lo, hi = ring.valid_start_range(num_steps)
+    assert starts.min() >= lo and starts.max() < hi
+    rows = positions % batch_size
+    np.testing.assert_array_equal(positions, r.positions(starts, rows, max_length, batch_size))
+    assert len(set(zip(starts.tolist(), rows.tolist()))) == (hi - lo) * batch_size
 
 
 def test_uniform_sampler_state_round_trip_is_bit_exact():

@@ -16,18 +16,27 @@ def test_concurrent_add_and_sample_never_tears(storage):
     spec = {"a": rb.ArraySpec((WIDTH,), np.int64), "b": rb.ArraySpec((3, WIDTH), np.float64),
             "c": rb.ArraySpec((), np.int32)}
     buf = rb.UniformReplayBuffer(spec, 4, 16, seed=0, **storage)
-    buf.add_batch(stamped(0))
+    for t in range(3):  # enough for a window of 3 before any learner starts
+        buf.add_batch(stamped(t))
     stop = threading.Event()
     errors: list[str] = []
+    reads = [0, 0, 0]
 
     def collector():
-        for t in range(1, 3000):
+        for t in range(3, 3000):
             buf.add_batch(stamped(t))
         stop.set()
 
-    def learner(use_dataset):
+    def learner(index, use_dataset):
+        try:
+            read(index, use_dataset)
+        except Exception as exc:  # a dead learner must fail the test, not pass it
+            errors.append(repr(exc))
+
+    def read(index, use_dataset):
         it = iter(buf.as_dataset(32, num_steps=3, num_parallel_calls=2)) if use_dataset else None
         while not stop.is_set():
+            reads[index] += 1
             items, info = next(it) if use_dataset else buf.get_next(32, num_steps=3)
             a, b, c = to_np(items["a"]), to_np(items["b"]), to_np(items["c"])
             stamp = a[..., 0]
@@ -42,13 +51,14 @@ def test_concurrent_add_and_sample_never_tears(storage):
             it.close()
 
     threads = [threading.Thread(target=collector)] + \
-        [threading.Thread(target=learner, args=(i % 2 == 1,)) for i in range(3)]
+        [threading.Thread(target=learner, args=(i, i % 2 == 1)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert not errors, errors[:5]
+    assert min(reads) >= 10, reads  # every learner really overlapped with the writes
     assert buf.last_id == 2999
 
 

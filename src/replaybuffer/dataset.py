@@ -6,6 +6,7 @@ wraps either in a ``torch.utils.data.IterableDataset``.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -20,6 +21,19 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
 
 Element = tuple[Any, "BufferInfo"]
+
+# Prefetch workers still running at interpreter exit are stopped and joined first:
+# a daemon thread inside numpy or torch while they tear down can abort the process.
+_LIVE_STOPS: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
+_LIVE_WORKERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_workers() -> None:
+    for stop in list(_LIVE_STOPS):
+        stop.set()
+    for worker in list(_LIVE_WORKERS):
+        worker.join(timeout=1.0)
 
 
 class RandomStream:
@@ -89,6 +103,8 @@ class _PrefetchIterator:
                                  args=(stream, rng, self._queues[w], self._stop), daemon=True)
             t.start()
             self._threads.append(t)
+            _LIVE_WORKERS.add(t)
+        _LIVE_STOPS.add(self._stop)
         # Workers hold no reference to the iterator, so dropping it stops them.
         self._finalizer = weakref.finalize(self, self._stop.set)
 

@@ -246,14 +246,11 @@ class ReplayBuffer:
             lo, hi = ring.valid_start_range(steps)
             if hi <= lo:
                 raise self._empty_error(steps)
-            (starts, rows), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
-            if num_steps is None:
-                ids = starts
-            else:
-                ids = starts[:, None] + np.arange(num_steps, dtype=np.int64)
-                if ring.batch_size > 1:
-                    rows = rows[:, None]
-            leaves = self._storage.gather(ring.positions(ids, rows))
+            (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
+            if num_steps is not None:
+                ids = ids[:, None] + np.arange(num_steps, dtype=np.int64)
+                positions = ring.window_positions(positions, num_steps)
+            leaves = self._storage.gather(positions)
         return leaves, ids, info
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,

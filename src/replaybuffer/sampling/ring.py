@@ -42,9 +42,18 @@ def valid_start_range(last_id: int, max_length: int, num_steps: int) -> tuple[in
 def positions(ids: np.ndarray, rows: np.ndarray | int, max_length: int,
               batch_size: int) -> np.ndarray:
     """Storage positions of (id, row) pairs; ``ids`` and ``rows`` broadcast."""
-    if batch_size == 1:  # the only row is 0: skip two array operations
-        return ids % max_length
     return (ids % max_length) * batch_size + rows
+
+
+def window_positions(start_positions: np.ndarray, num_steps: int, max_length: int,
+                     batch_size: int) -> np.ndarray:
+    """Positions ``[S, num_steps]`` of windows starting at ``start_positions`` ``[S]``.
+
+    Step ``k`` of a window is ``k`` slots later in the same row: ``k * batch_size``
+    positions later, wrapping at the capacity.
+    """
+    offsets = np.arange(0, num_steps * batch_size, batch_size, dtype=np.int64)
+    return (start_positions[:, None] + offsets) % (max_length * batch_size)
 
 
 def table_rows(ids: np.ndarray, rows: np.ndarray | int, max_length: int) -> np.ndarray:
@@ -101,3 +110,6 @@ class Ring:
 
     def positions(self, ids: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
         return positions(ids, rows, self.max_length, self.batch_size)
+
+    def window_positions(self, start_positions: np.ndarray, num_steps: int) -> np.ndarray:
+        return window_positions(start_positions, num_steps, self.max_length, self.batch_size)

@@ -1,7 +1,7 @@
 """The sampler protocol: which (id, row) pairs to read next.
 
 A sampler never touches data. Given the ring it returns
-``(SampleIndices(start_ids, rows), info)`` where ``info`` maps names to arrays
+``(SampleIndices(start_ids, start_positions), info)`` where ``info`` maps names to arrays
 of shape ``[sample_batch_size]`` (at least ``"probabilities"``). Each sampler
 owns a seeded ``numpy.random.Generator`` whose state is in its state dict, so
 a restored sampler draws exactly what the original would have.
@@ -17,13 +17,16 @@ from replaybuffer.sampling.ring import Ring
 
 
 class SampleIndices(NamedTuple):
-    """Where sampled windows start: ``start_ids`` int64 ``[S]``, ``rows`` int64 ``[S]``.
+    """Where sampled windows start, as logical ids and as storage positions.
 
-    ``rows`` is the int 0 when the buffer has a single row (nothing to draw).
+    Attributes:
+        start_ids: int64 ``[S]``, the logical id of each window's first step.
+        start_positions: int64 ``[S]``, its storage position
+            (``ring.positions(start_ids, rows)``); the row is ``position % batch_size``.
     """
 
     start_ids: np.ndarray
-    rows: np.ndarray | int
+    start_positions: np.ndarray
 
 
 class Sampler(Protocol):

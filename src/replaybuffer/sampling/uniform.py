@@ -27,21 +27,26 @@ class UniformSampler:
                rng: np.random.Generator | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
         lo, hi = ring.valid_start_range(num_steps)
-        batch = ring.batch_size
+        batch, length = ring.batch_size, ring.max_length
         n = (hi - lo) * batch
         # Raw 64-bit draws reduced modulo n: half the cost of Generator.integers, with a
         # bias below n / 2**64 (under 1e-13 for a billion windows).
         raw = (rng or self._rng).bit_generator.random_raw(sample_batch_size)
         draws = (raw % np.uint64(n)).view(np.int64)
+        # Valid starts are the slots lo % L, ..., in slot-major order, so the draw is an
+        # offset from the first valid position; only a range that wraps needs a modulo.
         if batch == 1:
-            draws += lo
-            starts, rows = draws, 0
+            ids = draws + lo if lo else draws
+            positions = ids % length if hi > length else ids
         else:
-            starts, rows = np.divmod(draws, batch)
-            starts += lo
+            ids = draws // batch
+            ids += lo
+            positions = draws + (lo % length) * batch
+            if (lo % length) * batch + n > ring.capacity:
+                np.remainder(positions, ring.capacity, out=positions)
         probabilities = np.empty(sample_batch_size, np.float32)
         probabilities.fill(1.0 / n)  # empty + fill: half the cost of np.full
-        return SampleIndices(starts, rows), {"probabilities": probabilities}
+        return SampleIndices(ids, positions), {"probabilities": probabilities}
 
     def spawn_rng(self) -> np.random.Generator:
         return make_rng(int(self._rng.integers(0, 2**63 - 1)))

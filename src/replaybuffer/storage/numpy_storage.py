@@ -6,8 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replaybuffer.specs import ArraySpec, as_leaf_array, check_leaf
-from replaybuffer.storage.base import identity, leaf_nbytes
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.base import LeafChecker, identity, leaf_nbytes
 
 
 class NumpyStorage:
@@ -26,8 +26,7 @@ class NumpyStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self.arrays = [np.zeros((self.capacity,) + s.shape, s.dtype) for s in self.specs]
-        self._dtypes = [s.dtype for s in self.specs]
-        self._full_shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._checker = LeafChecker(self.specs)
 
     @property
     def nbytes(self) -> int:
@@ -35,17 +34,10 @@ class NumpyStorage:
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> list[np.ndarray]:
-        shapes = self._full_shapes.get(outer_shape)
-        if shapes is None:
-            shapes = self._full_shapes[outer_shape] = [outer_shape + s.shape for s in self.specs]
-        out = []
-        for i, (leaf, shape, dtype) in enumerate(zip(leaves, shapes, self._dtypes)):
-            arr = leaf if type(leaf) is np.ndarray else as_leaf_array(leaf, paths[i])
-            if arr.dtype is not dtype or arr.shape != shape:
-                check_leaf(paths[i], arr.shape, arr.dtype, self.specs[i], outer_shape,
-                           outer_names)
-            out.append(arr)
-        return out
+        check = self._checker.numpy_leaf
+        shapes = self._checker.full_shapes(outer_shape)
+        return [check(i, leaf, shape, paths[i], outer_shape, outer_names)
+                for i, (leaf, shape) in enumerate(zip(leaves, shapes))]
 
     def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:
         stop = start + len(leaves[0])
