@@ -243,8 +243,7 @@ class ReplayBuffer:
         if steps > ring.max_length:
             self._check_num_steps(steps)
         with self._lock:
-            lo, hi = ring.valid_start_range(steps)
-            if hi <= lo:
+            if ring.last_id + 1 < steps:  # rows hold fewer steps than a window needs
                 raise self._empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
             if num_steps is not None:

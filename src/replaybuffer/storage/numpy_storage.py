@@ -45,7 +45,9 @@ class NumpyStorage:
             dst[start:stop] = src
 
     def gather(self, positions: np.ndarray) -> list[np.ndarray]:
-        return [arr.take(positions, 0) for arr in self.arrays]
+        # Positions come from ring arithmetic and are always in range; mode="clip" skips
+        # the bounds-error bookkeeping of the default mode (about 10% of a small gather).
+        return [arr.take(positions, 0, mode="clip") for arr in self.arrays]
 
     from_numpy = staticmethod(identity)
 

@@ -112,8 +112,9 @@ class TorchStorage:
     def gather(self, positions: np.ndarray) -> list[torch.Tensor]:
         if self._host is not None:
             if positions.ndim == 0:  # take() returns numpy scalars for scalar leaves
-                return [torch.from_numpy(np.asarray(h.take(positions, 0))) for h in self._host]
-            return [torch.from_numpy(h.take(positions, 0)) for h in self._host]
+                return [torch.from_numpy(np.asarray(h.take(positions, 0, mode="clip")))
+                        for h in self._host]
+            return [torch.from_numpy(h.take(positions, 0, mode="clip")) for h in self._host]
         flat = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64).reshape(-1))
         if self.device.type != "cpu":
             flat = flat.to(self.device, non_blocking=True)
