@@ -43,7 +43,7 @@ def test_ring_counts():
     ring = Ring(3, 4)
     assert ring.capacity == 12 and ring.num_frames == 0
     ring.last_id = 9
-    assert ring.num_frames == 12 and ring.oldest_id == 6 and ring.write_slots(3) == (2, 2)
+    assert ring.num_frames == 12 and ring.oldest_id == 6 and ring.items_per_row == 4
 
 
 def test_uniform_sampler_stays_in_the_valid_range_and_reports_probability():

@@ -103,11 +103,6 @@ class Ring:
     def valid_start_range(self, num_steps: int) -> tuple[int, int]:
         return valid_start_range(self.last_id, self.max_length, num_steps)
 
-    def write_slots(self, num_steps: int) -> tuple[int, int]:
-        """Slots of the next ``num_steps`` adds as ``(first_slot, count_before_wrap)``."""
-        first = (self.last_id + 1) % self.max_length
-        return first, min(num_steps, self.max_length - first)
-
     def positions(self, ids: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
         return positions(ids, rows, self.max_length, self.batch_size)
 
