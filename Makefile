@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/replaybuffer demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

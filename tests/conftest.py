@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-STORAGES = ["numpy", "torch"]
+# "torch-ops" runs the CPU torch storage through torch operations, the code path
+# every other device takes, so that it is tested on machines without a GPU.
+STORAGES = ["numpy", "torch", "torch-ops"]
 try:
     import torch
 
@@ -16,10 +18,15 @@ except ImportError:  # torch is a test dependency; this only guards odd installs
 
 
 @pytest.fixture(params=STORAGES)
-def storage(request: pytest.FixtureRequest) -> dict:
+def storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Keyword arguments selecting a storage backend: ``UniformReplayBuffer(..., **storage)``."""
     if request.param == "torch-cuda":
         return {"storage": "torch", "device": "cuda"}
+    if request.param == "torch-ops":
+        from replaybuffer.storage.torch_storage import TorchStorage
+
+        monkeypatch.setattr(TorchStorage, "numpy_views", False)
+        return {"storage": "torch"}
     return {"storage": request.param}
 
 

@@ -153,3 +153,54 @@ def test_as_dataset_rejects_bad_arguments(storage):
         buf.as_dataset(2, prefetch=-1)
     with pytest.raises(ValueError, match="window_shift"):
         buf.as_dataset(single_deterministic_pass=True, num_steps=2, window_shift=0)
+
+
+def test_tensors_that_require_grad_are_stored_detached(storage):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((2,), np.float32), 1, 4, **storage)
+    policy = torch.nn.Linear(2, 2)
+    for _ in range(3):
+        buf.add_batch(policy(torch.ones(1, 2)))
+    items, _ = buf.get_next(2)
+    if isinstance(items, torch.Tensor):
+        assert not items.requires_grad
+    assert all(not getattr(a, "requires_grad", False) for a in buf._storage.arrays)
+    np.testing.assert_allclose(to_np(items), to_np(policy(torch.ones(1, 2)))[[0, 0]], rtol=1e-6)
+
+
+def test_big_endian_specs_and_inputs_store_natively(storage, tmp_path):
+    spec = rb.ArraySpec((2,), ">f4")
+    assert spec.dtype == np.dtype("<f4").newbyteorder("=")
+    buf = rb.UniformReplayBuffer(spec, 1, 3, **storage)
+    buf.add_batch(np.array([[1.5, -2.0]], dtype=">f4"))
+    buf.add_batch(np.array([[3.0, 4.0]], dtype=">f8"))
+    np.testing.assert_array_equal(to_np(buf.gather_all()), [[[1.5, -2.0], [3.0, 4.0]]])
+    buf.save(tmp_path / "c")
+    for backend in ("numpy", "torch"):
+        np.testing.assert_array_equal(to_np(rb.load(tmp_path / "c", storage=backend).gather_all()),
+                                      [[[1.5, -2.0], [3.0, 4.0]]])
+
+
+def test_dict_specs_with_mixed_key_types(storage):
+    buf = rb.UniformReplayBuffer({1: rb.ArraySpec((), np.int32), "a": rb.ArraySpec((), np.int32)},
+                                 1, 3, **storage)
+    buf.add_batch({1: np.array([4]), "a": np.array([5])})
+    items, _ = buf.get_next()
+    assert int(items[1]) == 4 and int(items["a"]) == 5
+
+
+def test_read_only_inputs_are_fine(storage, recwarn):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((3,), np.float32), 2, 3, **storage)
+    data = np.ones((2, 3), np.float32)
+    data.flags.writeable = False
+    buf.add_batch(data)
+    buf.add_batch(np.broadcast_to(np.float32(2), (2, 3)))
+    assert not [w for w in recwarn if "writable" in str(w.message)]
+    np.testing.assert_array_equal(to_np(buf.gather_all())[:, :, 0], [[1, 2], [1, 2]])
+
+
+def test_torch_ops_variant_really_uses_torch_ops(storage):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int32), 1, 3, **storage)
+    if storage["storage"] == "torch":
+        from replaybuffer.storage.torch_storage import TorchStorage
+
+        assert (buf._storage._host is None) == (not TorchStorage.numpy_views)

@@ -98,3 +98,12 @@ def test_add_batch_takes_any_leading_dimension():
 
 def test_buffer_info_is_the_same_class():
     assert tf_agents.BufferInfo is rb.BufferInfo
+
+
+def test_add_batch_errors_speak_of_add_batch():
+    buf = tf_agents.PyUniformReplayBuffer(tf_agents.ArraySpec((3,), np.float32), 4)
+    with pytest.raises(rb.SpecError, match=r"leaf <root>: expected shape \(2, 3\) .*\[n=2\].*got \(2, 4\)"):
+        buf.add_batch(np.ones((2, 4), np.float32))
+    with pytest.raises(rb.SpecError, match=r"add_batch: leaf <root>: expected leading dimensions \[n\]"):
+        buf.add_batch(np.float32(1.0))
+    assert buf.size == 0

@@ -8,7 +8,7 @@ import pytest
 
 import replaybuffer as rb
 from conftest import to_np
-from replaybuffer.persist import decode_spec, encode_spec
+from replaybuffer.persist import _manifest_checksum, decode_spec, encode_spec
 
 Obs = collections.namedtuple("Obs", "pixels speed")
 
@@ -97,22 +97,21 @@ def test_unknown_namedtuples_come_back_as_equivalent_ones():
     assert type(decoded).__name__ == "Obs" and decoded._fields == ("pixels", "speed")
 
 
+def rewrite(d, change, fix_checksum=True):
+    """Edit the manifest as a person would; with a valid checksum unless told otherwise."""
+    m = json.loads((d / "manifest.json").read_text())
+    change(m)
+    if fix_checksum:
+        m["checksum"] = _manifest_checksum(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
 def corrupt_cases():
     def drop_manifest(d):
         (d / "manifest.json").unlink()
 
     def bad_json(d):
         (d / "manifest.json").write_text("{not json")
-
-    def wrong_version(d):
-        m = json.loads((d / "manifest.json").read_text())
-        m["version"] = 99
-        (d / "manifest.json").write_text(json.dumps(m))
-
-    def missing_field(d):
-        m = json.loads((d / "manifest.json").read_text())
-        del m["state"]
-        (d / "manifest.json").write_text(json.dumps(m))
 
     def missing_leaf(d):
         (d / "leaf_000.npy").unlink()
@@ -132,22 +131,40 @@ def corrupt_cases():
     def pickled(d):
         np.save(d / "leaf_000.npy", np.array([object()] * 15, dtype=object), allow_pickle=True)
 
-    def unknown_class(d):
-        m = json.loads((d / "manifest.json").read_text())
-        m["buffer"] = "NoSuchBuffer"
-        (d / "manifest.json").write_text(json.dumps(m))
+    def edit(change, fix_checksum=True):
+        return lambda d: rewrite(d, change, fix_checksum)
+
+    def set_key(key, value):
+        return lambda m: m.__setitem__(key, value)
+
+    def set_spec_dtype(m):
+        entries = dict((k, v) for k, v in m["data_spec"]["dict"])
+        entries["ids"]["tuple"][0]["spec"]["dtype"] = "zz"
 
     return {
         "no manifest": (drop_manifest, "holds no manifest.json"),
         "bad json": (bad_json, "not valid JSON"),
-        "version": (wrong_version, "format version 99"),
-        "missing field": (missing_field, "lacks the field 'state'"),
+        "edited without checksum": (edit(lambda m: m["state"].__setitem__("last_id", 100), False),
+                                    "checksum does not match"),
+        "version": (edit(set_key("version", 99)), "format version 99"),
+        "missing field": (edit(lambda m: m.pop("state")), "lacks the field 'state'"),
+        "no last_id": (edit(lambda m: m["state"].pop("last_id")), "malformed state"),
+        "last_id text": (edit(lambda m: m["state"].__setitem__("last_id", "x")), "malformed state"),
+        "last_id before the data": (edit(lambda m: m["state"].__setitem__("last_id", 1)),
+                                    r"expected shape \(6,\) dtype int64, found shape \(15,\)"),
+        "leaves not a list": (edit(set_key("leaves", 5)), "leaves must be a list"),
+        "leaves of strings": (edit(set_key("leaves", ["x"])), "leaves must be a list"),
+        "spec dtype": (edit(set_spec_dtype), "malformed data_spec"),
+        "unknown config": (edit(set_key("config", {"foo": 1})), "cannot rebuild the buffer"),
+        "unknown storage": (edit(set_key("storage", "tf")), "cannot rebuild the buffer"),
+        "batch_size": (edit(set_key("batch_size", 0)), "batch_size must be a positive int"),
+        "unknown class": (edit(set_key("buffer", "NoSuchBuffer")),
+                          "unknown buffer class 'NoSuchBuffer'"),
         "missing leaf": (missing_leaf, r"leaf \['ids'\]\[0\] \(leaf_000.npy\) is missing"),
         "truncated": (truncated_leaf, r"leaf \['obs'\]\.pixels \(leaf_001.npy\) is not a readable"),
         "flipped byte": (flipped_byte, r"leaf \['obs'\]\.speed \(leaf_002.npy\) is corrupt"),
         "wrong shape": (wrong_shape, r"expected shape \(15,\) dtype int64, found shape \(2, 3\)"),
         "pickled": (pickled, "not a readable .npy"),
-        "unknown class": (unknown_class, "unknown buffer class 'NoSuchBuffer'"),
     }
 
 
@@ -163,3 +180,22 @@ def test_load_refuses_incomplete_or_corrupt_saves(tmp_path, case):
 def test_load_of_a_missing_directory(tmp_path):
     with pytest.raises(rb.CheckpointError, match="not a directory"):
         rb.load(tmp_path / "nowhere")
+
+
+def test_a_failed_replace_keeps_the_old_save(tmp_path, monkeypatch):
+    filled({"storage": "numpy"}, 2).save(tmp_path / "ckpt")
+    real_rename = type(tmp_path).rename
+    calls = []
+
+    def flaky_rename(self, target):
+        calls.append(self)
+        if len(calls) == 2:  # the move of the new save into place
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+
+    monkeypatch.setattr(type(tmp_path), "rename", flaky_rename)
+    with pytest.raises(KeyboardInterrupt):
+        filled({"storage": "numpy"}, 9).save(tmp_path / "ckpt")
+    monkeypatch.undo()
+    assert rb.load(tmp_path / "ckpt").last_id == 1  # the old save, intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

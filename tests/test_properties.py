@@ -332,7 +332,7 @@ def expected_pass(model: Model, S, T, shift, drop_remainder):
     out = []
     for rows, batched in groups:
         for start, length in windows:
-            def cell(r):
+            def cell(r, start=start, length=length):
                 if length is None:
                     return model.rows[r][start]
                 return model.rows[r][start:start + length]

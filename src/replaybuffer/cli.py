@@ -23,10 +23,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from replaybuffer.persist import decode_spec, read_manifest
+    from replaybuffer.sampling.ring import items_per_row
 
     manifest = read_manifest(args.directory)
     state = manifest["state"]
-    frames = min(state["last_id"] + 1, manifest["max_length"]) * manifest["batch_size"]
+    frames = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
     print(f"{manifest['buffer']}: batch_size={manifest['batch_size']} "
           f"max_length={manifest['max_length']} storage={manifest['storage']}")
     print(f"last_id={state['last_id']} frames={frames}")

@@ -86,19 +86,30 @@ class _SyncIterator:
 class _PrefetchIterator:
     """Worker ``w`` produces elements ``w, w + k, w + 2k, ...`` with its own generator
     into its own queue; the consumer reads the queues round-robin, so the element
-    order does not depend on thread scheduling."""
+    order does not depend on thread scheduling.
+
+    An error in a worker (sampling an empty buffer, say) reaches the consumer in
+    order; the workers then stop and the elements they had prefetched are dropped,
+    so the next pull starts fresh ones that see the buffer as it is by then.
+    """
 
     def __init__(self, stream: RandomStream):
-        k = stream.workers
-        seed = int(stream.buffer._spawn_rng().integers(0, 2**63 - 1))
+        self._stream = stream
+        self._seed = int(stream.buffer._spawn_rng().integers(0, 2**63 - 1))
+        self._generation = 0
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._start()
+
+    def _start(self) -> None:
+        stream, k = self._stream, self._stream.workers
         per_worker = max(1, -(-stream.prefetch // k))
         self._queues: list[queue.Queue] = [queue.Queue(per_worker) for _ in range(k)]
         self._stop = threading.Event()
         self._next = 0
-        self._error: BaseException | None = None
         self._threads = []
         for w in range(k):
-            rng = make_rng(np.random.SeedSequence([seed, w]))
+            rng = make_rng(np.random.SeedSequence([self._seed, self._generation, w]))
             t = threading.Thread(target=_produce, name=f"replaybuffer-prefetch-{w}",
                                  args=(stream, rng, self._queues[w], self._stop), daemon=True)
             t.start()
@@ -106,31 +117,35 @@ class _PrefetchIterator:
             _LIVE_WORKERS.add(t)
         _LIVE_STOPS.add(self._stop)
         # Workers hold no reference to the iterator, so dropping it stops them.
-        self._finalizer = weakref.finalize(self, self._stop.set)
+        weakref.finalize(self, self._stop.set)
 
     def __iter__(self) -> "_PrefetchIterator":
         return self
 
     def __next__(self) -> Element:
-        if self._error is not None:
-            raise self._error
+        if self._closed:
+            raise StopIteration
+        if not self._threads:  # stopped by an error: start over
+            self._generation += 1
+            self._start()
         q = self._queues[self._next % len(self._queues)]
         while True:
             try:
                 ok, value = q.get(timeout=0.1)
                 break
             except queue.Empty:
-                if self._stop.is_set():
+                if self._closed:
                     raise StopIteration from None
         if not ok:
-            self._error = value
-            self.close()
+            self._stop.set()
+            self._threads = []
             raise value
         self._next += 1
         return value
 
     def close(self) -> None:
         """Stop the worker threads (also done when the iterator is garbage collected)."""
+        self._closed = True
         self._stop.set()
 
     def __enter__(self) -> "_PrefetchIterator":

@@ -83,7 +83,10 @@ def fast_flattener(nest: Any) -> Callable[[Any], list[Any] | None] | None:
     top = type(nest)
     size = len(children)
     if top is dict:
-        keys = tuple(sorted(nest))
+        try:
+            keys = tuple(sorted(nest))
+        except TypeError:  # keys of mixed types: leave the ordering to optree
+            return None
 
         def from_dict(items: Any) -> list[Any] | None:
             if type(items) is not dict or len(items) != size:

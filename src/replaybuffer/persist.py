@@ -25,6 +25,7 @@ import numpy as np
 from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.errors import CheckpointError
+from replaybuffer.sampling.ring import items_per_row
 from replaybuffer.specs import ArraySpec, spec_from_dict
 
 FORMAT = "replaybuffer"
@@ -106,10 +107,12 @@ def save(buffer: ReplayBuffer, directory: str | os.PathLike) -> None:
         with buffer._lock:
             state, arrays = buffer._snapshot()
             leaves = []
-            for i, (arr, spec, path) in enumerate(zip(arrays, buffer._specs, buffer._paths)):
+            for i, (arr, path) in enumerate(zip(arrays, buffer._paths)):
                 arr = np.ascontiguousarray(arr)
                 name = f"leaf_{i:03d}.npy"
-                np.save(tmp / name, arr, allow_pickle=False)
+                with open(tmp / name, "wb") as fh:
+                    np.save(fh, arr, allow_pickle=False)
+                    _sync(fh)
                 leaves.append({"file": name, "path": path, "shape": list(arr.shape),
                                "dtype": arr.dtype.str, "crc32": zlib.crc32(arr.data)})
         manifest = {
@@ -118,17 +121,48 @@ def save(buffer: ReplayBuffer, directory: str | os.PathLike) -> None:
             "storage": buffer.storage, "config": buffer._config(),
             "data_spec": encode_spec(buffer.data_spec), "state": state, "leaves": leaves,
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if target.exists():
-            old = target.with_name(tmp.name + ".old")
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(target)
+        manifest["checksum"] = _manifest_checksum(manifest)
+        with open(tmp / MANIFEST, "w") as fh:
+            fh.write(json.dumps(manifest, indent=1))
+            _sync(fh)
+        _replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _sync(fh: Any) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _replace(new: Path, target: Path) -> None:
+    """Move the complete save ``new`` to ``target``; an old save there survives failures."""
+    if not target.exists():
+        new.rename(target)
+        return
+    old = target.with_name(new.name + ".old")
+    target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _manifest_checksum(manifest: dict[str, Any]) -> int:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def _require(condition: bool, path: Path, message: str) -> None:
+    if not condition:
+        raise CheckpointError(f"{path}: {message}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
@@ -143,15 +177,28 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a replaybuffer manifest")
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(f"{path} has format version {manifest.get('version')!r}; this "
-                              f"replaybuffer reads version {VERSION}")
+    _require(isinstance(manifest, dict) and manifest.get("format") == FORMAT, path,
+             "not a replaybuffer manifest")
+    _require(manifest.get("version") == VERSION, path,
+             f"format version {manifest.get('version')!r}; this replaybuffer reads "
+             f"version {VERSION}")
     for key in ("buffer", "batch_size", "max_length", "storage", "config", "data_spec",
-                "state", "leaves"):
-        if key not in manifest:
-            raise CheckpointError(f"{path} lacks the field {key!r}")
+                "state", "leaves", "checksum"):
+        _require(key in manifest, path, f"lacks the field {key!r}")
+    _require(manifest["checksum"] == _manifest_checksum(manifest), path,
+             "the manifest is corrupt: its checksum does not match its contents")
+    # The checksum catches accidents; these checks catch hand edits with a new checksum.
+    for key in ("batch_size", "max_length"):
+        _require(_is_int(manifest[key]) and manifest[key] >= 1, path,
+                 f"{key} must be a positive int, found {manifest[key]!r}")
+    state, leaves = manifest["state"], manifest["leaves"]
+    _require(isinstance(state, dict) and _is_int(state.get("last_id"))
+             and state["last_id"] >= -1 and isinstance(state.get("sampler"), dict), path,
+             f"malformed state {state!r:.200}")
+    _require(isinstance(manifest["config"], dict), path, "config must be an object")
+    _require(isinstance(leaves, list) and all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) and _is_int(e.get("crc32"))
+        for e in leaves), path, "leaves must be a list of {file, crc32, ...} objects")
     return manifest
 
 
@@ -175,35 +222,41 @@ def load(directory: str | os.PathLike, *, storage: str | None = None, device: An
     cls = ReplayBuffer._registry.get(manifest["buffer"])
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
-    saved_spec = decode_spec(manifest["data_spec"])
+    try:
+        saved_spec = decode_spec(manifest["data_spec"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{directory}: malformed data_spec: {exc}") from exc
     if data_spec is not None:
-        from replaybuffer.specs import as_data_spec
-
-        wanted = as_data_spec(data_spec)
-        saved_leaves, saved_structure = nest.flatten(saved_spec)
-        wanted_leaves, wanted_structure = nest.flatten(wanted)
-        if saved_leaves != wanted_leaves or \
-                nest.describe(saved_structure) != nest.describe(wanted_structure):
-            raise CheckpointError(f"data_spec does not match the save in {directory}: saved "
-                                  f"{saved_spec!r}, given {wanted!r}")
-        saved_spec = wanted
+        saved_spec = _matching_spec(saved_spec, data_spec, directory)
     specs, _ = nest.flatten(saved_spec)
     entries = manifest["leaves"]
     if len(entries) != len(specs):
         raise CheckpointError(f"{directory}: manifest lists {len(entries)} leaf files for a "
                               f"spec of {len(specs)} leaves")
     state = manifest["state"]
-    count = min(int(state["last_id"]) + 1, int(manifest["max_length"])) * \
-        int(manifest["batch_size"])
+    count = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
     arrays = [_read_leaf(Path(directory), entry, spec, count)
               for entry, spec in zip(entries, specs)]
-    buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
-                            storage or manifest["storage"], device, manifest["config"])
     try:
+        buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
+                                storage or manifest["storage"], device, manifest["config"])
         buffer._restore(state, arrays)
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: malformed buffer state: {exc}") from exc
+        raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
     return buffer
+
+
+def _matching_spec(saved: Any, wanted: Any, directory: Any) -> Any:
+    from replaybuffer.specs import as_data_spec
+
+    wanted = as_data_spec(wanted)
+    saved_leaves, saved_structure = nest.flatten(saved)
+    wanted_leaves, wanted_structure = nest.flatten(wanted)
+    if saved_leaves != wanted_leaves or \
+            nest.describe(saved_structure) != nest.describe(wanted_structure):
+        raise CheckpointError(f"data_spec does not match the save in {directory}: saved "
+                              f"{saved!r}, given {wanted!r}")
+    return wanted
 
 
 def _read_leaf(directory: Path, entry: dict[str, Any], spec: ArraySpec,

@@ -51,6 +51,8 @@ class ArraySpec:
             raise SpecError(f"ArraySpec dtype {dtype!r} is not a numpy dtype") from exc
         if dt.hasobject:
             raise SpecError(f"ArraySpec dtype {dt} holds Python objects; use a numeric dtype")
+        if dt.byteorder not in "=|":  # stored data is always native byte order
+            dt = dt.newbyteorder("=")
         self._shape = shape_t
         self._dtype = dt
         self._name = name
@@ -214,7 +216,7 @@ def spec_from_tensor_spec(obj: Any, name: str | None = None) -> ArraySpec:
     That covers ``tf.TensorSpec`` (its ``name`` is kept), numpy arrays and torch
     tensors. Every dimension must be known: a buffer preallocates its storage.
     """
-    shape = getattr(obj, "shape")
+    shape = obj.shape
     dims = list(shape.as_list()) if hasattr(shape, "as_list") else list(shape)
     if any(d is None for d in dims):
         raise SpecError(f"spec {obj!r} has an unknown dimension in shape {dims}; "
@@ -326,9 +328,11 @@ def as_leaf_array(leaf: Any, path: str) -> np.ndarray:
     if isinstance(leaf, (list, tuple, dict)):
         raise SpecError(f"leaf {path}: expected an array, got a {type(leaf).__name__} "
                         "(nests must match the data_spec; pass arrays as leaves)")
+    if hasattr(leaf, "detach") and hasattr(leaf, "cpu"):  # a torch tensor, maybe with grad
+        leaf = leaf.detach().cpu()
     try:
         arr = np.asarray(leaf)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise SpecError(f"leaf {path}: cannot convert {type(leaf).__name__} to an array") from exc
     if arr.dtype.hasobject:
         raise SpecError(f"leaf {path}: expected a numeric array, got {type(leaf).__name__}")

@@ -8,7 +8,7 @@ writes, one numpy row assignment per leaf.
 
 from __future__ import annotations
 
-import gc
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -69,7 +69,7 @@ def fill(buffer: UniformReplayBuffer, rng: np.random.Generator, chunk: int = 100
     remaining = buffer.max_length
     while remaining > 0:
         n = min(chunk, remaining)
-        buffer.extend(nest.map_structure(lambda a: a[:, :n], data) if n < chunk else data)
+        buffer.extend(data if n == chunk else nest.map_structure(lambda a, n=n: a[:, :n], data))
         remaining -= n
 
 
@@ -127,7 +127,7 @@ def run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage: 
     step = random_items(spec, (batch_size,), rng)
     arrays = host_arrays(buffer)
     step_leaves = nest.flatten(step)[0]
-    t = compare({"ours": lambda: buffer.add_batch(step),
+    t = compare({"ours": functools.partial(buffer.add_batch, step),
                  "limit": add_limit(arrays, step_leaves)}, min_time)
     yield Result(label, storage, "add_batch", batch_size, t["ours"], t["limit"])
     for size in sample_sizes:
@@ -135,12 +135,10 @@ def run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage: 
             steps = num_steps or 1
             shape = (size,) if num_steps is None else (size, steps)
             sets = position_sets(rng, buffer.capacity, shape)
-            t = compare({"ours": lambda: buffer.get_next(size, num_steps),
+            t = compare({"ours": functools.partial(buffer.get_next, size, num_steps),
                          "limit": gather_limit(arrays, sets)}, min_time)
             op = f"get_next({size}{'' if num_steps is None else f', num_steps={num_steps}'})"
             yield Result(label, storage, op, size * steps, t["ours"], t["limit"])
-    del buffer, arrays
-    gc.collect()
 
 
 def run(workloads: list[str], storages: list[str], quick: bool) -> Iterator[Result]:

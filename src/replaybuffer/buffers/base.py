@@ -190,49 +190,56 @@ class ReplayBuffer:
         Equivalent to ``num_steps`` calls of :meth:`add_batch` with ``items[:, t]``.
         """
         leaves = self._flatten_items(items, "extend")
-        first = leaves[0] if leaves else None
-        shape = tuple(getattr(first, "shape", np.shape(first)))
-        if len(shape) < 2:
-            raise SpecError(f"extend: leaf {self._paths[0]}: expected leading dimensions "
-                            f"[batch_size={self.batch_size}, num_steps], got shape {shape}")
-        num_steps = int(shape[1])
-        arrays = self._storage.convert(leaves, self._paths, (self.batch_size, num_steps),
-                                       f"[batch_size={self.batch_size}, num_steps]")
+        B = self.batch_size
+        num_steps = self._leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
+        arrays = self._storage.convert(leaves, self._paths, (B, num_steps),
+                                       f"[batch_size={B}, num_steps={num_steps}]")
+        # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
+        self._write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
+                           for a, s in zip(arrays, self._specs)], num_steps)
+
+    def _leading_dim(self, leaves: list[Any], axis: int, method: str, names: str) -> int:
+        """Size of dimension ``axis`` of the first leaf (the others are checked against it)."""
+        shape = tuple(np.shape(leaves[0]))
+        if len(shape) <= axis:
+            raise SpecError(f"{method}: leaf {self._paths[0]}: expected leading dimensions "
+                            f"{names} before the spec shape {self._specs[0].shape}, got shape "
+                            f"{shape}")
+        return int(shape[axis])
+
+    def _write_steps(self, time_major: list[Any], num_steps: int) -> None:
+        """Write ``num_steps`` validated steps given as ``[num_steps * batch_size, ...]``
+        leaves, oldest step first, wrapping around the ring."""
         if num_steps == 0:
             return
         ring = self._ring
         B, L = ring.batch_size, ring.max_length
         skip = max(0, num_steps - L)  # steps overwritten within this very call
-        # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
-        time_major = [a[:, skip:].swapaxes(0, 1).reshape((-1,) + s.shape)
-                      for a, s in zip(arrays, self._specs)]
         with self._lock:
             first_id = ring.last_id + 1
             kept = num_steps - skip
             slot = (first_id + skip) % L
             head = min(kept, L - slot)
-            self._storage.write(slot * B, [a[:head * B] for a in time_major])
+            self._storage.write(slot * B, [a[skip * B:(skip + head) * B] for a in time_major])
             if head < kept:
-                self._storage.write(0, [a[head * B:] for a in time_major])
+                self._storage.write(0, [a[(skip + head) * B:] for a in time_major])
             ring.last_id += num_steps
             self._sampler.on_add(ring, first_id, num_steps)
 
     # ------------------------------------------------------------------ read path
-    def _empty_error(self, num_steps: int) -> EmptyBufferError:
+    def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
+                     ) -> EmptyBufferError:
+        """The error for a read that needs ``num_steps`` steps per row, which rows lack."""
         name = type(self).__name__
+        if num_steps > self._ring.max_length:
+            return EmptyBufferError(f"num_steps={num_steps} can never be read from {name}: it "
+                                    f"exceeds max_length={self._ring.max_length}")
         if self._ring.last_id < 0:
-            return EmptyBufferError(f"{name} is empty. Make sure to add items before sampling "
-                                    "the buffer.")
+            return EmptyBufferError(f"{name} is empty. Make sure to add items before {action}.")
         return EmptyBufferError(
             f"{name} has no window of num_steps={num_steps}: each row holds "
             f"{self._ring.items_per_row} steps (max_length={self._ring.max_length}). "
-            "Make sure to add items before sampling the buffer.")
-
-    def _check_num_steps(self, num_steps: int) -> None:
-        if num_steps > self._ring.max_length:
-            raise EmptyBufferError(
-                f"num_steps={num_steps} can never be sampled: it exceeds "
-                f"max_length={self._ring.max_length}")
+            f"Make sure to add items before {action}.")
 
     def _sample_arrays(self, sample_batch_size: int, num_steps: int | None,
                        rng: np.random.Generator | None = None
@@ -240,10 +247,8 @@ class ReplayBuffer:
         """Draw and gather under the lock: ``(leaves, ids, info)``, batched."""
         ring = self._ring
         steps = num_steps or 1
-        if steps > ring.max_length:
-            self._check_num_steps(steps)
         with self._lock:
-            if ring.last_id + 1 < steps:  # rows hold fewer steps than a window needs
+            if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
                 raise self._empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
             if num_steps is not None:
@@ -376,8 +381,8 @@ class ReplayBuffer:
             return DeterministicPass(self, sample_batch_size, num_steps, window_shift,
                                      drop_remainder)
         num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
-        if num_steps is not None:
-            self._check_num_steps(num_steps)
+        if num_steps is not None and num_steps > self._ring.max_length:
+            raise self._empty_error(num_steps)
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
 
     def _deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
@@ -388,8 +393,7 @@ class ReplayBuffer:
         ring = self._ring
         with self._lock:
             if ring.last_id < 0:
-                raise EmptyBufferError(f"{type(self).__name__} is empty. Make sure to add "
-                                       "items before asking the buffer for data.")
+                raise self._empty_error(action="asking the buffer for data")
             first, n = ring.oldest_id, ring.items_per_row
         return plan(first, n, ring.batch_size, sample_batch_size, num_steps, shift,
                     drop_remainder)

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from replaybuffer import nest
 from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
 from replaybuffer.specs import ArraySpec, BoundedArraySpec
 
@@ -53,15 +50,12 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
 
     def add_batch(self, items: Any) -> None:
         """Append ``n`` items given with a leading dimension ``n`` (any ``n >= 0``)."""
-        self.extend(nest.map_structure(_add_leading_axis, items))
+        leaves = self._flatten_items(items, "add_batch")
+        n = self._leading_dim(leaves, 0, "add_batch", "[n]")
+        # One row: [n, ...] is already the time-major layout the ring writes.
+        self._write_steps(self._storage.convert(leaves, self._paths, (n,), f"[n={n}]"), n)
 
     @property
     def size(self) -> int:
         """Items held."""
         return self.num_frames()
-
-
-def _add_leading_axis(leaf: Any) -> Any:
-    if hasattr(leaf, "unsqueeze"):  # a torch tensor
-        return leaf.unsqueeze(0)
-    return np.asarray(leaf)[None]

@@ -12,14 +12,10 @@ from replaybuffer.specs import ArraySpec, check_leaf
 from replaybuffer.storage.base import LeafChecker, leaf_nbytes
 
 _TORCH_TO_NUMPY = {
-    torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
-    torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64), torch.complex64: np.dtype(np.complex64),
-    torch.complex128: np.dtype(np.complex128),
-    torch.uint16: np.dtype(np.uint16), torch.uint32: np.dtype(np.uint32),
-    torch.uint64: np.dtype(np.uint64),
+    getattr(torch, name): np.dtype(name)
+    for name in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32",
+                 "float64", "complex64", "complex128", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)  # the wide unsigned types arrived in torch 2.3
 }
 _NUMPY_TO_TORCH = {v: k for k, v in _TORCH_TO_NUMPY.items()}
 
@@ -36,9 +32,17 @@ class TorchStorage:
     """One ``torch.zeros([capacity, *spec.shape])`` tensor per leaf on ``device``.
 
     Leaves may be written as numpy arrays, array-likes or tensors on any device;
-    they are copied to ``device``. Gathers run on ``device`` and return tensors there.
-    On the CPU, writes of numpy data and gathers go through numpy views of the
-    tensors (same memory), which is several times faster for small steps.
+    they are detached from autograd and copied to ``device``. Gathers run on
+    ``device`` and return tensors there.
+
+    On the CPU, writes and gathers go through numpy views of the tensors (the same
+    memory), which is several times faster for small steps; set the class attribute
+    ``numpy_views = False`` to use torch operations there too.
+
+    On CUDA, the buffer's lock orders work on the host only, so every write and
+    gather is also ordered on the GPU: a gather waits (on its stream) for the last
+    write, and a write waits for every gather issued since the previous write.
+    Nothing blocks the host.
 
     Args:
         specs: leaf specs, in nest flatten order.
@@ -47,15 +51,19 @@ class TorchStorage:
     """
 
     kind = "torch"
+    numpy_views = True
 
     def __init__(self, specs: Sequence[ArraySpec], capacity: int,
                  device: str | torch.device | None = None):
         self.specs = tuple(specs)
         self.capacity = int(capacity)
-        self.device = torch.device(device if device is not None else "cpu")
         self._dtypes = [torch_dtype(s.dtype) for s in self.specs]
-        self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d, device=self.device)
+        requested = torch.device(device if device is not None else "cpu")
+        self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d, device=requested)
                        for s, d in zip(self.specs, self._dtypes)]
+        # A tensor's device carries the index ("cuda" becomes "cuda:0"), so indices and
+        # info land on the storage's GPU whatever the calling thread's current device.
+        self.device = self.arrays[0].device
         for spec, arr in zip(self.specs, self.arrays):  # some dtypes lack kernels
             try:
                 torch.index_select(arr[:1], 0, torch.zeros(1, dtype=torch.int64,
@@ -65,10 +73,11 @@ class TorchStorage:
                                 f"{spec.dtype.name}: {exc}") from exc
         self._shapes = [s.shape for s in self.specs]
         self._checker = LeafChecker(self.specs)
-        # On the CPU, numpy views share the tensors' memory: writes and gathers through
-        # them skip torch's per-call dispatch, which costs several microseconds a leaf.
-        self._host = ([a.numpy() for a in self.arrays] if self.device.type == "cpu"
-                      else None)
+        self._host = ([a.numpy() for a in self.arrays]
+                      if self.device.type == "cpu" and self.numpy_views else None)
+        self._cuda = self.device.type == "cuda"
+        self._write_event: Any = None
+        self._read_events: dict[Any, Any] = {}
 
     @property
     def nbytes(self) -> int:
@@ -77,37 +86,57 @@ class TorchStorage:
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str
                 ) -> list[torch.Tensor | np.ndarray]:
+        """Validate, then bring every leaf to the storage's device and dtype.
+
+        Everything that can fail happens here, before any write, so a failing leaf
+        leaves the storage untouched.
+        """
         shapes = self._checker.full_shapes(outer_shape)
         out: list[torch.Tensor | np.ndarray] = []
         for i, (leaf, shape) in enumerate(zip(leaves, shapes)):
-            if not isinstance(leaf, torch.Tensor):
-                arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], outer_shape,
-                                               outer_names)
-                if arr.dtype not in _NUMPY_TO_TORCH:  # e.g. big-endian input
-                    arr = arr.astype(self.specs[i].dtype)
-                # CPU writes go through numpy views; other devices need a tensor.
-                out.append(arr if self._host is not None else torch.from_numpy(
-                    np.ascontiguousarray(arr)))
+            if isinstance(leaf, torch.Tensor):
+                out.append(self._convert_tensor(i, leaf, shape, paths[i], outer_shape,
+                                                outer_names))
                 continue
-            if leaf.dtype is not self._dtypes[i] or tuple(leaf.shape) != shape:
-                np_dtype = _TORCH_TO_NUMPY.get(leaf.dtype)
-                if np_dtype is None:
-                    raise SpecError(f"leaf {paths[i]}: expected dtype "
-                                    f"{self.specs[i].dtype.name}, got {leaf.dtype}")
-                check_leaf(paths[i], tuple(leaf.shape), np_dtype, self.specs[i], outer_shape,
-                           outer_names)
-            out.append(leaf)
+            arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], outer_shape, outer_names)
+            if self._host is not None:
+                out.append(arr)  # numpy assignment into the host view casts as needed
+                continue
+            arr = np.ascontiguousarray(arr, dtype=self.specs[i].dtype)
+            if not arr.flags.writeable:  # torch.from_numpy warns on read-only arrays
+                arr = arr.copy()
+            out.append(torch.from_numpy(arr).to(self.device))
         return out
+
+    def _convert_tensor(self, i: int, leaf: torch.Tensor, shape: tuple[int, ...], path: str,
+                        outer_shape: tuple[int, ...], outer_names: str) -> torch.Tensor:
+        if leaf.dtype is not self._dtypes[i] or tuple(leaf.shape) != shape:
+            np_dtype = _TORCH_TO_NUMPY.get(leaf.dtype)
+            if np_dtype is None:
+                raise SpecError(f"leaf {path}: expected dtype {self.specs[i].dtype.name}, "
+                                f"got {leaf.dtype}")
+            check_leaf(path, tuple(leaf.shape), np_dtype, self.specs[i], outer_shape,
+                       outer_names)
+        try:
+            # Stored data is never part of an autograd graph.
+            return leaf.detach().to(self.device, self._dtypes[i])
+        except (RuntimeError, NotImplementedError) as exc:
+            raise SpecError(f"leaf {path}: cannot move a tensor on {leaf.device} to "
+                            f"{self.device}: {exc}") from exc
 
     def write(self, start: int, leaves: Sequence[torch.Tensor | np.ndarray]) -> None:
         stop = start + len(leaves[0])
+        if self._cuda:
+            self._wait_for_reads()
         for i, (dst, src) in enumerate(zip(self.arrays, leaves)):
-            if self._host is not None and type(src) is np.ndarray:
-                self._host[i][start:stop] = src
+            if self._host is not None:
+                self._host[i][start:stop] = src.numpy() if isinstance(src, torch.Tensor) \
+                    else src
             else:
-                if type(src) is np.ndarray:
-                    src = torch.from_numpy(src)
                 dst[start:stop].copy_(src)
+        if self._cuda:
+            self._write_event = torch.cuda.Event()
+            self._write_event.record(torch.cuda.current_stream(self.device))
 
     def gather(self, positions: np.ndarray) -> list[torch.Tensor]:
         if self._host is not None:
@@ -116,19 +145,34 @@ class TorchStorage:
                         for h in self._host]
             return [torch.from_numpy(h.take(positions, 0, mode="clip")) for h in self._host]
         flat = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64).reshape(-1))
-        if self.device.type != "cpu":
-            flat = flat.to(self.device, non_blocking=True)
+        flat = flat.to(self.device, non_blocking=True)
+        if self._cuda and self._write_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._write_event)
         outer = positions.shape
-        return [torch.index_select(arr, 0, flat).reshape(outer + shape)
-                for arr, shape in zip(self.arrays, self._shapes)]
+        out = [torch.index_select(arr, 0, flat).reshape(outer + shape)
+               for arr, shape in zip(self.arrays, self._shapes)]
+        if self._cuda:
+            stream = torch.cuda.current_stream(self.device)
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._read_events[stream] = event
+        return out
+
+    def _wait_for_reads(self) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        for event in self._read_events.values():
+            stream.wait_event(event)
+        self._read_events.clear()
 
     def from_numpy(self, array: np.ndarray) -> torch.Tensor:
         array = np.asarray(array)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
-        if not array.flags.c_contiguous:
+        if not array.flags.c_contiguous or not array.flags.writeable:
             array = array.copy()
         return torch.from_numpy(array).to(self.device)
 
     def zero(self) -> None:
+        if self._cuda:
+            self._wait_for_reads()
         for arr in self.arrays:
             arr.zero_()
 
