@@ -16,6 +16,11 @@ Differences from TF-Agents, each a fix of a reported problem:
 * Sampling an empty buffer raises ``EmptyBufferError`` instead of returning
   uninitialised arrays; ``num_frames()`` works; ``as_dataset`` supports
   ``num_parallel_calls`` and the single deterministic pass.
+
+``Trajectory``, ``StepType`` and the ``trajectory`` constructors (``first``, ``mid``,
+``last``, ``single_step``, ``boundary``) keep TF-Agents' meaning. The drivers
+``DynamicStepDriver``/``DynamicEpisodeDriver`` step gymnasium environments and keep
+their state between ``run()`` calls; truncation keeps discount 1, termination 0.
 """
 
 from __future__ import annotations
@@ -23,10 +28,19 @@ from __future__ import annotations
 from typing import Any
 
 from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
+from replaybuffer.collect import trajectory
+from replaybuffer.collect.driver import EpisodeDriver, StepDriver
+from replaybuffer.collect.trajectory import StepType, Trajectory
 from replaybuffer.specs import ArraySpec, BoundedArraySpec
 
-__all__ = ["ArraySpec", "BoundedArraySpec", "BufferInfo", "PyUniformReplayBuffer",
-           "ReplayBuffer"]
+# Drivers keep their environment state between runs, so run() takes no time_step and
+# returns the number of steps (or episodes) collected.
+DynamicStepDriver = StepDriver
+DynamicEpisodeDriver = EpisodeDriver
+
+__all__ = ["ArraySpec", "BoundedArraySpec", "BufferInfo", "DynamicEpisodeDriver",
+           "DynamicStepDriver", "PyUniformReplayBuffer", "ReplayBuffer", "StepType",
+           "Trajectory", "trajectory"]
 
 
 class PyUniformReplayBuffer(UniformReplayBuffer):
