@@ -15,8 +15,21 @@ from replaybuffer.demos import tutorial
 def test_help_lists_the_commands():
     out = subprocess.run([sys.executable, "-m", "replaybuffer", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    for command in ("demo", "bench", "inspect"):
+    for command in ("demo", "tutorial", "bench", "inspect"):
         assert command in out
+
+
+def test_demo_smoke_run_writes_its_outputs(tmp_path, capsys):
+    # CI runs a short version; benchmarks/dqn_seeds.py shows the full run solves CartPole.
+    assert main(["demo", "--steps", "1500", "--seed", "3", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy evaluation over 10 episodes" in out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["config"]["steps"] == 1500 and result["config"]["seed"] == 3
+    assert result["final_return"] > 0 and result["evaluations"]
+    png = (tmp_path / "learning_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
 @pytest.mark.parametrize("storage", ["numpy", "torch"])

@@ -1,4 +1,4 @@
-"""The ``replaybuffer`` command: ``demo``, ``bench`` and ``inspect``."""
+"""The ``replaybuffer`` command: ``demo``, ``tutorial``, ``bench`` and ``inspect``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from typing import Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
+    try:
+        from replaybuffer.demos import dqn
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise SystemExit(f"replaybuffer demo needs the demo extra "
+                         f"(pip install 'replaybuffer[demo]'): {exc}") from exc
+    dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress)
+    return 0
+
+
+def _tutorial(args: argparse.Namespace) -> int:
     from replaybuffer.demos import tutorial
 
     tutorial.main(storage=args.storage)
@@ -42,9 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Experience replay for reinforcement learning.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run the main demo (the TF-Agents tutorial walk-through)")
-    demo.add_argument("--storage", default="numpy", choices=["numpy", "torch"])
+    demo = sub.add_parser("demo", help="the main job: train a DQN on CartPole-v1 from a "
+                          "replay buffer fed by a driver, then evaluate it greedily")
+    demo.add_argument("--steps", type=int, default=None,
+                      help="environment steps to train for (default 50000)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default="demo-out",
+                      help="directory for learning_curve.png and result.json")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
+
+    tutorial = sub.add_parser("tutorial", help="the TF-Agents replay-buffer tutorial, walked "
+                              "through in replaybuffer's API")
+    tutorial.add_argument("--storage", default="numpy", choices=["numpy", "torch"])
+    tutorial.set_defaults(func=_tutorial)
 
     bench = sub.add_parser("bench", help="throughput against the plain numpy limit")
     bench.add_argument("--storage", default="numpy,torch",

@@ -50,12 +50,12 @@ class DQNConfig:
     gradient_steps: int = 128         # gradient steps after each run
     learning_rate: float = 2.3e-3
     gamma: float = 0.99
-    target_update: int = 10           # gradient steps between target-network copies
+    target_update: int = 128          # gradient steps between target-network copies
     epsilon_start: float = 1.0
     epsilon_end: float = 0.04
     epsilon_fraction: float = 0.16    # of all steps, to decay epsilon linearly
     hidden: tuple[int, ...] = (256, 256)
-    eval_every: int = 5_000
+    eval_every: int = 2_500
     eval_episodes: int = 5
     final_eval_episodes: int = 10
     storage: str = "torch"
@@ -230,7 +230,7 @@ def plot(result: DQNResult, path: Path) -> None:
     ax.set_ylabel("return")
     ax.set_title(f"DQN on {ENV_ID}, seed {result.config.seed}: final greedy return "
                  f"{result.final_return:.1f}")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,0 +1,43 @@
+"""The DQN demo's quality bar: greedy return over 10 episodes for several seeds.
+
+    python benchmarks/dqn_seeds.py [--seeds 0 1 2 3 4] [--steps N] [--json FILE]
+
+CartPole-v1 is solved at an average return of 475. The demo must reach it for the
+default seed and for at least 4 of 5 seeds; this prints the table for the notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from replaybuffer.demos.dqn import DQNConfig, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--steps", type=int, default=DQNConfig.steps)
+    parser.add_argument("--json", help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = []
+    print("| seed | greedy return (selected network) | last network | selected at step | seconds |")
+    print("|---|---|---|---|---|")
+    for seed in args.seeds:
+        result, _ = train(DQNConfig(steps=args.steps, seed=seed), progress=False)
+        rows.append({"seed": seed, "final_return": result.final_return,
+                     "last_network_return": result.last_network_return,
+                     "best_step": result.best_step, "seconds": result.wall_seconds})
+        print(f"| {seed} | {result.final_return:.1f} | {result.last_network_return:.1f} | "
+              f"{result.best_step} | {result.wall_seconds:.0f} |", flush=True)
+    solved = sum(r["final_return"] >= 475 for r in rows)
+    print(f"\nsolved (>= 475): {solved} of {len(rows)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Sum and min segment trees against a brute-force numpy array of the slots.
+
+The model of a tree is a plain float64 array of its slots, updated one index at a
+time in a Python loop (so a repeated index ends with its last value). Node arrays are
+compared with a tree built here from scratch, level by level, independently of the
+tree's own code; a sum tree must match it bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replaybuffer.sampling.segment_tree import MinTree, SumTree
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+TINY = 5e-324  # the smallest subnormal
+
+
+# --------------------------------------------------------------------- reference model
+def reference_nodes(leaves: np.ndarray, combine: np.ufunc, identity: float) -> np.ndarray:
+    """The flat node array of ``leaves``: pad to a power of two, pair up level by level."""
+    size = 1
+    while size < len(leaves):
+        size *= 2
+    level = np.full(size, identity)
+    level[:len(leaves)] = leaves
+    levels = [level]
+    while len(level) > 1:
+        level = combine(level[0::2], level[1::2])
+        levels.append(level)
+    return np.concatenate([[identity]] + levels[::-1])  # node 0 is unused
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float64).view(np.int64)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((bits(a) == bits(b)).all())
+
+
+def apply(model: np.ndarray, indices: np.ndarray, values: np.ndarray) -> None:
+    for i, v in zip(indices.tolist(), values.tolist()):  # one at a time: the last wins
+        model[i] = v
+
+
+def oracle_prefix(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    return np.searchsorted(np.cumsum(leaves), targets, side="right")
+
+
+# --------------------------------------------------------------------- strategies
+capacities = st.one_of(st.integers(1, 20), st.sampled_from([31, 32, 33, 64, 100, 128, 129]))
+
+# Multiples of 1/16 up to 62.5: every sum of up to 129 of them, and every subtraction
+# on the way down the tree, is exact in float64, so cumsum is an exact oracle.
+exact_priorities = st.one_of(st.just(0.0), st.integers(0, 1000).map(lambda v: v / 16))
+
+# Everything a sum tree accepts, from subnormals to 1e300 (129 of them still sum finitely).
+any_priorities = st.one_of(
+    st.just(0.0),
+    st.just(TINY),
+    st.floats(min_value=TINY, max_value=1e-300),
+    st.floats(min_value=0.0, max_value=1e6),
+    st.floats(min_value=0.0, max_value=1e300),
+)
+
+min_tree_values = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.just(np.inf))
+
+
+@st.composite
+def update_batches(draw, values, max_batches=8):
+    """``(capacity, [(indices int64 [K], values float64 [K]), ...])`` with repeats."""
+    capacity = draw(capacities)
+    # A few hot indices, so a batch often names one several times.
+    hot = draw(st.lists(st.integers(0, capacity - 1), min_size=1, max_size=3))
+    index = st.one_of(st.sampled_from(hot), st.integers(0, capacity - 1))
+    batches = []
+    for _ in range(draw(st.integers(1, max_batches))):
+        k = draw(st.integers(0, 12))
+        indices = draw(st.lists(index, min_size=k, max_size=k))
+        vals = draw(st.lists(values, min_size=k, max_size=k))
+        batches.append((np.array(indices, np.int64), np.array(vals, np.float64)))
+    return capacity, batches
+
+
+def build(cls, capacity, batches, identity):
+    tree, model = cls(capacity), np.full(capacity, identity)
+    for indices, values in batches:
+        tree.update(indices, values)
+        apply(model, indices, values)
+    return tree, model
+
+
+# --------------------------------------------------------------------- updates
+@settings(max_examples=150, **SETTINGS)
+@given(update_batches(any_priorities))
+def test_sum_tree_matches_brute_force(case):
+    capacity, batches = case
+    tree, model = SumTree(capacity), np.zeros(capacity)
+    for indices, values in batches:
+        tree.update(indices, values)
+        apply(model, indices, values)
+        assert same_bits(tree.get(np.arange(capacity)), model)
+        assert same_bits(tree.nodes, reference_nodes(model, np.add, 0.0))
+        exact = math.fsum(model)
+        assert 0.0 <= tree.total() and abs(tree.total() - exact) <= 1e-14 * exact
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(update_batches(min_tree_values))
+def test_min_tree_matches_brute_force(case):
+    capacity, batches = case
+    tree, model = MinTree(capacity), np.full(capacity, np.inf)
+    for indices, values in batches:
+        tree.update(indices, values)
+        apply(model, indices, values)
+        assert np.array_equal(tree.get(np.arange(capacity)), model)
+        # == rather than bits: which of -0.0 and 0.0 np.minimum returns is unspecified.
+        assert np.array_equal(tree.nodes, reference_nodes(model, np.minimum, np.inf))
+        assert tree.min() == model.min()
+
+
+def test_repeated_index_last_value_wins():
+    for cls in (SumTree, MinTree):
+        tree = cls(5)
+        tree.update(np.array([3, 1, 3, 3, 1]), np.array([1.0, 2.0, 5.0, 7.0, 4.0]))
+        assert tree.get([1, 3]).tolist() == [4.0, 7.0]
+        tree.update([0, 0], 9.0)  # a scalar value applies to every index
+        assert tree.get(0) == 9.0
+    assert tree.min() == 4.0
+    many = np.arange(1000) % 7
+    tree = SumTree(7)
+    tree.update(many, np.arange(1000, dtype=np.float64))
+    expected = np.zeros(7)
+    apply(expected, many, np.arange(1000, dtype=np.float64))
+    assert same_bits(tree.get(np.arange(7)), expected)
+    assert same_bits(tree.nodes, reference_nodes(expected, np.add, 0.0))
+
+
+def test_shapes_scalars_and_empty_batches():
+    tree = SumTree(6)
+    tree.update(2, 1.5)
+    tree.update(np.array([[0, 1], [4, 5]]), np.array([[1.0, 0.0], [2.0, 0.5]]))
+    tree.update([], [])
+    tree.update(np.array([], np.int64), 3.0)
+    assert tree.get(np.array([[2, 0], [4, 5]])).tolist() == [[1.5, 1.0], [2.0, 0.5]]
+    assert tree.get([]).shape == (0,) and tree.total() == 5.0
+    assert tree.find_prefix(np.array([[0.0, 1.0], [2.5, 4.9]])).tolist() == [[0, 2], [4, 5]]
+    assert tree.find_prefix([]).dtype == np.int64 and tree.find_prefix([]).shape == (0,)
+    assert tree.find_prefix(np.array([0, 1], np.int32)).tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025])
+def test_capacity_layout(capacity):
+    size = 1 << (capacity - 1).bit_length()
+    tree, mins = SumTree(capacity), MinTree(capacity)
+    assert tree.nodes.shape == (2 * size,) and tree.total() == 0.0 and mins.min() == np.inf
+    leaves = np.arange(1, capacity + 1, dtype=np.float64)
+    tree.update(np.arange(capacity), leaves)
+    mins.update(np.arange(capacity), leaves)
+    assert tree.total() == capacity * (capacity + 1) / 2 and mins.min() == 1.0
+    assert (tree.nodes[size + capacity:] == 0.0).all()  # padding keeps the identity
+    assert (mins.nodes[size + capacity:] == np.inf).all()
+    assert tree.find_prefix([0.0, tree.total()]).tolist() == [0, capacity - 1]
+    if capacity == 1:  # the root is the only leaf
+        assert tree.nodes[1] == 1.0 and tree.find_prefix([0.5]).tolist() == [0]
+
+
+def test_update_recomputes_rather_than_adds_deltas():
+    # Adding the delta 1 - 1e20 to a total of about 1e20 would lose every small slot.
+    tree = SumTree(1000)
+    tree.update(np.arange(1000), 1.0)
+    tree.update([0], [1e20])
+    tree.update([0], [1.0])
+    assert tree.total() == 1000.0
+    tree.update(np.arange(1000), 0.0)
+    assert tree.total() == 0.0 and not np.signbit(tree.total())
+
+
+def test_millions_of_updates_do_not_drift():
+    """2,000,000 updates in batches of 1000, priorities over 12 orders of magnitude."""
+    capacity, batch = 10_007, 1000
+    rng = np.random.default_rng(0)
+    sums, mins = SumTree(capacity), MinTree(capacity)
+    model = np.zeros(capacity)
+    for step in range(2000):
+        # Distinct indices, so the model can take ``model[indices] = values``.
+        indices = rng.choice(capacity, batch, replace=False)
+        values = np.exp(rng.uniform(np.log(1e-8), np.log(1e4), batch))
+        values[rng.random(batch) < 0.1] = 0.0
+        if step >= 1900:  # priorities shrink: a delta-updated total would go negative
+            values *= 1e-12
+        sums.update(indices, values)
+        mins.update(indices, values)
+        model[indices] = values
+    exact = math.fsum(model)
+    assert sums.total() > 0.0
+    assert abs(sums.total() - exact) <= 1e-9 * exact
+    assert abs(sums.total() - np.sum(model)) <= 1e-9 * exact
+    assert same_bits(sums.nodes, reference_nodes(model, np.add, 0.0))
+    assert mins.min() == model.min()
+    assert np.array_equal(mins.nodes, reference_nodes(model, np.minimum, np.inf))
+    rebuilt = SumTree(capacity)
+    rebuilt.load_state_dict(sums.state_dict())
+    assert same_bits(rebuilt.nodes, sums.nodes)
+    targets = rng.uniform(0.0, sums.total(), 4096)
+    found = sums.find_prefix(targets)
+    assert (found < capacity).all() and (model[found] > 0.0).all()
+
+
+# --------------------------------------------------------------------- find_prefix
+@settings(max_examples=150, **SETTINGS)
+@given(update_batches(exact_priorities), st.lists(st.floats(0.0, 1.0, exclude_max=True),
+                                                  max_size=20))
+def test_find_prefix_equals_searchsorted(case, fractions):
+    capacity, batches = case
+    tree, model = build(SumTree, capacity, batches, 0.0)
+    total = tree.total()
+    if total == 0.0:
+        return
+    cumsum = np.cumsum(model)
+    assert total == cumsum[-1]  # exact values: both sums are exact
+    # Random targets, every prefix boundary (side='right' sends them to the next slot)
+    # and 0 (the first slot with a priority > 0, past any leading zeros).
+    targets = np.concatenate([np.array(fractions) * total, cumsum, [0.0]])
+    targets = targets[targets < total]
+    found = tree.find_prefix(targets)
+    assert found.dtype == np.int64
+    assert found.tolist() == oracle_prefix(model, targets).tolist()
+    assert (model[found] > 0.0).all()
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(update_batches(any_priorities), st.lists(st.floats(0.0, 1.0), max_size=10))
+def test_find_prefix_never_returns_a_zero_slot(case, fractions):
+    """Rounding near the total, tiny and subnormal priorities, huge dynamic range."""
+    capacity, batches = case
+    tree, model = build(SumTree, capacity, batches, 0.0)
+    total = tree.total()
+    if total == 0.0:
+        return
+    below = [total]
+    for _ in range(4):
+        below.append(np.nextafter(below[-1], 0.0))
+    cumsum = np.cumsum(model)
+    targets = np.concatenate([
+        np.array(fractions) * total, below, cumsum, np.nextafter(cumsum, np.inf), [0.0],
+        [np.nextafter(total, np.inf), total * 2, 1e308]])
+    found = tree.find_prefix(targets)
+    assert ((found >= 0) & (found < capacity)).all()
+    assert (model[found] > 0.0).all()
+    last = np.flatnonzero(model > 0.0)[-1]
+    assert (found[targets >= total] == last).all()
+    # Away from every boundary, rounding cannot matter: the answer is the exact one.
+    clear = np.abs(targets[:, None] - cumsum[None, :]).min(axis=1) > 1e-9 * total
+    clear &= targets < total
+    assert (found[clear] == oracle_prefix(model, targets[clear])).all()
+
+
+# Found by search: the plain descent lands on a zero slot or past capacity here.
+ROUNDING_CASES = [
+    ([5.556166232282319e-14, 0.0, 0.0008175250679505115, 0.0807368186701879, 0.0,
+      1.3756707593331196e-13, 0.14484658125839722, 0.0], 0.22640092499672873, 6),
+    ([9.76138955453377e-20, 0.0, 6.480418362506277e-17, 0.0, 0.0, 9.515668685079615e-16],
+     1.0164686660285695e-15, 5),
+    ([72.6927981528267, 8.718857459950344e-13, 6.112357255536909e-11, 0.0, 0.0,
+      3.162327927150017e-13, 278.2033167629023], 350.8961149157913, 6),
+]
+
+
+@pytest.mark.parametrize("leaves,target,expected", ROUNDING_CASES)
+def test_find_prefix_rounding_regressions(leaves, target, expected):
+    tree = SumTree(len(leaves))
+    tree.update(np.arange(len(leaves)), np.array(leaves))
+    assert target < tree.total()
+    # The case still exercises the guard: unguarded, the search ends on a zero.
+    assert tree.nodes[tree._descend(np.array([target]))[0]] == 0.0
+    assert tree.find_prefix([target]).tolist() == [expected]
+
+
+def test_find_prefix_at_and_past_the_total():
+    tree = SumTree(7)
+    tree.update(np.arange(7), [0.0, 1.0, 2.0, 0.0, 3.0, 0.0, 0.0])
+    total = tree.total()
+    targets = [0.0, 1.0, np.nextafter(total, 0.0), total, np.nextafter(total, np.inf), 1e300]
+    assert tree.find_prefix(targets).tolist() == [1, 2, 4, 4, 4, 4]
+    # The last positive slot is a subnormal, lost in the rounded total 3.0: a target just
+    # below the total is inside slot 2, one at the total gets the last positive slot.
+    tree.update([4], [TINY])
+    assert tree.total() == 3.0
+    assert tree.find_prefix([np.nextafter(3.0, 0.0), 3.0, 4.0]).tolist() == [2, 4, 4]
+
+
+# --------------------------------------------------------------------- persistence
+def test_state_dict_round_trip_and_rebuild():
+    rng = np.random.default_rng(1)
+    tree = SumTree(37)
+    tree.update(rng.integers(0, 37, 100), rng.random(100))
+    state = tree.state_dict()
+    assert state["leaves"].dtype == np.float64 and state["leaves"].shape == (37,)
+    state["leaves"][0] = 123.0  # a copy: the tree does not see it
+    assert tree.get(0) != 123.0
+    before = tree.nodes.copy()
+    tree.rebuild()
+    assert same_bits(tree.nodes, before)
+    other = SumTree(37)
+    other.load_state_dict(tree.state_dict())
+    assert same_bits(other.nodes, tree.nodes)
+    mins = MinTree(5)
+    mins.update([1, 3], [2.0, -1.0])
+    restored = MinTree(5)
+    restored.load_state_dict(mins.state_dict())
+    assert restored.min() == -1.0 and np.array_equal(restored.nodes, mins.nodes)
+    with pytest.raises(ValueError, match="read-only"):
+        tree.nodes[1] = 0.0
+
+
+# --------------------------------------------------------------------- bad input
+def loaded(cls, capacity=10):
+    tree = cls(capacity)
+    tree.update(np.arange(capacity), np.arange(1.0, capacity + 1.0))
+    return tree
+
+
+BAD_CALLS = {
+    "index too large": (SumTree, "update", ([0, 10], [1.0, 1.0]),
+                        r"update: expected indices in \[0, 10\), got 10 at position 1"),
+    "negative index": (SumTree, "update", ([3, -1], [1.0, 1.0]),
+                       r"expected indices in \[0, 10\), got -1 at position 1"),
+    "huge unsigned index": (SumTree, "update", (np.array([2**64 - 1], np.uint64), [1.0]),
+                            r"got 18446744073709551615 at position 0"),
+    "float indices": (SumTree, "update", ([1.0], [1.0]),
+                      r"expected integer indices, got dtype float64"),
+    "bool indices": (SumTree, "update", (np.ones(10, bool), 1.0),
+                     r"expected integer indices, got dtype bool"),
+    "short values": (SumTree, "update", ([0, 1, 2], [1.0, 2.0]),
+                     r"expected values of shape \(3,\) or a scalar, got shape \(2,\)"),
+    "2-d values": (SumTree, "update", ([0, 1], [[1.0, 2.0]]),
+                   r"expected values of shape \(2,\) or a scalar, got shape \(1, 2\)"),
+    "string values": (SumTree, "update", ([0], ["1"]),
+                      r"expected real-number values, got dtype <U1"),
+    "nan priority": (SumTree, "update", ([0, 1], [1.0, np.nan]),
+                     r"expected finite values >= 0, got nan at position 1"),
+    "inf priority": (SumTree, "update", ([0, 1], [np.inf, 1.0]),
+                     r"expected finite values >= 0, got inf at position 0"),
+    "negative priority": (SumTree, "update", ([0, 1, 2], [1.0, 2.0, -1e-300]),
+                          r"expected finite values >= 0, got -1e-300 at position 2"),
+    "total overflows": (SumTree, "update", ([0, 1, 2], [1.0, 1e308, 1e308]),
+                        r"expected a finite total priority, got inf"),
+    "min tree nan": (MinTree, "update", ([0, 1], [np.nan, 1.0]),
+                     r"expected values that are not NaN or -inf .*got nan at position 0"),
+    "min tree -inf": (MinTree, "update", ([0, 1], [1.0, -np.inf]),
+                      r"got -inf at position 1"),
+    "min tree index": (MinTree, "update", ([11], [1.0]), r"expected indices in \[0, 10\)"),
+    "get out of range": (SumTree, "get", ([0, 10],), r"get: expected indices in \[0, 10\)"),
+    "get float": (MinTree, "get", (np.array([0.5]),), r"get: expected integer indices"),
+    "nan target": (SumTree, "find_prefix", ([1.0, np.nan],),
+                   r"find_prefix: expected finite targets >= 0, got nan at position 1"),
+    "negative target": (SumTree, "find_prefix", ([-0.5],), r"got -0.5 at position 0"),
+    "inf target": (SumTree, "find_prefix", ([np.inf],), r"got inf at position 0"),
+    "string target": (SumTree, "find_prefix", (["a"],), r"expected real-number targets"),
+    "state not a dict": (SumTree, "load_state_dict", ([1.0] * 10,),
+                         r"expected a dict with 'leaves', got list"),
+    "state without leaves": (SumTree, "load_state_dict", ({"rng": 1},),
+                             r"expected a dict with 'leaves', got \['rng'\]"),
+    "state wrong shape": (SumTree, "load_state_dict", ({"leaves": np.ones(11)},),
+                          r"expected leaves of shape \(10,\), got shape \(11,\)"),
+    "state scalar": (SumTree, "load_state_dict", ({"leaves": 1.0},),
+                     r"expected leaves of shape \(10,\), got shape \(\)"),
+    "state negative": (SumTree, "load_state_dict", ({"leaves": -np.ones(10)},),
+                       r"expected finite leaves >= 0, got -1.0 at position 0"),
+    "state overflows": (SumTree, "load_state_dict", ({"leaves": np.full(10, 1e308)},),
+                        r"load_state_dict: expected a finite total priority"),
+    "min state nan": (MinTree, "load_state_dict", ({"leaves": np.full(10, np.nan)},),
+                      r"got nan at position 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_raises_and_changes_nothing(case):
+    cls, method, args, pattern = BAD_CALLS[case]
+    tree = loaded(cls)
+    before = tree.nodes.copy()
+    with pytest.raises(ValueError, match=pattern):
+        getattr(tree, method)(*args)
+    assert same_bits(tree.nodes, before)
+    assert same_bits(tree.nodes, reference_nodes(np.arange(1.0, 11.0), cls._combine,
+                                                 cls._identity))
+
+
+def test_find_prefix_needs_a_positive_total():
+    tree = SumTree(4)
+    with pytest.raises(ValueError, match=r"expected a total priority > 0, got 0.0"):
+        tree.find_prefix([0.0])
+    tree.update([2], [1.0])
+    tree.update([2], [0.0])
+    with pytest.raises(ValueError, match=r"total priority > 0"):
+        tree.find_prefix([0.0])
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 1.5, True, None, "3"])
+def test_capacity_must_be_a_positive_int(capacity):
+    for cls in (SumTree, MinTree):
+        with pytest.raises(ValueError, match=r"capacity must be a positive int, got"):
+            cls(capacity)
