@@ -245,14 +245,14 @@ class SumTree(SegmentTree):
         if not total > 0.0:
             raise ValueError("find_prefix: expected a total priority > 0, got 0.0 "
                              "(every slot is 0, so nothing can be sampled)")
-        t = t.copy()  # the descent subtracts in place
+        t = t.copy()  # clamped below; the caller's array is never written
         past = t >= total
         if past.any():
             # Past the rounded total the exact answer depends on how the sums rounded;
             # +inf turns right wherever the guarded descent may, so these targets all
             # get the last slot with a priority > 0.
             t[past] = np.inf
-        node = self._descend(t.copy())
+        node = self._descend(t.copy())  # the descent consumes its copy
         # Rounding can leave a target at or past the sum of the subtree it is in (the
         # sums are rounded, and so is each subtraction on the way down); the plain
         # descent then walks right into a run of zero slots, or the zero padding past
