@@ -33,9 +33,15 @@ class NumpyStorage:
         return leaf_nbytes(self.specs, self.capacity)
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
-                outer_shape: tuple[int, ...], outer_names: str) -> list[np.ndarray]:
-        check = self._checker.numpy_leaf
+                outer_shape: tuple[int, ...], outer_names: str) -> Sequence[np.ndarray]:
         shapes = self._checker.full_shapes(outer_shape)
+        # Fast path: arrays of exactly the stored dtype and shape need no conversion.
+        for leaf, shape, dtype in zip(leaves, shapes, self._checker.dtypes):
+            if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
+                break
+        else:
+            return leaves
+        check = self._checker.numpy_leaf
         return [check(i, leaf, shape, paths[i], outer_shape, outer_names)
                 for i, (leaf, shape) in enumerate(zip(leaves, shapes))]
 

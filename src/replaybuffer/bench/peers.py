@@ -1,0 +1,807 @@
+"""Peer-library benchmarks: the same workloads through cpprb, SB3, TorchRL and Tianshou.
+
+    python -m replaybuffer.bench.peers [--quick] [--workloads control,frames,prioritized]
+                                       [--peers cpprb,sb3,...] [--json FILE] [--markdown FILE]
+
+The peers are optional and heavy (``benchmarks/setup_peers.sh`` installs them into a
+separate virtualenv); each adapter imports its peer lazily, inside the run, and a
+missing or broken peer becomes rows with status ``not installed`` or
+``failed: <reason>``, never a crash and never a missing row. A workload a peer has no
+API for gets ``unsupported: <why>``. See ``benchmarks/PEERS.md`` for the figures.
+
+Workloads (capacities in full mode; ``quick`` shrinks them for a smoke run):
+
+- ``control``: float32 obs[17], action[6], reward, next obs, done; capacity 1M.
+  ``add(1)``, ``add(256)`` (a batch of 256 transitions per call) and
+  ``sample(256)+next`` (uniform, next observations included).
+- ``frames``: uint8 obs[4, 84, 84], int action, reward, next obs, done; capacity 200k.
+  ``add(1)``, ``sample(32)+next``, ``sample(256)+next`` and ``bytes/transition``: the
+  process's resident-memory growth from constructing the buffer to having filled it,
+  divided by capacity (every field, measured the same way for every peer), and where
+  the peer's arrays can be inspected, the observation storage alone
+  (``obs_bytes_per_transition``). Layouts measured for memory only (next observations
+  stored twice) are filled at a small capacity: bytes per transition do not depend on it.
+- ``prioritized``: float32 obs[4] (and int action, reward, next obs, done); capacity 1M,
+  full, priorities randomised before timing; ``sample(256)+weights`` (alpha 0.6,
+  beta 0.4), ``update(256)`` of sampled indices and ``sample+update(256)``.
+
+Every buffer is filled completely before anything is timed, so reads touch real pages
+and writes overwrite (the steady state). One peer's buffer at a time exists: it is
+dropped and garbage-collected before the next is built (200k frames are 5.6 GB a copy).
+Timings are :func:`replaybuffer.bench.timing.compare` medians, the ops of one buffer
+interleaved. Torch runs with one intra-op thread by default (``torch_threads``), as the
+numpy peers do: on a small shared machine torch's OpenMP pool otherwise stalls for
+milliseconds whenever another process holds a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import importlib
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from replaybuffer.bench.timing import compare
+from replaybuffer.bench.workloads import fill, host_arrays, random_items
+from replaybuffer.specs import ArraySpec
+
+__all__ = ["WORKLOADS", "PEERS", "Sizes", "run_peers", "format_rows", "format_markdown", "main"]
+
+WORKLOADS = ("control", "frames", "prioritized")
+
+OPS = {
+    "control": ("add(1)", "add(256)", "sample(256)+next"),
+    "frames": ("add(1)", "sample(32)+next", "sample(256)+next", "bytes/transition"),
+    "prioritized": ("sample(256)+weights", "update(256)", "sample+update(256)"),
+}
+MEMORY_ONLY = ("bytes/transition",)
+
+ALPHA, BETA = 0.6, 0.4
+FRAME_SHAPE = (4, 84, 84)
+FILL_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Sizes:
+    control: int
+    frames: int
+    prioritized: int
+    frames_memory_only: int  # layouts measured for bytes/transition alone
+    min_time: float
+    repeats: int
+
+
+FULL = Sizes(control=1_000_000, frames=200_000, prioritized=1_000_000,
+             frames_memory_only=20_000, min_time=0.25, repeats=7)
+QUICK = Sizes(control=20_000, frames=2_000, prioritized=20_000,
+              frames_memory_only=2_000, min_time=0.02, repeats=3)
+
+
+class Unsupported(Exception):
+    """The peer has no API for this workload (reported as ``unsupported: ...``)."""
+
+
+# --------------------------------------------------------------------------- helpers
+_TORCH_THREADS: list[int | None] = [1]
+
+
+def _torch() -> Any:
+    import torch
+    threads = _TORCH_THREADS[0]
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return torch
+
+
+def _rss() -> int | None:
+    """Resident set size of this process in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _release() -> None:
+    """Collect garbage and hand freed heap back to the OS, so RSS baselines are clean."""
+    gc.collect()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class _Memory:
+    """RSS growth from construction to full, per transition."""
+
+    def __init__(self, capacity: int):
+        _release()
+        self.capacity = capacity
+        self.start = _rss()
+
+    def row(self, obs_nbytes: int | None = None, detail: str = "") -> dict[str, Any]:
+        _release()  # drop the fill's freed temporaries from the count
+        end = _rss()
+        grown = None if self.start is None or end is None else (end - self.start)
+        return {"op": "bytes/transition", "items_per_call": None,
+                "bytes_per_transition": None if grown is None else grown / self.capacity,
+                "obs_bytes_per_transition": (None if obs_nbytes is None
+                                             else obs_nbytes / self.capacity),
+                "detail": f"capacity {self.capacity:,}" + (f"; {detail}" if detail else "")}
+
+
+def _timed(ops: dict[str, tuple[Callable[[], object], int]], sizes: Sizes
+           ) -> Iterator[dict[str, Any]]:
+    """Time ``{op: (fn, items_per_call)}`` interleaved; yield one row per op."""
+    seconds = compare({op: fn for op, (fn, _) in ops.items()}, sizes.min_time, sizes.repeats)
+    for op, (_, items) in ops.items():
+        yield {"op": op, "seconds_per_call": seconds[op], "items_per_call": items}
+
+
+def _cycle(values: list[Any]) -> Callable[[], Any]:
+    it = itertools.cycle(values)
+    return lambda: next(it)
+
+
+def _data(spec: dict[str, ArraySpec], outer: tuple[int, ...], seed: int = 0
+          ) -> dict[str, np.ndarray]:
+    return random_items(spec, outer, np.random.default_rng(seed))
+
+
+def _control_spec() -> dict[str, ArraySpec]:
+    return {"obs": ArraySpec((17,), np.float32), "act": ArraySpec((6,), np.float32),
+            "rew": ArraySpec((), np.float32), "next_obs": ArraySpec((17,), np.float32),
+            "done": ArraySpec((), np.float32)}
+
+
+def _frames_spec(obs_shape: tuple[int, ...] = FRAME_SHAPE) -> dict[str, ArraySpec]:
+    return {"obs": ArraySpec(obs_shape, np.uint8), "act": ArraySpec((), np.int64),
+            "rew": ArraySpec((), np.float32), "next_obs": ArraySpec(obs_shape, np.uint8),
+            "done": ArraySpec((), np.float32)}
+
+
+def _prioritized_spec() -> dict[str, ArraySpec]:
+    return {"obs": ArraySpec((4,), np.float32), "act": ArraySpec((), np.int64),
+            "rew": ArraySpec((), np.float32), "next_obs": ArraySpec((4,), np.float32),
+            "done": ArraySpec((), np.float32)}
+
+
+def _transitions(spec: dict[str, ArraySpec], capacity: int) -> dict[str, Any]:
+    """One transition, a batch of 256 and a fill chunk, all done=0."""
+    chunk = min(FILL_CHUNK, capacity)
+    out = {"one": _data(spec, (), 1), "batch": _data(spec, (256,), 2),
+           "chunk": _data(spec, (chunk,), 3)}
+    for d in out.values():
+        d["done"] = np.zeros_like(d["done"])
+    return out
+
+
+def _chunks(capacity: int, chunk: int) -> Iterator[int]:
+    """Sizes of the fill calls that add exactly ``capacity`` items."""
+    remaining = capacity
+    while remaining > 0:
+        n = min(chunk, remaining)
+        yield n
+        remaining -= n
+
+
+def _priority_pool(n: int = 64, size: int = 256) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [(rng.random(size) + 1e-3).astype(np.float32) for _ in range(n)]
+
+
+# --------------------------------------------------------------------- replaybuffer
+def _ours(workload: str, sizes: Sizes) -> Iterator[dict[str, Any]]:
+    """This project's UniformReplayBuffer (numpy storage): next obs via num_steps=2."""
+    import replaybuffer
+    from replaybuffer.buffers import UniformReplayBuffer
+
+    if workload == "prioritized":
+        if hasattr(replaybuffer, "PrioritizedReplayBuffer"):
+            raise Unsupported("replaybuffer.PrioritizedReplayBuffer exists but this "
+                              "adapter does not drive it yet")
+        raise Unsupported("replaybuffer has no prioritized buffer yet")
+    rng = np.random.default_rng(0)
+    full = _control_spec() if workload == "control" else _frames_spec()
+    spec = {k: v for k, v in full.items() if k != "next_obs"}  # steps, not transitions
+    capacity = sizes.control if workload == "control" else sizes.frames
+    step = random_items(spec, (1,), rng)
+    if workload == "frames":
+        mem = _Memory(capacity)
+    buf = UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0)
+    fill(buf, rng)
+    if workload == "frames":
+        obs = max(a.nbytes for a in host_arrays(buf))
+        yield mem.row(obs, "one obs array; next obs is the next slot")
+        yield from _timed({"add(1)": (lambda: buf.add_batch(step), 1),
+                           "sample(32)+next": (lambda: buf.get_next(32, 2), 32),
+                           "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
+        return
+    ops = {"add(1)": (lambda: buf.add_batch(step), 1),
+           "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}
+    yield from _timed(ops, sizes)
+    buf = None  # freed before the next buffer is built
+    _release()
+    wide = UniformReplayBuffer(spec, batch_size=256, max_length=capacity // 256, seed=0)
+    fill(wide, rng)
+    batch = random_items(spec, (256,), rng)
+    yield from _timed({"add(256)": (lambda: wide.add_batch(batch), 256)}, sizes)
+
+
+# ---------------------------------------------------------------------------- cpprb
+def _cpprb_env(spec: dict[str, ArraySpec], next_of: bool) -> dict[str, dict[str, Any]]:
+    env = {}
+    for key, s in spec.items():
+        if next_of and key == "next_obs":
+            continue
+        env[key] = {"shape": s.shape or 1, "dtype": s.dtype}
+    return env
+
+
+def _cpprb_fill(rb: Any, chunk: dict[str, np.ndarray], capacity: int) -> None:
+    for n in _chunks(capacity, len(chunk["obs"])):
+        rb.add(**{k: v[:n] for k, v in chunk.items()})
+
+
+def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> Iterator[dict[str, Any]]:
+    """cpprb ReplayBuffer / PrioritizedReplayBuffer, next_obs via ``next_of='obs'``.
+
+    ``layout``: ``next_of`` (default), ``stack`` (next_of + stack_compress='obs'; cpprb
+    wants the stack as the last dimension, so obs is [84, 84, 4]) or ``plain`` (next_obs
+    stored as its own array; memory only).
+    """
+    import cpprb
+
+    next_of = layout != "plain"
+    kwargs: dict[str, Any] = {"next_of": "obs"} if next_of else {}
+    if workload == "prioritized":
+        capacity = sizes.prioritized
+        spec = _prioritized_spec()
+        data = _transitions(spec, capacity)
+        rb = cpprb.PrioritizedReplayBuffer(capacity, _cpprb_env(spec, True), alpha=ALPHA,
+                                           **kwargs)
+        _cpprb_fill(rb, data["chunk"], capacity)
+        rng = np.random.default_rng(1)
+        for start in range(0, capacity, 100_000):
+            idx = np.arange(start, min(capacity, start + 100_000))
+            rb.update_priorities(idx, rng.random(len(idx)) + 1e-3)
+        prios = _priority_pool()
+        next_prio = _cycle(prios)
+        indexes = [rb.sample(256, beta=BETA)["indexes"] for _ in range(len(prios))]
+        pairs = _cycle(list(zip(indexes, prios)))
+
+        def sample_update() -> None:
+            s = rb.sample(256, beta=BETA)
+            rb.update_priorities(s["indexes"], next_prio())
+
+        yield from _timed({
+            "sample(256)+weights": (lambda: rb.sample(256, beta=BETA), 256),
+            "update(256)": (lambda: rb.update_priorities(*pairs()), 256),
+            "sample+update(256)": (sample_update, 256)}, sizes)
+        return
+
+    if workload == "control":
+        capacity = sizes.control
+        spec = _control_spec()
+        data = _transitions(spec, capacity)
+        rb = cpprb.ReplayBuffer(capacity, _cpprb_env(spec, next_of), **kwargs)
+        _cpprb_fill(rb, data["chunk"], capacity)
+        one, batch = data["one"], data["batch"]
+        yield from _timed({"add(1)": (lambda: rb.add(**one), 1),
+                           "add(256)": (lambda: rb.add(**batch), 256),
+                           "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+        return
+
+    # frames
+    memory_only = layout == "plain"
+    capacity = sizes.frames_memory_only if memory_only else sizes.frames
+    shape = (84, 84, 4) if layout == "stack" else FRAME_SHAPE
+    spec = _frames_spec(shape)
+    data = _transitions(spec, capacity)
+    if layout == "stack":
+        kwargs["stack_compress"] = "obs"
+    mem = _Memory(capacity)
+    rb = cpprb.ReplayBuffer(capacity, _cpprb_env(spec, next_of), **kwargs)
+    _cpprb_fill(rb, data["chunk"], capacity)
+    yield mem.row(None, {"next_of": "obs and next_obs share one array (+1 slot)",
+                         "stack": "next_of + stack_compress: frames shared along the stack",
+                         "plain": "obs and next_obs stored separately"}[layout])
+    if memory_only:
+        return
+    one = data["one"]
+    yield from _timed({"add(1)": (lambda: rb.add(**one), 1),
+                       "sample(32)+next": (lambda: rb.sample(32), 32),
+                       "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+
+
+# ----------------------------------------------------------------------- SB3
+def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[str, Any]]:
+    """stable_baselines3.common.buffers.ReplayBuffer (samples come back as torch tensors).
+
+    ``layout``: ``default`` (next observations in their own array) or ``optimize_memory``
+    (``optimize_memory_usage=True``: next obs is the next slot). Both with
+    ``handle_timeout_termination=False`` (required by optimize_memory_usage; saves a
+    per-env list comprehension over infos). ``add(256)`` goes through a buffer with
+    ``n_envs=256``: SB3 adds one step of every env per call.
+    """
+    if workload == "prioritized":
+        raise Unsupported("SB3 has no prioritized replay buffer")
+    _torch()
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    optimize = layout == "optimize_memory"
+    if workload == "control":
+        obs_space = spaces.Box(-np.inf, np.inf, (17,), np.float32)
+        act_space: Any = spaces.Box(-1.0, 1.0, (6,), np.float32)
+    else:
+        obs_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
+        act_space = spaces.Discrete(6)
+
+    def make(capacity: int, n_envs: int = 1) -> Any:
+        return ReplayBuffer(capacity, obs_space, act_space, device="cpu", n_envs=n_envs,
+                            optimize_memory_usage=optimize, handle_timeout_termination=False)
+
+    def adder(rb: Any, d: dict[str, np.ndarray], n_envs: int) -> Callable[[], None]:
+        obs = d["obs"].reshape((n_envs,) + obs_space.shape)
+        nxt = d["next_obs"].reshape(obs.shape)
+        act = d["act"].reshape(n_envs, -1)
+        rew, done = d["rew"].reshape(n_envs), d["done"].reshape(n_envs)
+        infos = [{} for _ in range(n_envs)]
+        return lambda: rb.add(obs, nxt, act, rew, done, infos)
+
+    def fill_sb3(rb: Any, chunk: dict[str, np.ndarray], capacity: int, n_envs: int) -> None:
+        adds = [adder(rb, {k: v[i:i + n_envs] for k, v in chunk.items()}, n_envs)
+                for i in range(0, len(chunk["obs"]) - n_envs + 1, n_envs)]
+        for i in range(capacity // n_envs):
+            adds[i % len(adds)]()
+
+    if workload == "control":
+        capacity = sizes.control
+        spec = _control_spec()
+        data = _transitions(spec, capacity)
+        rb = make(capacity)
+        fill_sb3(rb, data["chunk"], capacity, 1)
+        add1 = adder(rb, {k: v[None] for k, v in data["one"].items()}, 1)
+        yield from _timed({"add(1)": (add1, 1),
+                           "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+        rb = add1 = None  # freed before the next buffer is built
+        _release()
+        wide = make(capacity, n_envs=256)
+        fill_sb3(wide, data["chunk"], capacity, 256)
+        yield from _timed({"add(256)": (adder(wide, data["batch"], 256), 256)}, sizes)
+        return
+
+    memory_only = not optimize
+    capacity = sizes.frames_memory_only if memory_only else sizes.frames
+    spec = _frames_spec()
+    data = _transitions(spec, capacity)
+    mem = _Memory(capacity)
+    rb = make(capacity)
+    fill_sb3(rb, data["chunk"], capacity, 1)
+    obs_bytes = rb.observations.nbytes + (0 if optimize else rb.next_observations.nbytes)
+    yield mem.row(obs_bytes, "next obs is the next slot" if optimize
+                  else "observations and next_observations arrays")
+    if memory_only:
+        return
+    add1 = adder(rb, {k: v[None] for k, v in data["one"].items()}, 1)
+    yield from _timed({"add(1)": (add1, 1),
+                       "sample(32)+next": (lambda: rb.sample(32), 32),
+                       "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+
+
+# ------------------------------------------------------------------------- TorchRL
+def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[str, Any]]:
+    """TorchRL replay buffers over LazyTensorStorage (PrioritizedSampler for PER).
+
+    ``layout``: ``td`` is TensorDictReplayBuffer with TorchRL's transition layout
+    (observation, action, ("next", observation/reward/done)); ``pytree`` is ReplayBuffer
+    over a plain tuple of tensors. TorchRL stores next observations as their own tensor.
+    """
+    torch = _torch()
+    from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    spec = {"control": _control_spec, "frames": _frames_spec,
+            "prioritized": _prioritized_spec}[workload]()
+    capacity = getattr(sizes, workload)
+    data = _transitions(spec, capacity)
+
+    if layout == "td":
+        from tensordict import TensorDict
+
+        def pack(d: dict[str, np.ndarray]) -> Any:
+            batch = list(d["rew"].shape)
+            t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in d.items()}
+            return TensorDict({"observation": t["obs"], "action": t["act"],
+                               "next": {"observation": t["next_obs"], "reward": t["rew"],
+                                        "done": t["done"].bool()}}, batch)
+        cls = TensorDictReplayBuffer
+    else:
+        def pack(d: dict[str, np.ndarray]) -> Any:
+            return tuple(torch.from_numpy(np.ascontiguousarray(d[k]))
+                         for k in ("obs", "act", "rew", "next_obs", "done"))
+        cls = ReplayBuffer
+
+    sampler = {}
+    if workload == "prioritized":
+        sampler = {"sampler": PrioritizedSampler(capacity, alpha=ALPHA, beta=BETA)}
+    if workload == "frames":
+        mem = _Memory(capacity)
+    rb = cls(storage=LazyTensorStorage(capacity), **sampler)
+    chunk = data["chunk"]
+    packed = pack(chunk)
+    for n in _chunks(capacity, len(chunk["rew"])):
+        rb.extend(packed if n == len(chunk["rew"]) else pack({k: v[:n] for k, v in chunk.items()}))
+    if workload == "frames":
+        obs_bytes = None
+        with contextlib.suppress(Exception):
+            st = rb._storage._storage  # the storage's tensors; no public accessor
+            obs_bytes = st["observation"].nbytes + st["next", "observation"].nbytes
+        yield mem.row(obs_bytes, "observation and (next, observation) tensors")
+    one, batch = pack(data["one"]), pack(data["batch"])
+
+    if workload == "prioritized":
+        rng = np.random.default_rng(1)
+        for start in range(0, capacity, 100_000):
+            idx = torch.arange(start, min(capacity, start + 100_000))
+            rb.update_priority(idx, torch.from_numpy(
+                (rng.random(len(idx)) + 1e-3).astype(np.float32)))
+        prios = [torch.from_numpy(p) for p in _priority_pool()]
+        next_prio = _cycle(prios)
+        if layout == "td":
+            def sample() -> Any:
+                return rb.sample(256)  # carries "index" and "priority_weight"
+
+            def index_of(s: Any) -> Any:
+                return s["index"]
+        else:
+            def sample() -> Any:
+                return rb.sample(256, return_info=True)  # (data, {"index", "priority_weight"})
+
+            def index_of(s: Any) -> Any:
+                return s[1]["index"]
+        indexes = [index_of(sample()) for _ in range(len(prios))]
+        pairs = _cycle(list(zip(indexes, prios)))
+
+        def sample_update() -> None:
+            rb.update_priority(index_of(sample()), next_prio())
+
+        yield from _timed({"sample(256)+weights": (sample, 256),
+                           "update(256)": (lambda: rb.update_priority(*pairs()), 256),
+                           "sample+update(256)": (sample_update, 256)}, sizes)
+        return
+    if workload == "control":
+        yield from _timed({"add(1)": (lambda: rb.add(one), 1),
+                           "add(256)": (lambda: rb.extend(batch), 256),
+                           "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+        return
+    yield from _timed({"add(1)": (lambda: rb.add(one), 1),
+                       "sample(32)+next": (lambda: rb.sample(32), 32),
+                       "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
+
+
+# ------------------------------------------------------------------------ Tianshou
+def _tianshou(workload: str, sizes: Sizes, layout: str = "default"
+              ) -> Iterator[dict[str, Any]]:
+    """Tianshou ReplayBuffer / VectorReplayBuffer / PrioritizedReplayBuffer (numpy Batch).
+
+    ``layout`` (frames): ``default`` stores obs_next (memory only), ``ignore_obs_next``
+    reads next obs from the next index, ``atari`` adds ``save_only_last_obs`` and
+    ``stack_num=4`` (one frame stored, stacks rebuilt at sample time), the configuration
+    of Tianshou's Atari examples. ``add(256)`` goes through ``VectorReplayBuffer`` with
+    256 sub-buffers, Tianshou's way of adding a step from each of many envs. Buffers are
+    filled through ``update()`` from a chunk-sized buffer (``add`` is one transition).
+    """
+    _torch()
+    from tianshou.data import Batch, PrioritizedReplayBuffer, ReplayBuffer, VectorReplayBuffer
+
+    options: dict[str, Any] = {}
+    if layout in ("ignore_obs_next", "atari"):
+        options["ignore_obs_next"] = True
+    if layout == "atari":
+        options.update(save_only_last_obs=True, stack_num=4)
+
+    def batch_of(d: dict[str, np.ndarray]) -> Any:
+        return Batch(obs=d["obs"], act=d["act"], rew=d["rew"], terminated=d["done"] > 0,
+                     truncated=np.zeros_like(d["done"], bool), obs_next=d["next_obs"])
+
+    def rows(d: dict[str, np.ndarray]) -> list[Any]:
+        return [batch_of({k: v[i] for k, v in d.items()}) for i in range(len(d["rew"]))]
+
+    def source_of(chunk: dict[str, np.ndarray]) -> Any:
+        source = ReplayBuffer(len(chunk["rew"]), **options)
+        for b in rows(chunk):
+            source.add(b)
+        return source
+
+    def fill_ts(buf: Any, source: Any, capacity: int) -> None:
+        for _ in range(capacity // len(source)):
+            buf.update(source)
+        for i in range(capacity % len(source)):
+            buf.add(source[i])
+
+    spec = {"control": _control_spec, "frames": _frames_spec,
+            "prioritized": _prioritized_spec}[workload]()
+    memory_only = workload == "frames" and layout == "default"
+    capacity = sizes.frames_memory_only if memory_only else getattr(sizes, workload)
+    data = _transitions(spec, capacity)
+    one = batch_of(data["one"])
+    source = source_of(data["chunk"])  # built before any memory baseline
+
+    if workload == "prioritized":
+        buf = PrioritizedReplayBuffer(capacity, alpha=ALPHA, beta=BETA)
+        fill_ts(buf, source, capacity)
+        rng = np.random.default_rng(1)
+        buf.update_weight(np.arange(capacity), rng.random(capacity) + 1e-3)
+        prios = _priority_pool()
+        next_prio = _cycle(prios)
+        indexes = [buf.sample(256)[1] for _ in range(len(prios))]
+        pairs = _cycle(list(zip(indexes, prios)))
+
+        def sample_update() -> None:
+            batch, idx = buf.sample(256)  # batch.weight: importance weights
+            buf.update_weight(idx, next_prio())
+
+        yield from _timed({"sample(256)+weights": (lambda: buf.sample(256), 256),
+                           "update(256)": (lambda: buf.update_weight(*pairs()), 256),
+                           "sample+update(256)": (sample_update, 256)}, sizes)
+        return
+
+    if workload == "control":
+        buf = ReplayBuffer(capacity, **options)
+        fill_ts(buf, source, capacity)
+        yield from _timed({"add(1)": (lambda: buf.add(one), 1),
+                           "sample(256)+next": (lambda: buf.sample(256), 256)}, sizes)
+        buf = None  # freed before the next buffer is built
+        _release()
+        vec = VectorReplayBuffer(capacity, 256, **options)
+        batch = batch_of(data["batch"])
+        for _ in range(capacity // 256):
+            vec.add(batch)
+        yield from _timed({"add(256)": (lambda: vec.add(batch), 256)}, sizes)
+        return
+
+    mem = _Memory(capacity)
+    buf = ReplayBuffer(capacity, **options)
+    fill_ts(buf, source, capacity)
+    obs_bytes = None
+    with contextlib.suppress(Exception):
+        obs_bytes = buf.obs.nbytes + (0 if options else buf.obs_next.nbytes)
+    yield mem.row(obs_bytes, {"default": "obs and obs_next arrays",
+                              "ignore_obs_next": "next obs is the next index",
+                              "atari": "last frame only; stacks rebuilt per sample"}[layout])
+    if memory_only:
+        return
+    yield from _timed({"add(1)": (lambda: buf.add(one), 1),
+                       "sample(32)+next": (lambda: buf.sample(32), 32),
+                       "sample(256)+next": (lambda: buf.sample(256), 256)}, sizes)
+
+
+# ------------------------------------------------------------------------ registry
+@dataclass(frozen=True)
+class Peer:
+    label: str
+    family: str  # the name --peers selects
+    modules: tuple[str, ...]  # imported first: ImportError means "not installed"
+    run: Callable[..., Iterator[dict[str, Any]]]
+    layout: str | None
+    workloads: tuple[str, ...]
+    memory_only: bool = False
+
+    def ops(self, workload: str) -> tuple[str, ...]:
+        return MEMORY_ONLY if self.memory_only else OPS[workload]
+
+    def distribution(self) -> str:
+        return {"sb3": "stable-baselines3"}.get(self.family, self.family)
+
+
+PEERS: tuple[Peer, ...] = (
+    Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, None, WORKLOADS),
+    Peer("cpprb", "cpprb", ("cpprb",), _cpprb, "next_of", WORKLOADS),
+    Peer("cpprb[stack_compress]", "cpprb", ("cpprb",), _cpprb, "stack", ("frames",)),
+    Peer("cpprb[no next_of]", "cpprb", ("cpprb",), _cpprb, "plain", ("frames",), True),
+    Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
+         ("control", "prioritized")),
+    Peer("sb3[optimize_memory]", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3,
+         "optimize_memory", ("frames",)),
+    Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
+         ("frames",), True),
+    Peer("torchrl", "torchrl", ("torchrl", "tensordict", "torch"), _torchrl, "td", WORKLOADS),
+    Peer("torchrl[pytree]", "torchrl", ("torchrl", "torch"), _torchrl, "pytree",
+         ("control", "prioritized")),
+    Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default",
+         ("control", "prioritized")),
+    Peer("tianshou[ignore_obs_next]", "tianshou", ("tianshou", "torch"), _tianshou,
+         "ignore_obs_next", ("frames",)),
+    Peer("tianshou[atari]", "tianshou", ("tianshou", "torch"), _tianshou, "atari",
+         ("frames",)),
+    Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default", ("frames",),
+         True),
+)
+
+
+def _reason(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _version(peer: Peer) -> str | None:
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+        return version(peer.distribution())
+    return None
+
+
+def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]]:
+    """Rows for every op ``peer`` owes ``workload``, whatever happens."""
+    base = {"workload": workload, "peer": peer.label, "seconds_per_call": None,
+            "items_per_call": None, "status": "ok", "bytes_per_transition": None,
+            "obs_bytes_per_transition": None, "detail": ""}
+    expected = list(peer.ops(workload))
+    status = None
+    try:
+        for module in peer.modules:
+            importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        status = f"not installed ({err.name or module})"
+    except Exception as err:  # an installed peer that cannot even be imported
+        status = f"failed: import {module}: {_reason(err)}"
+    if status is None:
+        version = _version(peer)
+        if version:
+            base["detail"] = f"{peer.distribution()} {version}"
+        done: set[str] = set()
+        gen = peer.run(workload, sizes, peer.layout) if peer.layout else peer.run(workload, sizes)
+        try:
+            for row in gen:
+                out = dict(base)
+                detail = row.pop("detail", "")
+                out.update(row)
+                if detail:
+                    out["detail"] = f"{base['detail']}; {detail}" if base["detail"] else detail
+                done.add(out["op"])
+                yield out
+        except Unsupported as err:
+            status = f"unsupported: {err}"
+        except (Exception, MemoryError) as err:
+            status = f"failed: {_reason(err)}"
+        finally:
+            gen.close()
+            del gen
+            _release()
+        expected = [op for op in expected if op not in done]
+    for op in expected:
+        if status is None:
+            status = "failed: adapter yielded no row for this op"
+        yield dict(base, op=op, status=status)
+
+
+def run_peers(workloads: list[str] | tuple[str, ...] = WORKLOADS, quick: bool = False, *,
+              peers: list[str] | None = None, torch_threads: int | None = 1,
+              progress: Callable[[dict[str, Any]], None] | None = None
+              ) -> list[dict[str, Any]]:
+    """Run ``workloads`` through every peer (or the families named in ``peers``).
+
+    Returns rows ``{workload, op, peer, seconds_per_call, items_per_call, status,
+    bytes_per_transition, obs_bytes_per_transition, detail}``; ``status`` is ``ok``,
+    ``not installed (...)``, ``unsupported: ...`` or ``failed: ...``. One peer's buffer
+    exists at a time. ``torch_threads``: intra-op threads for the torch-based peers
+    (None leaves torch's default).
+    """
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    families = {p.family for p in PEERS}
+    if peers is not None and set(peers) - families:
+        raise ValueError(f"unknown peers {sorted(set(peers) - families)}; "
+                         f"choose from {sorted(families)}")
+    _TORCH_THREADS[0] = torch_threads
+    sizes = QUICK if quick else FULL
+    rows = []
+    for workload in workloads:
+        for peer in PEERS:
+            if workload not in peer.workloads or (peers is not None
+                                                   and peer.family not in peers):
+                continue
+            for row in _run_one(peer, workload, sizes):
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    if r["op"] == "bytes/transition":
+        rss = r["bytes_per_transition"]
+        obs = r["obs_bytes_per_transition"]
+        value = "" if rss is None else f"{rss:,.0f} B"
+        if obs is not None:
+            value += f" (obs {obs:,.0f} B)"
+        return (r["workload"], r["op"], r["peer"], value, "", r["status"])
+    s = r["seconds_per_call"]
+    if s is None:
+        return (r["workload"], r["op"], r["peer"], "", "", r["status"])
+    return (r["workload"], r["op"], r["peer"], f"{s * 1e6:,.1f}",
+            f"{r['items_per_call'] / s:,.0f}", r["status"])
+
+
+HEADER = ("workload", "op", "peer", "us/call (or bytes)", "items/s", "status")
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table of ``run_peers`` rows."""
+    table = [HEADER] + [_cells(r) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    lines = ["  ".join(c.rjust(w) if i in (3, 4) else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+             for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_markdown(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of ``run_peers`` rows."""
+    lines = ["| " + " | ".join(HEADER) + " |",
+             "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"]) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m replaybuffer.bench.peers",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small capacities (smoke run)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--peers", default=None,
+                        help=f"comma-separated families ({', '.join(sorted({p.family for p in PEERS}))})")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--markdown", help="write a markdown table to this file")
+    args = parser.parse_args(argv)
+    workloads = [w for w in args.workloads.split(",") if w]
+    peers = None if args.peers is None else [p for p in args.peers.split(",") if p]
+    started = time.time()
+    print(f"# replaybuffer peer bench ({platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cpus, python {platform.python_version()}, "
+          f"{'quick' if args.quick else 'full'}, torch threads "
+          f"{args.torch_threads or 'default'}, load {_load()})", flush=True)
+
+    def progress(r: dict[str, Any]) -> None:
+        print("  " + "  ".join(_cells(r)), flush=True)
+
+    rows = run_peers(workloads, args.quick, peers=peers,
+                     torch_threads=args.torch_threads or None, progress=progress)
+    print(f"# {time.time() - started:.0f} s, load {_load()}\n")
+    print(format_rows(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(format_markdown(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
