@@ -17,7 +17,8 @@ Quick start::
 are imported by the parts that use them.
 """
 
-from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
+from replaybuffer.buffers import (BufferInfo, PrioritizedReplayBuffer, ReplayBuffer,
+                                  UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import load
 from replaybuffer.specs import (
@@ -37,6 +38,7 @@ __all__ = [
     "BufferInfo",
     "CheckpointError",
     "EmptyBufferError",
+    "PrioritizedReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferError",
     "SpecError",

@@ -115,6 +115,7 @@ def save(buffer: ReplayBuffer, directory: str | os.PathLike) -> None:
                     _sync(fh)
                 leaves.append({"file": name, "path": path, "shape": list(arr.shape),
                                "dtype": arr.dtype.str, "crc32": zlib.crc32(arr.data)})
+        state = _externalise_arrays(state, tmp)
         manifest = {
             "format": FORMAT, "version": VERSION, "buffer": type(buffer).__name__,
             "batch_size": buffer.batch_size, "max_length": buffer.max_length,
@@ -129,6 +130,47 @@ def save(buffer: ReplayBuffer, directory: str | os.PathLike) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _externalise_arrays(state: Any, directory: Path, prefix: str = "state") -> Any:
+    """Replace numpy arrays in a state nest (a sampler's priorities, say) by references
+    to ``.npy`` files written beside the manifest, each with its CRC-32."""
+    if isinstance(state, np.ndarray):
+        name = f"{prefix}.npy"
+        arr = np.ascontiguousarray(state)
+        with open(directory / name, "wb") as fh:
+            np.save(fh, arr, allow_pickle=False)
+            _sync(fh)
+        return {"__npy__": name, "shape": list(arr.shape), "dtype": arr.dtype.str,
+                "crc32": zlib.crc32(arr.data)}
+    if isinstance(state, dict):
+        return {k: _externalise_arrays(v, directory, f"{prefix}.{k}") for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_externalise_arrays(v, directory, f"{prefix}.{i}") for i, v in enumerate(state)]
+    return state
+
+
+def _internalise_arrays(state: Any, directory: Path) -> Any:
+    """Inverse of :func:`_externalise_arrays`, checking every file."""
+    if isinstance(state, dict) and "__npy__" in state:
+        path = directory / str(state["__npy__"])
+        where = f"state array {path.name}"
+        if not path.is_file():
+            raise CheckpointError(f"{where} is missing from {directory}")
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise CheckpointError(f"{where} is not a readable .npy file: {exc}") from exc
+        if list(arr.shape) != state.get("shape") or arr.dtype.str != state.get("dtype") or \
+                zlib.crc32(np.ascontiguousarray(arr).data) != state.get("crc32"):
+            raise CheckpointError(f"{where} is corrupt: its shape, dtype or checksum does not "
+                                  "match the manifest")
+        return arr
+    if isinstance(state, dict):
+        return {k: _internalise_arrays(v, directory) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_internalise_arrays(v, directory) for v in state]
+    return state
 
 
 def _sync(fh: Any) -> None:
@@ -237,6 +279,7 @@ def load(directory: str | os.PathLike, *, storage: str | None = None, device: An
     count = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
     arrays = [_read_leaf(Path(directory), entry, spec, count)
               for entry, spec in zip(entries, specs)]
+    state = _internalise_arrays(state, Path(directory))
     try:
         buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or manifest["storage"], device, manifest["config"])

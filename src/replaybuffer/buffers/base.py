@@ -25,16 +25,22 @@ class BufferInfo(NamedTuple):
     """What a read returns beside the items.
 
     Attributes:
-        ids: int64 logical step ids of the items read, the same outer shape as the
-            items (``[S]``, ``[S, T]``, ...). Within a window they increase by 1. In a
-            deterministic pass they are TF-Agents' physical row indices instead
-            (``row * max_length + slot``).
+        ids: int64 step ids of the items read, the same outer shape as the items
+            (``[S]``, ``[S, T]``, ...). In uniform buffers they are TF-Agents' logical
+            add ids (shared by the rows of one add; +1 along a window). Prioritized
+            buffers return item ids, unique per step and row (see
+            :class:`~replaybuffer.PrioritizedReplayBuffer`), to pass back to
+            ``update_priorities``. In a deterministic pass they are TF-Agents' physical
+            row indices (``row * max_length + slot``).
         probabilities: float32 ``[S]`` (or a scalar): the probability with which each
             sample was drawn. ``()`` in a deterministic pass.
+        weights: float32 ``[S]`` importance weights from prioritized buffers (the
+            largest possible weight is 1); ``None`` elsewhere.
     """
 
     ids: Any
     probabilities: Any
+    weights: Any = None
 
 
 def _positive_or_none(value: Any, name: str) -> int | None:
@@ -251,11 +257,19 @@ class ReplayBuffer:
             if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
                 raise self._empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
+            ids = self._info_ids(ids, positions)
             if num_steps is not None:
-                ids = ids[:, None] + np.arange(num_steps, dtype=np.int64)
+                ids = ids[:, None] + self._id_step * np.arange(num_steps, dtype=np.int64)
                 positions = ring.window_positions(positions, num_steps)
             leaves = self._storage.gather(positions)
         return leaves, ids, info
+
+    _id_step = 1
+    """How much ``BufferInfo.ids`` grow from one step of a window to the next."""
+
+    def _info_ids(self, start_ids: np.ndarray, start_positions: np.ndarray) -> np.ndarray:
+        """The ``BufferInfo.ids`` of sampled window starts: their logical add ids."""
+        return start_ids
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                  time_stacked: bool = True) -> tuple[Any, BufferInfo]:
@@ -289,20 +303,23 @@ class ReplayBuffer:
                 ) -> tuple[Any, BufferInfo]:
         """:meth:`get_next` after argument checks; ``rng`` overrides the sampler's."""
         leaves, ids, info = self._sample_arrays(sample_batch_size or 1, num_steps, rng)
-        return self._package(leaves, ids, info["probabilities"], sample_batch_size,
-                             num_steps, time_stacked)
+        return self._package(leaves, ids, info, sample_batch_size, num_steps, time_stacked)
 
     def _spawn_rng(self) -> np.random.Generator:
         with self._lock:
             return self._sampler.spawn_rng()
 
-    def _package(self, leaves: list[Any], ids: np.ndarray, probabilities: np.ndarray,
+    def _package(self, leaves: list[Any], ids: np.ndarray, info: dict[str, np.ndarray],
                  sample_batch_size: int | None, num_steps: int | None,
                  time_stacked: bool) -> tuple[Any, BufferInfo]:
         to_backend = self._storage.from_numpy
+        probabilities, weights = info["probabilities"], info.get("weights")
         if sample_batch_size is None:
             leaves = [leaf[0] for leaf in leaves]
             ids, probabilities = ids[0], probabilities[0]
+            weights = None if weights is None else weights[0]
+        if weights is not None:
+            weights = to_backend(np.asarray(weights))
         if num_steps is not None and not time_stacked:
             axis_t = 0 if sample_batch_size is None else 1
             items = tuple(self._structure.unflatten([_take_step(leaf, t, axis_t)
@@ -310,11 +327,11 @@ class ReplayBuffer:
                           for t in range(num_steps))
             ids_out: Any = tuple(to_backend(np.array(_take_step(ids, t, axis_t)))
                                  for t in range(num_steps))
-            return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)))
+            return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)), weights)
         if to_backend is identity:
-            return self._structure.unflatten(leaves), BufferInfo(ids, probabilities)
+            return self._structure.unflatten(leaves), BufferInfo(ids, probabilities, weights)
         return self._structure.unflatten(leaves), BufferInfo(
-            to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)))
+            to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)), weights)
 
     def gather_all(self) -> Any:
         """Every retained step, ``[batch_size, items_per_row, D]`` per leaf.
@@ -338,8 +355,8 @@ class ReplayBuffer:
                 are only unlinked, which is O(1)).
         """
         with self._lock:
+            self._sampler.on_clear(self._ring)
             self._ring.last_id = -1
-            self._sampler.on_clear()
             if zero_storage:
                 self._storage.zero()
 

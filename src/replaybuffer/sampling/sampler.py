@@ -46,8 +46,8 @@ class Sampler(Protocol):
     def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
         """Steps ``first_id .. first_id + num_steps - 1`` were just written."""
 
-    def on_clear(self) -> None:
-        """The buffer was emptied."""
+    def on_clear(self, ring: Ring) -> None:
+        """The buffer is about to be emptied (``ring`` still shows what it held)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

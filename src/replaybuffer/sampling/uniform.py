@@ -54,7 +54,7 @@ class UniformSampler:
     def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
         pass
 
-    def on_clear(self) -> None:
+    def on_clear(self, ring: Ring) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""The prioritized replay buffer: the uniform buffer's API plus priorities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.sampling import Ring
+from replaybuffer.sampling.prioritized import PrioritizedSampler
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Samples windows in proportion to ``priority ** alpha`` (Schaul et al., 2016).
+
+    Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`, plus
+    :meth:`update_priorities`. ``BufferInfo`` carries ``probabilities`` and importance
+    ``weights`` (``(N * P(i)) ** -beta``, normalised so that the largest weight any
+    stored step could get is 1). New steps enter at the largest priority seen so far.
+    With ``num_steps > 1`` a window's priority is that of its first step.
+
+    ``BufferInfo.ids`` are *item ids*, one per step and row and never reused (not even
+    after ``clear()``): ``(adds before the last clear + add id) * batch_size + row``. With
+    ``batch_size=1`` and no clear they are the add ids. Along a window they grow by
+    ``batch_size``. Pass them back to :meth:`update_priorities`.
+
+    Args:
+        data_spec, batch_size, max_length, storage, device: as for the uniform buffer.
+        alpha: prioritization exponent, >= 0 (0 samples uniformly).
+        beta: importance-sampling exponent in [0, 1].
+        beta_final, beta_steps: anneal ``beta`` linearly to ``beta_final`` over
+            ``beta_steps`` sample calls (``get_next`` calls and dataset elements).
+        seed: seeds sampling.
+    """
+
+    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
+                 alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
+                 beta_steps: int = 0, storage: str = "numpy", device: Any = None,
+                 seed: int | None = None):
+        capacity = Ring(batch_size, max_length).capacity  # validates the layout first
+        sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
+                                     beta_steps=beta_steps, seed=seed)
+        super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
+                         sampler=sampler)
+        self._id_step = self._ring.batch_size
+        self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
+                               "beta_steps": beta_steps, "seed": seed}
+
+    @property
+    def alpha(self) -> float:
+        return self._sampler.alpha
+
+    @property
+    def beta(self) -> float:
+        """The importance-sampling exponent the next sample will use."""
+        return self._sampler.beta
+
+    @property
+    def max_priority(self) -> float:
+        """The largest priority seen; new steps enter with it."""
+        return self._sampler.max_priority
+
+    def _info_ids(self, start_ids: np.ndarray, start_positions: np.ndarray) -> np.ndarray:
+        return self._sampler.item_ids(self._ring, start_ids, start_positions)
+
+    def update_priorities(self, ids: Any, priorities: Any) -> int:
+        """Set the priorities of sampled items.
+
+        Args:
+            ids: ``BufferInfo.ids`` of a sample: ``[S]``, or ``[S, T]`` (or a T-tuple)
+                for windows, whose first step carries the window's priority. Numpy
+                arrays, tensors or sequences.
+            priorities: ``[S]`` non-negative finite numbers (e.g. absolute TD errors).
+
+        Returns:
+            How many priorities were applied: ids of steps overwritten since they were
+            sampled (stale ids) are ignored.
+
+        Raises:
+            ValueError: mismatched shapes, or a NaN, infinite or negative priority.
+                Nothing is changed then.
+        """
+        ids_arr, values = _as_numpy(ids[0] if isinstance(ids, tuple) else ids, np.int64), \
+            _as_numpy(priorities, np.float64)
+        if ids_arr.ndim == 2:
+            ids_arr = ids_arr[:, 0]
+        if ids_arr.ndim != 1 or values.shape != ids_arr.shape:
+            raise ValueError(f"update_priorities: expected ids [S] (or [S, T]) and "
+                             f"priorities [S] of the same S, got ids of shape "
+                             f"{np.shape(ids)} and priorities of shape {values.shape}")
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"update_priorities: priorities must be finite and >= 0; "
+                             f"priorities[{i}] is {float(values[i])} (for id {int(ids_arr[i])}); "
+                             f"{int(bad.sum())} bad value(s), nothing was updated")
+        with self._lock:
+            return self._sampler.update_priorities(self._ring, ids_arr, values)
+
+    def priorities(self, ids: Any) -> np.ndarray:
+        """``priority ** alpha`` currently stored for item ``ids`` (NaN if stale)."""
+        ids_arr = _as_numpy(ids, np.int64)
+        with self._lock:
+            return self._sampler.priorities(self._ring, ids_arr)
+
+    def _config(self) -> dict[str, Any]:
+        return dict(self._config_values)
+
+
+def _as_numpy(values: Any, dtype: type) -> np.ndarray:
+    if hasattr(values, "detach"):  # torch tensors, on any device
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iufb":
+        raise ValueError(f"update_priorities: expected numbers, got {arr.dtype}")
+    if dtype is np.int64 and arr.dtype.kind == "f":
+        raise ValueError("update_priorities: ids must be integers (pass BufferInfo.ids)")
+    return arr.astype(dtype, copy=False)

@@ -1,0 +1,238 @@
+"""PrioritizedReplayBuffer: distribution, weights, stale ids, bad priorities, persistence."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replaybuffer as rb
+from conftest import to_np
+
+# Upper 0.1% points of the chi-square distribution, by degrees of freedom.
+CHI2_999 = {3: 16.27, 7: 24.32, 9: 27.88, 15: 37.70}
+
+
+def counter_buffer(storage=None, batch_size=1, max_length=10, adds=10, **kwargs):
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
+                                     seed=0, **(storage or {}), **kwargs)
+    for t in range(adds):
+        buf.add_batch(np.arange(batch_size, dtype=np.int64) * 100 + t)
+    return buf
+
+
+def chi_square(counts, expected):
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0, 0.0])
+def test_sampling_follows_priorities_to_the_alpha(storage, alpha):
+    buf = counter_buffer(storage, max_length=10, adds=10, alpha=alpha)
+    priorities = np.arange(1.0, 11.0)
+    buf.update_priorities(np.arange(10), priorities)
+    draws = 1_000_000
+    counts = np.zeros(10)
+    for _ in range(draws // 1000):
+        items, info = buf.get_next(1000)
+        counts += np.bincount(to_np(items), minlength=10)
+    expected = priorities ** alpha / (priorities ** alpha).sum()
+    assert chi_square(counts, draws * expected) < CHI2_999[9]
+    _, info = buf.get_next(64)
+    ids = to_np(info.ids)
+    np.testing.assert_allclose(to_np(info.probabilities), expected[ids], rtol=1e-5)
+
+
+def test_importance_weights_match_the_formula():
+    buf = counter_buffer(max_length=8, adds=8, alpha=0.7, beta=0.5)
+    priorities = np.array([0.5, 1, 2, 3, 4, 5, 6, 9.0])
+    buf.update_priorities(np.arange(8), priorities)
+    _, info = buf.get_next(256)
+    ids = info.ids
+    scaled = priorities ** 0.7
+    p = scaled[ids] / scaled.sum()
+    w = (8 * p) ** -0.5 / (8 * scaled.min() / scaled.sum()) ** -0.5
+    np.testing.assert_allclose(info.weights, w, rtol=1e-5)
+    assert info.weights.max() <= 1.0 and info.weights.dtype == np.float32
+    lowest = buf.get_next(2000)[1]
+    assert lowest.weights[lowest.ids == 0] == pytest.approx(1.0)
+
+
+def test_beta_anneals_linearly_over_sample_calls():
+    buf = counter_buffer(adds=4, beta=0.4, beta_final=1.0, beta_steps=3)
+    assert buf.beta == pytest.approx(0.4)
+    buf.get_next(2)
+    assert buf.beta == pytest.approx(0.6)
+    for _ in range(5):
+        buf.get_next(2)
+    assert buf.beta == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="beta must be a number in"):
+        counter_buffer(beta=1.5)
+    with pytest.raises(ValueError, match="alpha must be a number"):
+        counter_buffer(alpha=-1)
+
+
+def test_new_items_enter_at_the_largest_priority_seen():
+    buf = counter_buffer(max_length=10, adds=3)
+    buf.update_priorities(np.array([0, 1]), np.array([5.0, 0.25]))
+    assert buf.max_priority == 5.0
+    buf.add_batch(np.array([3]))
+    np.testing.assert_allclose(buf.priorities(np.array([0, 1, 2, 3])),
+                               np.array([5.0, 0.25, 1.0, 5.0]) ** 0.6)
+
+
+def test_stale_ids_are_ignored(storage):
+    buf = counter_buffer(storage, max_length=4, adds=4)
+    _, info = buf.get_next(3)
+    old_ids = to_np(info.ids)
+    for t in range(4, 8):  # overwrite everything
+        buf.add_batch(np.array([t]))
+    before = buf.priorities(np.arange(4, 8))
+    assert buf.update_priorities(old_ids, np.array([7.0, 7.0, 7.0])) == 0
+    np.testing.assert_array_equal(buf.priorities(np.arange(4, 8)), before)
+    assert np.isnan(buf.priorities(old_ids)).all()
+    # Partly stale: only the live id is applied.
+    assert buf.update_priorities(np.array([1, 6]), np.array([2.0, 3.0])) == 1
+    assert buf.priorities(np.array([6]))[0] == pytest.approx(3.0 ** 0.6)
+
+
+def test_ids_are_never_reused_after_clear():
+    buf = counter_buffer(max_length=4, adds=3)
+    _, info = buf.get_next(2)
+    buf.clear()
+    for t in range(3):
+        buf.add_batch(np.array([t]))
+    assert buf.update_priorities(info.ids, np.array([9.0, 9.0])) == 0
+    _, fresh = buf.get_next(50)
+    assert set(fresh.ids.tolist()) <= {3, 4, 5}
+    assert buf.max_priority == 1.0
+
+
+@pytest.mark.parametrize("bad,pattern", [
+    (np.array([1.0, np.nan]), r"priorities\[1\] is nan"),
+    (np.array([np.inf, 1.0]), r"priorities\[0\] is inf"),
+    (np.array([1.0, -0.5]), r"priorities\[1\] is -0.5"),
+])
+def test_bad_priorities_raise_and_change_nothing(storage, bad, pattern):
+    buf = counter_buffer(storage, adds=5)
+    _, info = buf.get_next(2)
+    before = (buf.priorities(np.arange(5)), buf.max_priority,
+              buf._sampler.state_dict()["rng"]["state"])
+    with pytest.raises(ValueError, match=pattern):
+        buf.update_priorities(info.ids, bad)
+    after = (buf.priorities(np.arange(5)), buf.max_priority,
+             buf._sampler.state_dict()["rng"]["state"])
+    np.testing.assert_array_equal(before[0], after[0])
+    assert before[1:] == after[1:]
+
+
+def test_update_priorities_argument_errors():
+    buf = counter_buffer(adds=5)
+    with pytest.raises(ValueError, match="same S"):
+        buf.update_priorities(np.arange(3), np.ones(2))
+    with pytest.raises(ValueError, match="ids must be integers"):
+        buf.update_priorities(np.array([0.5]), np.ones(1))
+    with pytest.raises(ValueError, match="expected numbers"):
+        buf.update_priorities(np.array(["a"]), np.ones(1))
+
+
+def test_zero_priorities_are_never_drawn_and_all_zero_is_an_error():
+    buf = counter_buffer(max_length=5, adds=5)
+    buf.update_priorities(np.arange(5), np.array([0.0, 1.0, 0.0, 1.0, 0.0]))
+    items, info = buf.get_next(500)
+    assert set(items.tolist()) == {1, 3} and (info.weights <= 1).all()
+    buf.update_priorities(np.array([1, 3]), np.zeros(2))
+    with pytest.raises(rb.EmptyBufferError, match="priority 0"):
+        buf.get_next(1)
+
+
+def test_windows_take_their_first_steps_priority_and_respect_the_head(storage):
+    buf = counter_buffer(storage, max_length=6, adds=9)  # holds 3..8, head after 8
+    ids = np.arange(3, 9)
+    buf.update_priorities(ids, np.array([1.0, 1, 1, 1, 1, 1000.0]))  # id 8 cannot start
+    items, info = buf.get_next(3000, num_steps=2)
+    x = to_np(items)
+    np.testing.assert_array_equal(x[:, 0] + 1, x[:, 1])
+    assert x[:, 0].max() == 7  # the heavy newest step is never a start
+    starts = x[:, 0]
+    probs = to_np(info.probabilities)
+    np.testing.assert_allclose(probs, 1 / 5, rtol=1e-5)  # 5 valid starts, equal priority
+    counts = np.bincount(starts - 3, minlength=5)
+    assert chi_square(counts, np.full(5, 600.0)) < CHI2_999[3] + 5
+
+
+def test_item_ids_with_several_rows(storage):
+    buf = counter_buffer(storage, batch_size=3, max_length=4, adds=5)
+    items, info = buf.get_next(400, num_steps=2)
+    x, ids = to_np(items), to_np(info.ids)
+    rows, add_ids = x // 100, x % 100
+    np.testing.assert_array_equal(ids, add_ids * 3 + rows)  # unique per step and row
+    np.testing.assert_array_equal(ids[:, 1] - ids[:, 0], 3)
+    target = ids[0, 0]
+    assert buf.update_priorities(torch.as_tensor(ids), torch.ones(400) * 0.5) > 0
+    assert buf.priorities(np.array([target]))[0] == pytest.approx(0.5 ** 0.6)
+
+
+def test_save_load_keeps_priorities_and_the_generator(storage, tmp_path):
+    buf = counter_buffer(storage, batch_size=2, max_length=6, adds=9, beta_final=1.0,
+                         beta_steps=100)
+    _, info = buf.get_next(8)
+    buf.update_priorities(info.ids, np.linspace(0.1, 3.0, 8))
+    buf.add_batch(np.array([50, 150]))  # pending max-priority entries
+    buf.save(tmp_path / "per")
+    again = rb.load(tmp_path / "per")
+    assert isinstance(again, rb.PrioritizedReplayBuffer)
+    assert again.beta == buf.beta and again.max_priority == buf.max_priority
+    a, ia = buf.get_next(32, num_steps=2)
+    b, ib = again.get_next(32, num_steps=2)
+    np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
+    np.testing.assert_allclose(to_np(ia.weights), to_np(ib.weights))
+    (tmp_path / "per" / "state.sampler.priorities.npy").write_bytes(b"junk")
+    with pytest.raises(rb.CheckpointError, match="state array state.sampler.priorities.npy"):
+        rb.load(tmp_path / "per")
+
+
+def test_datasets_and_deterministic_pass_work(storage):
+    buf = counter_buffer(storage, batch_size=2, max_length=5, adds=5)
+    it = iter(buf.as_dataset(4, num_steps=2, num_parallel_calls=2))
+    items, info = next(it)
+    assert tuple(items.shape) == (4, 2) and info.weights is not None
+    it.close()
+    assert len(list(buf.as_dataset(single_deterministic_pass=True))) == 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), batch_size=st.integers(1, 3), max_length=st.integers(1, 6),
+       num_steps=st.integers(1, 3))
+def test_probabilities_match_a_brute_force_model(data, batch_size, max_length, num_steps):
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
+                                     alpha=0.5, seed=1)
+    model: dict[int, float] = {}  # item id -> raw priority, for live items
+    max_priority = 1.0
+    adds = data.draw(st.integers(1, 3 * max_length))
+    for t in range(adds):
+        buf.add_batch(np.arange(batch_size) * 1000 + t)
+        for row in range(batch_size):
+            model[t * batch_size + row] = max_priority
+        for key in [k for k in model if k // batch_size <= t - max_length]:
+            del model[key]
+        if data.draw(st.booleans()) and num_steps <= min(t + 1, max_length):
+            _, info = buf.get_next(4, num_steps)
+            new = np.array(data.draw(st.lists(st.floats(0.01, 10), min_size=4, max_size=4)))
+            buf.update_priorities(info.ids, new)
+            for key, value in zip(np.asarray(info.ids)[:, 0].tolist(), new.tolist()):
+                model[key] = value  # duplicates: the last one wins
+            max_priority = max(max_priority, float(new.max()))
+    if num_steps > min(adds, max_length):
+        with pytest.raises(rb.EmptyBufferError):
+            buf.get_next(2, num_steps)
+        return
+    last = adds - 1
+    valid = {k: p ** 0.5 for k, p in model.items() if k // batch_size <= last - num_steps + 1}
+    total = sum(valid.values())
+    items, info = buf.get_next(64, num_steps)
+    starts = np.asarray(info.ids)[:, 0]
+    for key, prob in zip(starts.tolist(), info.probabilities.tolist()):
+        assert key in valid
+        assert prob == pytest.approx(valid[key] / total, rel=1e-5)
+    x = np.asarray(items)[:, 0]
+    np.testing.assert_array_equal(x % 1000 * batch_size + x // 1000, starts)
