@@ -17,8 +17,8 @@ Quick start::
 are imported by the parts that use them.
 """
 
-from replaybuffer.buffers import (BufferInfo, PrioritizedReplayBuffer, ReplayBuffer,
-                                  UniformReplayBuffer)
+from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, PrioritizedReplayBuffer,
+                                  ReplayBuffer, ShuffledReplayBuffer, UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import load
 from replaybuffer.specs import (
@@ -38,9 +38,11 @@ __all__ = [
     "BufferInfo",
     "CheckpointError",
     "EmptyBufferError",
+    "FIFOReplayBuffer",
     "PrioritizedReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferError",
+    "ShuffledReplayBuffer",
     "SpecError",
     "UniformReplayBuffer",
     "as_data_spec",

@@ -2,6 +2,8 @@
 
 from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
 from replaybuffer.buffers.prioritized import PrioritizedReplayBuffer
+from replaybuffer.buffers.queue import FIFOReplayBuffer, ShuffledReplayBuffer
 from replaybuffer.buffers.uniform import UniformReplayBuffer
 
-__all__ = ["BufferInfo", "PrioritizedReplayBuffer", "ReplayBuffer", "UniformReplayBuffer"]
+__all__ = ["BufferInfo", "FIFOReplayBuffer", "PrioritizedReplayBuffer", "ReplayBuffer",
+           "ShuffledReplayBuffer", "UniformReplayBuffer"]

@@ -1,0 +1,61 @@
+"""Buffer variants that read without replacement: a FIFO queue and shuffled epochs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.sampling.fifo import FIFOSampler
+from replaybuffer.sampling.shuffled import ShuffledSampler
+
+
+class FIFOReplayBuffer(ReplayBuffer):
+    """Reads every stored window once, oldest first, like a queue.
+
+    Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`. ``get_next(S, T)``
+    returns the ``S`` oldest unread windows (start id, then row; a row's next window
+    starts ``T`` steps later) and raises ``EmptyBufferError`` when fewer are unread.
+    Steps overwritten before they were read are skipped and counted in
+    :attr:`dropped`. Useful to hand on-policy data to a learner in order.
+    """
+
+    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
+                 storage: str = "numpy", device: Any = None):
+        super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
+                         sampler=FIFOSampler())
+
+    @property
+    def dropped(self) -> int:
+        """Windows overwritten before they were read."""
+        return self._sampler.dropped
+
+    def unread(self, num_steps: int = 1) -> int:
+        """How many windows of ``num_steps`` are waiting to be read."""
+        with self._lock:
+            return self._sampler.unread(self._ring, num_steps)
+
+
+class ShuffledReplayBuffer(ReplayBuffer):
+    """Samples without replacement, in epochs over the stored windows.
+
+    Each epoch visits every window stored when it began exactly once, in random order;
+    see :mod:`replaybuffer.sampling.shuffled`. ``BufferInfo.probabilities`` are
+    ``1 / windows_in_epoch``.
+
+    Args:
+        seed: seeds the shuffles.
+    """
+
+    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
+                 storage: str = "numpy", device: Any = None, seed: int | None = None):
+        super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
+                         sampler=ShuffledSampler(seed))
+        self._seed = seed
+
+    @property
+    def epoch(self) -> int:
+        """Epochs begun so far."""
+        return self._sampler.epoch
+
+    def _config(self) -> dict[str, Any]:
+        return {"seed": self._seed}
