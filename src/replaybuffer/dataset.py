@@ -51,12 +51,13 @@ class RandomStream:
 
     def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
                  num_steps: int | None, num_parallel_calls: int | None = None,
-                 prefetch: int | None = None):
+                 prefetch: int | None = None, within_episodes: bool = False):
         if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
             raise ValueError(f"prefetch must be a non-negative int or None, got {prefetch!r}")
         self.buffer = buffer
         self.sample_batch_size = sample_batch_size
         self.num_steps = num_steps
+        self.within_episodes = within_episodes
         self.workers = num_parallel_calls or (1 if prefetch else 0)
         self.prefetch = (2 * self.workers if prefetch is None else prefetch)
 
@@ -80,7 +81,8 @@ class _SyncIterator:
 
     def __next__(self) -> Element:
         s = self._stream
-        return s.buffer._sample(s.sample_batch_size, s.num_steps, True, self._rng)
+        return s.buffer._sample(s.sample_batch_size, s.num_steps, True, self._rng,
+                                s.within_episodes)
 
 
 class _PrefetchIterator:
@@ -161,7 +163,8 @@ def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
     while not stop.is_set():
         try:
             item: tuple[bool, Any] = (True, buffer._sample(stream.sample_batch_size,
-                                                           stream.num_steps, True, rng))
+                                                           stream.num_steps, True, rng,
+                                                           stream.within_episodes))
         except BaseException as exc:  # handed to the consumer, which re-raises it
             item = (False, exc)
         while not stop.is_set():

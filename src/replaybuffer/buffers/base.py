@@ -15,6 +15,7 @@ import numpy as np
 from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, Sampler
+from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import table_rows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
@@ -67,6 +68,10 @@ class ReplayBuffer:
         storage: ``"numpy"`` (host RAM) or ``"torch"`` (tensors on ``device``).
         device: torch device for ``storage="torch"`` (``"cuda"``, ``"cuda:1"``, ...).
         sampler: which windows reads draw.
+        track_episodes: record where episodes start (steps whose ``step_type`` leaf is
+            ``FIRST``), so that reads with ``within_episodes=True`` never return a
+            window that runs into the next episode. Needs a ``step_type`` leaf (a
+            :class:`~replaybuffer.collect.Trajectory`, or a dict key).
     """
 
     _registry: ClassVar[dict[str, type["ReplayBuffer"]]] = {}
@@ -76,7 +81,8 @@ class ReplayBuffer:
         ReplayBuffer._registry[cls.__name__] = cls
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 storage: str = "numpy", device: Any = None, sampler: Sampler):
+                 storage: str = "numpy", device: Any = None, sampler: Sampler,
+                 track_episodes: bool = False):
         self._data_spec = as_data_spec(data_spec)
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
@@ -85,9 +91,28 @@ class ReplayBuffer:
         self._ring = Ring(batch_size, max_length)
         self._storage = make_storage(storage, self._specs, self._ring.capacity, device)
         self._sampler = sampler
+        self._episodes: EpisodeIndex | None = None
+        if track_episodes:
+            if "step_type" not in self._paths_by_name():
+                raise SpecError(f"track_episodes needs a step_type leaf (a Trajectory, or a "
+                                f"dict key 'step_type'); the data_spec's leaves are "
+                                f"{self._paths}")
+            self._step_type_leaf = self._paths_by_name()["step_type"]
+            self._episodes = EpisodeIndex()
         self._lock = threading.Lock()
         self._outer = (self._ring.batch_size,)
         self._outer_names = f"[batch_size={self._ring.batch_size}]"
+
+    def _paths_by_name(self) -> dict[str, int]:
+        """Top-level leaves by field name or string key: ``{"step_type": 0, ...}``."""
+        names = {}
+        for i, path in enumerate(self._paths):
+            for prefix, suffix in ((".", ""), ("['", "']")):
+                if path.startswith(prefix) and path.endswith(suffix):
+                    name = path[len(prefix):len(path) - len(suffix)]
+                    if name.isidentifier():
+                        names[name] = i
+        return names
 
     # ----------------------------------------------------------------- properties
     @property
@@ -185,6 +210,8 @@ class ReplayBuffer:
             self._storage.write(slot * ring.batch_size, arrays)
             ring.last_id += 1
             self._sampler.on_add(ring, ring.last_id, 1)
+            if self._episodes is not None:
+                self._record_episodes(ring.last_id, arrays[self._step_type_leaf], 1)
 
     def extend(self, items: Any) -> None:
         """Append ``num_steps`` consecutive steps to every row in one call.
@@ -231,6 +258,19 @@ class ReplayBuffer:
                 self._storage.write(0, [a[(skip + head) * B:] for a in time_major])
             ring.last_id += num_steps
             self._sampler.on_add(ring, first_id, num_steps)
+            if self._episodes is not None:
+                self._record_episodes(first_id, time_major[self._step_type_leaf], num_steps)
+
+    def _untracked_error(self) -> ValueError:
+        return ValueError(f"within_episodes=True needs a buffer built with "
+                          f"track_episodes=True ({type(self).__name__} was not)")
+
+    def _record_episodes(self, first_id: int, step_types: Any, num_steps: int) -> None:
+        """Note the FIRST steps among ``num_steps`` new steps (``[num_steps * B]`` step types)."""
+        if hasattr(step_types, "cpu"):  # a tensor
+            step_types = step_types.cpu().numpy()
+        starts = np.asarray(step_types).reshape(num_steps, self.batch_size) == 0  # FIRST
+        self._episodes.record(first_id, starts)
 
     # ------------------------------------------------------------------ read path
     def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
@@ -248,15 +288,19 @@ class ReplayBuffer:
             f"Make sure to add items before {action}.")
 
     def _sample_arrays(self, sample_batch_size: int, num_steps: int | None,
-                       rng: np.random.Generator | None = None
+                       rng: np.random.Generator | None = None, within_episodes: bool = False
                        ) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:
         """Draw and gather under the lock: ``(leaves, ids, info)``, batched."""
         ring = self._ring
         steps = num_steps or 1
+        episodes = self._episodes if within_episodes else None
+        if within_episodes and episodes is None:
+            raise self._untracked_error()
         with self._lock:
             if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
                 raise self._empty_error(steps)
-            (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng)
+            (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng,
+                                                          episodes)
             ids = self._info_ids(ids, positions)
             if num_steps is not None:
                 ids = ids[:, None] + self._id_step * np.arange(num_steps, dtype=np.int64)
@@ -272,7 +316,8 @@ class ReplayBuffer:
         return start_ids
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True) -> tuple[Any, BufferInfo]:
+                 time_stacked: bool = True, *, within_episodes: bool = False
+                 ) -> tuple[Any, BufferInfo]:
         """Sample items (with replacement) and return ``(items, BufferInfo)``.
 
         Shapes, with ``D`` the spec shape of a leaf:
@@ -290,19 +335,25 @@ class ReplayBuffer:
         write head (it may wrap physically). ``BufferInfo.ids`` has the items' outer
         shape; ``probabilities`` is float32 ``[S]`` (a scalar without ``S``).
 
+        With ``within_episodes=True`` (buffers built with ``track_episodes=True``) every
+        window lies inside one episode, drawn from those windows only (uniformly, or by
+        priority); ``probabilities`` are relative to them.
+
         Raises:
             EmptyBufferError: the buffer is empty, or holds fewer than ``num_steps``
-                steps per row.
+                steps per row (or within one episode).
         """
         sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = _positive_or_none(num_steps, "num_steps")
-        return self._sample(sample_batch_size, num_steps, time_stacked)
+        return self._sample(sample_batch_size, num_steps, time_stacked,
+                            within_episodes=within_episodes)
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None
-                ) -> tuple[Any, BufferInfo]:
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False) -> tuple[Any, BufferInfo]:
         """:meth:`get_next` after argument checks; ``rng`` overrides the sampler's."""
-        leaves, ids, info = self._sample_arrays(sample_batch_size or 1, num_steps, rng)
+        leaves, ids, info = self._sample_arrays(sample_batch_size or 1, num_steps, rng,
+                                                within_episodes)
         return self._package(leaves, ids, info, sample_batch_size, num_steps, time_stacked)
 
     def _spawn_rng(self) -> np.random.Generator:
@@ -356,6 +407,8 @@ class ReplayBuffer:
         """
         with self._lock:
             self._sampler.on_clear(self._ring)
+            if self._episodes is not None:
+                self._episodes.clear()
             self._ring.last_id = -1
             if zero_storage:
                 self._storage.zero()
@@ -365,7 +418,8 @@ class ReplayBuffer:
                    num_parallel_calls: int | None = None,
                    single_deterministic_pass: bool = False, *,
                    prefetch: int | None = None, drop_remainder: bool = False,
-                   window_shift: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
+                   window_shift: int | None = None, within_episodes: bool = False
+                   ) -> Iterable[tuple[Any, BufferInfo]]:
         """An iterable of ``(items, BufferInfo)`` elements.
 
         Random mode (default) is infinite: each element is a fresh :meth:`get_next`
@@ -382,6 +436,9 @@ class ReplayBuffer:
         ``drop_remainder`` drops partial windows and a partial last row group.
         The index range is read when iteration starts.
 
+        ``within_episodes=True`` (random mode, buffers built with ``track_episodes``)
+        keeps every window inside one episode, as in :meth:`get_next`.
+
         Raises:
             ValueError: the data spec contains Python lists (use tuples), or
                 ``drop_remainder`` would drop all data.
@@ -393,14 +450,20 @@ class ReplayBuffer:
                              f"them to tuples (data_spec={self._data_spec!r})")
         sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = _positive_or_none(num_steps, "num_steps")
+        if within_episodes and self._episodes is None:
+            raise self._untracked_error()
         if single_deterministic_pass:
+            if within_episodes:
+                raise ValueError("within_episodes applies to random sampling; the "
+                                 "deterministic pass reads every step in order")
             window_shift = _positive_or_none(window_shift, "window_shift")
             return DeterministicPass(self, sample_batch_size, num_steps, window_shift,
                                      drop_remainder)
         num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
         if num_steps is not None and num_steps > self._ring.max_length:
             raise self._empty_error(num_steps)
-        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
+        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch,
+                            within_episodes)
 
     def _deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
                             shift: int | None, drop_remainder: bool
@@ -450,6 +513,8 @@ class ReplayBuffer:
     def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         """``(state, arrays)`` for persistence; the caller holds the lock."""
         state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}
+        if self._episodes is not None:
+            state["episode_starts"] = self._episodes.state(self._ring)
         return state, self._storage.export(self._ring.num_frames)
 
     def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
@@ -457,6 +522,8 @@ class ReplayBuffer:
             self._storage.load(arrays)
             self._ring.last_id = int(state["last_id"])
             self._sampler.load_state_dict(state["sampler"])
+            if self._episodes is not None:
+                self._episodes.load(np.asarray(state.get("episode_starts", []), np.int64))
 
 
 def _take_step(array: Any, t: int, axis: int) -> Any:

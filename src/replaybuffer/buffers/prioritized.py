@@ -32,20 +32,23 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta_final, beta_steps: anneal ``beta`` linearly to ``beta_final`` over
             ``beta_steps`` sample calls (``get_next`` calls and dataset elements).
         seed: seeds sampling.
+        track_episodes: allow ``within_episodes=True`` reads, which draw by priority
+            among the windows that stay inside one episode.
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
-                 seed: int | None = None):
+                 seed: int | None = None, track_episodes: bool = False):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=sampler)
+                         sampler=sampler, track_episodes=track_episodes)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
-                               "beta_steps": beta_steps, "seed": seed}
+                               "beta_steps": beta_steps, "seed": seed,
+                               "track_episodes": track_episodes}
 
     @property
     def alpha(self) -> float:

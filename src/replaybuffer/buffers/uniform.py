@@ -22,6 +22,7 @@ class UniformReplayBuffer(ReplayBuffer):
         storage: ``"numpy"`` returns numpy arrays; ``"torch"`` returns tensors on ``device``.
         device: torch device for ``storage="torch"``.
         seed: seeds sampling, making ``get_next`` and ``as_dataset`` reproducible.
+        track_episodes: allow ``within_episodes=True`` reads (see :class:`ReplayBuffer`).
 
     Example:
         >>> import numpy as np, replaybuffer as rb
@@ -34,10 +35,11 @@ class UniformReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 storage: str = "numpy", device: Any = None, seed: int | None = None):
+                 storage: str = "numpy", device: Any = None, seed: int | None = None,
+                 track_episodes: bool = False):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=UniformSampler(seed))
+                         sampler=UniformSampler(seed), track_episodes=track_episodes)
         self._seed = seed
 
     def _config(self) -> dict[str, Any]:
-        return {"seed": self._seed}
+        return {"seed": self._seed, "track_episodes": self._episodes is not None}

@@ -53,9 +53,9 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
-                 storage: str = "numpy", device: Any = None):
+                 storage: str = "numpy", device: Any = None, track_episodes: bool = False):
         super().__init__(data_spec, batch_size=1, max_length=capacity, storage=storage,
-                         device=device, seed=seed)
+                         device=device, seed=seed, track_episodes=track_episodes)
 
     @classmethod
     def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,

@@ -43,8 +43,10 @@ class FIFOSampler:
         return start, row
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
-               rng: np.random.Generator | None = None
+               rng: np.random.Generator | None = None, episodes: Any = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        if episodes is not None:
+            raise ValueError("within_episodes is not supported by FIFO reading")
         available = self.unread(ring, num_steps)
         if available < sample_batch_size:
             raise EmptyBufferError(

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.errors import EmptyBufferError
+from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
@@ -120,30 +122,42 @@ class PrioritizedSampler:
 
     # ---------------------------------------------------------------- sampling
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
-               rng: np.random.Generator | None = None
+               rng: np.random.Generator | None = None,
+               episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
         self._flush()
         rng = rng or self._rng
         lo, hi = ring.valid_start_range(num_steps)
         total = self._sum.total()
-        invalid = self._head_positions(ring, hi)
+        # Stored steps that cannot start a window: the newest num_steps - 1 of each row,
+        # and with episodes the last num_steps - 1 of every episode segment.
+        if episodes is None:
+            invalid = self._head_positions(ring, hi)
+        else:
+            invalid = ring.positions(*episodes.outside(ring, num_steps))
         invalid_mass = float(self._sum.get(invalid).sum()) if len(invalid) else 0.0
         valid_mass = total - invalid_mass
-        if not valid_mass > 0.0:
-            from replaybuffer.errors import EmptyBufferError
-
+        if not valid_mass > total * 1e-12:  # nothing left but rounding error
+            if episodes is not None and episodes.count(ring, num_steps) == 0:
+                raise no_window_error(num_steps)
             raise EmptyBufferError(f"every window of num_steps={num_steps} has priority 0; "
                                    "update_priorities with positive values first")
+
+        def rejected(ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+            if episodes is None:
+                return ids >= hi
+            return ~episodes.within(ring, ids, positions % ring.batch_size, num_steps)
+
         positions = self._sum.find_prefix(rng.random(sample_batch_size) * total)
         ids = self._ids_of(ring, positions)
-        for _ in range(1000):  # rejection: redraw the rare starts too close to the head
-            bad = ids >= hi
+        for _ in range(10_000):  # rejection keeps the draw exactly proportional
+            bad = rejected(ids, positions)
             if not bad.any():
                 break
             redraw = self._sum.find_prefix(rng.random(int(bad.sum())) * total)
             positions[bad] = redraw
             ids[bad] = self._ids_of(ring, redraw)
-        else:  # pragma: no cover - needs the valid mass to be ~1e-300 of the total
+        else:  # pragma: no cover - the valid mass is checked above
             raise RuntimeError("prioritized sampling could not find valid windows")
         scaled = self._sum.get(positions)
         probabilities = scaled / valid_mass

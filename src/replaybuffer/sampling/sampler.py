@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import Ring
 
 
@@ -31,13 +32,15 @@ class SampleIndices(NamedTuple):
 
 class Sampler(Protocol):
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
-               rng: np.random.Generator | None = None
+               rng: np.random.Generator | None = None,
+               episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
         """Draw ``sample_batch_size`` windows of ``num_steps`` valid steps.
 
         ``rng`` overrides the sampler's own generator (datasets use one per element
         for a reproducible order with parallel workers). The caller has checked that
-        at least one valid window exists.
+        rows hold ``num_steps`` steps. With ``episodes``, only windows within one
+        episode are valid (samplers that cannot do that raise ``ValueError``).
         """
 
     def spawn_rng(self) -> np.random.Generator:

@@ -57,8 +57,10 @@ class ShuffledSampler:
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
-               rng: np.random.Generator | None = None
+               rng: np.random.Generator | None = None, episodes: Any = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        if episodes is not None:
+            raise ValueError("within_episodes is not supported by sampling without replacement reading")
         rng = rng or self._rng
         lo, hi = ring.valid_start_range(num_steps)
         if (hi - lo) * ring.batch_size < sample_batch_size:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 
@@ -24,8 +25,11 @@ class UniformSampler:
         self._rng = make_rng(seed)
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
-               rng: np.random.Generator | None = None
+               rng: np.random.Generator | None = None,
+               episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        if episodes is not None:
+            return self._sample_within(ring, sample_batch_size, num_steps, rng, episodes)
         lo, hi = ring.valid_start_range(num_steps)
         batch, length = ring.batch_size, ring.max_length
         n = (hi - lo) * batch
@@ -47,6 +51,18 @@ class UniformSampler:
         probabilities = np.empty(sample_batch_size, np.float32)
         probabilities.fill(1.0 / n)  # empty + fill: half the cost of np.full
         return SampleIndices(ids, positions), {"probabilities": probabilities}
+
+    def _sample_within(self, ring: Ring, sample_batch_size: int, num_steps: int,
+                       rng: np.random.Generator | None, episodes: EpisodeIndex
+                       ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        """Uniform over the windows that stay within one episode (exact, no rejection)."""
+        n = episodes.count(ring, num_steps)
+        if n == 0:
+            raise no_window_error(num_steps)
+        raw = (rng or self._rng).bit_generator.random_raw(sample_batch_size)
+        ids, rows = episodes.sample(ring, num_steps, (raw % np.uint64(n)).view(np.int64))
+        probabilities = np.full(sample_batch_size, 1.0 / n, np.float32)
+        return SampleIndices(ids, ring.positions(ids, rows)), {"probabilities": probabilities}
 
     def spawn_rng(self) -> np.random.Generator:
         return make_rng(int(self._rng.integers(0, 2**63 - 1)))

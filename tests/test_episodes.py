@@ -1,0 +1,188 @@
+"""Windows that stay within one episode (track_episodes / within_episodes)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replaybuffer as rb
+from conftest import to_np
+from replaybuffer.sampling import Ring
+from replaybuffer.sampling.episodes import EpisodeIndex
+
+FIRST, MID, LAST = 0, 1, 2
+SPEC = {"step_type": rb.ArraySpec((), np.int32), "value": rb.ArraySpec((), np.int64)}
+
+
+def steps_of(lengths):
+    """Step types of consecutive episodes of the given lengths (each ends with a boundary)."""
+    out = []
+    for n in lengths:
+        out += [FIRST] + [MID] * (n - 1) + [LAST]  # the LAST step is the boundary
+    return out
+
+
+def filled(kind, step_types, batch_size=1, max_length=50, **kwargs):
+    """Row b holds values 1000 * b + id; every row gets the same step types."""
+    cls = rb.PrioritizedReplayBuffer if kind == "prioritized" else rb.UniformReplayBuffer
+    buf = cls(SPEC, batch_size, max_length, seed=0, track_episodes=True, **kwargs)
+    for t, s in enumerate(step_types):
+        buf.add_batch({"step_type": np.full(batch_size, s, np.int32),
+                       "value": np.arange(batch_size) * 1000 + t})
+    return buf
+
+
+def valid_windows(step_types, batch_size, max_length, num_steps):
+    """Brute force: (start id, row) of windows inside the ring and one episode."""
+    last = len(step_types) - 1
+    oldest = max(0, last + 1 - max_length)
+    out = set()
+    for s in range(oldest, last - num_steps + 2):
+        if all(step_types[i] != FIRST for i in range(s + 1, s + num_steps)):
+            out |= {(s, b) for b in range(batch_size)}
+    return out
+
+
+def test_index_segments_with_plain_integers():
+    ring = Ring(2, 10)
+    ring.last_id = 11  # holds 2..11
+    index = EpisodeIndex()
+    starts = np.zeros((12, 2), bool)
+    starts[[0, 4, 7], 0] = True   # row 0: episodes start at 0, 4, 7
+    starts[[5], 1] = True          # row 1: at 5
+    index.record(0, starts)
+    firsts, lengths, rows = index.segments(ring)
+    assert firsts.tolist() == [2, 4, 7, 2, 5] and lengths.tolist() == [2, 3, 5, 3, 7]
+    assert rows.tolist() == [0, 0, 0, 1, 1]
+    assert index.count(ring, 3) == 0 + 1 + 3 + 1 + 5
+    ids, r = index.sample(ring, 3, np.arange(10))
+    assert list(zip(ids.tolist(), r.tolist())) == [
+        (4, 0), (7, 0), (8, 0), (9, 0), (2, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)]
+    assert index.within(ring, np.array([3, 4, 5, 2, 3]), np.array([0, 0, 0, 1, 1]), 3).tolist() \
+        == [False, True, False, True, False]
+    ids, r = index.outside(ring, 3)
+    assert sorted(zip(ids.tolist(), r.tolist())) == [
+        (2, 0), (3, 0), (3, 1), (4, 1), (5, 0), (6, 0), (10, 0), (10, 1), (11, 0), (11, 1)]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_windows_never_cross_into_the_next_episode(kind):
+    types = steps_of([3, 1, 5, 2, 4])
+    buf = filled(kind, types, batch_size=2)
+    items, info = buf.get_next(2000, num_steps=3, within_episodes=True)
+    st_, value = items["step_type"], items["value"]
+    assert not (st_[:, 1:] == FIRST).any()
+    starts = {(int(v) % 1000, int(v) // 1000) for v in value[:, 0]}
+    assert starts == valid_windows(types, 2, 50, 3)  # every valid window is drawn
+    if kind == "uniform":
+        np.testing.assert_allclose(info.probabilities, 1 / len(starts), rtol=1e-6)
+    plain, _ = buf.get_next(2000, num_steps=3)
+    assert (plain["step_type"][:, 1:] == FIRST).any()  # without the option they do cross
+
+
+def test_the_final_observation_window_is_kept():
+    types = steps_of([2])  # FIRST, MID, LAST(boundary)
+    buf = filled("uniform", types)
+    items, _ = buf.get_next(50, num_steps=2, within_episodes=True)
+    assert {tuple(v) for v in items["value"].tolist()} == {(0, 1), (1, 2)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+       batch_size=st.integers(1, 3), max_length=st.integers(2, 15),
+       num_steps=st.integers(1, 4), kind=st.sampled_from(["uniform", "prioritized"]))
+def test_sampled_windows_match_a_brute_force_model(lengths, batch_size, max_length,
+                                                   num_steps, kind):
+    types = steps_of(lengths)
+    buf = filled(kind, types, batch_size, max_length)
+    valid = valid_windows(types, batch_size, max_length, num_steps)
+    if num_steps > max_length:
+        return
+    if not valid:
+        with pytest.raises(rb.EmptyBufferError):
+            buf.get_next(4, num_steps, within_episodes=True)
+        return
+    items, info = buf.get_next(64, num_steps, within_episodes=True)
+    values = items["value"]
+    got = {(int(v) % 1000, int(v) // 1000) for v in values[:, 0]}
+    assert got <= valid
+    np.testing.assert_array_equal(values[:, 1:] - values[:, :-1], 1)
+    if kind == "uniform":
+        np.testing.assert_allclose(info.probabilities, 1 / len(valid), rtol=1e-6)
+    else:  # all priorities equal: uniform over the valid windows too
+        np.testing.assert_allclose(info.probabilities, 1 / len(valid), rtol=1e-5)
+
+
+def test_prioritized_within_episodes_follows_priorities():
+    types = steps_of([3, 3])  # ids 0..7; windows of 2 within episodes start at 0,1,2,4,5,6
+    buf = filled("prioritized", types, alpha=1.0)
+    buf.update_priorities(np.arange(8), np.arange(1.0, 9.0))
+    items, info = buf.get_next(400, num_steps=2, within_episodes=True)
+    starts = items["value"][:, 0]
+    assert set(starts.tolist()) <= {0, 1, 2, 4, 5, 6}
+    mass = sum(i + 1.0 for i in (0, 1, 2, 4, 5, 6))
+    np.testing.assert_allclose(info.probabilities, (starts + 1) / mass, rtol=1e-5)
+
+
+def test_episode_starts_are_forgotten_as_the_ring_wraps_and_on_clear():
+    types = steps_of([3] * 10)  # 40 steps into a ring of 7
+    buf = filled("uniform", types, max_length=7)
+    items, info = buf.get_next(500, num_steps=3, within_episodes=True)
+    assert set(items["value"][:, 0].tolist()) == {s for s, _ in valid_windows(types, 1, 7, 3)}
+    assert len(buf._episodes._keys) <= 3
+    buf.clear()
+    with pytest.raises(rb.EmptyBufferError):
+        buf.get_next(1, within_episodes=True)
+
+
+def test_extend_and_datasets_and_save(tmp_path):
+    types = np.array(steps_of([4, 2, 3]), np.int32)
+    buf = rb.UniformReplayBuffer(SPEC, 1, 30, seed=2, track_episodes=True)
+    buf.extend({"step_type": types[None], "value": np.arange(len(types))[None]})
+    expected = {s for s, _ in valid_windows(types.tolist(), 1, 30, 3)}
+    it = iter(buf.as_dataset(32, num_steps=3, num_parallel_calls=2, within_episodes=True))
+    items, _ = next(it)
+    it.close()
+    assert set(items["value"][:, 0].tolist()) <= expected
+    buf.save(tmp_path / "e")
+    again = rb.load(tmp_path / "e")
+    a, _ = buf.get_next(64, num_steps=3, within_episodes=True)
+    b, _ = again.get_next(64, num_steps=3, within_episodes=True)
+    np.testing.assert_array_equal(a["value"], b["value"])
+
+
+def test_torch_storage_tracks_episodes_too(storage):
+    types = steps_of([2, 3])
+    buf = filled("uniform", types, **storage)
+    items, _ = buf.get_next(100, num_steps=2, within_episodes=True)
+    assert not (to_np(items["step_type"])[:, 1:] == FIRST).any()
+
+
+def test_misuse_is_explained():
+    with pytest.raises(rb.SpecError, match="needs a step_type leaf"):
+        rb.UniformReplayBuffer({"value": rb.ArraySpec((), np.int64)}, track_episodes=True)
+    plain = rb.UniformReplayBuffer(SPEC, 1, 5)
+    plain.add_batch({"step_type": np.zeros(1, np.int32), "value": np.zeros(1, np.int64)})
+    with pytest.raises(ValueError, match="track_episodes=True"):
+        plain.get_next(within_episodes=True)
+    with pytest.raises(ValueError, match="track_episodes=True"):
+        plain.as_dataset(within_episodes=True)
+    tracked = filled("uniform", steps_of([2]))
+    with pytest.raises(ValueError, match="deterministic pass"):
+        tracked.as_dataset(single_deterministic_pass=True, within_episodes=True)
+
+
+def test_trajectories_from_a_driver():
+    import gymnasium as gym
+
+    from replaybuffer.collect import StepDriver
+    from test_collect import Counter, zeros_policy
+
+    env = gym.vector.SyncVectorEnv([lambda: Counter(2), lambda: Counter(3)])
+    probe = StepDriver(env, zeros_policy)
+    buf = rb.UniformReplayBuffer(probe.data_spec, 2, 40, seed=0, track_episodes=True)
+    StepDriver(env, zeros_policy, [buf.add_batch], num_steps=40).run()
+    items, _ = buf.get_next(500, num_steps=3, within_episodes=True)
+    obs = items.observation  # [episode, t] per step
+    assert (obs[:, :, 0] == obs[:, :1, 0]).all()  # one episode per window
+    assert (np.diff(obs[:, :, 1], axis=1) == 1).all()
