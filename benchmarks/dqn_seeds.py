@@ -19,13 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=DQNConfig.steps)
+    parser.add_argument("--prioritized", action="store_true", help="prioritized replay")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args(argv)
     rows = []
     print("| seed | greedy return (selected network) | last network | selected at step | seconds |")
     print("|---|---|---|---|---|")
     for seed in args.seeds:
-        result, _ = train(DQNConfig(steps=args.steps, seed=seed), progress=False)
+        result, _ = train(DQNConfig(steps=args.steps, seed=seed, prioritized=args.prioritized),
+                          progress=False)
         rows.append({"seed": seed, "final_return": result.final_return,
                      "last_network_return": result.last_network_return,
                      "best_step": result.best_step, "seconds": result.wall_seconds})

@@ -28,6 +28,10 @@ def test_demo_smoke_run_writes_its_outputs(tmp_path, capsys):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["config"]["steps"] == 1500 and result["config"]["seed"] == 3
     assert result["final_return"] > 0 and result["evaluations"]
+    assert result["config"]["prioritized"] is False
+    assert main(["demo", "--steps", "1500", "--out", str(tmp_path / "per"), "--no-progress",
+                 "--prioritized"]) == 0
+    assert json.loads((tmp_path / "per" / "result.json").read_text())["config"]["prioritized"]
     png = (tmp_path / "learning_curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

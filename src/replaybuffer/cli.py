@@ -14,7 +14,8 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise SystemExit(f"replaybuffer demo needs the demo extra "
                          f"(pip install 'replaybuffer[demo]'): {exc}") from exc
-    dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress)
+    dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress,
+             prioritized=args.prioritized)
     return 0
 
 
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="demo-out",
                       help="directory for learning_curve.png and result.json")
+    demo.add_argument("--prioritized", action="store_true",
+                      help="prioritized replay (PrioritizedReplayBuffer) instead of uniform")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
 

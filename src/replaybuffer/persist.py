@@ -277,12 +277,16 @@ def load(directory: str | os.PathLike, *, storage: str | None = None, device: An
                               f"spec of {len(specs)} leaves")
     state = manifest["state"]
     count = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
-    arrays = [_read_leaf(Path(directory), entry, spec, count)
-              for entry, spec in zip(entries, specs)]
-    state = _internalise_arrays(state, Path(directory))
     try:
         buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or manifest["storage"], device, manifest["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
+    # Stored leaves follow the storage's specs (deduplicated frames are references).
+    arrays = [_read_leaf(Path(directory), entry, spec, count)
+              for entry, spec in zip(entries, buffer._storage.specs)]
+    state = _internalise_arrays(state, Path(directory))
+    try:
         buffer._restore(state, arrays)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc

@@ -8,7 +8,7 @@ read path, datasets, persistence) lives here once.
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar, Iterable, NamedTuple
+from typing import Any, ClassVar, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import table_rows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
-from replaybuffer.storage.base import identity
+from replaybuffer.storage.base import LeafChecker, identity
+from replaybuffer.storage.frames import FrameStackCodec
 
 
 class BufferInfo(NamedTuple):
@@ -68,6 +69,11 @@ class ReplayBuffer:
         storage: ``"numpy"`` (host RAM) or ``"torch"`` (tensors on ``device``).
         device: torch device for ``storage="torch"`` (``"cuda"``, ``"cuda:1"``, ...).
         sampler: which windows reads draw.
+        frame_stack: name of a top-level leaf holding stacked frames (e.g.
+            ``"observation"`` of uint8 ``[4, 84, 84]``) to store deduplicated: one frame
+            per step, stacks rebuilt on read (see :mod:`replaybuffer.storage.frames`).
+            Numpy storage only.
+        stack_axis: the axis of that leaf's shape that stacks frames.
         track_episodes: record where episodes start (steps whose ``step_type`` leaf is
             ``FIRST``), so that reads with ``within_episodes=True`` never return a
             window that runs into the next episode. Needs a ``step_type`` leaf (a
@@ -82,14 +88,29 @@ class ReplayBuffer:
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, sampler: Sampler,
-                 track_episodes: bool = False):
+                 track_episodes: bool = False, frame_stack: str | None = None,
+                 stack_axis: int = 0):
         self._data_spec = as_data_spec(data_spec)
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
         self._paths = nest.leaf_paths(self._data_spec)
         self._fast_flatten = nest.fast_flattener(self._data_spec)
         self._ring = Ring(batch_size, max_length)
-        self._storage = make_storage(storage, self._specs, self._ring.capacity, device)
+        self._codec: FrameStackCodec | None = None
+        stored_specs = list(self._specs)
+        if frame_stack is not None:
+            if storage != "numpy":
+                raise ValueError(f"frame_stack needs storage='numpy', got {storage!r}")
+            index = self._paths_by_name().get(frame_stack)
+            if index is None:
+                raise SpecError(f"frame_stack={frame_stack!r} names no top-level leaf; the "
+                                f"data_spec's leaves are {self._paths}")
+            self._codec = FrameStackCodec(self._specs[index], stack_axis, batch_size,
+                                          max_length, self._paths[index])
+            self._codec_leaf = index
+            self._frame_checker = LeafChecker([self._specs[index]])
+            stored_specs[index] = self._codec.ref_spec  # storage holds frame references
+        self._storage = make_storage(storage, stored_specs, self._ring.capacity, device)
         self._sampler = sampler
         self._episodes: EpisodeIndex | None = None
         if track_episodes:
@@ -145,7 +166,7 @@ class ReplayBuffer:
     @property
     def nbytes(self) -> int:
         """Bytes the storage takes at full capacity (allocated at construction)."""
-        return self._storage.nbytes
+        return self._storage.nbytes + (self._codec.nbytes if self._codec else 0)
 
     @property
     def last_id(self) -> int:
@@ -203,6 +224,9 @@ class ReplayBuffer:
                 the leaf. Nothing is written.
         """
         leaves = self._flatten_items(items, "add_batch")
+        if self._codec is not None:  # one step in time-major layout is the batch itself
+            self._write_steps(self._convert(leaves, self._outer, self._outer_names), 1)
+            return
         arrays = self._storage.convert(leaves, self._paths, self._outer, self._outer_names)
         ring = self._ring
         with self._lock:
@@ -225,11 +249,23 @@ class ReplayBuffer:
         leaves = self._flatten_items(items, "extend")
         B = self.batch_size
         num_steps = self._leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
-        arrays = self._storage.convert(leaves, self._paths, (B, num_steps),
-                                       f"[batch_size={B}, num_steps={num_steps}]")
+        arrays = self._convert(leaves, (B, num_steps), f"[batch_size={B}, num_steps={num_steps}]")
         # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
         self._write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
                            for a, s in zip(arrays, self._specs)], num_steps)
+
+    def _convert(self, leaves: Sequence[Any], outer: tuple[int, ...], names: str) -> list[Any]:
+        """Validate leaves for storage; a deduplicated frame leaf stays whole until written."""
+        if self._codec is None:
+            return list(self._storage.convert(leaves, self._paths, outer, names))
+        i = self._codec_leaf
+        frames = self._frame_checker.numpy_leaf(0, leaves[i], outer + self._specs[i].shape,
+                                                self._paths[i], outer, names)
+        leaves = list(leaves)
+        leaves[i] = np.zeros(outer + (self._codec.stack,), np.int64)  # stands in for refs
+        arrays = list(self._storage.convert(leaves, self._paths, outer, names))
+        arrays[i] = frames
+        return arrays
 
     def _leading_dim(self, leaves: list[Any], axis: int, method: str, names: str) -> int:
         """Size of dimension ``axis`` of the first leaf (the others are checked against it)."""
@@ -250,12 +286,18 @@ class ReplayBuffer:
         skip = max(0, num_steps - L)  # steps overwritten within this very call
         with self._lock:
             first_id = ring.last_id + 1
+            if self._codec is not None:  # may refuse the stacks: before anything is written
+                time_major = list(time_major)
+                time_major[self._codec_leaf], frame_writes = self._codec.encode(
+                    first_id, time_major[self._codec_leaf])
             kept = num_steps - skip
             slot = (first_id + skip) % L
             head = min(kept, L - slot)
             self._storage.write(slot * B, [a[skip * B:(skip + head) * B] for a in time_major])
             if head < kept:
                 self._storage.write(0, [a[(skip + head) * B:] for a in time_major])
+            if self._codec is not None:
+                self._codec.commit(frame_writes, first_id, num_steps)
             ring.last_id += num_steps
             self._sampler.on_add(ring, first_id, num_steps)
             if self._episodes is not None:
@@ -305,8 +347,16 @@ class ReplayBuffer:
             if num_steps is not None:
                 ids = ids[:, None] + self._id_step * np.arange(num_steps, dtype=np.int64)
                 positions = ring.window_positions(positions, num_steps)
-            leaves = self._storage.gather(positions)
+            leaves = self._gather(positions)
         return leaves, ids, info
+
+    def _gather(self, positions: np.ndarray) -> list[Any]:
+        """Read ``positions`` from storage, rebuilding deduplicated frame stacks."""
+        leaves = self._storage.gather(positions)
+        if self._codec is not None:
+            i = self._codec_leaf
+            leaves[i] = self._codec.decode(leaves[i], positions % self._ring.batch_size)
+        return leaves
 
     _id_step = 1
     """How much ``BufferInfo.ids`` grow from one step of a window to the next."""
@@ -395,7 +445,7 @@ class ReplayBuffer:
             first, n = ring.oldest_id, ring.items_per_row
             ids = np.arange(first, first + n, dtype=np.int64)
             rows = np.arange(ring.batch_size, dtype=np.int64)[:, None]
-            leaves = self._storage.gather(ring.positions(ids[None, :], rows))
+            leaves = self._gather(ring.positions(ids[None, :], rows))
         return self._structure.unflatten(leaves)
 
     def clear(self, zero_storage: bool = False) -> None:
@@ -409,6 +459,8 @@ class ReplayBuffer:
             self._sampler.on_clear(self._ring)
             if self._episodes is not None:
                 self._episodes.clear()
+            if self._codec is not None:
+                self._codec.clear()
             self._ring.last_id = -1
             if zero_storage:
                 self._storage.zero()
@@ -482,7 +534,7 @@ class ReplayBuffer:
         """Gather one deterministic-pass element."""
         ring = self._ring
         with self._lock:
-            leaves = self._storage.gather(ring.positions(ids, rows))
+            leaves = self._gather(ring.positions(ids, rows))
         physical = np.broadcast_to(table_rows(ids, rows, ring.max_length),
                                    np.broadcast_shapes(np.shape(ids), np.shape(rows)))
         info = BufferInfo(self._storage.from_numpy(np.array(physical)), ())
@@ -515,6 +567,8 @@ class ReplayBuffer:
         state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}
         if self._episodes is not None:
             state["episode_starts"] = self._episodes.state(self._ring)
+        if self._codec is not None:
+            state["frames"] = self._codec.state_dict()
         return state, self._storage.export(self._ring.num_frames)
 
     def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
@@ -524,6 +578,8 @@ class ReplayBuffer:
             self._sampler.load_state_dict(state["sampler"])
             if self._episodes is not None:
                 self._episodes.load(np.asarray(state.get("episode_starts", []), np.int64))
+            if self._codec is not None:
+                self._codec.load_state_dict(state["frames"])
 
 
 def _take_step(array: Any, t: int, axis: int) -> Any:

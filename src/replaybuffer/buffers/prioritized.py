@@ -34,21 +34,25 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: seeds sampling.
         track_episodes: allow ``within_episodes=True`` reads, which draw by priority
             among the windows that stay inside one episode.
+        frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
-                 seed: int | None = None, track_episodes: bool = False):
+                 seed: int | None = None, track_episodes: bool = False,
+                 frame_stack: str | None = None, stack_axis: int = 0):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=sampler, track_episodes=track_episodes)
+                         sampler=sampler, track_episodes=track_episodes,
+                         frame_stack=frame_stack, stack_axis=stack_axis)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,
-                               "track_episodes": track_episodes}
+                               "track_episodes": track_episodes, "frame_stack": frame_stack,
+                               "stack_axis": stack_axis}
 
     @property
     def alpha(self) -> float:

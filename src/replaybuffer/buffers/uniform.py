@@ -23,6 +23,8 @@ class UniformReplayBuffer(ReplayBuffer):
         device: torch device for ``storage="torch"``.
         seed: seeds sampling, making ``get_next`` and ``as_dataset`` reproducible.
         track_episodes: allow ``within_episodes=True`` reads (see :class:`ReplayBuffer`).
+        frame_stack, stack_axis: store the named stacked-frame leaf deduplicated (see
+            :class:`ReplayBuffer`).
 
     Example:
         >>> import numpy as np, replaybuffer as rb
@@ -36,10 +38,14 @@ class UniformReplayBuffer(ReplayBuffer):
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
-                 track_episodes: bool = False):
+                 track_episodes: bool = False, frame_stack: str | None = None,
+                 stack_axis: int = 0):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=UniformSampler(seed), track_episodes=track_episodes)
+                         sampler=UniformSampler(seed), track_episodes=track_episodes,
+                         frame_stack=frame_stack, stack_axis=stack_axis)
         self._seed = seed
+        self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
 
     def _config(self) -> dict[str, Any]:
-        return {"seed": self._seed, "track_episodes": self._episodes is not None}
+        return {"seed": self._seed, "track_episodes": self._episodes is not None,
+                **self._frame_config}

@@ -39,8 +39,8 @@ DynamicStepDriver = StepDriver
 DynamicEpisodeDriver = EpisodeDriver
 
 __all__ = ["ArraySpec", "BoundedArraySpec", "BufferInfo", "DynamicEpisodeDriver",
-           "DynamicStepDriver", "PyUniformReplayBuffer", "ReplayBuffer", "StepType",
-           "Trajectory", "trajectory"]
+           "DynamicStepDriver", "PyHashedReplayBuffer", "PyUniformReplayBuffer",
+           "ReplayBuffer", "StepType", "Trajectory", "trajectory"]
 
 
 class PyUniformReplayBuffer(UniformReplayBuffer):
@@ -53,9 +53,11 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
-                 storage: str = "numpy", device: Any = None, track_episodes: bool = False):
+                 storage: str = "numpy", device: Any = None, track_episodes: bool = False,
+                 frame_stack: str | None = None, stack_axis: int = 0):
         super().__init__(data_spec, batch_size=1, max_length=capacity, storage=storage,
-                         device=device, seed=seed, track_episodes=track_episodes)
+                         device=device, seed=seed, track_episodes=track_episodes,
+                         frame_stack=frame_stack, stack_axis=stack_axis)
 
     @classmethod
     def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
@@ -67,9 +69,28 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
         leaves = self._flatten_items(items, "add_batch")
         n = self._leading_dim(leaves, 0, "add_batch", "[n]")
         # One row: [n, ...] is already the time-major layout the ring writes.
-        self._write_steps(self._storage.convert(leaves, self._paths, (n,), f"[n={n}]"), n)
+        self._write_steps(self._convert(leaves, (n,), f"[n={n}]"), n)
 
     @property
     def size(self) -> int:
         """Items held."""
         return self.num_frames()
+
+
+class PyHashedReplayBuffer(PyUniformReplayBuffer):
+    """TF-Agents' frame-deduplicating python buffer: a :class:`Trajectory` whose
+    ``observation`` stacks frames on its last axis (``[H, W, K]``) keeps each frame once.
+
+    Unlike TF-Agents' version (a dict of frames keyed by Python's salted ``hash``), frames
+    live in a ring next to the steps, so a restored buffer deduplicates as before, and
+    equal hashes cannot alias different frames; see :mod:`replaybuffer.storage.frames`.
+    """
+
+    def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
+                 stack_axis: int = -1, **kwargs: Any):
+        if not isinstance(data_spec, Trajectory):
+            raise ValueError("PyHashedReplayBuffer needs a Trajectory data_spec, got "
+                             f"{type(data_spec).__name__}")
+        kwargs.pop("frame_stack", None)
+        super().__init__(data_spec, capacity, seed=seed, frame_stack="observation",
+                         stack_axis=stack_axis, **kwargs)

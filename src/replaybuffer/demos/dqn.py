@@ -14,7 +14,10 @@ greedy policy every ``eval_every`` steps on its own seeds and keeps the best
 network; the final evaluation, on other seeds, reports both that network and the
 last one.
 
-Run it with ``replaybuffer demo`` (``--steps``, ``--seed``, ``--out``).
+Run it with ``replaybuffer demo`` (``--steps``, ``--seed``, ``--out``, ``--prioritized``).
+With ``--prioritized`` the buffer is a :class:`~replaybuffer.PrioritizedReplayBuffer`:
+the loss is weighted by the importance weights and priorities are set to
+``|TD error| + epsilon`` (0 + epsilon for boundary starts) after every step.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class DQNConfig:
     eval_episodes: int = 5
     final_eval_episodes: int = 10
     storage: str = "torch"
+    prioritized: bool = False         # proportional prioritized replay instead of uniform
+    alpha: float = 0.6
+    beta: float = 0.4                 # annealed to 1 over the run
+    priority_epsilon: float = 1e-3    # added to |TD error| so no step is starved
 
 
 @dataclass
@@ -135,9 +142,16 @@ def train(config: DQNConfig, progress: bool = True,
 
     # The tutorial's flow: a driver whose observers include the buffer's add_batch.
     probe = StepDriver(env, collect_policy)
-    buffer = rb.UniformReplayBuffer(probe.data_spec, batch_size=config.num_envs,
-                                    max_length=config.buffer_length, storage=config.storage,
-                                    seed=config.seed)
+    if config.prioritized:
+        gradient_total = (config.steps // config.collect_steps) * config.gradient_steps
+        buffer: rb.ReplayBuffer = rb.PrioritizedReplayBuffer(
+            probe.data_spec, batch_size=config.num_envs, max_length=config.buffer_length,
+            alpha=config.alpha, beta=config.beta, beta_final=1.0, beta_steps=gradient_total,
+            storage=config.storage, seed=config.seed)
+    else:
+        buffer = rb.UniformReplayBuffer(probe.data_spec, batch_size=config.num_envs,
+                                        max_length=config.buffer_length,
+                                        storage=config.storage, seed=config.seed)
     average_return, episode_length = AverageReturn(window=20), AverageEpisodeLength(window=20)
     driver = StepDriver(env, collect_policy,
                         [buffer.add_batch, average_return, episode_length, env_steps],
@@ -145,7 +159,7 @@ def train(config: DQNConfig, progress: bool = True,
     iterator = iter(buffer.as_dataset(sample_batch_size=config.sample_batch_size, num_steps=2))
 
     def train_step() -> float:
-        trajectories, _ = next(iterator)
+        trajectories, info = next(iterator)
         current, following, valid = to_transition(trajectories)
         obs = torch.as_tensor(current.observation[:, 0], dtype=torch.float32)
         action = torch.as_tensor(current.action[:, 0], dtype=torch.int64)
@@ -158,11 +172,16 @@ def train(config: DQNConfig, progress: bool = True,
             next_value = target_net(next_obs).gather(1, next_action).squeeze(1)
             target = reward + config.gamma * discount * next_value
         q = q_net(obs).gather(1, action[:, None]).squeeze(1)
+        if info.weights is not None:  # prioritized: correct the sampling bias
+            mask = mask * torch.as_tensor(info.weights)
         loss = (F.smooth_l1_loss(q, target, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(q_net.parameters(), 10.0)
         optimizer.step()
+        if config.prioritized:
+            td = (q - target).detach().abs() * torch.as_tensor(valid[:, 0])  # 0 at boundaries
+            buffer.update_priorities(info.ids, td.numpy() + config.priority_epsilon)
         return loss.item()
 
     bar = _progress(config.steps, progress)
@@ -228,8 +247,9 @@ def plot(result: DQNResult, path: Path) -> None:
     ax.axhline(475, color="grey", lw=0.8, ls=":", label="solved (475)")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("return")
-    ax.set_title(f"DQN on {ENV_ID}, seed {result.config.seed}: final greedy return "
-                 f"{result.final_return:.1f}")
+    replay = "prioritized" if result.config.prioritized else "uniform"
+    ax.set_title(f"DQN ({replay} replay) on {ENV_ID}, seed {result.config.seed}: greedy "
+                 f"return {result.final_return:.1f}", fontsize="medium")
     ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -237,9 +257,12 @@ def plot(result: DQNResult, path: Path) -> None:
 
 
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
-         progress: bool = True, echo: Callable[[str], None] = print) -> DQNResult:
+         progress: bool = True, prioritized: bool = False,
+         echo: Callable[[str], None] = print) -> DQNResult:
     """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``."""
-    config = DQNConfig(seed=seed) if steps is None else DQNConfig(steps=steps, seed=seed)
+    config = DQNConfig(seed=seed, prioritized=prioritized)
+    if steps is not None:
+        config.steps = steps
     result, _ = train(config, progress=progress)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
