@@ -18,7 +18,9 @@ are imported by the parts that use them.
 """
 
 from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, PrioritizedReplayBuffer,
-                                  ReplayBuffer, ShuffledReplayBuffer, UniformReplayBuffer)
+                                  PrioritizedTransitionReplayBuffer, ReplayBuffer,
+                                  ShuffledReplayBuffer, TransitionReplayBuffer, Transitions,
+                                  UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import load
 from replaybuffer.specs import (
@@ -40,10 +42,13 @@ __all__ = [
     "EmptyBufferError",
     "FIFOReplayBuffer",
     "PrioritizedReplayBuffer",
+    "PrioritizedTransitionReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferError",
     "ShuffledReplayBuffer",
     "SpecError",
+    "TransitionReplayBuffer",
+    "Transitions",
     "UniformReplayBuffer",
     "as_data_spec",
     "load",

@@ -11,48 +11,14 @@ from replaybuffer.sampling import Ring
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 
 
-class PrioritizedReplayBuffer(ReplayBuffer):
-    """Samples windows in proportion to ``priority ** alpha`` (Schaul et al., 2016).
+class PrioritizedMixin:
+    """Priorities for a buffer whose sampler is a
+    :class:`~replaybuffer.sampling.prioritized.PrioritizedSampler`: item ids in
+    ``BufferInfo.ids``, :meth:`update_priorities` and the schedule's properties."""
 
-    Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`, plus
-    :meth:`update_priorities`. ``BufferInfo`` carries ``probabilities`` and importance
-    ``weights`` (``(N * P(i)) ** -beta``, normalised so that the largest weight any
-    stored step could get is 1). New steps enter at the largest priority seen so far.
-    With ``num_steps > 1`` a window's priority is that of its first step.
-
-    ``BufferInfo.ids`` are *item ids*, one per step and row and never reused (not even
-    after ``clear()``): ``(adds before the last clear + add id) * batch_size + row``. With
-    ``batch_size=1`` and no clear they are the add ids. Along a window they grow by
-    ``batch_size``. Pass them back to :meth:`update_priorities`.
-
-    Args:
-        data_spec, batch_size, max_length, storage, device: as for the uniform buffer.
-        alpha: prioritization exponent, >= 0 (0 samples uniformly).
-        beta: importance-sampling exponent in [0, 1].
-        beta_final, beta_steps: anneal ``beta`` linearly to ``beta_final`` over
-            ``beta_steps`` sample calls (``get_next`` calls and dataset elements).
-        seed: seeds sampling.
-        track_episodes: allow ``within_episodes=True`` reads, which draw by priority
-            among the windows that stay inside one episode.
-        frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
-    """
-
-    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
-                 beta_steps: int = 0, storage: str = "numpy", device: Any = None,
-                 seed: int | None = None, track_episodes: bool = False,
-                 frame_stack: str | None = None, stack_axis: int = 0):
-        capacity = Ring(batch_size, max_length).capacity  # validates the layout first
-        sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
-                                     beta_steps=beta_steps, seed=seed)
-        super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=sampler, track_episodes=track_episodes,
-                         frame_stack=frame_stack, stack_axis=stack_axis)
-        self._id_step = self._ring.batch_size
-        self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
-                               "beta_steps": beta_steps, "seed": seed,
-                               "track_episodes": track_episodes, "frame_stack": frame_stack,
-                               "stack_axis": stack_axis}
+    _sampler: PrioritizedSampler
+    _ring: Ring
+    _lock: Any
 
     @property
     def alpha(self) -> float:
@@ -110,6 +76,50 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ids_arr = _as_numpy(ids, np.int64)
         with self._lock:
             return self._sampler.priorities(self._ring, ids_arr)
+
+
+class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
+    """Samples windows in proportion to ``priority ** alpha`` (Schaul et al., 2016).
+
+    Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`, plus
+    :meth:`update_priorities`. ``BufferInfo`` carries ``probabilities`` and importance
+    ``weights`` (``(N * P(i)) ** -beta``, normalised so that the largest weight any
+    stored step could get is 1). New steps enter at the largest priority seen so far.
+    With ``num_steps > 1`` a window's priority is that of its first step.
+
+    ``BufferInfo.ids`` are *item ids*, one per step and row and never reused (not even
+    after ``clear()``): ``(adds before the last clear + add id) * batch_size + row``. With
+    ``batch_size=1`` and no clear they are the add ids. Along a window they grow by
+    ``batch_size``. Pass them back to :meth:`update_priorities`.
+
+    Args:
+        data_spec, batch_size, max_length, storage, device: as for the uniform buffer.
+        alpha: prioritization exponent, >= 0 (0 samples uniformly).
+        beta: importance-sampling exponent in [0, 1].
+        beta_final, beta_steps: anneal ``beta`` linearly to ``beta_final`` over
+            ``beta_steps`` sample calls (``get_next`` calls and dataset elements).
+        seed: seeds sampling.
+        track_episodes: allow ``within_episodes=True`` reads, which draw by priority
+            among the windows that stay inside one episode.
+        frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
+    """
+
+    def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
+                 alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
+                 beta_steps: int = 0, storage: str = "numpy", device: Any = None,
+                 seed: int | None = None, track_episodes: bool = False,
+                 frame_stack: str | None = None, stack_axis: int = 0):
+        capacity = Ring(batch_size, max_length).capacity  # validates the layout first
+        sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
+                                     beta_steps=beta_steps, seed=seed)
+        super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
+                         sampler=sampler, track_episodes=track_episodes,
+                         frame_stack=frame_stack, stack_axis=stack_axis)
+        self._id_step = self._ring.batch_size
+        self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
+                               "beta_steps": beta_steps, "seed": seed,
+                               "track_episodes": track_episodes, "frame_stack": frame_stack,
+                               "stack_axis": stack_axis}
 
     def _config(self) -> dict[str, Any]:
         return dict(self._config_values)

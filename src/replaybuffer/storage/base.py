@@ -37,8 +37,10 @@ class Storage(Protocol):
 
         The caller guarantees ``start + n <= capacity``."""
 
-    def gather(self, positions: np.ndarray) -> list[Any]:
-        """Read ``positions`` (int64, any shape P); leaf ``i`` comes back ``[*P, *spec_i.shape]``."""
+    def gather(self, positions: np.ndarray, which: Sequence[int] | None = None) -> list[Any]:
+        """Read ``positions`` (int64, any shape P); leaf ``i`` comes back ``[*P, *spec_i.shape]``.
+
+        ``which`` restricts the read to those leaf indices (in that order)."""
 
     def from_numpy(self, array: np.ndarray) -> Any:
         """A numpy array as this backend's array type (used for ids and probabilities)."""

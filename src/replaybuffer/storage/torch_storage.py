@@ -138,19 +138,19 @@ class TorchStorage:
             self._write_event = torch.cuda.Event()
             self._write_event.record(torch.cuda.current_stream(self.device))
 
-    def gather(self, positions: np.ndarray) -> list[torch.Tensor]:
-        if self._host is not None:
-            if positions.ndim == 0:  # take() returns numpy scalars for scalar leaves
-                return [torch.from_numpy(np.asarray(h.take(positions, 0, mode="clip")))
-                        for h in self._host]
-            return [torch.from_numpy(h.take(positions, 0, mode="clip")) for h in self._host]
+    def gather(self, positions: np.ndarray, which: Sequence[int] | None = None
+               ) -> list[torch.Tensor]:
+        indices = range(len(self.arrays)) if which is None else which
+        if self._host is not None:  # np.asarray: take() gives numpy scalars for 0-d reads
+            return [torch.from_numpy(np.asarray(self._host[i].take(positions, 0, mode="clip")))
+                    for i in indices]
         flat = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64).reshape(-1))
         flat = flat.to(self.device, non_blocking=True)
         if self._cuda and self._write_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._write_event)
-        outer = positions.shape
-        out = [torch.index_select(arr, 0, flat).reshape(outer + shape)
-               for arr, shape in zip(self.arrays, self._shapes)]
+        out = [torch.index_select(self.arrays[i], 0, flat).reshape(positions.shape +
+                                                                   self._shapes[i])
+               for i in indices]
         if self._cuda:
             stream = torch.cuda.current_stream(self.device)
             event = torch.cuda.Event()

@@ -1,0 +1,390 @@
+"""Off-policy transition replay that stores each observation once.
+
+Agents add transitions ``(observation, action, reward, next_observation, terminated,
+truncated)``, one per environment (a leading ``num_envs`` axis), and sample them back
+with their next observations. The buffer is the shared ring of ``num_envs`` rows:
+step ``t`` of a row holds ``observation_t``; the next observation of step ``t`` is the
+observation of step ``t + 1`` of the same row. Where that is not the
+``next_observation`` that was added (at the end of every episode, terminated or
+truncated, and wherever transitions were added out of sequence) the true one is kept
+in a small side store owned by the step, and the newest step of each row keeps its
+own. Every sampled next observation is therefore exactly the one that was added
+(unlike SB3's ``optimize_memory_usage``, DLR-RM/stable-baselines3#934).
+
+``terminated`` and ``truncated`` stay apart. ``discounts`` in a sample is the factor
+of the value of ``next_observations`` in a TD target: ``gamma ** m`` for an ``m``-step
+return that ends by time limit or by the ``n_step`` horizon, 0 after termination.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+from replaybuffer.buffers.prioritized import PrioritizedMixin
+from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.sampling import Ring, UniformSampler
+from replaybuffer.sampling.prioritized import PrioritizedSampler
+from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
+from replaybuffer.storage.memory import check_memory
+from replaybuffer.storage.side_store import SideStore
+
+
+class Transitions(NamedTuple):
+    """A batch of transitions; every field has the leading sample dims (``[S]``).
+
+    Attributes:
+        observations, actions: at ``t`` (nests as the specs).
+        rewards: float32; the discounted ``n``-step return when ``n_step > 1``.
+        next_observations: the observation the value is bootstrapped from.
+        terminated, truncated: bool, how the episode ended within the return's steps.
+        dones: ``terminated | truncated`` (Pearl's field).
+        discounts: float32 factor of ``V(next_observations)`` in the TD target.
+    """
+
+    observations: Any
+    actions: Any
+    rewards: Any
+    next_observations: Any
+    terminated: Any
+    truncated: Any
+    dones: Any
+    discounts: Any
+
+
+OBS, ACTION, REWARD, TERMINATED, TRUNCATED = ("observation", "action", "reward",
+                                              "terminated", "truncated")
+
+
+class TransitionReplayBuffer(ReplayBuffer):
+    """Uniform replay of transitions, observations stored once.
+
+    Args:
+        observation_spec, action_spec: specs (or gymnasium spaces) of one environment's
+            observation and action.
+        capacity: transitions held, counted over all environments (rounded down to a
+            multiple of ``num_envs``).
+        num_envs: environments per add (the leading axis of every added leaf).
+        n_step: steps summed into each sampled return; returns stop at episode ends
+            and at the newest step.
+        gamma: discount of the returns and of ``discounts``.
+        storage, device, seed: as for :class:`~replaybuffer.UniformReplayBuffer`.
+        memory: ``"warn"`` (default) or ``"strict"``: what to do when the memory the
+            buffer needs (computed up front) exceeds what is available.
+    """
+
+    def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
+                 num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
+                 storage: str = "numpy", device: Any = None, seed: int | None = None,
+                 memory: str = "warn", _sampler: Any = None):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or \
+                capacity < num_envs:
+            raise ValueError(f"capacity must be an int >= num_envs={num_envs}, got {capacity!r}")
+        if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+            raise ValueError(f"n_step must be a positive int, got {n_step!r}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+        if memory not in ("warn", "strict"):
+            raise ValueError(f"memory must be 'warn' or 'strict', got {memory!r}")
+        obs_spec, act_spec = as_data_spec(observation_spec), as_data_spec(action_spec)
+        spec = {OBS: obs_spec, ACTION: act_spec, REWARD: ArraySpec((), np.float32, REWARD),
+                TERMINATED: ArraySpec((), np.bool_, TERMINATED),
+                TRUNCATED: ArraySpec((), np.bool_, TRUNCATED)}
+        max_length = int(capacity) // num_envs
+        obs_leaves, self._obs_structure = nest.flatten(obs_spec)
+        needed = sum(s.nbytes for s in nest.flatten(spec)[0]) * max_length * num_envs + \
+            sum(s.nbytes for s in obs_leaves) * num_envs
+        check_memory(needed, f"{type(self).__name__}(capacity={capacity})",
+                     strict=memory == "strict")
+        super().__init__(spec, num_envs, max_length, storage=storage, device=device,
+                         sampler=_sampler or UniformSampler(seed))
+        self.n_step, self.gamma = n_step, float(gamma)
+        self._config_values = {"observation_spec": obs_spec, "action_spec": act_spec,
+                               "capacity": int(capacity), "num_envs": num_envs,
+                               "n_step": n_step, "gamma": gamma, "seed": seed}
+        names = self._paths_by_name()
+        self._obs_leaves = [i for i, p in enumerate(self._paths) if p.startswith(f"['{OBS}']")]
+        self._reward, self._terminated, self._truncated = (names[REWARD], names[TERMINATED],
+                                                           names[TRUNCATED])
+        self._obs_specs = [self._specs[i] for i in self._obs_leaves]
+        self._side = SideStore(self._obs_specs)
+        capacity_positions = self._ring.capacity
+        self._side_ref = np.full(capacity_positions, -1, np.int64)  # next obs in side store
+        self._head_next = [np.zeros((num_envs,) + s.shape, s.dtype) for s in self._obs_specs]
+        self._int_checks = [(i, s) for i, s in enumerate(self._specs)
+                            if isinstance(s, BoundedArraySpec) and s.dtype.kind in "iub"]
+
+    @classmethod
+    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "TransitionReplayBuffer":
+        """A buffer shaped by a gymnasium env or vector env (``num_envs`` from it)."""
+        import gymnasium as gym
+
+        if isinstance(env, gym.vector.VectorEnv):
+            return cls(spec_from_space(env.single_observation_space),
+                       spec_from_space(env.single_action_space), capacity,
+                       num_envs=env.num_envs, **kwargs)
+        return cls(spec_from_space(env.observation_space), spec_from_space(env.action_space),
+                   capacity, **kwargs)
+
+    @property
+    def num_envs(self) -> int:
+        return self._ring.batch_size
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self._side.nbytes + self._side_ref.nbytes + \
+            sum(a.nbytes for a in self._head_next)
+
+    # ---------------------------------------------------------------- writing
+    def add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+            terminated: Any, truncated: Any = None) -> None:
+        """Add one transition per environment (every leaf ``[num_envs, ...]``).
+
+        Raises:
+            SpecError: a leaf that does not fit its spec, a batch that is not
+                ``num_envs`` long, or an integer (discrete) value outside its space.
+                Nothing is written.
+        """
+        B = self.num_envs
+        if truncated is None:
+            truncated = np.zeros(B, np.bool_)
+        items = {OBS: observation, ACTION: action, REWARD: reward, TERMINATED: terminated,
+                 TRUNCATED: truncated}
+        leaves = self._flatten_items(items, "add")
+        arrays = self._storage.convert(leaves, self._paths, self._outer,
+                                       f"[num_envs={B}]")
+        next_leaves, structure = nest.flatten(next_observation)
+        if structure != self._obs_structure:
+            raise SpecError(f"add: next_observation has structure {nest.describe(structure)}, "
+                            f"expected {nest.describe(self._obs_structure)}")
+        next_arrays = self._convert_next(next_leaves)
+        self._check_ranges(arrays)
+        host = [_to_numpy(a) for a in arrays]
+        ended = host[self._terminated].astype(bool) | host[self._truncated].astype(bool)
+        with self._lock:
+            self._write_transition(arrays, host, [_to_numpy(a) for a in next_arrays], ended)
+
+    def _convert_next(self, next_leaves: list[Any]) -> list[np.ndarray]:
+        """Validate next observations with the observation leaves' rules."""
+        names = f"[num_envs={self.num_envs}]"
+        out = []
+        for leaf, i in zip(next_leaves, self._obs_leaves):
+            path = "['next_observation']" + self._paths[i][len(f"['{OBS}']"):]
+            out.append(self._storage._checker.numpy_leaf(
+                i, _to_numpy(leaf), self._outer + self._specs[i].shape, path, self._outer,
+                names))
+        return out
+
+    def _check_ranges(self, arrays: list[Any]) -> None:
+        for i, spec in self._int_checks:
+            values = _to_numpy(arrays[i])
+            if values.size and ((values < spec.minimum).any() or (values > spec.maximum).any()):
+                raise SpecError(f"add: leaf {self._paths[i]} has values outside its space "
+                                f"[{spec.minimum.min()}, {spec.maximum.max()}]: "
+                                f"{values.ravel()[:8].tolist()}")
+
+    def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
+                          next_obs: list[np.ndarray], ended: np.ndarray) -> None:
+        ring, B, L = self._ring, self.num_envs, self.max_length
+        if ring.last_id >= 0:  # does the previous step's next observation follow on?
+            previous = (ring.last_id % L) * B + np.arange(B)
+            obs = [host[i] for i in self._obs_leaves]
+            differs = np.zeros(B, bool)
+            for new, head in zip(obs, self._head_next):
+                differs |= (new != head).reshape(B, -1).any(1)
+            moved = differs & (self._side_ref[previous] < 0)
+            if moved.any():  # keep the true next observation of the previous step
+                self._side_ref[previous[moved]] = self._side.put([h[moved]
+                                                                  for h in self._head_next])
+        positions = ((ring.last_id + 1) % L) * B + np.arange(B)
+        owned = self._side_ref[positions]
+        if (owned >= 0).any():  # overwritten steps release their side observations
+            self._side.free(owned[owned >= 0])
+            self._side_ref[positions] = -1
+        self._storage.write(positions[0], arrays)
+        if ended.any():
+            self._side_ref[positions[ended]] = self._side.put([n[ended] for n in next_obs])
+        for head, new in zip(self._head_next, next_obs):
+            head[...] = new
+        ring.last_id += 1
+        self._sampler.on_add(ring, ring.last_id, 1)
+
+    def add_batch(self, items: Any) -> None:
+        raise TypeError(f"{type(self).__name__} takes transitions through add(observation, "
+                        "action, reward, next_observation, terminated, truncated)")
+
+    extend = add_batch
+
+    # ---------------------------------------------------------------- reading
+    def sample(self, batch_size: int) -> tuple[Transitions, BufferInfo]:
+        """``batch_size`` transitions, uniformly (or by priority) over those stored.
+
+        Raises:
+            EmptyBufferError: nothing is stored yet.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or \
+                batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        with self._lock:
+            if self._ring.last_id < 0:
+                raise self._empty_error()
+            (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
+            batch = self._read(ids, positions)
+            info_ids = self._info_ids(ids, positions)
+        to_backend = self._storage.from_numpy
+        return batch, BufferInfo(to_backend(info_ids), to_backend(info["probabilities"]),
+                                 None if info.get("weights") is None
+                                 else to_backend(info["weights"]))
+
+    def last(self, count: int) -> Transitions:
+        """The ``count`` most recent transitions of every env, oldest first: leaves
+        ``[num_envs, count, ...]`` (``[count, ...]`` for one env)."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"count must be a positive int, got {count!r}")
+        with self._lock:
+            held = self._ring.items_per_row
+            if count > held:
+                raise EmptyBufferError(f"last({count}) asks for more transitions than each "
+                                       f"env holds ({held})")
+            ids = np.arange(self._ring.last_id - count + 1, self._ring.last_id + 1)
+            rows = np.arange(self.num_envs)[:, None]
+            batch = self._read(np.broadcast_to(ids, (self.num_envs, count)),
+                               self._ring.positions(ids[None, :], rows))
+        return batch if self.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
+
+    def all(self) -> Transitions:
+        """Every stored transition, oldest first: ``[num_envs, held, ...]``."""
+        with self._lock:
+            held = self._ring.items_per_row
+        if held == 0:
+            raise EmptyBufferError(f"{type(self).__name__} is empty. Make sure to add items "
+                                   "before asking the buffer for data.")
+        return self.last(held)
+
+    def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
+        """Gather transitions (with ``n``-step returns) at steps ``ids``/``positions``."""
+        ring, B = self._ring, self.num_envs
+        leaves = self._storage.gather(positions)
+        n = self.n_step
+        steps = np.arange(n)
+        window_ids = ids[..., None] + steps
+        window_positions = (positions[..., None] + steps * B) % ring.capacity
+        held = window_ids <= ring.last_id
+        gathered = self._storage.gather(np.where(held, window_positions, positions[..., None]),
+                                        [self._reward, self._terminated, self._truncated])
+        rewards, terminated, truncated = (_to_numpy(g) for g in gathered)
+        ended = (terminated | truncated) & held
+        # Step k counts if it is stored and no earlier step of the window ended.
+        before_end = np.cumsum(ended, axis=-1) - ended == 0
+        counted = held & before_end
+        m = counted.sum(-1)
+        returns = (rewards * counted * self.gamma ** steps).sum(-1).astype(np.float32)
+        last_k = m - 1
+        last_pos = np.take_along_axis(window_positions, last_k[..., None], -1)[..., 0]
+        last_id = ids + last_k
+        end_term = np.take_along_axis(terminated & counted, last_k[..., None], -1)[..., 0]
+        end_trunc = np.take_along_axis(truncated & counted, last_k[..., None], -1)[..., 0]
+        discounts = np.where(end_term, 0.0, self.gamma ** m).astype(np.float32)
+        next_obs = self._next_observations(last_pos, last_id)
+        obs = [leaves[i] for i in self._obs_leaves]
+        to_backend = self._storage.from_numpy
+        return Transitions(
+            observations=self._obs_structure.unflatten(obs),
+            actions=self._unflatten_action(leaves),
+            rewards=to_backend(returns) if n > 1 else leaves[self._reward],
+            next_observations=self._obs_structure.unflatten(next_obs),
+            terminated=to_backend(end_term), truncated=to_backend(end_trunc),
+            dones=to_backend(end_term | end_trunc), discounts=to_backend(discounts))
+
+    def _unflatten_action(self, leaves: list[Any]) -> Any:
+        structure = nest.flatten(self._data_spec[ACTION])[1]
+        indices = [i for i, p in enumerate(self._paths) if p.startswith(f"['{ACTION}']")]
+        return structure.unflatten([leaves[i] for i in indices])
+
+    def _next_observations(self, positions: np.ndarray, ids: np.ndarray) -> list[Any]:
+        """Next observations of the steps at ``positions``: the following step's
+        observation, the side store's, or the newest step's own."""
+        ring, B = self._ring, self.num_envs
+        following = (positions + B) % ring.capacity
+        out = self._storage.gather(following, self._obs_leaves)
+        side = self._side_ref[positions]
+        from_side = side >= 0
+        newest = (ids == ring.last_id) & ~from_side
+        if not (from_side.any() or newest.any()):
+            return out
+        patched = []
+        rows = positions % B
+        for leaf, side_leaf, head in zip(out, self._side.take(side[from_side]),
+                                         self._head_next):
+            leaf = _to_numpy(leaf).copy()
+            leaf[from_side] = side_leaf
+            leaf[newest] = head[rows[newest]]
+            patched.append(self._storage.from_numpy(leaf))
+        return patched
+
+    def clear(self, zero_storage: bool = False) -> None:
+        with self._lock:
+            self._side.clear()
+            self._side_ref[:] = -1
+        super().clear(zero_storage)
+
+    # ---------------------------------------------------------------- persistence
+    def _config(self) -> dict[str, Any]:
+        from replaybuffer.persist import encode_spec
+
+        config = dict(self._config_values)
+        config["observation_spec"] = encode_spec(config["observation_spec"])
+        config["action_spec"] = encode_spec(config["action_spec"])
+        return config
+
+    @classmethod
+    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+                   device: Any, config: dict[str, Any]) -> "TransitionReplayBuffer":
+        from replaybuffer.persist import decode_spec
+
+        config = dict(config)
+        obs, act = decode_spec(config.pop("observation_spec")), \
+            decode_spec(config.pop("action_spec"))
+        return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
+
+    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        state, arrays = super()._snapshot()
+        state["side"] = self._side.state_dict()
+        state["side_ref"] = self._side_ref.copy()
+        state["head_next"] = [h.copy() for h in self._head_next]
+        return state, arrays
+
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        super()._restore(state, arrays)
+        with self._lock:
+            self._side.load_state_dict(state["side"])
+            self._side_ref[:] = state["side_ref"]
+            for head, saved in zip(self._head_next, state["head_next"]):
+                head[...] = saved
+
+
+class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
+    """:class:`TransitionReplayBuffer` sampled by priority; ``update_priorities`` as for
+    :class:`~replaybuffer.PrioritizedReplayBuffer` (ids from ``BufferInfo.ids``)."""
+
+    def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
+                 alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
+                 beta_steps: int = 0, num_envs: int = 1, seed: int | None = None,
+                 **kwargs: Any):
+        positions = Ring(num_envs, max(1, int(capacity) // num_envs)).capacity
+        sampler = PrioritizedSampler(positions, alpha, beta, beta_final=beta_final,
+                                     beta_steps=beta_steps, seed=seed)
+        super().__init__(observation_spec, action_spec, capacity, num_envs=num_envs,
+                         seed=seed, _sampler=sampler, **kwargs)
+        self._id_step = self.num_envs
+        self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
+                                   beta_steps=beta_steps)
+
+
+def _to_numpy(array: Any) -> np.ndarray:
+    if hasattr(array, "detach"):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)

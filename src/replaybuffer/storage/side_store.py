@@ -1,0 +1,77 @@
+"""A growable store of observations that do not follow from the next stored step.
+
+Transition buffers keep one observation per step and read a transition's next
+observation from the step after it. That is wrong at an episode's end (the next slot
+holds the next episode's first observation) and wherever transitions were added out
+of sequence. Those next observations are kept here instead, each owned by the storage
+position of its transition and freed when that position is overwritten, so memory is
+proportional to the episode ends retained.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from replaybuffer.specs import ArraySpec
+
+
+class SideStore:
+    """Observations (one array per leaf) addressed by int64 slots, allocated on demand.
+
+    Args:
+        specs: leaf specs of one observation.
+        capacity: initial slots (doubles when full).
+    """
+
+    def __init__(self, specs: Sequence[ArraySpec], capacity: int = 64):
+        self.specs = tuple(specs)
+        self.arrays = [np.zeros((capacity,) + s.shape, s.dtype) for s in self.specs]
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def __len__(self) -> int:
+        """Slots in use."""
+        return len(self.arrays[0]) - len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def put(self, leaves: Sequence[np.ndarray]) -> np.ndarray:
+        """Store ``K`` observations (leaves ``[K, *spec.shape]``); their slots ``[K]``."""
+        count = len(leaves[0])
+        while len(self._free) < count:
+            self._grow()
+        slots = np.array([self._free.pop() for _ in range(count)], np.int64)
+        for dst, src in zip(self.arrays, leaves):
+            dst[slots] = src
+        return slots
+
+    def free(self, slots: np.ndarray) -> None:
+        self._free.extend(int(s) for s in slots)
+
+    def take(self, slots: np.ndarray) -> list[np.ndarray]:
+        return [a[slots] for a in self.arrays]
+
+    def _grow(self) -> None:
+        old = len(self.arrays[0])
+        self.arrays = [np.concatenate([a, np.zeros_like(a)]) for a in self.arrays]
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def clear(self) -> None:
+        self._free = list(range(len(self.arrays[0]) - 1, -1, -1))
+
+    def state_dict(self) -> dict[str, Any]:
+        used = np.setdiff1d(np.arange(len(self.arrays[0])), np.array(self._free, np.int64))
+        return {"slots": used, "leaves": [a[used] for a in self.arrays],
+                "capacity": len(self.arrays[0])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        capacity = int(state["capacity"])
+        self.arrays = [np.zeros((capacity,) + s.shape, s.dtype) for s in self.specs]
+        slots = np.asarray(state["slots"], np.int64)
+        for dst, src in zip(self.arrays, state["leaves"]):
+            dst[slots] = src
+        used = set(slots.tolist())
+        self._free = [i for i in range(capacity - 1, -1, -1) if i not in used]

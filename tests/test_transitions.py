@@ -1,0 +1,199 @@
+"""TransitionReplayBuffer against a brute-force log of every transition added."""
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replaybuffer as rb
+from conftest import to_np
+
+OBS = rb.ArraySpec((2,), np.float32)
+ACT = rb.BoundedArraySpec((), np.int64, 0, 3)
+
+
+class Log:
+    """Every transition added, per env, in order: the reference model."""
+
+    def __init__(self, num_envs):
+        self.rows = [[] for _ in range(num_envs)]
+
+    def add(self, row, obs, action, reward, next_obs, terminated, truncated):
+        self.rows[row].append((obs.copy(), action, reward, next_obs.copy(), terminated,
+                               truncated))
+
+    def retained(self, row, per_row):
+        return self.rows[row][-per_row:]
+
+    def n_step(self, row, index, n, gamma):
+        """(return, next_obs, terminated, truncated, discount) of transition ``index``."""
+        steps = self.rows[row]
+        total, k = 0.0, 0
+        while True:
+            obs, action, reward, next_obs, term, trunc = steps[index + k]
+            total += gamma ** k * reward
+            k += 1
+            if term or trunc or k == n or index + k == len(steps):
+                discount = 0.0 if term else gamma ** k
+                return total, next_obs, term, trunc, discount
+
+
+def run_episodes(buffer, log, steps, rng, p_end=0.2, contiguous=True):
+    """Add ``steps`` transitions per env: episodes that end by termination or truncation,
+    with fresh (reset) observations after each end; sometimes out of sequence."""
+    B = buffer.num_envs
+    obs = rng.normal(size=(B, 2)).astype(np.float32)
+    for _ in range(steps):
+        action = rng.integers(0, 4, B)
+        reward = rng.normal(size=B).astype(np.float32)
+        next_obs = rng.normal(size=(B, 2)).astype(np.float32)
+        end = rng.random(B) < p_end
+        terminated = end & (rng.random(B) < 0.5)
+        truncated = end & ~terminated
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        for b in range(B):
+            log.add(b, obs[b], action[b], reward[b], next_obs[b], terminated[b], truncated[b])
+        obs = np.where(end[:, None], rng.normal(size=(B, 2)).astype(np.float32), next_obs)
+        if not contiguous and rng.random() < 0.2:  # an out-of-sequence add
+            obs = rng.normal(size=(B, 2)).astype(np.float32)
+
+
+def check_sample(buffer, log, batch, info, n, gamma):
+    per_row = buffer.max_length
+    ids = to_np(info.ids)
+    obs = to_np(batch.observations)
+    for k in range(len(ids)):
+        # Find the transition by its observation (unique random floats) in the retained log.
+        matches = [(b, i) for b in range(buffer.num_envs)
+                   for i, t in enumerate(log.rows[b])
+                   if i >= len(log.rows[b]) - per_row and np.array_equal(t[0], obs[k])]
+        assert len(matches) == 1, "sampled an observation that is not retained"
+        b, i = matches[0]
+        ret, next_obs, term, trunc, discount = log.n_step(b, i, n, gamma)
+        np.testing.assert_array_equal(to_np(batch.next_observations)[k], next_obs)
+        assert to_np(batch.rewards)[k] == pytest.approx(ret, rel=1e-5, abs=1e-5)
+        assert bool(to_np(batch.terminated)[k]) == term
+        assert bool(to_np(batch.truncated)[k]) == trunc
+        assert to_np(batch.discounts)[k] == pytest.approx(discount, rel=1e-6)
+        assert to_np(batch.actions)[k] == log.rows[b][i][1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(2, 8), steps=st.integers(1, 25),
+       n=st.integers(1, 4), contiguous=st.booleans(), seed=st.integers(0, 1000))
+def test_samples_match_the_log(num_envs, per_row, steps, n, contiguous, seed):
+    rng = np.random.default_rng(seed)
+    buffer = rb.TransitionReplayBuffer(OBS, ACT, per_row * num_envs, num_envs=num_envs,
+                                       n_step=n, gamma=0.9, seed=seed)
+    log = Log(num_envs)
+    run_episodes(buffer, log, steps, rng, contiguous=contiguous)
+    batch, info = buffer.sample(32)
+    check_sample(buffer, log, batch, info, n, 0.9)
+    everything = buffer.all()
+    held = min(steps, per_row)
+    assert to_np(everything.rewards).shape == ((held,) if num_envs == 1 else (num_envs, held))
+
+
+def test_true_final_observations_with_torch_storage_and_a_real_env():
+    env = gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, max_episode_steps=8)
+    buffer = rb.TransitionReplayBuffer.from_env(env, 40, storage="torch", seed=0)
+    log = Log(1)
+    obs, _ = env.reset(seed=0)
+    for _ in range(60):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(obs[None], np.array([action]), np.array([reward]), next_obs[None],
+                   np.array([terminated]), np.array([truncated]))
+        log.add(0, obs, action, reward, next_obs, terminated, truncated)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    batch, info = buffer.sample(64)
+    assert batch.observations.__class__.__name__ == "Tensor"
+    check_sample(buffer, log, batch, info, 1, 0.99)
+    assert to_np(batch.truncated).any()  # time limits were sampled, with true final obs
+
+
+def test_last_and_all_shapes_with_vector_envs():  # Pearl item 42
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    buffer = rb.TransitionReplayBuffer.from_env(env, 20)
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        obs = next_obs
+    last = buffer.last(5)
+    assert last.observations.shape == (2, 5, 4) and last.actions.shape == (2, 5)
+    assert last.next_observations.shape == (2, 5, 4) and last.rewards.shape == (2, 5)
+    np.testing.assert_array_equal(last.observations[:, 1:], last.next_observations[:, :-1])
+
+
+def test_bad_input_is_refused_and_changes_nothing():
+    buffer = rb.TransitionReplayBuffer(OBS, ACT, 10, num_envs=2)
+    good = dict(observation=np.zeros((2, 2), np.float32), action=np.zeros(2, np.int64),
+                reward=np.zeros(2), next_observation=np.ones((2, 2), np.float32),
+                terminated=np.zeros(2, bool), truncated=np.zeros(2, bool))
+    buffer.add(**good)
+    cases = [
+        (dict(observation=np.zeros((3, 2), np.float32)), r"\['observation'\]: expected shape \(2, 2\)"),
+        (dict(action=np.array([0, 7])), r"\['action'\] has values outside its space \[0, 3\]"),
+        (dict(action=np.array([0.5, 1.0])), r"\['action'\]: expected dtype int64"),
+        (dict(next_observation=np.zeros((2, 3), np.float32)),
+         r"\['next_observation'\]: expected shape \(2, 2\)"),
+        (dict(reward=np.zeros(1)), r"\['reward'\]: expected shape \(2,\)"),
+    ]
+    for change, pattern in cases:
+        with pytest.raises(rb.SpecError, match=pattern):
+            buffer.add(**{**good, **change})
+    assert buffer.num_frames() == 2
+    with pytest.raises(rb.EmptyBufferError, match="more transitions than each env holds"):
+        buffer.last(2)
+    with pytest.raises(rb.EmptyBufferError, match="is empty"):
+        rb.TransitionReplayBuffer(OBS, ACT, 4).sample(1)
+    with pytest.raises(TypeError, match="add\\(observation"):
+        buffer.add_batch({})
+
+
+def test_memory_is_computed_up_front(monkeypatch):
+    from replaybuffer.storage import memory
+
+    assert memory.available_memory() > 0  # read from this machine
+    monkeypatch.setattr(memory, "available_memory", lambda: 1 << 20)  # pretend 1 MiB is free
+    big = rb.ArraySpec((256,), np.float32)  # 1 KiB per observation, 2 MiB for 2048
+    with pytest.raises(memory.InsufficientMemoryError, match=r"needs 0.00.* GiB but only"):
+        rb.TransitionReplayBuffer(big, ACT, 2048, memory="strict")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rb.TransitionReplayBuffer(big, ACT, 2048)  # allowed (pages are touched lazily)
+    assert any("of memory is available" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rb.TransitionReplayBuffer(big, ACT, 128)  # fits: no warning
+
+
+def test_side_store_stays_small_and_save_load(tmp_path):
+    rng = np.random.default_rng(1)
+    buffer = rb.TransitionReplayBuffer(OBS, ACT, 30, n_step=3, gamma=0.5, seed=4)
+    log = Log(1)
+    run_episodes(buffer, log, 200, rng, p_end=0.1)
+    assert len(buffer._side) <= 30  # only retained episode ends
+    buffer.save(tmp_path / "t")
+    again = rb.load(tmp_path / "t")
+    a, ia = buffer.sample(16)
+    b, ib = again.sample(16)
+    np.testing.assert_array_equal(ia.ids, ib.ids)
+    np.testing.assert_array_equal(a.next_observations, b.next_observations)
+    check_sample(again, log, b, ib, 3, 0.5)
+
+
+def test_prioritized_transitions():
+    rng = np.random.default_rng(2)
+    buffer = rb.PrioritizedTransitionReplayBuffer(OBS, ACT, 20, num_envs=2, seed=0)
+    log = Log(2)
+    run_episodes(buffer, log, 10, rng)
+    batch, info = buffer.sample(64)
+    assert info.weights is not None
+    check_sample(buffer, log, batch, info, 1, 0.99)
+    assert buffer.update_priorities(info.ids, np.full(64, 2.0)) == 64
