@@ -2,8 +2,12 @@
 
 The model of a tree is a plain float64 array of its slots, updated one index at a
 time in a Python loop (so a repeated index ends with its last value). Node arrays are
-compared with a tree built here from scratch, level by level, independently of the
-tree's own code; a sum tree must match it bit for bit.
+compared with a tree built here from scratch, independently of the tree's own code:
+binary levels paired up from the leaves to the wide root's children, and the root
+summed by a Python loop. A sum tree must match it bit for bit. Most properties run
+at several root widths: 1 (a plain binary tree), 2 and 4 (forests of binary
+subtrees at these small capacities) and the default (all wide root, for capacities
+up to 1024).
 """
 
 from __future__ import annotations
@@ -15,26 +19,37 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replaybuffer.sampling.segment_tree import MinTree, SumTree
+from replaybuffer.sampling.segment_tree import DEFAULT_ROOT_WIDTH, MinTree, SumTree
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 TINY = 5e-324  # the smallest subnormal
+WIDTHS = [1, 2, 4, DEFAULT_ROOT_WIDTH]
 
 
 # --------------------------------------------------------------------- reference model
-def reference_nodes(leaves: np.ndarray, combine: np.ufunc, identity: float) -> np.ndarray:
-    """The flat node array of ``leaves``: pad to a power of two, pair up level by level."""
+def reference(leaves: np.ndarray, combine: np.ufunc, identity: float,
+              root_width: int = DEFAULT_ROOT_WIDTH) -> tuple[np.ndarray, float]:
+    """``(nodes, root)`` for ``leaves``: pad to a power of two, pair up level by level
+    until at most ``root_width`` nodes remain, then combine those left to right."""
     size = 1
     while size < len(leaves):
         size *= 2
     level = np.full(size, identity)
     level[:len(leaves)] = leaves
     levels = [level]
-    while len(level) > 1:
+    while len(level) > root_width:
         level = combine(level[0::2], level[1::2])
         levels.append(level)
-    return np.concatenate([[identity]] + levels[::-1])  # node 0 is unused
+    root = level[0]
+    for value in level[1:].tolist():  # a sequential running sum / minimum
+        root = combine(root, value)
+    # The nodes [0, width) are unused and hold the identity.
+    return np.concatenate([np.full(len(level), identity)] + levels[::-1]), float(root)
+
+
+def reference_nodes(leaves, combine, identity, root_width=DEFAULT_ROOT_WIDTH):
+    return reference(leaves, combine, identity, root_width)[0]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -42,6 +57,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return a.shape == b.shape and bool((bits(a) == bits(b)).all())
 
 
@@ -56,6 +72,7 @@ def oracle_prefix(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------- strategies
 capacities = st.one_of(st.integers(1, 20), st.sampled_from([31, 32, 33, 64, 100, 128, 129]))
+widths = st.sampled_from(WIDTHS)
 
 # Multiples of 1/16 up to 62.5: every sum of up to 129 of them, and every subtraction
 # on the way down the tree, is exact in float64, so cumsum is an exact oracle.
@@ -89,8 +106,8 @@ def update_batches(draw, values, max_batches=8):
     return capacity, batches
 
 
-def build(cls, capacity, batches, identity):
-    tree, model = cls(capacity), np.full(capacity, identity)
+def build(cls, capacity, batches, identity, root_width=DEFAULT_ROOT_WIDTH):
+    tree, model = cls(capacity, root_width=root_width), np.full(capacity, identity)
     for indices, values in batches:
         tree.update(indices, values)
         apply(model, indices, values)
@@ -99,31 +116,36 @@ def build(cls, capacity, batches, identity):
 
 # --------------------------------------------------------------------- updates
 @settings(max_examples=150, **SETTINGS)
-@given(update_batches(any_priorities))
-def test_sum_tree_matches_brute_force(case):
+@given(update_batches(any_priorities), widths)
+def test_sum_tree_matches_brute_force(case, width):
     capacity, batches = case
-    tree, model = SumTree(capacity), np.zeros(capacity)
+    tree, model = SumTree(capacity, root_width=width), np.zeros(capacity)
     for indices, values in batches:
         tree.update(indices, values)
         apply(model, indices, values)
         assert same_bits(tree.get(np.arange(capacity)), model)
-        assert same_bits(tree.nodes, reference_nodes(model, np.add, 0.0))
+        nodes, total = reference(model, np.add, 0.0, width)
+        assert same_bits(tree.nodes, nodes) and same_bits(tree.total(), total)
         exact = math.fsum(model)
         assert 0.0 <= tree.total() and abs(tree.total() - exact) <= 1e-14 * exact
+    before = tree.nodes.copy(), tree.total()
+    tree.rebuild()  # the same tree, bit for bit
+    assert same_bits(tree.nodes, before[0]) and same_bits(tree.total(), before[1])
 
 
 @settings(max_examples=100, **SETTINGS)
-@given(update_batches(min_tree_values))
-def test_min_tree_matches_brute_force(case):
+@given(update_batches(min_tree_values), widths)
+def test_min_tree_matches_brute_force(case, width):
     capacity, batches = case
-    tree, model = MinTree(capacity), np.full(capacity, np.inf)
+    tree, model = MinTree(capacity, root_width=width), np.full(capacity, np.inf)
     for indices, values in batches:
         tree.update(indices, values)
         apply(model, indices, values)
         assert np.array_equal(tree.get(np.arange(capacity)), model)
         # == rather than bits: which of -0.0 and 0.0 np.minimum returns is unspecified.
-        assert np.array_equal(tree.nodes, reference_nodes(model, np.minimum, np.inf))
-        assert tree.min() == model.min()
+        nodes, smallest = reference(model, np.minimum, np.inf, width)
+        assert np.array_equal(tree.nodes, nodes)
+        assert tree.min() == model.min() == smallest
 
 
 def test_repeated_index_last_value_wins():
@@ -135,12 +157,13 @@ def test_repeated_index_last_value_wins():
         assert tree.get(0) == 9.0
     assert tree.min() == 4.0
     many = np.arange(1000) % 7
-    tree = SumTree(7)
-    tree.update(many, np.arange(1000, dtype=np.float64))
-    expected = np.zeros(7)
-    apply(expected, many, np.arange(1000, dtype=np.float64))
-    assert same_bits(tree.get(np.arange(7)), expected)
-    assert same_bits(tree.nodes, reference_nodes(expected, np.add, 0.0))
+    for width in WIDTHS:
+        tree = SumTree(7, root_width=width)
+        tree.update(many, np.arange(1000, dtype=np.float64))
+        expected = np.zeros(7)
+        apply(expected, many, np.arange(1000, dtype=np.float64))
+        assert same_bits(tree.get(np.arange(7)), expected)
+        assert same_bits(tree.nodes, reference_nodes(expected, np.add, 0.0, width))
 
 
 def test_shapes_scalars_and_empty_batches():
@@ -154,40 +177,61 @@ def test_shapes_scalars_and_empty_batches():
     assert tree.find_prefix(np.array([[0.0, 1.0], [2.5, 4.9]])).tolist() == [[0, 2], [4, 5]]
     assert tree.find_prefix([]).dtype == np.int64 and tree.find_prefix([]).shape == (0,)
     assert tree.find_prefix(np.array([0, 1], np.int32)).tolist() == [0, 2]
+    assert tree.prefix_sum(np.array([[0, 3], [5, 6]])).tolist() == [[0.0, 2.5], [4.5, 5.0]]
+    assert tree.prefix_sum(4) == 2.5 and tree.prefix_sum(4).shape == ()
+    assert tree.prefix_sum([]).dtype == np.float64 and tree.prefix_sum([]).shape == (0,)
+    assert tree.prefix_sum(np.array([6], np.uint8)).tolist() == [5.0]
 
 
-@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025])
-def test_capacity_layout(capacity):
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025, 5000])
+def test_capacity_layout(capacity, width):
     size = 1 << (capacity - 1).bit_length()
-    tree, mins = SumTree(capacity), MinTree(capacity)
+    tree = SumTree(capacity, root_width=width)
+    mins = MinTree(capacity, root_width=width)
     assert tree.nodes.shape == (2 * size,) and tree.total() == 0.0 and mins.min() == np.inf
+    assert tree.root_width == mins.root_width == min(size, width)
     leaves = np.arange(1, capacity + 1, dtype=np.float64)
     tree.update(np.arange(capacity), leaves)
     mins.update(np.arange(capacity), leaves)
     assert tree.total() == capacity * (capacity + 1) / 2 and mins.min() == 1.0
     assert (tree.nodes[size + capacity:] == 0.0).all()  # padding keeps the identity
     assert (mins.nodes[size + capacity:] == np.inf).all()
+    assert (tree.nodes[:tree.root_width] == 0.0).all()  # unused, above the subtree roots
+    assert (mins.nodes[:mins.root_width] == np.inf).all()
     assert tree.find_prefix([0.0, tree.total()]).tolist() == [0, capacity - 1]
-    if capacity == 1:  # the root is the only leaf
+    # Every slot boundary (exact: the sums are integers), and each slot's middle.
+    ends = np.arange(capacity + 1)
+    sums = ends * (ends + 1) / 2
+    assert tree.prefix_sum(ends).tolist() == sums.tolist()
+    assert tree.find_prefix(sums[:-1]).tolist() == list(range(capacity))
+    assert tree.find_prefix(sums[:-1] + leaves / 2).tolist() == list(range(capacity))
+    if capacity == 1:  # the root's only child is the only leaf
         assert tree.nodes[1] == 1.0 and tree.find_prefix([0.5]).tolist() == [0]
 
 
 def test_update_recomputes_rather_than_adds_deltas():
     # Adding the delta 1 - 1e20 to a total of about 1e20 would lose every small slot.
-    tree = SumTree(1000)
-    tree.update(np.arange(1000), 1.0)
-    tree.update([0], [1e20])
-    tree.update([0], [1.0])
-    assert tree.total() == 1000.0
-    tree.update(np.arange(1000), 0.0)
-    assert tree.total() == 0.0 and not np.signbit(tree.total())
+    for width in WIDTHS:
+        tree = SumTree(1000, root_width=width)
+        tree.update(np.arange(1000), 1.0)
+        tree.update([0], [1e20])
+        tree.update([0], [1.0])
+        assert tree.total() == 1000.0
+        assert tree.prefix_sum([1000, 500]).tolist() == [1000.0, 500.0]
+        tree.update(np.arange(1000), 0.0)
+        assert tree.total() == 0.0 and not np.signbit(tree.total())
 
 
 def test_millions_of_updates_do_not_drift():
-    """2,000,000 updates in batches of 1000, priorities over 12 orders of magnitude."""
+    """2,000,000 updates in batches of 1000, priorities over 12 orders of magnitude.
+
+    Capacity 10,007 has a wide root of 1024 subtrees of height 4 by default.
+    """
     capacity, batch = 10_007, 1000
     rng = np.random.default_rng(0)
     sums, mins = SumTree(capacity), MinTree(capacity)
+    assert sums.root_width == 1024
     model = np.zeros(capacity)
     for step in range(2000):
         # Distinct indices, so the model can take ``model[indices] = values``.
@@ -203,24 +247,28 @@ def test_millions_of_updates_do_not_drift():
     assert sums.total() > 0.0
     assert abs(sums.total() - exact) <= 1e-9 * exact
     assert abs(sums.total() - np.sum(model)) <= 1e-9 * exact
-    assert same_bits(sums.nodes, reference_nodes(model, np.add, 0.0))
+    nodes, total = reference(model, np.add, 0.0)
+    assert same_bits(sums.nodes, nodes) and same_bits(sums.total(), total)
     assert mins.min() == model.min()
     assert np.array_equal(mins.nodes, reference_nodes(model, np.minimum, np.inf))
     rebuilt = SumTree(capacity)
     rebuilt.load_state_dict(sums.state_dict())
-    assert same_bits(rebuilt.nodes, sums.nodes)
+    assert same_bits(rebuilt.nodes, sums.nodes) and same_bits(rebuilt.total(), sums.total())
     targets = rng.uniform(0.0, sums.total(), 4096)
     found = sums.find_prefix(targets)
     assert (found < capacity).all() and (model[found] > 0.0).all()
+    ends = rng.integers(0, capacity + 1, 4096)
+    cumsum = np.concatenate([[0.0], np.cumsum(model)])
+    assert np.allclose(sums.prefix_sum(ends), cumsum[ends], rtol=1e-12, atol=0.0)
 
 
 # --------------------------------------------------------------------- find_prefix
 @settings(max_examples=150, **SETTINGS)
-@given(update_batches(exact_priorities), st.lists(st.floats(0.0, 1.0, exclude_max=True),
-                                                  max_size=20))
-def test_find_prefix_equals_searchsorted(case, fractions):
+@given(update_batches(exact_priorities), widths,
+       st.lists(st.floats(0.0, 1.0, exclude_max=True), max_size=20))
+def test_find_prefix_equals_searchsorted(case, width, fractions):
     capacity, batches = case
-    tree, model = build(SumTree, capacity, batches, 0.0)
+    tree, model = build(SumTree, capacity, batches, 0.0, width)
     total = tree.total()
     if total == 0.0:
         return
@@ -237,11 +285,11 @@ def test_find_prefix_equals_searchsorted(case, fractions):
 
 
 @settings(max_examples=200, **SETTINGS)
-@given(update_batches(any_priorities), st.lists(st.floats(0.0, 1.0), max_size=10))
-def test_find_prefix_never_returns_a_zero_slot(case, fractions):
+@given(update_batches(any_priorities), widths, st.lists(st.floats(0.0, 1.0), max_size=10))
+def test_find_prefix_never_returns_a_zero_slot(case, width, fractions):
     """Rounding near the total, tiny and subnormal priorities, huge dynamic range."""
     capacity, batches = case
-    tree, model = build(SumTree, capacity, batches, 0.0)
+    tree, model = build(SumTree, capacity, batches, 0.0, width)
     total = tree.total()
     if total == 0.0:
         return
@@ -263,20 +311,26 @@ def test_find_prefix_never_returns_a_zero_slot(case, fractions):
     assert (found[clear] == oracle_prefix(model, targets[clear])).all()
 
 
-# Found by search: the plain descent lands on a zero slot or past capacity here.
+# Found by search: the plain descent lands on a zero slot or past capacity here. The
+# first three in a plain binary tree (root width 1), the others in forests of binary
+# subtrees under a wide root.
 ROUNDING_CASES = [
     ([5.556166232282319e-14, 0.0, 0.0008175250679505115, 0.0807368186701879, 0.0,
-      1.3756707593331196e-13, 0.14484658125839722, 0.0], 0.22640092499672873, 6),
+      1.3756707593331196e-13, 0.14484658125839722, 0.0], 0.22640092499672873, 1, 6),
     ([9.76138955453377e-20, 0.0, 6.480418362506277e-17, 0.0, 0.0, 9.515668685079615e-16],
-     1.0164686660285695e-15, 5),
+     1.0164686660285695e-15, 1, 5),
     ([72.6927981528267, 8.718857459950344e-13, 6.112357255536909e-11, 0.0, 0.0,
-      3.162327927150017e-13, 278.2033167629023], 350.8961149157913, 6),
+      3.162327927150017e-13, 278.2033167629023], 350.8961149157913, 1, 6),
+    ([1.8050800821563108e-07, 0.0, 0.0, 0.0, 7.051765917665876e-07, 0.0, 0.0, 0.0],
+     8.856845999822186e-07, 4, 4),
+    ([0.0, 6.813269893302704e-16, 1.7794845834606257e-15, 0.0, 0.0],
+     2.460811572790896e-15, 2, 2),
 ]
 
 
-@pytest.mark.parametrize("leaves,target,expected", ROUNDING_CASES)
-def test_find_prefix_rounding_regressions(leaves, target, expected):
-    tree = SumTree(len(leaves))
+@pytest.mark.parametrize("leaves,target,width,expected", ROUNDING_CASES)
+def test_find_prefix_rounding_regressions(leaves, target, width, expected):
+    tree = SumTree(len(leaves), root_width=width)
     tree.update(np.arange(len(leaves)), np.array(leaves))
     assert target < tree.total()
     # The case still exercises the guard: unguarded, the search ends on a zero.
@@ -284,8 +338,9 @@ def test_find_prefix_rounding_regressions(leaves, target, expected):
     assert tree.find_prefix([target]).tolist() == [expected]
 
 
-def test_find_prefix_at_and_past_the_total():
-    tree = SumTree(7)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_find_prefix_at_and_past_the_total(width):
+    tree = SumTree(7, root_width=width)
     tree.update(np.arange(7), [0.0, 1.0, 2.0, 0.0, 3.0, 0.0, 0.0])
     total = tree.total()
     targets = [0.0, 1.0, np.nextafter(total, 0.0), total, np.nextafter(total, np.inf), 1e300]
@@ -297,21 +352,67 @@ def test_find_prefix_at_and_past_the_total():
     assert tree.find_prefix([np.nextafter(3.0, 0.0), 3.0, 4.0]).tolist() == [2, 4, 4]
 
 
+def test_wide_root_over_binary_subtrees_at_scale():
+    """Capacity 100,000 by default: 1024 subtrees of height 7 under the wide root."""
+    rng = np.random.default_rng(3)
+    capacity = 100_000
+    tree = SumTree(capacity)
+    assert tree.root_width == 1024
+    model = rng.integers(0, 64, capacity) / 16  # exact sums
+    model[rng.random(capacity) < 0.3] = 0.0
+    tree.update(np.arange(capacity), model)
+    cumsum = np.cumsum(model)
+    assert tree.total() == cumsum[-1]
+    targets = np.concatenate([rng.uniform(0, cumsum[-1], 2000), cumsum[:-1:97], [0.0]])
+    targets = targets[targets < cumsum[-1]]
+    assert tree.find_prefix(targets).tolist() == oracle_prefix(model, targets).tolist()
+    ends = np.concatenate([rng.integers(0, capacity + 1, 2000), [0, 1, capacity]])
+    assert tree.prefix_sum(ends).tolist() == np.concatenate([[0.0], cumsum])[ends].tolist()
+
+
+# --------------------------------------------------------------------- prefix_sum
+@settings(max_examples=100, **SETTINGS)
+@given(update_batches(exact_priorities), widths)
+def test_prefix_sum_equals_cumsum_exactly(case, width):
+    capacity, batches = case
+    tree, model = build(SumTree, capacity, batches, 0.0, width)
+    ends = np.arange(capacity + 1)
+    expected = np.concatenate([[0.0], np.cumsum(model)])
+    found = tree.prefix_sum(ends)
+    assert found.dtype == np.float64 and same_bits(found, expected)
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(update_batches(any_priorities), widths)
+def test_prefix_sum_within_rounding_of_cumsum(case, width):
+    capacity, batches = case
+    tree, model = build(SumTree, capacity, batches, 0.0, width)
+    ends = np.arange(capacity + 1)
+    found = tree.prefix_sum(ends)
+    assert found[0] == 0.0 and not np.signbit(found[0])
+    assert same_bits(found[-1], tree.total())
+    for end in range(1, capacity):
+        exact = math.fsum(model[:end])
+        assert abs(found[end] - exact) <= 1e-14 * exact
+        assert abs(found[end] - np.cumsum(model)[end - 1]) <= 1e-13 * exact
+
+
 # --------------------------------------------------------------------- persistence
 def test_state_dict_round_trip_and_rebuild():
     rng = np.random.default_rng(1)
-    tree = SumTree(37)
-    tree.update(rng.integers(0, 37, 100), rng.random(100))
-    state = tree.state_dict()
-    assert state["leaves"].dtype == np.float64 and state["leaves"].shape == (37,)
-    state["leaves"][0] = 123.0  # a copy: the tree does not see it
-    assert tree.get(0) != 123.0
-    before = tree.nodes.copy()
-    tree.rebuild()
-    assert same_bits(tree.nodes, before)
-    other = SumTree(37)
-    other.load_state_dict(tree.state_dict())
-    assert same_bits(other.nodes, tree.nodes)
+    for width in WIDTHS:
+        tree = SumTree(37, root_width=width)
+        tree.update(rng.integers(0, 37, 100), rng.random(100))
+        state = tree.state_dict()
+        assert state["leaves"].dtype == np.float64 and state["leaves"].shape == (37,)
+        state["leaves"][0] = 123.0  # a copy: the tree does not see it
+        assert tree.get(0) != 123.0
+        before, total = tree.nodes.copy(), tree.total()
+        tree.rebuild()
+        assert same_bits(tree.nodes, before) and same_bits(tree.total(), total)
+        other = SumTree(37, root_width=width)
+        other.load_state_dict(tree.state_dict())
+        assert same_bits(other.nodes, tree.nodes) and same_bits(other.total(), total)
     mins = MinTree(5)
     mins.update([1, 3], [2.0, -1.0])
     restored = MinTree(5)
@@ -322,8 +423,8 @@ def test_state_dict_round_trip_and_rebuild():
 
 
 # --------------------------------------------------------------------- bad input
-def loaded(cls, capacity=10):
-    tree = cls(capacity)
+def loaded(cls, capacity=10, root_width=DEFAULT_ROOT_WIDTH):
+    tree = cls(capacity, root_width=root_width)
     tree.update(np.arange(capacity), np.arange(1.0, capacity + 1.0))
     return tree
 
@@ -365,6 +466,10 @@ BAD_CALLS = {
     "negative target": (SumTree, "find_prefix", ([-0.5],), r"got -0.5 at position 0"),
     "inf target": (SumTree, "find_prefix", ([np.inf],), r"got inf at position 0"),
     "string target": (SumTree, "find_prefix", (["a"],), r"expected real-number targets"),
+    "end too large": (SumTree, "prefix_sum", ([0, 11],),
+                      r"prefix_sum: expected indices in \[0, 11\), got 11 at position 1"),
+    "negative end": (SumTree, "prefix_sum", ([-1],), r"got -1 at position 0"),
+    "float ends": (SumTree, "prefix_sum", ([2.0],), r"prefix_sum: expected integer indices"),
     "state not a dict": (SumTree, "load_state_dict", ([1.0] * 10,),
                          r"expected a dict with 'leaves', got list"),
     "state without leaves": (SumTree, "load_state_dict", ({"rng": 1},),
@@ -382,16 +487,20 @@ BAD_CALLS = {
 }
 
 
+@pytest.mark.parametrize("width", [1, DEFAULT_ROOT_WIDTH])
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
-def test_bad_input_raises_and_changes_nothing(case):
+def test_bad_input_raises_and_changes_nothing(case, width):
     cls, method, args, pattern = BAD_CALLS[case]
-    tree = loaded(cls)
+    tree = loaded(cls, root_width=width)
     before = tree.nodes.copy()
+    root = tree.total() if cls is SumTree else tree.min()
     with pytest.raises(ValueError, match=pattern):
         getattr(tree, method)(*args)
     assert same_bits(tree.nodes, before)
-    assert same_bits(tree.nodes, reference_nodes(np.arange(1.0, 11.0), cls._combine,
-                                                 cls._identity))
+    nodes, expected_root = reference(np.arange(1.0, 11.0), cls._combine, cls._identity, width)
+    assert same_bits(tree.nodes, nodes)
+    assert same_bits(tree.total() if cls is SumTree else tree.min(), root)
+    assert same_bits(root, expected_root)
 
 
 def test_find_prefix_needs_a_positive_total():
@@ -409,3 +518,10 @@ def test_capacity_must_be_a_positive_int(capacity):
     for cls in (SumTree, MinTree):
         with pytest.raises(ValueError, match=r"capacity must be a positive int, got"):
             cls(capacity)
+
+
+@pytest.mark.parametrize("width", [0, -4, 3, 12, 2.0, True, None])
+def test_root_width_must_be_a_power_of_two(width):
+    for cls in (SumTree, MinTree):
+        with pytest.raises(ValueError, match=r"root_width must be a power of two >= 1, got"):
+            cls(8, root_width=width)
