@@ -17,8 +17,9 @@ Quick start::
 are imported by the parts that use them.
 """
 
-from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, PrioritizedReplayBuffer,
-                                  PrioritizedTransitionReplayBuffer, ReplayBuffer,
+from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTransitions,
+                                  PrioritizedReplayBuffer, PrioritizedTransitionReplayBuffer,
+                                  ReplayBuffer, RolloutBatch, RolloutBuffer,
                                   ShuffledReplayBuffer, TransitionReplayBuffer, Transitions,
                                   UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
@@ -41,10 +42,14 @@ __all__ = [
     "CheckpointError",
     "EmptyBufferError",
     "FIFOReplayBuffer",
+    "HERBuffer",
+    "HERTransitions",
     "PrioritizedReplayBuffer",
     "PrioritizedTransitionReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferError",
+    "RolloutBatch",
+    "RolloutBuffer",
     "ShuffledReplayBuffer",
     "SpecError",
     "TransitionReplayBuffer",

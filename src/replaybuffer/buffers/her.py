@@ -1,0 +1,337 @@
+"""Hindsight experience replay (HER, Andrychowicz et al. 2017) for goal-conditioned envs.
+
+Goal-conditioned environments observe a dict with ``observation``, ``achieved_goal`` and
+``desired_goal`` and score any goal with ``compute_reward(achieved_goal, desired_goal,
+info)``. A :class:`HERBuffer` stores their transitions in a
+:class:`~replaybuffer.TransitionReplayBuffer` (observations stored once, exact next
+observations at episode ends, one ring row per env of a vector env) and, when sampling,
+replaces the desired goal of a share ``1 - 1 / (n_sampled_goal + 1)`` of the batch by a
+goal the agent achieved later, recomputing those rewards in one vectorised
+``compute_reward`` call.
+
+Goal selection strategies, for a sampled transition ``t`` of an episode whose
+retained steps are ``s .. e`` (goals are achieved goals of *next* observations, so the
+goal of step ``j`` is what the agent reached by acting at ``j``):
+
+* ``"final"``: the goal of ``e``, the episode's last step;
+* ``"future"``: the goal of a step drawn uniformly from ``t .. e``;
+* ``"episode"``: the goal of a step drawn uniformly from ``s .. e``.
+
+Only transitions of *completed* episodes are sampled, so the goals always exist and
+always come from the transition's own episode, whatever the ring has overwritten (the
+steps from ``t`` to the episode's end are newer than ``t``, so they are retained).
+Each env row keeps its own episode bookkeeping (two int64 per stored step and one per
+env), so vector envs work. Vector envs must report each episode's true final
+observation as the ``next_observation`` of its last step (gymnasium's
+``AutoresetMode.SAME_STEP`` with ``info["final_obs"]``): with ``NEXT_STEP`` autoreset,
+the reset step is not a transition and must not be added.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.buffers.base import BufferInfo
+from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, _to_numpy
+from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.sampling.sampler import make_rng
+from replaybuffer.specs import ArraySpec, as_data_spec
+
+FINAL, FUTURE, EPISODE = "final", "future", "episode"
+STRATEGIES = (FINAL, FUTURE, EPISODE)
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+
+
+class HERTransitions(NamedTuple):
+    """A sampled batch, as :class:`~replaybuffer.Transitions` plus ``relabelled``.
+
+    Attributes:
+        observations, next_observations: dicts with ``observation``, ``achieved_goal``
+            and ``desired_goal`` (``[S, ...]``); a relabelled transition carries its new
+            goal as ``desired_goal`` in both.
+        actions: ``[S, ...]`` as the action spec.
+        rewards: float32 ``[S]``: ``compute_reward`` of the relabelled goal, the stored
+            reward otherwise.
+        terminated, truncated, dones: bool ``[S]``, as stored (not recomputed).
+        discounts: float32 ``[S]``: ``gamma``, or 0 after termination.
+        relabelled: bool ``[S]``, true for the first ``int(S * her_ratio)`` samples.
+    """
+
+    observations: Any
+    actions: Any
+    rewards: Any
+    next_observations: Any
+    terminated: Any
+    truncated: Any
+    dones: Any
+    discounts: Any
+    relabelled: Any
+
+
+def parse_goal_selection_strategy(strategy: Any) -> str:
+    """``"final"``, ``"future"`` or ``"episode"`` from a string (any case) or an enum
+    whose value is one of them; ``ValueError`` for anything else."""
+    value = strategy.value if isinstance(strategy, Enum) else strategy
+    if isinstance(value, str) and value.lower() in STRATEGIES:
+        return value.lower()
+    raise ValueError(f"unknown goal_selection_strategy {strategy!r}; expected one of "
+                     f"{STRATEGIES}")
+
+
+def compute_reward_of(env: Any) -> Callable[[Any, Any, Any], Any]:
+    """The vectorised ``compute_reward(achieved_goal, desired_goal, info)`` of a
+    goal-conditioned gymnasium env or synchronous vector env."""
+    import gymnasium as gym
+
+    target = env
+    if isinstance(env, gym.vector.VectorEnv):
+        envs = getattr(env, "envs", None)  # SyncVectorEnv; async envs live elsewhere
+        if not envs:
+            raise ValueError(f"cannot reach compute_reward of {type(env).__name__}: pass "
+                             "compute_reward= (a vectorised function of one env)")
+        target = envs[0]
+    fn = getattr(getattr(target, "unwrapped", target), "compute_reward", None)
+    if not callable(fn):
+        raise ValueError(f"{type(target).__name__} has no compute_reward(achieved_goal, "
+                         "desired_goal, info): HER needs a goal-conditioned env, or pass "
+                         "compute_reward=")
+    return fn
+
+
+class HERBuffer(TransitionReplayBuffer):
+    """Transition replay with hindsight goal relabelling.
+
+    Args:
+        observation_spec: a dict spec (or gymnasium ``Dict`` space) with keys
+            ``observation``, ``achieved_goal`` and ``desired_goal``; the two goals are
+            single leaves of one shape and dtype.
+        action_spec: spec (or space) of one env's action.
+        capacity: transitions held over all envs.
+        compute_reward: ``compute_reward(achieved_goal [K, ...], desired_goal [K, ...],
+            info)`` returning ``K`` rewards (called with ``info={}``, once per sample).
+            Required before sampling relabelled goals; ``from_env`` takes the env's.
+        goal_selection_strategy: ``"final"``, ``"future"`` (default) or ``"episode"``.
+        n_sampled_goal: relabelled goals per real one: ``her_ratio = 1 - 1/(n + 1)``
+            of each batch is relabelled (0 turns HER off).
+        num_envs, gamma, storage, device, seed, memory: as for
+            :class:`~replaybuffer.TransitionReplayBuffer`.
+
+    Raises:
+        ValueError: an unknown strategy or a negative ``n_sampled_goal``.
+        SpecError: an observation spec that is not such a dict.
+    """
+
+    def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
+                 compute_reward: Callable[[Any, Any, Any], Any] | None = None,
+                 goal_selection_strategy: Any = FUTURE, n_sampled_goal: int = 4,
+                 num_envs: int = 1, gamma: float = 0.99, storage: str = "numpy",
+                 device: Any = None, seed: int | None = None, memory: str = "warn"):
+        strategy = parse_goal_selection_strategy(goal_selection_strategy)
+        if isinstance(n_sampled_goal, bool) or not isinstance(n_sampled_goal, (int, np.integer)) \
+                or n_sampled_goal < 0:
+            raise ValueError(f"n_sampled_goal must be an int >= 0, got {n_sampled_goal!r}")
+        obs_spec = as_data_spec(observation_spec)
+        _check_goal_spec(obs_spec)
+        super().__init__(obs_spec, action_spec, capacity, num_envs=num_envs, gamma=gamma,
+                         storage=storage, device=device, seed=seed, memory=memory)
+        self.compute_reward = compute_reward
+        self.goal_selection_strategy = strategy
+        self.n_sampled_goal = int(n_sampled_goal)
+        self.her_ratio = 1.0 - 1.0 / (self.n_sampled_goal + 1)
+        self._config_values.pop("n_step")
+        self._config_values.update(goal_selection_strategy=strategy,
+                                   n_sampled_goal=self.n_sampled_goal)
+        obs_paths = [self._paths[i] for i in self._obs_leaves]
+        self._achieved = obs_paths.index(f"['{OBS}']['achieved_goal']")
+        self._desired = obs_paths.index(f"['{OBS}']['desired_goal']")
+        self._rng = make_rng(seed)  # draws which transitions and goals (the sampler's is unused)
+        positions = self._ring.capacity
+        # Per storage position: the id of its episode's first step, and of its last one
+        # (-1 while the episode goes on). Per env: where the current episode began.
+        self._episode_start = np.zeros(positions, np.int64)
+        self._episode_end = np.full(positions, -1, np.int64)
+        self._current_start = np.zeros(self.num_envs, np.int64)
+
+    @classmethod
+    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "HERBuffer":
+        """A buffer shaped by a goal-conditioned env or vector env, with its
+        ``compute_reward`` (unless given)."""
+        if kwargs.get("compute_reward") is None:
+            kwargs["compute_reward"] = compute_reward_of(env)
+        return super().from_env(env, capacity, **kwargs)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self._episode_start.nbytes + self._episode_end.nbytes
+
+    # ---------------------------------------------------------------- writing
+    def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
+                          next_obs: list[np.ndarray], ended: np.ndarray) -> None:
+        super()._write_transition(arrays, host, next_obs, ended)
+        ring, B = self._ring, self.num_envs
+        step = ring.last_id
+        positions = ring.positions(step, np.arange(B, dtype=np.int64))
+        self._episode_start[positions] = self._current_start
+        self._episode_end[positions] = -1
+        for row in np.flatnonzero(ended):  # mark the retained steps of each ended episode
+            first = max(int(self._current_start[row]), ring.oldest_id)
+            ids = np.arange(first, step + 1, dtype=np.int64)
+            self._episode_end[ring.positions(ids, row)] = step
+        self._current_start[ended] = step + 1
+
+    # ---------------------------------------------------------------- reading
+    def completed(self) -> int:
+        """Stored transitions of completed episodes: those :meth:`sample` draws from."""
+        with self._lock:
+            return int(self._completed_per_row().sum())
+
+    def _completed_per_row(self) -> np.ndarray:
+        # A row's steps from its current episode's start on are in progress: a suffix.
+        return np.maximum(self._current_start - self._ring.oldest_id, 0)
+
+    def sample(self, batch_size: int) -> tuple[HERTransitions, BufferInfo]:
+        """``batch_size`` transitions drawn uniformly from completed episodes (with
+        replacement); the first ``int(batch_size * her_ratio)`` are relabelled.
+
+        Returns:
+            ``(HERTransitions, BufferInfo)``; ``info.ids`` are the transitions' step ids,
+            ``info.probabilities`` ``1 / completed()``.
+
+        Raises:
+            EmptyBufferError: no episode has completed (in the retained steps).
+            ValueError: relabelling is due and ``compute_reward`` was not given.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or \
+                batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        k = int(batch_size * self.her_ratio)
+        if k and self.compute_reward is None:
+            raise ValueError("HERBuffer needs compute_reward to relabel goals: pass it to the "
+                             "constructor or set buffer.compute_reward")
+        with self._lock:
+            ring = self._ring
+            if ring.last_id < 0:
+                raise self._empty_error()
+            counts = self._completed_per_row()
+            n = int(counts.sum())
+            if n == 0:
+                raise EmptyBufferError(
+                    f"{type(self).__name__} holds no completed episode: HER samples only "
+                    "transitions whose episode has ended. Make sure to add whole episodes "
+                    "before sampling the buffer.")
+            draws = self._rng.integers(0, n, batch_size)
+            cumulative = np.cumsum(counts)
+            rows = np.searchsorted(cumulative, draws, side="right")
+            ids = ring.oldest_id + draws - (cumulative[rows] - counts[rows])
+            positions = ring.positions(ids, rows)
+            batch = self._read(ids, positions)
+            goals = None
+            if k:
+                goal_ids = self._goal_ids(ids[:k], positions[:k])
+                goals = _to_numpy(self._next_observations(ring.positions(goal_ids, rows[:k]),
+                                                          goal_ids)[self._achieved])
+        batch = self._relabel(batch, k, goals)
+        probabilities = np.full(batch_size, 1.0 / n, np.float32)
+        to_backend = self._storage.from_numpy
+        return batch, BufferInfo(to_backend(ids), to_backend(probabilities))
+
+    def _goal_ids(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Step ids whose next achieved goal relabels the transitions at ``ids``."""
+        ends = self._episode_end[positions]
+        if self.goal_selection_strategy == FINAL:
+            return ends
+        if self.goal_selection_strategy == FUTURE:
+            lo = ids
+        else:  # EPISODE: the episode's retained steps only
+            lo = np.maximum(self._episode_start[positions], self._ring.oldest_id)
+        return self._rng.integers(lo, ends + 1)
+
+    def _relabel(self, batch: Any, k: int, goals: np.ndarray | None) -> HERTransitions:
+        """Put ``goals`` in the first ``k`` transitions and recompute their rewards."""
+        size = len(_to_numpy(batch.rewards))
+        to_backend = self._storage.from_numpy
+        relabelled = to_backend(np.arange(size) < k)
+        if not k:
+            return HERTransitions(*batch, relabelled=relabelled)
+        achieved = _to_numpy(batch.next_observations["achieved_goal"])[:k]
+        rewards = np.asarray(self.compute_reward(achieved, goals, {}), np.float32)
+        if rewards.size != k:
+            raise ValueError(f"compute_reward returned {rewards.size} rewards for a batch of "
+                             f"{k} goals; it must be vectorised over the leading axis")
+        all_rewards = _to_numpy(batch.rewards).copy()
+        all_rewards[:k] = rewards.reshape(k)
+
+        def with_goal(obs: dict) -> dict:
+            desired = _to_numpy(obs["desired_goal"]).copy()
+            desired[:k] = goals
+            return {**obs, "desired_goal": to_backend(desired)}
+
+        return HERTransitions(with_goal(batch.observations), batch.actions,
+                              to_backend(all_rewards), with_goal(batch.next_observations),
+                              batch.terminated, batch.truncated, batch.dones,
+                              batch.discounts, relabelled)
+
+    def last_completed(self, count: int) -> Any:
+        """The last ``count`` transitions of each env's most recent completed episodes,
+        oldest first, as stored (not relabelled): ``[num_envs, count, ...]`` leaves
+        (``[count, ...]`` for one env).
+
+        Raises:
+            EmptyBufferError: an env holds fewer than ``count`` transitions of completed
+                episodes.
+        """
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"count must be a positive int, got {count!r}")
+        with self._lock:
+            ring = self._ring
+            held = self._completed_per_row()
+            if ring.last_id < 0 or held.min() < count:
+                raise EmptyBufferError(
+                    f"last_completed({count}) asks for more transitions than each env holds "
+                    f"in completed episodes ({held.tolist()})")
+            ids = (self._current_start - count)[:, None] + np.arange(count, dtype=np.int64)
+            rows = np.arange(self.num_envs, dtype=np.int64)[:, None]
+            batch = self._read(ids, ring.positions(ids, rows))
+        return batch if self.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
+
+    def clear(self, zero_storage: bool = False) -> None:
+        with self._lock:
+            self._episode_end[:] = -1
+            self._current_start[:] = 0
+        super().clear(zero_storage)
+
+    # ---------------------------------------------------------------- persistence
+    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        state, arrays = super()._snapshot()
+        state["her"] = {"episode_start": self._episode_start.copy(),
+                        "episode_end": self._episode_end.copy(),
+                        "current_start": self._current_start.copy(),
+                        "rng": self._rng.bit_generator.state}
+        return state, arrays
+
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        super()._restore(state, arrays)
+        her = state["her"]
+        with self._lock:
+            self._episode_start[:] = her["episode_start"]
+            self._episode_end[:] = her["episode_end"]
+            self._current_start[:] = her["current_start"]
+            self._rng.bit_generator.state = her["rng"]
+
+
+def _check_goal_spec(spec: Any) -> None:
+    if not isinstance(spec, dict) or set(spec) != set(GOAL_KEYS):
+        keys = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
+        raise SpecError(f"HERBuffer needs a dict observation with keys {list(GOAL_KEYS)} "
+                        f"(a goal-conditioned env), got {keys}")
+    achieved, desired = spec["achieved_goal"], spec["desired_goal"]
+    if not (isinstance(achieved, ArraySpec) and isinstance(desired, ArraySpec)):
+        raise SpecError("achieved_goal and desired_goal must be single arrays")
+    if achieved.shape != desired.shape or achieved.dtype != desired.dtype:
+        raise SpecError(f"achieved_goal {achieved.shape} {achieved.dtype.name} and desired_goal "
+                        f"{desired.shape} {desired.dtype.name} must have one shape and dtype: "
+                        "a relabelled goal is an achieved goal")

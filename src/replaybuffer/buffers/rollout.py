@@ -1,0 +1,340 @@
+"""On-policy rollouts: transitions with values and log-probabilities, GAE, minibatches.
+
+A :class:`RolloutBuffer` is a :class:`~replaybuffer.TransitionReplayBuffer` (the same ring
+of ``num_envs`` rows, observations stored once, exact next observations at episode ends)
+whose steps also carry the policy's ``value`` ``V(observation_t)`` and ``log_prob``
+``log pi(action_t | observation_t)``. After a rollout:
+
+* :meth:`RolloutBuffer.compute_returns_and_advantages` computes generalised advantage
+  estimates (GAE, Schulman et al. 2016) per env, oldest step first::
+
+      delta_t = reward_t + gamma * V(next_observation_t) * (1 - terminated_t) - value_t
+      A_t     = delta_t + gamma * lambda * A_{t+1}   (only while the episode goes on)
+      R_t     = A_t + value_t
+
+  A terminated step does not bootstrap. A step whose next observation is not the next
+  stored step's observation (a truncated episode end, or an out-of-sequence add)
+  bootstraps from ``V`` of its *true* next observation, which the buffer kept: those
+  observations are handed to ``value_fn`` in one batch. The newest step of each env
+  bootstraps from ``last_values`` unless its episode ended.
+* :meth:`RolloutBuffer.minibatches` yields shuffled minibatches over several epochs; every
+  stored transition is in exactly one minibatch per epoch.
+* :meth:`RolloutBuffer.reset` empties the buffer for the next rollout.
+
+The values and log-probabilities are stored as extra leaves of the action nest of the
+underlying transition buffer (``{"action", "value", "log_prob"}``), so rollouts use the
+same storage, validation, ring and persistence as every other buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from replaybuffer.buffers.transitions import ACTION, TransitionReplayBuffer, _to_numpy
+from replaybuffer.errors import SpecError
+from replaybuffer.sampling.sampler import make_rng
+from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
+
+VALUE, LOG_PROB = "value", "log_prob"
+
+# Paths of the wrapped action nest as users see them (they never see the wrapping).
+_PUBLIC_PATHS = ((f"['{ACTION}']['{ACTION}']", f"['{ACTION}']"),
+                 (f"['{ACTION}']['{VALUE}']", f"['{VALUE}']"),
+                 (f"['{ACTION}']['{LOG_PROB}']", f"['{LOG_PROB}']"))
+
+
+class RolloutBatch(NamedTuple):
+    """Rollout transitions; every field has the read's leading dims (``[S]``,
+    ``[num_envs, T]`` or ``[T]``).
+
+    Attributes:
+        observations, actions, next_observations: nests as the specs.
+        rewards, values, log_probs: float32.
+        terminated, truncated, dones: bool (``dones = terminated | truncated``).
+        returns, advantages: float32 from the last
+            :meth:`RolloutBuffer.compute_returns_and_advantages`; ``None`` when they
+            have not been computed since the buffer last changed.
+    """
+
+    observations: Any
+    actions: Any
+    rewards: Any
+    next_observations: Any
+    terminated: Any
+    truncated: Any
+    dones: Any
+    values: Any
+    log_probs: Any
+    returns: Any
+    advantages: Any
+
+
+class RolloutBuffer(TransitionReplayBuffer):
+    """Transitions of on-policy rollouts, with GAE and shuffled minibatches.
+
+    Args:
+        observation_spec, action_spec: specs (or gymnasium spaces) of one environment's
+            observation and action.
+        capacity: transitions held over all environments (a rollout of ``T`` steps of
+            ``num_envs`` envs needs ``T * num_envs``); older steps are overwritten.
+        num_envs: environments per add.
+        storage, device, seed, memory: as for :class:`~replaybuffer.TransitionReplayBuffer`
+            (``seed`` also seeds the minibatch shuffles).
+    """
+
+    def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
+                 num_envs: int = 1, storage: str = "numpy", device: Any = None,
+                 seed: int | None = None, memory: str = "warn"):
+        act_spec = as_data_spec(action_spec)
+        policy_spec = {ACTION: act_spec, VALUE: ArraySpec((), np.float32, VALUE),
+                       LOG_PROB: ArraySpec((), np.float32, LOG_PROB)}
+        super().__init__(observation_spec, policy_spec, capacity, num_envs=num_envs,
+                         storage=storage, device=device, seed=seed, memory=memory)
+        self._config_values["action_spec"] = act_spec
+        for fixed in ("n_step", "gamma"):  # one-step transitions; GAE takes its own gamma
+            self._config_values.pop(fixed)
+        self._value = self._paths.index(_PUBLIC_PATHS[1][0])
+        positions = self._ring.capacity
+        # Derived per step, indexed by storage position like the side-store references.
+        self._returns = np.zeros(positions, np.float32)
+        self._advantages = np.zeros(positions, np.float32)
+        self._gae_ready = False
+        self._version = 0  # bumped by every write and clear: stale readers notice
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self._returns.nbytes + self._advantages.nbytes
+
+    # ---------------------------------------------------------------- writing
+    def add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+            terminated: Any, truncated: Any = None, value: Any = None,
+            log_prob: Any = None) -> None:
+        """Add one transition per environment.
+
+        Args:
+            observation, next_observation: nests of ``[num_envs, ...]`` leaves.
+            action: ``[num_envs, ...]`` leaves as the action spec.
+            reward, terminated, truncated: ``[num_envs]`` (``truncated`` defaults to
+                false).
+            value: ``V(observation)`` per env: ``num_envs`` floats in any shape
+                (``[num_envs]`` or a critic's ``[num_envs, 1]``, array or tensor).
+                Defaults to 0, which makes the returns plain discounted returns.
+            log_prob: ``log pi(action | observation)`` per env, as ``value``.
+
+        Raises:
+            SpecError: a leaf that does not fit its spec or a batch that is not
+                ``num_envs`` long. Nothing is written.
+        """
+        policy = {ACTION: action, VALUE: self._per_env(value, VALUE, "add"),
+                  LOG_PROB: self._per_env(log_prob, LOG_PROB, "add")}
+        try:
+            super().add(observation, policy, reward, next_observation, terminated, truncated)
+        except SpecError as exc:
+            raise SpecError(_public(str(exc))) from None
+
+    def _per_env(self, values: Any, name: str, method: str) -> np.ndarray:
+        """``num_envs`` float32 values from any array-like holding that many."""
+        B = self.num_envs
+        if values is None:
+            return np.zeros(B, np.float32)
+        if isinstance(values, (list, tuple)):  # plain numbers are unambiguous here
+            values = np.asarray(values)
+        arr = as_leaf_array(values, f"['{name}']")
+        if arr.size != B or arr.dtype.kind not in "fiub":
+            raise SpecError(f"{method}: leaf ['{name}']: expected {B} numbers (one per env, "
+                            f"[num_envs={B}]), got shape {arr.shape} of {arr.dtype.name}")
+        return arr.reshape(B).astype(np.float32, copy=False)
+
+    def _write_transition(self, *args: Any) -> None:
+        super()._write_transition(*args)
+        self._gae_ready = False
+        self._version += 1
+
+    # ---------------------------------------------------------------- GAE
+    def compute_returns_and_advantages(
+            self, last_values: Any, gamma: float = 0.99, gae_lambda: float = 0.95,
+            value_fn: Callable[[Any], Any] | None = None) -> tuple[Any, Any]:
+        """Compute and keep the GAE advantages and returns of every stored step.
+
+        Args:
+            last_values: ``V`` of each env's current observation (the
+                ``next_observation`` of its newest step): ``num_envs`` floats. Used
+                for envs whose newest step did not end an episode.
+            gamma: discount in ``[0, 1]``.
+            gae_lambda: GAE's ``lambda`` in ``[0, 1]`` (1: Monte-Carlo returns
+                bootstrapped at the end; 0: one-step TD).
+            value_fn: called once with the true next observations of the steps that
+                must bootstrap from them (truncated episode ends and out-of-sequence
+                adds): a nest of ``[K, ...]`` leaves in the storage's array type;
+                returns ``K`` values. Needed only when such steps are stored.
+
+        Returns:
+            ``(returns, advantages)``: float32 ``[num_envs, T]`` (``[T]`` for one env),
+            oldest step first, as :meth:`all` orders them. Also returned by later
+            reads (``returns``/``advantages`` fields) until the buffer changes.
+
+        Raises:
+            EmptyBufferError: nothing is stored.
+            ValueError: bad ``gamma``/``gae_lambda``, or truncated steps and no
+                ``value_fn``.
+            RuntimeError: the buffer changed while ``value_fn`` ran.
+        """
+        for name, x in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+            if not 0.0 <= float(x) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {x!r}")
+        last_values = self._per_env(last_values, "last_values",
+                                    "compute_returns_and_advantages").astype(np.float64)
+        B = self.num_envs
+        with self._lock:
+            ring = self._ring
+            if ring.last_id < 0:
+                raise self._empty_error(action="computing advantages")
+            ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
+            positions = ring.positions(ids[None, :], np.arange(B, dtype=np.int64)[:, None])
+            rewards, terminated, truncated, values = (
+                _to_numpy(a) for a in self._storage.gather(
+                    positions, [self._reward, self._terminated, self._truncated,
+                                self._value]))
+            # Where the next observation is not the next stored step's (an episode end or
+            # an out-of-sequence add), the side store holds the true one.
+            detached = self._side_ref[positions] >= 0
+            bootstrap = detached & ~terminated
+            final_obs = None
+            if bootstrap.any():
+                if value_fn is None:
+                    raise ValueError(
+                        f"{int(bootstrap.sum())} stored step(s) end by truncation (or were "
+                        "added out of sequence) and must bootstrap from V of their true "
+                        "next observation: pass value_fn")
+                final_obs = self._obs_structure.unflatten(self._next_observations(
+                    positions[bootstrap], np.broadcast_to(ids, positions.shape)[bootstrap]))
+            version = self._version
+        next_values = np.empty(positions.shape, np.float64)
+        next_values[:, :-1] = values[:, 1:]
+        next_values[:, -1] = last_values
+        if final_obs is not None:  # user code runs outside the lock
+            boot = _to_numpy(value_fn(final_obs)).astype(np.float64)
+            if boot.size != int(bootstrap.sum()):
+                raise ValueError(f"value_fn returned {boot.size} values for "
+                                 f"{int(bootstrap.sum())} observations")
+            next_values[bootstrap] = boot.reshape(-1)
+        next_values[terminated] = 0.0
+        # The trace flows into the next stored step only if it continues this trajectory.
+        continues = ~(detached | terminated | truncated)
+        continues[:, -1] = False
+        deltas = rewards + gamma * next_values - values
+        advantages = np.empty(positions.shape, np.float64)
+        running = np.zeros(B, np.float64)
+        for t in range(positions.shape[1] - 1, -1, -1):
+            running = deltas[:, t] + gamma * gae_lambda * continues[:, t] * running
+            advantages[:, t] = running
+        returns = (advantages + values).astype(np.float32)
+        advantages = advantages.astype(np.float32)
+        with self._lock:
+            if self._version != version:
+                raise RuntimeError("the buffer changed while advantages were computed")
+            self._returns[positions] = returns
+            self._advantages[positions] = advantages
+            self._gae_ready = True
+        to_backend = self._storage.from_numpy
+        if B == 1:
+            returns, advantages = returns[0], advantages[0]
+        return to_backend(returns), to_backend(advantages)
+
+    # ---------------------------------------------------------------- reading
+    def minibatches(self, batch_size: int, epochs: int = 1, *, shuffle: bool = True,
+                    seed: int | None = None, drop_last: bool = False
+                    ) -> Iterator[RolloutBatch]:
+        """Minibatches of every stored transition, ``epochs`` times.
+
+        Each epoch is a permutation of all ``num_envs * T`` transitions (env axis
+        flattened) cut into minibatches of ``batch_size`` (the last one shorter unless
+        ``drop_last``), so every transition is in exactly one minibatch per epoch.
+        Fields are ``[batch_size, ...]``, as numpy arrays or tensors on the storage's
+        device.
+
+        Args:
+            shuffle: ``False`` keeps time-major order (step, then env).
+            seed: seeds the permutations; by default they come from the buffer's seed.
+
+        Raises:
+            ValueError: advantages were not computed since the buffer last changed
+                (call :meth:`compute_returns_and_advantages` first).
+            RuntimeError: (while iterating) the buffer changed.
+        """
+        for name, x in (("batch_size", batch_size), ("epochs", epochs)):
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+                raise ValueError(f"{name} must be a positive int, got {x!r}")
+        with self._lock:
+            if not self._gae_ready:
+                raise ValueError("returns and advantages are not up to date: call "
+                                 "compute_returns_and_advantages(...) after the last add")
+            ring = self._ring
+            ids = np.repeat(np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64),
+                            self.num_envs)
+            rows = np.tile(np.arange(self.num_envs, dtype=np.int64), ring.items_per_row)
+            rng = make_rng(seed) if seed is not None else self._sampler.spawn_rng()
+            version = self._version
+        return self._minibatches(ids, ring.positions(ids, rows), int(batch_size),
+                                 int(epochs), shuffle, drop_last, rng, version)
+
+    def _minibatches(self, ids: np.ndarray, positions: np.ndarray, batch_size: int,
+                     epochs: int, shuffle: bool, drop_last: bool, rng: np.random.Generator,
+                     version: int) -> Iterator[RolloutBatch]:
+        count = len(ids)
+        stop = count - count % batch_size if drop_last else count
+        for _ in range(epochs):
+            order = rng.permutation(count) if shuffle else np.arange(count)
+            for start in range(0, stop, batch_size):
+                chosen = order[start:start + batch_size]
+                with self._lock:
+                    if self._version != version:
+                        raise RuntimeError("the buffer changed during minibatches(): "
+                                           "collect the next rollout after the update")
+                    batch = self._read(ids[chosen], positions[chosen])
+                yield batch
+
+    def _read(self, ids: np.ndarray, positions: np.ndarray) -> RolloutBatch:
+        t = super()._read(ids, positions)
+        policy = t.actions
+        returns = advantages = None
+        if self._gae_ready:
+            to_backend = self._storage.from_numpy
+            returns = to_backend(self._returns[positions])
+            advantages = to_backend(self._advantages[positions])
+        return RolloutBatch(t.observations, policy[ACTION], t.rewards, t.next_observations,
+                            t.terminated, t.truncated, t.dones, policy[VALUE],
+                            policy[LOG_PROB], returns, advantages)
+
+    def reset(self) -> None:
+        """Empty the buffer for the next rollout (``clear()``)."""
+        self.clear()
+
+    def clear(self, zero_storage: bool = False) -> None:
+        with self._lock:
+            self._gae_ready = False
+            self._version += 1
+        super().clear(zero_storage)
+
+    # ---------------------------------------------------------------- persistence
+    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        state, arrays = super()._snapshot()
+        state.update(returns=self._returns.copy(), advantages=self._advantages.copy(),
+                     gae_ready=self._gae_ready)
+        return state, arrays
+
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        super()._restore(state, arrays)
+        with self._lock:
+            self._returns[:] = state["returns"]
+            self._advantages[:] = state["advantages"]
+            self._gae_ready = bool(state["gae_ready"])
+
+
+def _public(message: str) -> str:
+    """An error message with the wrapped action nest's paths as users know them."""
+    for internal, public in _PUBLIC_PATHS:
+        message = message.replace(internal, public)
+    return message

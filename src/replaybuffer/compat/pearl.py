@@ -1,0 +1,640 @@
+"""Pearl's (``pearll.buffers`` v0.4.1) buffer names over replaybuffer's buffers.
+
+Code written for Pearl ports by changing its imports and moving to gymnasium's API::
+
+    from replaybuffer.compat.pearl import ReplayBuffer, Trajectories
+
+    buffer = ReplayBuffer(env=env, buffer_size=10_000)         # env: gymnasium (vector) env
+    obs, _ = env.reset()
+    next_obs, reward, terminated, truncated, _ = env.step(action)
+    buffer.add_trajectory(obs, action, reward, next_obs, terminated, truncated)
+    batch = buffer.sample(batch_size=64)                       # Trajectories of tensors
+
+Every class here is a thin adapter: it holds a replaybuffer buffer (``.core``: a
+:class:`~replaybuffer.TransitionReplayBuffer`, :class:`~replaybuffer.RolloutBuffer` or
+:class:`~replaybuffer.HERBuffer`), shapes its inputs and outputs the way Pearl did, and
+stores nothing itself. ``buffer_size`` counts Pearl's rows: the core holds
+``buffer_size * num_envs`` transitions, and the memory it needs is checked when it is
+built. Outputs keep Pearl's shapes: a leading env axis for vector envs
+(``[num_envs, batch, ...]``), and a trailing axis of 1 for scalar fields (rewards, dones,
+discrete actions). ``dtype`` defaults to ``"torch"`` as in Pearl (tensors on ``device``,
+``"auto"``: CUDA when available), so ported agents keep receiving tensors; pass
+``dtype="numpy"`` for arrays.
+
+Differences from Pearl, each on purpose:
+
+* gymnasium's API. ``add_trajectory(obs, action, reward, next_obs, done, truncated=False)``
+  takes gymnasium's ``terminated`` as ``done`` and an optional ``truncated``. In outputs,
+  ``dones`` is 1 where the episode *terminated* only: a time-limit truncation keeps
+  ``done=0`` so that ``r + gamma * (1 - done) * V(next_obs)`` bootstraps, and its
+  ``next_observations`` is the true final observation. Passing
+  ``done=terminated or truncated`` gives Pearl's behaviour.
+* Exact next observations. Pearl's ``ReplayBuffer`` and ``HERBuffer`` returned the next
+  episode's first observation as the next observation of a terminal transition (and
+  any earlier ``next_obs`` of non-sequential adds was silently replaced); here every
+  ``next_observations`` is the one that was added, with observations still stored once.
+* The newest ``next_obs`` does not overwrite the oldest observation. Pearl's
+  ``ReplayBuffer`` lost its oldest slot once full (its raw ``observations`` became
+  ``[next_obs[4], next_obs[0..3]]`` after 5 adds into 5 slots) and never sampled it; here
+  ``observations`` holds each step's own observation, all ``buffer_size`` transitions
+  are sampled, and ``last(buffer_size)`` works.
+* ``last(k)`` returns the ``k`` most recent transitions, oldest first, for any ``k`` up
+  to what is stored. Asking for more raises ``EmptyBufferError`` (a ``ValueError``)
+  instead of ``AssertionError`` (Pearl refused ``k >= buffer_size`` for the replay buffer
+  and returned rows of zeros for ``k > pos`` on a buffer that had not wrapped).
+* ``all()`` returns every stored transition, oldest first, every field the same length,
+  also after the ring wrapped (Pearl's ``next_observations`` was one longer than the
+  rest, empty when ``pos + 1 == buffer_size``, and a wrapped buffer returned only what
+  was written since the wrap). It returns copies, not views of the buffer's memory. An
+  empty buffer raises ``EmptyBufferError``.
+* ``flatten_env=True`` counts transitions: ``sample(b, flatten_env=True)`` draws exactly
+  ``b`` transitions over every (step, env) pair, ``last(k, flatten_env=True)`` gives
+  the ``k`` most recent in time-major order, ``all`` keeps everything.
+  ``_flatten_env_axis`` reshapes ``[T, num_envs, ...]`` to ``[T * num_envs, ...]``
+  without dropping rows (Pearl kept only the last ``T // num_envs`` rows).
+* ``RolloutBuffer.sample(k)`` returns ``k`` consecutive transitions in chronological
+  order, never straddling the write head (Pearl's block was in storage order once full),
+  and raises ``EmptyBufferError`` rather than ``AssertionError`` when ``k`` exceeds what
+  is stored. ``add_trajectory`` also takes ``value=`` and ``log_prob=``, and
+  ``buffer.core`` computes GAE and minibatches.
+* Sampling an empty buffer raises ``EmptyBufferError`` (a ``ValueError``, as Pearl's
+  numpy error was) with a message that says so. Bad input (an action outside its
+  space, a wrong shape, a batch that is not ``num_envs`` long) raises ``SpecError``
+  and writes nothing.
+* ``reset()`` empties the buffer and zeroes its arrays (as Pearl's), and keeps HER's
+  bookkeeping in int64: Pearl's ``HERBuffer.reset`` reallocated it as int8, which
+  overflowed beyond 127 slots or episodes.
+* Random draws use the buffer's own generator (``seed=``), not numpy's global state.
+* The memory check warns (``ResourceWarning``) as Pearl's did; ``memory="strict"``
+  raises ``InsufficientMemoryError`` instead.
+* HER: vector envs work (each env's episodes are tracked separately); goals are shaped
+  by the ``achieved_goal``/``desired_goal`` spaces (Pearl assumed the observation's
+  shape); the ``"episode"`` strategy is implemented (Pearl raised at sample time); an
+  unknown strategy raises ``ValueError`` at construction; only transitions of completed
+  episodes are sampled, also once the buffer is full (Pearl then sampled in-progress
+  transitions and the stale slot ``pos``); a relabelled goal always comes from the
+  transition's own episode (Pearl's "future" fell back to "final" for the whole batch
+  when any episode wrapped the buffer's end). As in Pearl, the first
+  ``int(batch_size * her_ratio)`` samples are relabelled, their rewards are
+  ``compute_reward(next_achieved_goal, goal, {})`` in one call, dones are not
+  recomputed, and observations are dicts of ``observation`` and ``desired_goal``.
+  ``sample`` ignores ``flatten_env`` (samples are ``[batch_size, ...]`` over all envs).
+  ``last(k)`` returns the last ``k`` transitions of each env's last completed episode
+  *as stored* (Pearl relabelled part of them with random goals), and ``last``/``all``
+  honour ``dtype`` (Pearl's always returned numpy).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Dict, Union
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.buffers.her import HERBuffer as _HERCore
+from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
+from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
+from replaybuffer.buffers.transitions import TransitionReplayBuffer, _to_numpy
+from replaybuffer.errors import EmptyBufferError
+from replaybuffer.specs import spec_from_space
+
+__all__ = ["BaseBuffer", "DictTrajectories", "GoalSelectionStrategy", "HERBuffer",
+           "ReplayBuffer", "RolloutBuffer", "Trajectories", "TrajectoryType",
+           "get_space_shape"]
+
+Tensor = Any  # np.ndarray or torch.Tensor
+
+
+class TrajectoryType(str, Enum):
+    """What reads return: ``"numpy"`` arrays or ``"torch"`` tensors."""
+
+    NUMPY = "numpy"
+    TORCH = "torch"
+
+
+class GoalSelectionStrategy(str, Enum):
+    """HER's goal selection strategies (all three implemented)."""
+
+    FINAL = "final"
+    FUTURE = "future"
+    EPISODE = "episode"
+
+
+@dataclass
+class Trajectories:
+    """A batch of transitions (Pearl's field names).
+
+    Shapes, with ``B`` the batch and ``D`` an observation's shape: ``[B, D]`` (a vector
+    env unflattened: ``[num_envs, B, D]``); ``actions`` ``[B, *action_shape]`` (discrete:
+    ``[B, 1]``); ``rewards`` and ``dones`` float32 ``[B, 1]``.
+    """
+
+    observations: Tensor
+    actions: Tensor
+    rewards: Tensor
+    next_observations: Tensor
+    dones: Tensor
+
+
+@dataclass
+class DictTrajectories:
+    """As :class:`Trajectories`, with ``observations`` and ``next_observations`` dicts of
+    ``"observation"`` and ``"desired_goal"``."""
+
+    observations: Dict[str, Tensor]
+    actions: Tensor
+    rewards: Tensor
+    next_observations: Dict[str, Tensor]
+    dones: Tensor
+
+
+def get_space_shape(space: Any) -> tuple[int, ...]:
+    """Pearl's shape of one element of a gymnasium space: ``Box`` its shape,
+    ``Discrete`` ``(1,)``, ``MultiDiscrete`` ``(len(nvec),)``, ``MultiBinary`` ``(n,)``,
+    ``Tuple`` ``(len,) + shape(first)``, ``Dict`` the ``"observation"`` subspace's."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Box):
+        return tuple(space.shape)
+    if isinstance(space, spaces.Discrete):
+        return (1,)
+    if isinstance(space, spaces.MultiDiscrete):
+        return (len(space.nvec),)
+    if isinstance(space, spaces.MultiBinary):
+        return tuple(int(n) for n in np.atleast_1d(space.n))
+    if isinstance(space, spaces.Tuple):
+        return (len(space.spaces),) + get_space_shape(space.spaces[0])
+    if isinstance(space, spaces.Dict):
+        return get_space_shape(space["observation"])
+    raise NotImplementedError(f"{type(space).__name__} spaces are not supported")
+
+
+def _trajectory_type(dtype: Union[str, TrajectoryType]) -> TrajectoryType:
+    if isinstance(dtype, TrajectoryType):
+        return dtype
+    if isinstance(dtype, str):
+        return TrajectoryType(dtype.lower())  # ValueError for anything else
+    raise ValueError(f"dtype must be 'numpy' or 'torch', got {dtype!r}")
+
+
+class BaseBuffer(ABC):
+    """Pearl's abstract buffer, to extend with ``reset``, ``add_trajectory``, ``sample``,
+    ``last`` and ``all``.
+
+    The constructor builds the core buffer (``.core``) from a gymnasium env, vector env,
+    or spaces; subclasses implement the abstract methods with the helpers ``_add``,
+    ``_read_steps``, ``_last``, ``_all`` and ``_output``.
+
+    Args:
+        env: a ``gymnasium.Env`` or ``gymnasium.vector.VectorEnv`` (``None`` when the
+            spaces are given).
+        buffer_size: Pearl's rows; ``buffer_size * num_envs`` transitions are kept.
+        device: where ``dtype="torch"`` outputs go; ``"auto"``: CUDA when available.
+        observation_space, action_space: one env's spaces, instead of ``env``.
+        num_envs: with spaces: environments per add (inputs then have an env axis).
+        seed: seeds every random draw.
+        memory: ``"warn"`` (Pearl's) or ``"strict"`` when the buffer exceeds free RAM.
+
+    Attributes:
+        observations, actions, rewards, dones: the stored data as Pearl's arrays,
+            ``[buffer_size, (num_envs,) ...]`` (read-only views where the core stores
+            them as such; ``dones`` is a float32 copy).
+    """
+
+    _core_class: Any = TransitionReplayBuffer
+    _observation_path = "['observation']"
+    _action_path = "['action']"
+    _output_keys: tuple[str, ...] | None = None  # HER: Pearl's keys of dict observations
+
+    def __init__(self, env: Any = None, buffer_size: int = 1_000_000,
+                 device: Any = "auto", *, observation_space: Any = None,
+                 action_space: Any = None, num_envs: int | None = None,
+                 seed: int | None = None, memory: str = "warn", **core_kwargs: Any):
+        if env is not None:
+            import gymnasium as gym
+
+            vector = isinstance(env, gym.vector.VectorEnv)
+            observation_space = env.single_observation_space if vector else \
+                env.observation_space
+            action_space = env.single_action_space if vector else env.action_space
+            num_envs = int(env.num_envs) if vector else 1
+        elif observation_space is None or action_space is None:
+            raise ValueError("pass env, or observation_space and action_space")
+        else:
+            vector = num_envs is not None
+            num_envs = 1 if num_envs is None else int(num_envs)
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) \
+                or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive int, got {buffer_size!r}")
+        self.env = env
+        self.buffer_size = int(buffer_size)
+        self.num_envs = num_envs
+        self.vector = vector  # inputs and outputs carry an env axis
+        self.observation_space, self.action_space = observation_space, action_space
+        self.obs_shape = get_space_shape(observation_space)
+        self.action_shape = get_space_shape(action_space)
+        self.batch_shape = (self.buffer_size, num_envs) if vector else (self.buffer_size,)
+        self._device = device
+        self._rng = np.random.default_rng(seed)
+        self.core = self._make_core(spec_from_space(observation_space),
+                                    spec_from_space(action_space),
+                                    self.buffer_size * num_envs, num_envs=num_envs, seed=seed,
+                                    memory=memory, **core_kwargs)
+
+    def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
+                   **kwargs: Any) -> Any:
+        """Build the buffer that stores everything (override to choose another)."""
+        return self._core_class(observation_spec, action_spec, capacity, **kwargs)
+
+    # ------------------------------------------------------------- Pearl's state
+    @property
+    def device(self) -> Any:
+        """The torch device of ``dtype="torch"`` outputs."""
+        import torch
+
+        if self._device == "auto":
+            self._device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device(self._device)
+
+    @property
+    def pos(self) -> int:
+        """The row the next add writes."""
+        return (self.core.last_id + 1) % self.buffer_size
+
+    @property
+    def full(self) -> bool:
+        """Whether every row has been written."""
+        return self.core.last_id + 1 >= self.buffer_size
+
+    def _leaf_view(self, path: str) -> np.ndarray:
+        """The stored leaf at ``path`` as ``batch_shape + shape`` (scalars get a trailing
+        1), a read-only view of numpy storage."""
+        core = self.core
+        if path not in core._paths:
+            raise TypeError(f"{path} is not one stored array in {type(self).__name__} (the "
+                            "space is a nest): read core.all() instead")
+        array = _to_numpy(core._storage.arrays[core._paths.index(path)])
+        shape = array.shape[1:] or (1,)
+        view = array.reshape(self.batch_shape + shape)
+        view.flags.writeable = False  # the buffer's invariants (side store) live elsewhere
+        return view
+
+    @property
+    def observations(self) -> np.ndarray:
+        return self._leaf_view(self._observation_path)
+
+    @property
+    def actions(self) -> np.ndarray:
+        return self._leaf_view(self._action_path)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return self._leaf_view("['reward']")
+
+    @property
+    def dones(self) -> np.ndarray:
+        return self._leaf_view("['terminated']").astype(np.float32)
+
+    # ------------------------------------------------------------- Pearl's API
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the buffer: ``pos = 0``, ``full = False``, every array zero."""
+        self.core.clear(zero_storage=True)
+
+    @abstractmethod
+    def add_trajectory(self, observation: Any, action: Any, reward: Any,
+                       next_observation: Any, done: Any, truncated: Any = None) -> None:
+        """Add one transition (per env of a vector env)."""
+
+    def add_batch_trajectories(self, observations: Any, actions: Any, rewards: Any,
+                               next_observations: Any, dones: Any,
+                               truncated: Any = None) -> None:
+        """Add transitions one after the other, along the first axis of every argument."""
+        count = len(rewards)
+        truncated = [None] * count if truncated is None else truncated
+        for i in range(count):
+            self.add_trajectory(_index(observations, i), actions[i], rewards[i],
+                                _index(next_observations, i), dones[i], truncated[i])
+
+    @abstractmethod
+    def sample(self, batch_size: int, flatten_env: bool = False,
+               dtype: Union[str, TrajectoryType] = "torch") -> Any:
+        """A random batch of transitions."""
+
+    @abstractmethod
+    def last(self, batch_size: int, flatten_env: bool = False,
+             dtype: Union[str, TrajectoryType] = "torch") -> Any:
+        """The most recent transitions."""
+
+    @abstractmethod
+    def all(self, flatten_env: bool = False,
+            dtype: Union[str, TrajectoryType] = "torch") -> Any:
+        """Every stored transition."""
+
+    # ------------------------------------------------------------- helpers
+    def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+             done: Any, truncated: Any = None, **extra: Any) -> None:
+        """Give the core one transition per env, in Pearl's input shapes."""
+        truncated = np.zeros(self.num_envs, np.bool_) if truncated is None else \
+            self._batched(truncated, "scalar")
+        self.core.add(self._batched(observation), self._batched(action, self._action_path),
+                      self._batched(reward, "scalar"), self._batched(next_observation),
+                      self._batched(done, "scalar"), truncated,
+                      **{k: v for k, v in extra.items() if v is not None})
+
+    def _batched(self, value: Any, scalar: str | None = None) -> Any:
+        """``value`` with a leading env axis; Pearl's trailing 1 of scalar fields dropped."""
+        def one(leaf: Any) -> Any:
+            arr = _to_numpy(leaf)
+            if not self.vector:
+                arr = arr[None]
+            if scalar is not None and arr.ndim == 2 and arr.shape[1] == 1 and \
+                    self._scalar(scalar):
+                arr = arr[:, 0]
+            return arr
+        if isinstance(value, dict):
+            return {key: one(v) for key, v in value.items()}
+        return one(value)
+
+    def _scalar(self, which: str) -> bool:
+        if which == "scalar":
+            return True
+        index = self.core._paths.index(which) if which in self.core._paths else None
+        return index is not None and self.core._specs[index].shape == ()
+
+    def _read_steps(self, ids: np.ndarray) -> Any:
+        """The transitions of steps ``ids`` (``[K]``) of every env: ``[num_envs, K]``."""
+        core = self.core
+        with core._lock:
+            ring = core._ring
+            if ring.last_id < 0:
+                raise core._empty_error()
+            if ids.min() < ring.oldest_id or ids.max() > ring.last_id:
+                raise EmptyBufferError(f"steps {ids.min()}..{ids.max()} are not stored "
+                                       f"(held: {ring.oldest_id}..{ring.last_id})")
+            rows = np.arange(self.num_envs, dtype=np.int64)[:, None]
+            return core._read(np.broadcast_to(ids, (self.num_envs, len(ids))),
+                              ring.positions(ids[None, :], rows))
+
+    def _draw_steps(self, batch_size: int) -> np.ndarray:
+        """``batch_size`` step ids drawn uniformly (with replacement) from those stored."""
+        ring = self.core._ring
+        last_id = ring.last_id
+        if last_id < 0:
+            raise self.core._empty_error()
+        return self._rng.integers(max(0, last_id + 1 - ring.max_length), last_id + 1,
+                                  _count(batch_size, "batch_size"))
+
+    def _last(self, batch_size: int, flatten_env: bool, dtype: Any, read: Any = None) -> Any:
+        """The ``batch_size`` most recent transitions of each env (``read(k)`` reads
+        ``k`` per env; default the core's ``last``)."""
+        read = read or self.core.last
+        count = _count(batch_size, "batch_size")
+        if flatten_env and self.vector:  # count transitions: enough steps, then trim
+            steps = math.ceil(count / self.num_envs)
+            return self._output(read(steps), flatten_env, dtype, keep=-count)
+        return self._output(read(count), flatten_env, dtype)
+
+    def _all(self, flatten_env: bool, dtype: Any) -> Any:
+        return self._output(self.core.all(), flatten_env, dtype)
+
+    def _output(self, batch: Any, flatten_env: bool, dtype: Any, env_axis: bool = True,
+                keep: int | None = None) -> Any:
+        """A core batch as Pearl's trajectories.
+
+        Args:
+            batch: core transitions with leading dims ``[num_envs, K]`` (``[K]`` for a
+                single env) when ``env_axis``, else ``[K]``.
+            flatten_env: flatten ``[num_envs, K]`` to ``[K * num_envs]``, time-major.
+            keep: with flattening, keep the last ``-keep`` (or first ``keep``) rows.
+        """
+        kind = _trajectory_type(dtype)
+        outer = 2 if env_axis and self.vector else 1
+        flatten = flatten_env and outer == 2
+
+        def pearl(leaf: Any) -> np.ndarray:
+            arr = _to_numpy(leaf)
+            if arr.ndim == outer:  # Pearl's scalar fields have a trailing axis of 1
+                arr = arr[..., None]
+            if flatten:
+                arr = self._flatten_env_axis(np.swapaxes(arr, 0, 1))
+                if keep is not None:
+                    arr = arr[keep:] if keep < 0 else arr[:keep]
+            if kind is TrajectoryType.TORCH:
+                import torch
+
+                return torch.as_tensor(np.ascontiguousarray(arr)).to(self.device)
+            return arr
+
+        fields = (batch.observations, batch.actions,
+                  _to_numpy(batch.rewards).astype(np.float32),
+                  batch.next_observations, _to_numpy(batch.terminated).astype(np.float32))
+        o, a, r, no, d = (nest.map_structure(pearl, f) for f in fields)
+        if self._output_keys is not None:
+            pick = self._output_keys
+            return DictTrajectories({k: o[k] for k in pick}, a, r, {k: no[k] for k in pick}, d)
+        return Trajectories(o, a, r, no, d)
+
+    def _flatten_env_axis(self, data: np.ndarray) -> np.ndarray:
+        """``[T, num_envs, ...]`` as ``[T * num_envs, ...]``, time-major, nothing dropped
+        (Pearl kept the last ``T // num_envs`` rows); unchanged without an env axis."""
+        if not self.vector:
+            return data
+        return data.reshape((-1,) + data.shape[2:])
+
+
+class ReplayBuffer(BaseBuffer):
+    """Pearl's off-policy buffer: uniform replay over a
+    :class:`~replaybuffer.TransitionReplayBuffer` (observations stored once, exact next
+    observations)."""
+
+    def reset(self) -> None:
+        super().reset()
+
+    def add_trajectory(self, observation: Any, action: Any, reward: Any,
+                       next_observation: Any, done: Any, truncated: Any = None) -> None:
+        """Add one transition; with a vector env every argument has the env axis first.
+
+        ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
+        """
+        self._add(observation, action, reward, next_observation, done, truncated)
+
+    def sample(self, batch_size: int, flatten_env: bool = False,
+               dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """``batch_size`` transitions drawn uniformly with replacement.
+
+        Single env: ``[batch_size, ...]``. Vector env: ``[num_envs, batch_size, ...]``
+        (each draw a step, all envs), or ``[batch_size, ...]`` over every (step, env)
+        pair with ``flatten_env=True``.
+        """
+        if self.vector and not flatten_env:
+            return self._output(self._read_steps(self._draw_steps(batch_size)), False, dtype)
+        batch, _ = self.core.sample(batch_size)
+        return self._output(batch, flatten_env, dtype, env_axis=False)
+
+    def last(self, batch_size: int, flatten_env: bool = False,
+             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """The ``batch_size`` most recent transitions (of each env), oldest first."""
+        return self._last(batch_size, flatten_env, dtype)
+
+    def all(self, flatten_env: bool = False,
+            dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """Every stored transition, oldest first."""
+        return self._all(flatten_env, dtype)
+
+
+class RolloutBuffer(BaseBuffer):
+    """Pearl's on-policy buffer over a :class:`~replaybuffer.RolloutBuffer`.
+
+    ``core.compute_returns_and_advantages(...)`` and ``core.minibatches(...)`` add GAE
+    and shuffled minibatches, which Pearl left to its agents.
+    """
+
+    _core_class = _RolloutCore
+    _action_path = "['action']['action']"
+
+    def reset(self) -> None:
+        super().reset()
+
+    def add_trajectory(self, observation: Any, action: Any, reward: Any,
+                       next_observation: Any, done: Any, truncated: Any = None,
+                       value: Any = None, log_prob: Any = None) -> None:
+        """Add one transition (per env), optionally with the policy's value and
+        log-probability."""
+        self._add(observation, action, reward, next_observation, done, truncated,
+                  value=value, log_prob=log_prob)
+
+    def sample(self, batch_size: int, flatten_env: bool = False,
+               dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """``batch_size`` consecutive transitions (of each env), chronological, starting
+        at a uniformly drawn step; ``sample(stored)`` returns everything in order."""
+        count = _count(batch_size, "batch_size")
+        steps = math.ceil(count / self.num_envs) if flatten_env and self.vector else count
+        ring = self.core._ring
+        held = ring.items_per_row
+        if held == 0:
+            raise self.core._empty_error()
+        if steps > held:
+            raise EmptyBufferError(f"Requesting {count} samples when only "
+                                   f"{held * (self.num_envs if flatten_env else 1)} samples "
+                                   "have been collected")
+        oldest = ring.oldest_id
+        start = int(self._rng.integers(oldest, oldest + held - steps + 1))
+        batch = self._read_steps(np.arange(start, start + steps, dtype=np.int64))
+        if not self.vector:
+            batch = nest.map_structure(lambda x: x[0], batch)
+        return self._output(batch, flatten_env, dtype, keep=count)
+
+    def last(self, batch_size: int, flatten_env: bool = False,
+             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """The ``batch_size`` most recent transitions (of each env), oldest first."""
+        return self._last(batch_size, flatten_env, dtype)
+
+    def all(self, flatten_env: bool = False,
+            dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """Every stored transition, oldest first."""
+        return self._all(flatten_env, dtype)
+
+
+class HERBuffer(BaseBuffer):
+    """Pearl's hindsight experience replay over a :class:`~replaybuffer.HERBuffer`.
+
+    Args:
+        env: a goal-conditioned gymnasium env or synchronous vector env (its
+            ``compute_reward`` relabels rewards; pass ``compute_reward=`` otherwise).
+        buffer_size: rows, as for :class:`BaseBuffer`.
+        goal_selection_strategy: ``"final"``, ``"future"`` or ``"episode"`` (any case,
+            or :class:`GoalSelectionStrategy`).
+        n_sampled_goal: relabelled goals per real one (``her_ratio = 1 - 1/(n + 1)``).
+        device, seed, memory, observation_space, action_space, num_envs: as for
+            :class:`BaseBuffer`.
+    """
+
+    _core_class = _HERCore
+    _observation_path = "['observation']['observation']"
+    _output_keys = ("observation", "desired_goal")
+
+    def __init__(self, env: Any = None, buffer_size: int = 1_000_000,
+                 goal_selection_strategy: Union[str, GoalSelectionStrategy] = "future",
+                 n_sampled_goal: int = 4, device: Any = "auto", *,
+                 compute_reward: Any = None, **kwargs: Any):
+        strategy = parse_goal_selection_strategy(goal_selection_strategy)
+        if compute_reward is None and env is not None:
+            compute_reward = compute_reward_of(env)
+        super().__init__(env, buffer_size, device, compute_reward=compute_reward,
+                         goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal,
+                         **kwargs)
+        self.goal_selection_strategy = GoalSelectionStrategy(strategy)
+        self.n_sampled_goal = self.core.n_sampled_goal
+        self.her_ratio = self.core.her_ratio
+
+    @property
+    def goal_section_strategy(self) -> GoalSelectionStrategy:
+        """Pearl's (misspelt) attribute name for :attr:`goal_selection_strategy`."""
+        return self.goal_selection_strategy
+
+    @property
+    def desired_goals(self) -> np.ndarray:
+        """Stored desired goals, ``batch_shape + goal_shape`` (read-only view)."""
+        return self._leaf_view("['observation']['desired_goal']")
+
+    @property
+    def next_achieved_goals(self) -> np.ndarray:
+        """The achieved goal of each stored step's next observation (a copy; zeros
+        where nothing is stored)."""
+        core = self.core
+        out = np.zeros(self.desired_goals.shape, self.desired_goals.dtype)
+        with core._lock:
+            ring = core._ring
+            if ring.last_id >= 0:
+                ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
+                positions = ring.positions(ids[:, None], np.arange(self.num_envs)[None, :])
+                goals = core._next_observations(positions.ravel(),
+                                                np.repeat(ids, self.num_envs))[core._achieved]
+                flat = out.reshape((-1,) + out.shape[1 + self.vector:])
+                flat[positions.ravel()] = _to_numpy(goals)
+        return out
+
+    def reset(self) -> None:
+        super().reset()
+
+    def add_trajectory(self, observation: Any, action: Any, reward: Any,
+                       next_observation: Any, done: Any, truncated: Any = None) -> None:
+        """Add one transition of dict observations (per env)."""
+        self._add(observation, action, reward, next_observation, done, truncated)
+
+    def sample(self, batch_size: int, flatten_env: bool = False,
+               dtype: Union[str, TrajectoryType] = "torch") -> DictTrajectories:
+        """``batch_size`` transitions of completed episodes, the first
+        ``int(batch_size * her_ratio)`` with relabelled goals and rewards:
+        ``[batch_size, ...]`` over every env (``flatten_env`` is ignored, as in Pearl)."""
+        batch, _ = self.core.sample(_count(batch_size, "batch_size"))
+        return self._output(batch, False, dtype, env_axis=False)
+
+    def last(self, batch_size: int, flatten_env: bool = False,
+             dtype: Union[str, TrajectoryType] = "torch") -> DictTrajectories:
+        """The last ``batch_size`` transitions of each env's most recent completed
+        episodes, as stored."""
+        return self._last(batch_size, flatten_env, dtype, read=self.core.last_completed)
+
+    def all(self, flatten_env: bool = False,
+            dtype: Union[str, TrajectoryType] = "torch") -> DictTrajectories:
+        """Every stored transition, oldest first, as stored."""
+        return self._all(flatten_env, dtype)
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _index(value: Any, i: int) -> Any:
+    if isinstance(value, dict):
+        return {key: v[i] for key, v in value.items()}
+    return value[i]
+

@@ -1,0 +1,274 @@
+"""HERBuffer against a brute-force log of every episode; a bit-flipping goal env, single
+and vectorised."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replaybuffer as rb
+from conftest import to_np
+
+GOAL = rb.ArraySpec((2,), np.float32)
+OBS = {"observation": rb.ArraySpec((1,), np.float32), "achieved_goal": GOAL,
+       "desired_goal": GOAL}
+ACT = rb.BoundedArraySpec((), np.int64, 0, 3)
+
+
+def distance_reward(achieved_goal, desired_goal, info):
+    """A vectorised compute_reward: minus the distance to the goal."""
+    return -np.linalg.norm(np.asarray(achieved_goal) - np.asarray(desired_goal), axis=-1)
+
+
+class BitFlippingEnv(gym.Env):
+    """Flip one of ``n_bits`` bits per step until the state equals the goal."""
+
+    def __init__(self, n_bits=5, max_steps=None):
+        self.n_bits, self.max_steps = n_bits, max_steps or n_bits
+        bits = spaces.MultiBinary(n_bits)
+        self.observation_space = spaces.Dict(observation=bits, achieved_goal=bits,
+                                             desired_goal=bits)
+        self.action_space = spaces.Discrete(n_bits)
+        self.calls = 0
+
+    def _obs(self):
+        return {"observation": self.state.copy(), "achieved_goal": self.state.copy(),
+                "desired_goal": self.goal.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = self.np_random.integers(0, 2, self.n_bits).astype(np.int8)
+        self.goal = self.np_random.integers(0, 2, self.n_bits).astype(np.int8)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.state[action] ^= 1
+        self.steps += 1
+        reward = float(self.compute_reward(self.state, self.goal, {}))
+        terminated = reward == 0.0
+        truncated = self.steps >= self.max_steps and not terminated
+        return self._obs(), reward, terminated, truncated, {}
+
+    def compute_reward(self, achieved_goal, desired_goal, info):
+        self.calls += 1
+        return -(np.asarray(achieved_goal) != np.asarray(desired_goal)).any(-1).astype(
+            np.float32)
+
+
+class EpisodeLog:
+    """Every transition added, per env, with its episode number: the reference model."""
+
+    def __init__(self, num_envs):
+        self.rows = [[] for _ in range(num_envs)]
+        self.episode = [0] * num_envs
+
+    def add(self, row, obs, next_obs, reward, ended):
+        self.rows[row].append(dict(obs=obs, next_obs=next_obs, reward=reward,
+                                   episode=self.episode[row], ended=ended))
+        self.episode[row] += bool(ended)
+
+    def find(self, row_steps, observation):
+        return [i for i, s in enumerate(row_steps)
+                if np.array_equal(s["obs"]["observation"], observation)]
+
+
+def run_goal_episodes(buffer, log, steps, rng, p_end):
+    """Add ``steps`` transitions per env with unique observations and random goals."""
+    B = buffer.num_envs
+    counter = iter(range(1, 10**9))
+
+    def fresh(goals):
+        return {"observation": np.array([[next(counter)] for _ in range(B)], np.float32),
+                "achieved_goal": rng.normal(size=(B, 2)).astype(np.float32),
+                "desired_goal": goals.copy()}
+    goals = rng.normal(size=(B, 2)).astype(np.float32)
+    obs = fresh(goals)
+    for _ in range(steps):
+        next_obs = fresh(goals)
+        reward = distance_reward(next_obs["achieved_goal"], goals, {}).astype(np.float32)
+        end = rng.random(B) < p_end
+        terminated = end & (rng.random(B) < 0.5)
+        buffer.add(obs, rng.integers(0, 4, B), reward, next_obs, terminated, end & ~terminated)
+        for b in range(B):
+            log.add(b, {k: v[b] for k, v in obs.items()}, {k: v[b] for k, v in next_obs.items()},
+                    reward[b], end[b])
+        goals = np.where(end[:, None], rng.normal(size=(B, 2)).astype(np.float32), goals)
+        after = fresh(goals)  # reset observations where an episode ended
+        obs = {k: np.where(end.reshape((B,) + (1,) * (v.ndim - 1)), after[k], v)
+               for k, v in next_obs.items()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(2, 10), steps=st.integers(1, 30),
+       strategy=st.sampled_from(["final", "future", "episode"]),
+       n_sampled_goal=st.integers(0, 4), p_end=st.sampled_from([0.1, 0.3, 0.7]),
+       seed=st.integers(0, 10_000))
+def test_relabelled_goals_come_from_the_episode_and_respect_the_strategy(
+        num_envs, per_row, steps, strategy, n_sampled_goal, p_end, seed):
+    rng = np.random.default_rng(seed)
+    buffer = rb.HERBuffer(OBS, ACT, per_row * num_envs, num_envs=num_envs,
+                          compute_reward=distance_reward, goal_selection_strategy=strategy,
+                          n_sampled_goal=n_sampled_goal, seed=seed)
+    log = EpisodeLog(num_envs)
+    run_goal_episodes(buffer, log, steps, rng, p_end)
+    retained = [r[-per_row:] for r in log.rows]
+    complete = sum(1 for r in retained for s in r
+                   if any(t["ended"] for t in r if t["episode"] == s["episode"]))
+    assert buffer.completed() == complete
+    if complete == 0:
+        with pytest.raises(rb.EmptyBufferError, match="no completed episode"):
+            buffer.sample(4)
+        return
+    size = 32
+    batch, info = buffer.sample(size)
+    k = int(size * (1 - 1 / (n_sampled_goal + 1)))
+    np.testing.assert_array_equal(batch.relabelled, np.arange(size) < k)
+    assert np.allclose(info.probabilities, 1 / complete)
+    for s in range(size):
+        observation = batch.observations["observation"][s]
+        where = [(b, i) for b in range(num_envs) for i in log.find(retained[b], observation)]
+        assert len(where) == 1, "sampled a transition that is not retained"
+        b, i = where[0]
+        step = retained[b][i]
+        episode = [j for j, t in enumerate(retained[b]) if t["episode"] == step["episode"]]
+        assert retained[b][episode[-1]]["ended"], "sampled an episode in progress"
+        for key in ("observation", "achieved_goal"):
+            np.testing.assert_array_equal(batch.next_observations[key][s],
+                                          step["next_obs"][key])
+        goal = batch.observations["desired_goal"][s]
+        np.testing.assert_array_equal(batch.next_observations["desired_goal"][s], goal)
+        if s >= k:  # plain replay
+            np.testing.assert_array_equal(goal, step["obs"]["desired_goal"])
+            assert batch.rewards[s] == step["reward"]
+            continue
+        allowed = {"final": [episode[-1]], "future": [j for j in episode if j >= i],
+                   "episode": episode}[strategy]
+        assert any(np.array_equal(goal, retained[b][j]["next_obs"]["achieved_goal"])
+                   for j in allowed), f"{strategy} goal not from the allowed steps"
+        want = distance_reward(step["next_obs"]["achieved_goal"][None], goal[None], {})[0]
+        assert batch.rewards[s] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def collect(env, buffer, steps, seed, vector=False):
+    """Drive ``env`` (single, or vector with SAME_STEP autoreset) into ``buffer``; return
+    the completed episodes' final achieved goals."""
+    finals = []
+    obs, _ = env.reset(seed=seed)
+    for _ in range(steps):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        if not vector:
+            ended = terminated or truncated
+            batch = lambda x: {k: v[None] for k, v in x.items()}  # noqa: E731
+            buffer.add(batch(obs), np.array([action]), np.array([reward]), batch(next_obs),
+                       np.array([terminated]), np.array([truncated]))
+            if ended:
+                finals.append(next_obs["achieved_goal"])
+            obs = env.reset()[0] if ended else next_obs
+            continue
+        true_next = {k: v.copy() for k, v in next_obs.items()}
+        for i in np.flatnonzero(info.get("_final_obs", [])):
+            for key in true_next:
+                true_next[key][i] = info["final_obs"][i][key]
+            finals.append(info["final_obs"][i]["achieved_goal"])
+        buffer.add(obs, action, reward, true_next, terminated, truncated)
+        obs = next_obs
+    return finals
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_bit_flipping_env_single_and_vector(vector):
+    if vector:
+        env = gym.vector.SyncVectorEnv([lambda: BitFlippingEnv(6)] * 3,
+                                       autoreset_mode=AutoresetMode.SAME_STEP)
+        reward_env = env.envs[0]
+    else:
+        env = reward_env = BitFlippingEnv(6)
+    env.action_space.seed(0)
+    buffer = rb.HERBuffer.from_env(env, 120, goal_selection_strategy="final",
+                                   n_sampled_goal=4, seed=0)
+    assert buffer.num_envs == (3 if vector else 1)
+    finals = collect(env, buffer, 40, seed=0, vector=vector)
+    calls = reward_env.calls
+    batch, _ = buffer.sample(50)
+    assert reward_env.calls == calls + 1  # one vectorised call per sample
+    k = 40  # int(50 * 0.8)
+    goals = batch.observations["desired_goal"]
+    for goal in goals[:k]:
+        assert any(np.array_equal(goal, f) for f in finals)
+    want = reward_env.compute_reward(batch.next_observations["achieved_goal"][:k],
+                                     goals[:k], {})
+    np.testing.assert_array_equal(batch.rewards[:k], want)
+    np.testing.assert_array_equal(batch.next_observations["desired_goal"], goals)
+
+
+def test_construction_errors_and_sampling_before_an_episode_ends():
+    with pytest.raises(ValueError, match="unknown goal_selection_strategy"):
+        rb.HERBuffer(OBS, ACT, 10, compute_reward=distance_reward,
+                     goal_selection_strategy="random")
+    with pytest.raises(ValueError, match="n_sampled_goal"):
+        rb.HERBuffer(OBS, ACT, 10, n_sampled_goal=-1)
+    with pytest.raises(rb.SpecError, match="dict observation with keys"):
+        rb.HERBuffer(rb.ArraySpec((3,), np.float32), ACT, 10)
+    with pytest.raises(rb.SpecError, match="one shape and dtype"):
+        rb.HERBuffer({**OBS, "desired_goal": rb.ArraySpec((3,), np.float32)}, ACT, 10)
+    with pytest.raises(ValueError, match="compute_reward"):
+        rb.HERBuffer.from_env(gym.make("CartPole-v1"), 10)
+    buffer = rb.HERBuffer(OBS, ACT, 10, compute_reward=distance_reward,
+                          goal_selection_strategy="EPISODE")
+    assert buffer.goal_selection_strategy == "episode"
+    with pytest.raises(rb.EmptyBufferError, match="is empty"):
+        buffer.sample(2)
+    log = EpisodeLog(1)
+    run_goal_episodes(buffer, log, 3, np.random.default_rng(0), p_end=0.0)
+    with pytest.raises(rb.EmptyBufferError, match="no completed episode"):
+        buffer.sample(2)
+    with pytest.raises(rb.EmptyBufferError, match="completed episodes"):
+        buffer.last_completed(1)
+    obs = {k: v[None] for k, v in log.rows[0][0]["obs"].items()}
+    with pytest.raises(rb.SpecError, match="desired_goal"):  # bad input changes nothing
+        buffer.add({**obs, "desired_goal": np.zeros((1, 3), np.float32)}, np.array([0]),
+                   np.zeros(1), obs, np.zeros(1, bool))
+    with pytest.raises(rb.SpecError, match="structure"):
+        buffer.add(obs["observation"], np.array([0]), np.zeros(1), obs, np.zeros(1, bool))
+    assert len(buffer) == 3
+
+
+def test_many_episodes_after_clear_and_save_load(tmp_path):
+    """Pearl's reset made its bookkeeping int8; ours stays int64 past 127 episodes."""
+    buffer = rb.HERBuffer(OBS, ACT, 400, compute_reward=distance_reward,
+                          goal_selection_strategy="final", seed=1)
+    rng = np.random.default_rng(1)
+    run_goal_episodes(buffer, EpisodeLog(1), 50, rng, p_end=0.5)
+    buffer.clear()
+    log = EpisodeLog(1)
+    run_goal_episodes(buffer, log, 300, rng, p_end=1.0)  # 300 one-step episodes
+    batch, _ = buffer.sample(64)
+    # A one-step episode's final goal is the transition's own next achieved goal.
+    np.testing.assert_array_equal(batch.observations["desired_goal"][:51],
+                                  batch.next_observations["achieved_goal"][:51])
+    buffer.save(tmp_path / "h")
+    again = rb.load(tmp_path / "h")
+    again.compute_reward = distance_reward  # functions are not saved
+    a, ia = buffer.sample(16)
+    b, ib = again.sample(16)
+    np.testing.assert_array_equal(ia.ids, ib.ids)
+    np.testing.assert_array_equal(a.observations["desired_goal"],
+                                  b.observations["desired_goal"])
+    assert again.goal_selection_strategy == "final"
+
+
+def test_torch_storage():
+    buffer = rb.HERBuffer(OBS, ACT, 40, num_envs=2, compute_reward=distance_reward,
+                          storage="torch", seed=0)
+    run_goal_episodes(buffer, EpisodeLog(2), 20, np.random.default_rng(0), p_end=0.3)
+    batch, info = buffer.sample(10)
+    assert type(batch.rewards).__name__ == "Tensor"
+    assert type(batch.observations["desired_goal"]).__name__ == "Tensor"
+    want = distance_reward(to_np(batch.next_observations["achieved_goal"])[:8],
+                           to_np(batch.observations["desired_goal"])[:8], {})
+    np.testing.assert_allclose(to_np(batch.rewards)[:8], want, rtol=1e-6)
