@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
 
 # "torch-ops" runs the CPU torch storage through torch operations, the code path
 # every other device takes, so that it is tested on machines without a GPU.
@@ -15,11 +20,26 @@ try:
         STORAGES.append("torch-cuda")
 except ImportError:  # torch is a test dependency; this only guards odd installs
     torch = None
+# "tensorflow" is UniformReplayBuffer's TensorFlow backend (replaybuffer.tf), and
+# tensorflow storage under the other buffer classes; an optional extra.
+HAVE_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+STORAGES.append("tensorflow")
+
+# Tests outside the TF backend's own files that reach into what the TensorFlow backend
+# does not have; each is skipped for it with the reason given.
+TENSORFLOW_SKIPS: dict[str, str] = {}
 
 
 @pytest.fixture(params=STORAGES)
 def storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Keyword arguments selecting a storage backend: ``UniformReplayBuffer(..., **storage)``."""
+    if request.param == "tensorflow":
+        if not HAVE_TENSORFLOW:
+            pytest.skip("tensorflow is not installed (pip install 'replaybuffer[tensorflow]')")
+        reason = TENSORFLOW_SKIPS.get(f"{request.node.path.name}::{request.node.originalname}")
+        if reason:
+            pytest.skip(reason)
+        return {"storage": "tensorflow"}
     if request.param == "torch-cuda":
         return {"storage": "torch", "device": "cuda"}
     if request.param == "torch-ops":
@@ -31,11 +51,13 @@ def storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def to_np(x):
-    """A numpy copy of an array, tensor, scalar, or a nest of them."""
+    """A numpy copy of an array, tensor (torch or TensorFlow), scalar, or a nest of them."""
     from replaybuffer import nest
 
     def one(leaf):
         if hasattr(leaf, "detach"):
             return leaf.detach().cpu().numpy()
+        if hasattr(leaf, "numpy") and not isinstance(leaf, np.ndarray):  # tf.Tensor, Variable
+            return np.asarray(leaf.numpy())
         return np.asarray(leaf)
     return nest.map_structure(one, x)

@@ -25,3 +25,17 @@ def test_numpy_buffer_works_with_torch_hidden():
             "else:\n"
             "    raise SystemExit('torch storage without torch')\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tensorflow_storage_without_tensorflow_says_what_to_install():
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "import numpy as np, replaybuffer as rb\n"
+            "for kwargs in ({}, {'track_episodes': True}):\n"
+            "    try:\n"
+            "        rb.UniformReplayBuffer({'step_type': rb.ArraySpec((), np.int32)}, 1, 4,\n"
+            "                               storage='tensorflow', **kwargs)\n"
+            "    except ImportError as e:\n"
+            "        assert 'replaybuffer[tensorflow]' in str(e), e\n"
+            "    else:\n"
+            "        raise SystemExit('tensorflow storage without tensorflow')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,7 +41,7 @@ def test_round_trip_restores_data_ids_head_and_sampler(storage, tmp_path, adds):
     buf = filled(storage, adds) if adds else rb.UniformReplayBuffer(spec(), 3, 5, **storage)
     buf.save(tmp_path / "ckpt")
     again = rb.load(tmp_path / "ckpt")
-    assert type(again) is rb.UniformReplayBuffer and again.storage == buf.storage
+    assert type(again) is type(buf) and again.storage == buf.storage
     assert again.last_id == buf.last_id and again.num_frames() == buf.num_frames()
     assert again.data_spec == buf.data_spec and isinstance(again.data_spec["obs"], Obs)
     assert_same_contents(buf, again)

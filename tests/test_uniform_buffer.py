@@ -34,7 +34,11 @@ def test_items_come_back_in_the_backend_type(storage):
     buf = rb.UniformReplayBuffer(tutorial_spec(), 2, 5, **storage)
     buf.add_batch(tutorial_items(2))
     items, info = buf.get_next(4)
-    kind = np.ndarray if storage["storage"] == "numpy" else torch.Tensor
+    kind = {"numpy": np.ndarray, "torch": torch.Tensor}.get(storage["storage"])
+    if storage["storage"] == "tensorflow":
+        import tensorflow as tf
+
+        kind = tf.Tensor
     assert isinstance(items[0], kind) and isinstance(info.ids, kind)
     assert isinstance(info.probabilities, kind)
     assert isinstance(buf.gather_all()[1][0], kind)

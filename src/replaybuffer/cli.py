@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="throughput against the plain numpy limit")
     bench.add_argument("--storage", default="numpy,torch",
-                       help="comma-separated storage backends (default: numpy,torch)")
+                       help="comma-separated storage backends: numpy, torch, tensorflow "
+                       "(default: numpy,torch)")
     bench.add_argument("--workloads", default="control,frames",
                        help="comma-separated: control, frames (default: both)")
     bench.add_argument("--quick", action="store_true",

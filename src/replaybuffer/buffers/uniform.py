@@ -19,8 +19,13 @@ class UniformReplayBuffer(ReplayBuffer):
         data_spec: a nest of :class:`~replaybuffer.ArraySpec` (or spaces / tensor specs).
         batch_size: rows (parallel environments); each add has this leading dim.
         max_length: steps kept per row.
-        storage: ``"numpy"`` returns numpy arrays; ``"torch"`` returns tensors on ``device``.
-        device: torch device for ``storage="torch"``.
+        storage: ``"numpy"`` returns numpy arrays; ``"torch"`` returns tensors on ``device``;
+            ``"tensorflow"`` builds a :class:`replaybuffer.tf.TFUniformReplayBuffer`
+            (state in TensorFlow variables, usable inside ``tf.function``, datasets
+            are ``tf.data``; with ``track_episodes`` the ring stays in Python instead
+            and the buffer is eager-only).
+        device: torch device for ``storage="torch"``; TensorFlow device for
+            ``storage="tensorflow"``.
         seed: seeds sampling, making ``get_next`` and ``as_dataset`` reproducible.
         track_episodes: allow ``within_episodes=True`` reads (see :class:`ReplayBuffer`).
         frame_stack, stack_axis: store the named stacked-frame leaf deduplicated (see
@@ -36,6 +41,20 @@ class UniformReplayBuffer(ReplayBuffer):
         ((4, 3), [0.5, 0.5, 0.5, 0.5])
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "UniformReplayBuffer":
+        # storage="tensorflow" keeps the ring in TF state: a class of its own, imported
+        # (with tensorflow) only here. Episode tracking and frame stacks need the Python
+        # ring, so those buffers keep this class with tensorflow storage.
+        if (cls is UniformReplayBuffer and kwargs.get("storage") == "tensorflow"
+                and not kwargs.get("track_episodes") and kwargs.get("frame_stack") is None):
+            try:
+                from replaybuffer.tf.buffer import TFUniformReplayBuffer
+            except ImportError as exc:
+                raise ImportError("storage='tensorflow' needs TensorFlow: pip install "
+                                  "'replaybuffer[tensorflow]'") from exc
+            return super().__new__(TFUniformReplayBuffer)
+        return super().__new__(cls)
+
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
@@ -49,3 +68,23 @@ class UniformReplayBuffer(ReplayBuffer):
     def _config(self) -> dict[str, Any]:
         return {"seed": self._seed, "track_episodes": self._episodes is not None,
                 **self._frame_config}
+
+
+class _TFUniformReplayBufferStandIn:
+    """Rebuilds saved :class:`replaybuffer.tf.TFUniformReplayBuffer` s until that module
+    (which imports tensorflow) is imported and registers the class itself."""
+
+    @staticmethod
+    def _construct(data_spec: Any, batch_size: int, max_length: int, storage: str,
+                   device: Any, config: dict[str, Any]) -> ReplayBuffer:
+        if storage != "tensorflow":
+            return UniformReplayBuffer._construct(data_spec, batch_size, max_length, storage,
+                                                  device, config)
+        from replaybuffer.tf.buffer import TFUniformReplayBuffer
+
+        return TFUniformReplayBuffer._construct(data_spec, batch_size, max_length, storage,
+                                                device, config)
+
+
+ReplayBuffer._registry.setdefault("TFUniformReplayBuffer",
+                                  _TFUniformReplayBufferStandIn)  # type: ignore[arg-type]

@@ -1,9 +1,15 @@
 """TF-Agents' replay-buffer names over replaybuffer's implementation.
 
-Code written for ``tf_agents.replay_buffers.py_uniform_replay_buffer`` ports by
-changing the import::
+Code written for ``tf_agents.replay_buffers.py_uniform_replay_buffer`` or
+``tf_uniform_replay_buffer`` ports by changing the import::
 
     from replaybuffer.compat.tf_agents import PyUniformReplayBuffer
+    from replaybuffer.compat.tf_agents import TFUniformReplayBuffer  # imports tensorflow
+
+``TFUniformReplayBuffer(data_spec, batch_size, max_length=1000)`` takes a nest of
+``tf.TensorSpec`` s and keeps its state in TensorFlow variables (it is
+:class:`replaybuffer.tf.TFUniformReplayBuffer`, loaded on first use so that importing
+this module never imports TensorFlow). Its ``as_dataset`` is a ``tf.data.Dataset``.
 
 Differences from TF-Agents, each a fix of a reported problem:
 
@@ -16,6 +22,17 @@ Differences from TF-Agents, each a fix of a reported problem:
 * Sampling an empty buffer raises ``EmptyBufferError`` instead of returning
   uninitialised arrays; ``num_frames()`` works; ``as_dataset`` supports
   ``num_parallel_calls`` and the single deterministic pass.
+
+``TFUniformReplayBuffer`` differs from TF-Agents' in the fixes the numpy buffer makes
+(see the README): the deterministic pass keeps rows apart after the ring wraps with
+``batch_size > 1``, keeps partial windows and groups unless ``drop_remainder`` and never
+lets a window straddle two row groups; ``num_steps`` longer than a row raises
+``EmptyBufferError`` saying so (in a graph, ``InvalidArgumentError`` with that message);
+``capacity`` is a Python int and ``data_spec`` holds :class:`ArraySpec` s; bad items
+raise ``SpecError`` naming the leaf (when a ``tf.function`` is traced) instead of a
+scatter error. Its variables go where TensorFlow places them unless ``device=`` names
+one (TF-Agents pins ``"cpu:*"``), sampling is seeded with ``seed=``, and ``table_fn``
+is not supported.
 
 ``Trajectory``, ``StepType`` and the ``trajectory`` constructors (``first``, ``mid``,
 ``last``, ``single_step``, ``boundary``) keep TF-Agents' meaning. The drivers
@@ -38,9 +55,19 @@ from replaybuffer.specs import ArraySpec, BoundedArraySpec
 DynamicStepDriver = StepDriver
 DynamicEpisodeDriver = EpisodeDriver
 
+# TFUniformReplayBuffer is left out of __all__: a star import would import tensorflow.
 __all__ = ["ArraySpec", "BoundedArraySpec", "BufferInfo", "DynamicEpisodeDriver",
            "DynamicStepDriver", "PyHashedReplayBuffer", "PyUniformReplayBuffer",
            "ReplayBuffer", "StepType", "Trajectory", "trajectory"]
+
+
+def __getattr__(name: str) -> Any:
+    # TFUniformReplayBuffer imports tensorflow, so it is loaded when first asked for.
+    if name == "TFUniformReplayBuffer":
+        from replaybuffer.tf.buffer import TFUniformReplayBuffer
+
+        return TFUniformReplayBuffer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PyUniformReplayBuffer(UniformReplayBuffer):

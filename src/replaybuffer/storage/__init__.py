@@ -10,12 +10,12 @@ from replaybuffer.storage.numpy_storage import NumpyStorage
 
 __all__ = ["NumpyStorage", "Storage", "make_storage", "STORAGE_KINDS"]
 
-STORAGE_KINDS = ("numpy", "torch")
+STORAGE_KINDS = ("numpy", "torch", "tensorflow")
 
 
 def make_storage(kind: str, specs: Sequence[ArraySpec], capacity: int,
                  device: Any = None) -> Storage:
-    """Build the storage backend named ``kind`` (``"numpy"`` or ``"torch"``).
+    """Build the storage backend named ``kind`` (``"numpy"``, ``"torch"`` or ``"tensorflow"``).
 
     Backends with optional dependencies are imported only when asked for.
     """
@@ -31,4 +31,11 @@ def make_storage(kind: str, specs: Sequence[ArraySpec], capacity: int,
             raise ImportError("storage='torch' needs PyTorch: pip install "
                               "'replaybuffer[torch]'") from exc
         return TorchStorage(specs, capacity, device)
+    if kind == "tensorflow":
+        try:
+            from replaybuffer.tf.storage import TFStorage
+        except ImportError as exc:
+            raise ImportError("storage='tensorflow' needs TensorFlow: pip install "
+                              "'replaybuffer[tensorflow]'") from exc
+        return TFStorage(specs, capacity, device)
     raise ValueError(f"unknown storage {kind!r}; expected one of {STORAGE_KINDS}")

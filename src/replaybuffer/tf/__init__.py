@@ -1,0 +1,23 @@
+"""The TensorFlow backend: buffers whose state is TensorFlow variables.
+
+Importing this package imports TensorFlow (``pip install 'replaybuffer[tensorflow]'``);
+``import replaybuffer`` never does. Users reach it through
+``replaybuffer.UniformReplayBuffer(..., storage="tensorflow")`` or
+``replaybuffer.compat.tf_agents.TFUniformReplayBuffer``.
+
+* :class:`TFUniformReplayBuffer`: the uniform buffer with ``last_id``, the data and
+  the generator in TensorFlow state; works eagerly and inside ``tf.function``;
+  ``as_dataset`` is a ``tf.data.Dataset``.
+* :class:`TFStorage`: the variables; also the ``storage="tensorflow"`` of every other
+  buffer class, whose ring stays in Python (eager use only).
+* :mod:`replaybuffer.tf.ring`, :mod:`replaybuffer.tf.deterministic`: the index
+  arithmetic of :mod:`replaybuffer.sampling` in TF ops.
+"""
+
+from replaybuffer.tf.buffer import TFUniformReplayBuffer
+from replaybuffer.tf.dataset import ReplayDataset, ReplayIterator
+from replaybuffer.tf.sampler import TFUniformSampler
+from replaybuffer.tf.storage import TFStorage
+
+__all__ = ["ReplayDataset", "ReplayIterator", "TFStorage", "TFUniformReplayBuffer",
+           "TFUniformSampler"]

@@ -1,0 +1,357 @@
+"""The TensorFlow backend beyond the shared suite: tf.function, tf.data, persistence,
+TF-Agents' constructor and tutorial, and the TF-op index arithmetic against numpy's.
+
+The behaviour every backend shares (checklist items 1-24) runs in test_uniform_buffer.py,
+test_dataset.py and the other suites through the ``storage`` fixture's "tensorflow"
+parameter.
+"""
+
+import itertools
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import replaybuffer as rb
+from conftest import to_np
+from replaybuffer.sampling import deterministic as np_det
+from replaybuffer.sampling import ring as np_ring
+
+tf = pytest.importorskip("tensorflow")
+
+from replaybuffer.tf import TFStorage, TFUniformReplayBuffer  # noqa: E402
+from replaybuffer.tf import deterministic as tf_det  # noqa: E402
+from replaybuffer.tf import ring as tf_ring  # noqa: E402
+
+EMPTY = "is empty. Make sure to add items before sampling the buffer."
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def counter(batch_size=2, max_length=5, adds=0, **kwargs):
+    """int64 scalars: row b at add t holds 100 * b + t."""
+    kwargs.setdefault("seed", 0)
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
+                                 storage="tensorflow", **kwargs)
+    for t in range(adds):
+        buf.add_batch(np.arange(batch_size, dtype=np.int64) * 100 + t)
+    return buf
+
+
+def tensor_spec():
+    return (tf.TensorSpec([3], tf.float32, "action"),
+            (tf.TensorSpec([5], tf.float32, "lidar"), tf.TensorSpec([3, 2], tf.float32, "camera")))
+
+
+# ------------------------------------------------------------------ construction
+def test_storage_tensorflow_builds_the_tf_class_and_leaves_others_alone():
+    buf = counter()
+    assert type(buf) is TFUniformReplayBuffer and isinstance(buf, rb.UniformReplayBuffer)
+    assert buf.storage == "tensorflow" and isinstance(buf._storage, TFStorage)
+    assert all(isinstance(v, tf.Variable) for v in buf.variables())
+    assert type(rb.UniformReplayBuffer(rb.ArraySpec((), np.int64))) is rb.UniformReplayBuffer
+    # Episode tracking keeps a Python ring: the generic class over tensorflow storage.
+    tracked = rb.UniformReplayBuffer({"step_type": rb.ArraySpec((), np.int32)}, 1, 4,
+                                     storage="tensorflow", track_episodes=True)
+    assert type(tracked) is rb.UniformReplayBuffer and tracked.storage == "tensorflow"
+    tracked.add_batch({"step_type": np.zeros(1, np.int32)})
+    assert isinstance(tracked.get_next(2)[0]["step_type"], tf.Tensor)
+
+
+def test_tf_agents_constructor_and_names():
+    from replaybuffer.compat.tf_agents import TFUniformReplayBuffer as Compat
+
+    assert Compat is TFUniformReplayBuffer
+    buf = Compat(tensor_spec(), batch_size=3, max_length=4, scope="RB", device="cpu:*",
+                 dataset_drop_remainder=True, dataset_window_shift=1)
+    assert buf.capacity == 12 and buf.scope == "RB" and "CPU" in buf.device
+    assert buf.data_spec[1][1] == rb.ArraySpec((3, 2), np.float32, "camera")
+    names = [v.name for v in buf.variables()[:3]]
+    assert names == ["RB/action:0", "RB/lidar:0", "RB/camera:0"]
+    with pytest.raises(ValueError, match="ALL data will be dropped"):  # from the constructor
+        buf.as_dataset(single_deterministic_pass=True, sample_batch_size=4)
+    for t in range(3):
+        buf.add_batch(tf.nest.map_structure(lambda s, t=t: tf.fill([3] + s.shape, float(t)),
+                                            tensor_spec()))
+    windows = [to_np(items[0])[:, 0].tolist()
+               for items, _ in buf.as_dataset(single_deterministic_pass=True, num_steps=2)]
+    assert windows == [[0, 1], [1, 2]] * 3  # shift 1, the partial [2] dropped
+    with pytest.raises(ValueError, match="table_fn"):
+        Compat(tensor_spec(), 1, table_fn=object())
+    with pytest.raises(ValueError, match="storage must be 'tensorflow'"):
+        TFUniformReplayBuffer(tensor_spec(), 1, storage="numpy")
+    with pytest.raises(ValueError, match="track_episodes"):
+        TFUniformReplayBuffer(tensor_spec(), 1, track_episodes=True)
+
+
+def test_other_buffer_classes_run_eagerly_on_tensorflow_storage():
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((2,), np.float32), 2, 4, seed=0,
+                                     storage="tensorflow")
+    buf.add_batch(np.ones((2, 2), np.float32))
+    items, info = buf.get_next(3)
+    assert isinstance(items, tf.Tensor) and tuple(items.shape) == (3, 2)
+
+
+# ------------------------------------------------------------------ tf.function
+def test_add_batch_and_get_next_inside_tf_function():
+    buf = counter(batch_size=3, max_length=4)
+
+    @tf.function
+    def collect(step):
+        buf.add_batch(step)
+
+    @tf.function
+    def sample():
+        return buf.get_next(64, num_steps=2)
+
+    for t in range(6):
+        collect(tf.range(3, dtype=tf.int64) * 100 + t)
+    assert buf.last_id == 5 and collect.experimental_get_tracing_count() == 1
+    items, info = sample()
+    x, ids = to_np(items), to_np(info.ids)
+    np.testing.assert_array_equal(x[:, 0] + 1, x[:, 1])
+    np.testing.assert_array_equal(x % 100, ids)
+    assert set(ids[:, 0].tolist()) <= {2, 3, 4}  # the ring holds 2..5
+    np.testing.assert_allclose(to_np(info.probabilities), 1 / 9)
+    np.testing.assert_array_equal(to_np(buf.gather_all()),
+                                  np.arange(3)[:, None] * 100 + np.arange(2, 6))
+
+    @tf.function
+    def everything():
+        return buf.gather_all(), buf.num_frames(), buf.last_id
+
+    gathered, frames, last_id = everything()
+    assert int(frames) == 12 and int(last_id) == 5 and tuple(gathered.shape) == (3, 4)
+
+    @tf.function
+    def reset():
+        buf.clear()
+
+    reset()
+    assert buf.last_id == -1
+    with pytest.raises(tf.errors.InvalidArgumentError, match=EMPTY):  # known at run time
+        sample()
+
+
+def test_extend_inside_tf_function_with_unknown_length():
+    buf = counter(batch_size=2, max_length=3)
+    extend = tf.function(buf.extend, input_signature=[tf.TensorSpec([2, None], tf.int64)])
+    extend(tf.constant([[0, 1], [100, 101]], tf.int64))
+    extend(tf.constant([[2, 3, 4, 5], [102, 103, 104, 105]], tf.int64))  # longer than L
+    assert buf.last_id == 5
+    np.testing.assert_array_equal(to_np(buf.gather_all()), [[3, 4, 5], [103, 104, 105]])
+
+
+def test_bad_items_fail_when_traced_and_change_nothing():
+    buf = counter(batch_size=2, max_length=4, adds=5)
+    before = to_np(buf.gather_all())
+
+    @tf.function
+    def bad_shape():
+        buf.add_batch(tf.zeros([3], tf.int64))
+
+    @tf.function
+    def bad_dtype():
+        buf.add_batch(tf.zeros([2], tf.float32))
+
+    @tf.function
+    def too_long():
+        return buf.get_next(2, num_steps=5)
+
+    with pytest.raises(rb.SpecError, match=r"leaf <root>: expected shape \(2,\).*got \(3,\)"):
+        bad_shape()
+    with pytest.raises(rb.SpecError, match=r"leaf <root>: expected dtype int64.*got float32"):
+        bad_dtype()
+    with pytest.raises(rb.EmptyBufferError, match="exceeds max_length=4"):
+        too_long()
+    with pytest.raises(rb.SpecError, match="expected dtype int64.*got string"):
+        buf.add_batch(tf.constant(["a", "b"]))
+
+    # A batch dimension unknown when traced is checked when the graph runs.
+    unknown = tf.function(buf.add_batch, input_signature=[tf.TensorSpec([None], tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        unknown(tf.zeros([3], tf.int64))
+    assert buf.last_id == 4
+    np.testing.assert_array_equal(to_np(buf.gather_all()), before)
+    unknown(tf.constant([7, 8], tf.int64))
+    assert buf.last_id == 5
+
+
+def test_tensors_variables_and_safe_casts_are_accepted():
+    buf = rb.UniformReplayBuffer(tensor_spec(), 2, 4, storage="tensorflow")
+    step = (tf.Variable(tf.ones([2, 3], tf.float64)),
+            (np.full((2, 5), 2, np.float64), tf.fill([2, 3, 2], 3.0)))
+    buf.add_batch(step)
+    action, (lidar, camera) = buf.gather_all()
+    assert action.dtype == tf.float32 and to_np(action).tolist() == [[[1.0] * 3]] * 2
+    assert (to_np(lidar) == 2).all() and (to_np(camera) == 3).all()
+
+
+# ---------------------------------------------------------------------- tf.data
+def test_datasets_are_tf_data_with_the_data_spec_as_element_spec():
+    buf = rb.UniformReplayBuffer(tensor_spec(), 4, 6, storage="tensorflow", seed=1)
+    for _ in range(6):
+        buf.add_batch(tf.nest.map_structure(lambda s: tf.ones([4] + s.shape), tensor_spec()))
+    random = buf.as_dataset(3, num_steps=2, num_parallel_calls=2)
+    assert isinstance(random, tf.data.Dataset)
+    items_spec, info_spec = random.element_spec
+    assert items_spec == tf.nest.map_structure(
+        lambda s: tf.TensorSpec([3, 2] + s.shape, s.dtype), tensor_spec())
+    assert info_spec.ids == tf.TensorSpec([3, 2], tf.int64)
+    assert info_spec.probabilities == tf.TensorSpec([3], tf.float32)
+    one, _ = buf.as_dataset().element_spec
+    assert one[1][1].shape == [3, 2]
+    passes = {(None, None, False): [], (3, None, False): [None], (2, None, False): [2],
+              (None, 2, False): [None], (None, 2, True): [2], (3, 2, True): [3, 2],
+              (3, 2, False): [None, None]}
+    for (S, T, drop), outer in passes.items():
+        spec = buf.as_dataset(S, T, single_deterministic_pass=True,
+                              drop_remainder=drop).element_spec
+        assert spec[0][0].shape.as_list() == outer + [3], (S, T, drop)
+        assert spec[1].probabilities == ()
+
+    # Ordinary tf.data: transformations, and iteration inside tf.function.
+    @tf.function
+    def total(dataset):
+        return dataset.take(5).reduce(tf.constant(0.0), lambda acc, e: acc + tf.reduce_sum(e))
+
+    actions = random.map(lambda items, info: items[0])
+    assert float(total(actions)) == 5 * 3 * 2 * 3
+    steps = buf.as_dataset(single_deterministic_pass=True).map(lambda items, info: info.ids)
+    assert sorted(int(x) for x in steps) == list(range(24))
+
+
+def test_parallel_streams_are_reproducible_and_do_not_depend_on_parallelism():
+    def first_elements(workers, prefetch=None):
+        buf = counter(batch_size=3, max_length=20, adds=20, seed=7)
+        it = iter(buf.as_dataset(16, num_steps=2, num_parallel_calls=workers,
+                                 prefetch=prefetch))
+        out = [(to_np(items), to_np(info.ids)) for items, info in itertools.islice(it, 6)]
+        it.close()
+        return out
+
+    reference = first_elements(None)
+    for workers, prefetch in ((1, None), (3, None), (3, 0), (None, 4)):
+        for (a, ia), (b, ib) in zip(reference, first_elements(workers, prefetch)):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(ia, ib)
+    assert not np.array_equal(reference[0][0], reference[1][0])  # fresh draws per element
+
+
+def test_random_stream_sees_adds_and_empty_errors_are_typed_in_and_out_of_graphs():
+    buf = counter(batch_size=2, max_length=3)
+    dataset = buf.as_dataset(4)
+    it = iter(dataset)
+    with pytest.raises(rb.EmptyBufferError, match=EMPTY):
+        next(it)
+    buf.add_batch(np.array([5, 105]))
+    items, _ = next(it)
+    assert set(to_np(items).tolist()) <= {5, 105}
+
+    @tf.function
+    def first(ds):
+        return next(iter(ds))[0]
+
+    buf.clear()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=EMPTY):
+        first(dataset)
+
+
+# ------------------------------------------------------------------ persistence
+def test_save_and_load_round_trip(tmp_path):  # item 24 for the TF backend
+    buf = counter(batch_size=3, max_length=5, adds=12, seed=3)
+    buf.get_next(4)  # move the generator off its seed
+    buf.save(tmp_path / "tf")
+    again = rb.load(tmp_path / "tf")
+    assert type(again) is TFUniformReplayBuffer and again.last_id == 11
+    np.testing.assert_array_equal(to_np(again.gather_all()), to_np(buf.gather_all()))
+    a, ia = buf.get_next(16, num_steps=2)
+    b, ib = again.get_next(16, num_steps=2)
+    np.testing.assert_array_equal(to_np(a), to_np(b))  # the generator state came back
+    np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
+    again.add_batch(np.zeros(3, np.int64))
+    assert again.last_id == 12
+
+    as_numpy = rb.load(tmp_path / "tf", storage="numpy")
+    assert type(as_numpy) is rb.UniformReplayBuffer
+    np.testing.assert_array_equal(as_numpy.gather_all(), to_np(buf.gather_all()))
+    as_numpy.save(tmp_path / "np")
+    back = rb.load(tmp_path / "np", storage="tensorflow")
+    assert type(back) is TFUniformReplayBuffer
+    np.testing.assert_array_equal(to_np(back.gather_all()), to_np(buf.gather_all()))
+
+
+def test_a_fresh_process_loads_a_tensorflow_save(tmp_path):
+    import subprocess
+    import sys
+
+    counter(adds=4).save(tmp_path / "tf")
+    code = ("import sys, replaybuffer as rb\n"
+            f"b = rb.load({str(tmp_path / 'tf')!r}, storage='numpy')\n"
+            "assert 'tensorflow' not in sys.modules and b.last_id == 3\n"
+            f"b = rb.load({str(tmp_path / 'tf')!r})\n"
+            "assert type(b).__name__ == 'TFUniformReplayBuffer' and b.last_id == 3\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------- the tutorial (example)
+def test_tutorial_example_prints_the_tutorials_shapes(capsys):
+    runpy.run_path(str(ROOT / "examples" / "tf_agents_tutorial_tf.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    element = ("(TensorShape([4, 2, 3]), (TensorShape([4, 2, 5]), "
+               "TensorShape([4, 2, 3, 2])))")
+    assert lines == ["2", "Iterator trajectories:", f"[{element}, {element}, {element}]",
+                     "Trajectories from gather all:",
+                     "(TensorShape([32, 6, 3]), (TensorShape([32, 6, 5]), "
+                     "TensorShape([32, 6, 3, 2])))"]
+
+
+# ---------------------------------------------------- TF ops against numpy's ring
+@pytest.mark.parametrize("last_id,L,T", list(itertools.product([-1, 0, 2, 4, 9, 13], [1, 3, 5],
+                                                               [1, 2, 5])))
+def test_ring_ops_match_numpy(last_id, L, T):
+    B = 3
+    assert int(tf_ring.items_per_row(tf.constant(last_id, tf.int64), L)) == \
+        np_ring.items_per_row(last_id, L)
+    lo, hi = tf_ring.valid_start_range(tf.constant(last_id, tf.int64), L, T)
+    assert (int(lo), int(hi)) == np_ring.valid_start_range(last_id, L, T)
+    ids = np.arange(20, dtype=np.int64)
+    rows = ids % B
+    np.testing.assert_array_equal(tf_ring.positions(ids, rows, L, B),
+                                  np_ring.positions(ids, rows, L, B))
+    starts = np_ring.positions(ids, rows, L, B)
+    np.testing.assert_array_equal(tf_ring.window_positions(tf.constant(starts), T, L, B),
+                                  np_ring.window_positions(starts, T, L, B))
+    np.testing.assert_array_equal(tf_ring.table_rows(ids, rows, L),
+                                  np_ring.table_rows(ids, rows, L))
+    if hi > lo:  # every draw maps to the (start, row) pair the numpy sampler gives it
+        draws = np.arange(int(hi - lo) * B, dtype=np.int64)
+        got_ids, got_positions = tf_ring.draws_to_starts(tf.constant(draws), lo, L, B)
+        np.testing.assert_array_equal(got_ids, int(lo) + draws // B)
+        np.testing.assert_array_equal(
+            got_positions, np_ring.positions(int(lo) + draws // B, draws % B, L, B))
+    first = last_id + 1
+    skip, positions = tf_ring.write_positions(tf.constant(first, tf.int64),
+                                              tf.constant(T + 2, tf.int64), L, B)
+    kept = np.arange(first + max(0, T + 2 - L), first + T + 2)
+    assert int(skip) == max(0, T + 2 - L)
+    np.testing.assert_array_equal(positions, np_ring.positions(kept[:, None], np.arange(B),
+                                                               L, B).ravel())
+
+
+@pytest.mark.parametrize("B,S,T,shift,drop", [
+    (B, S, T, shift, drop) for B in (1, 3, 4) for S in (None, 2, 4) for T in (None, 1, 2, 3)
+    for shift in (None, 1, 2) for drop in (False, True) if not (T is None and shift)])
+def test_deterministic_plan_matches_numpy(B, S, T, shift, drop):
+    first, frames = 7, 5
+    groups = tf_det.row_groups(B, S, drop)
+    plan = [tuple(int(x) for x in entry)
+            for entry in zip(*tf_det.plan(tf.constant(frames, tf.int64), len(groups), T, shift,
+                                          drop))]
+    ours = []
+    for g, offset, length in plan:
+        ids, rows = tf_det.block(tf.constant(first, tf.int64), g, offset, length, groups, S, T)
+        ours.append((to_np(ids).tolist(), to_np(rows).tolist()))
+    expected = [(np.asarray(ids).tolist(), np.asarray(rows).tolist())
+                for ids, rows in np_det.plan(first, frames, B, S, T, shift, drop)]
+    assert ours == expected
