@@ -42,19 +42,33 @@ def test_sampling_follows_priorities_to_the_alpha(storage, alpha):
     np.testing.assert_allclose(to_np(info.probabilities), expected[ids], rtol=1e-5)
 
 
-def test_importance_weights_match_the_formula():
-    buf = counter_buffer(max_length=8, adds=8, alpha=0.7, beta=0.5)
+@pytest.mark.parametrize("normalize", ["batch", "buffer"])
+def test_importance_weights_match_the_formula(normalize):
+    buf = counter_buffer(max_length=8, adds=8, alpha=0.7, beta=0.5, normalize=normalize)
     priorities = np.array([0.5, 1, 2, 3, 4, 5, 6, 9.0])
     buf.update_priorities(np.arange(8), priorities)
-    _, info = buf.get_next(256)
-    ids = info.ids
     scaled = priorities ** 0.7
-    p = scaled[ids] / scaled.sum()
-    w = (8 * p) ** -0.5 / (8 * scaled.min() / scaled.sum()) ** -0.5
-    np.testing.assert_allclose(info.weights, w, rtol=1e-5)
-    assert info.weights.max() <= 1.0 and info.weights.dtype == np.float32
-    lowest = buf.get_next(2000)[1]
-    assert lowest.weights[lowest.ids == 0] == pytest.approx(1.0)
+    for size in (256, 3):  # small batches rarely hold the lowest-priority step
+        _, info = buf.get_next(size)
+        p = scaled[info.ids] / scaled.sum()
+        raw = (8 * p) ** -0.5
+        if normalize == "batch":
+            expected = raw / raw.max()
+            assert info.weights.max() == pytest.approx(1.0)
+        else:
+            expected = raw / (8 * scaled.min() / scaled.sum()) ** -0.5
+        np.testing.assert_allclose(info.weights, expected, rtol=1e-5)
+        assert info.weights.max() <= 1.0 and info.weights.dtype == np.float32
+    if normalize == "buffer":  # a batch without step 0 has no weight of 1
+        for _ in range(50):
+            _, info = buf.get_next(3)
+            if 0 not in info.ids:
+                assert info.weights.max() < 0.999
+                break
+        else:
+            pytest.fail("every small batch held step 0")
+    with pytest.raises(ValueError, match="normalize must be"):
+        counter_buffer(normalize="global")
 
 
 def test_beta_anneals_linearly_over_sample_calls():

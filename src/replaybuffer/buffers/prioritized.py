@@ -83,8 +83,9 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
 
     Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`, plus
     :meth:`update_priorities`. ``BufferInfo`` carries ``probabilities`` and importance
-    ``weights`` (``(N * P(i)) ** -beta``, normalised so that the largest weight any
-    stored step could get is 1). New steps enter at the largest priority seen so far.
+    ``weights`` (``(N * P(i)) ** -beta``, divided by the batch's largest, so each
+    batch's largest weight is 1; ``normalize="buffer"`` divides by the largest weight
+    any stored step could get instead). New steps enter at the largest priority seen.
     With ``num_steps > 1`` a window's priority is that of its first step.
 
     ``BufferInfo.ids`` are *item ids*, one per step and row and never reused (not even
@@ -102,16 +103,19 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         track_episodes: allow ``within_episodes=True`` reads, which draw by priority
             among the windows that stay inside one episode.
         frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
+        normalize: ``"batch"`` or ``"buffer"``: what importance weights are divided by
+            (see :mod:`replaybuffer.sampling.prioritized`).
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
                  seed: int | None = None, track_episodes: bool = False,
-                 frame_stack: str | None = None, stack_axis: int = 0):
+                 frame_stack: str | None = None, stack_axis: int = 0,
+                 normalize: str = "batch"):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
-                                     beta_steps=beta_steps, seed=seed)
+                                     beta_steps=beta_steps, seed=seed, normalize=normalize)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=sampler, track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis)
@@ -119,7 +123,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,
                                "track_episodes": track_episodes, "frame_stack": frame_stack,
-                               "stack_axis": stack_axis}
+                               "stack_axis": stack_axis, "normalize": normalize}
 
     def _config(self) -> dict[str, Any]:
         return dict(self._config_values)

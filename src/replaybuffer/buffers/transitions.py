@@ -373,15 +373,15 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, num_envs: int = 1, seed: int | None = None,
-                 **kwargs: Any):
+                 normalize: str = "batch", **kwargs: Any):
         positions = Ring(num_envs, max(1, int(capacity) // num_envs)).capacity
         sampler = PrioritizedSampler(positions, alpha, beta, beta_final=beta_final,
-                                     beta_steps=beta_steps, seed=seed)
+                                     beta_steps=beta_steps, seed=seed, normalize=normalize)
         super().__init__(observation_spec, action_spec, capacity, num_envs=num_envs,
                          seed=seed, _sampler=sampler, **kwargs)
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
-                                   beta_steps=beta_steps)
+                                   beta_steps=beta_steps, normalize=normalize)
 
 
 def _to_numpy(array: Any) -> np.ndarray:

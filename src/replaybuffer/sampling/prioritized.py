@@ -18,9 +18,12 @@ counts the ids used before the last ``clear()``, so ids are never reused. For on
 and no clear they equal TF-Agents' add ids. ``update_priorities`` maps an id back to
 its position and ignores ids whose step has been overwritten (stale ids).
 
-Importance weights: ``w_i = (N * P(i)) ** -beta / max_w`` with ``N`` the steps stored
-and ``max_w = (N * P_min) ** -beta`` for the smallest positive priority stored, so the
-largest weight any stored step could get is 1.
+Importance weights: ``w_i = (N * P(i)) ** -beta / max_w`` with ``N`` the steps stored.
+By default (``normalize="batch"``, as Dopamine does) ``max_w`` is the largest weight in
+the batch, so every batch's largest weight is exactly 1. With ``normalize="buffer"``
+(as OpenAI baselines does) it is ``(N * P_min) ** -beta`` for the smallest positive
+priority stored, so that the largest weight any stored step could get is 1; that
+needs a min tree, which doubles the cost of every priority update.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ class PrioritizedSampler:
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
-                 seed: int | None = None):
+                 seed: int | None = None, normalize: str = "batch"):
         for name, value, hi in (("alpha", alpha, math.inf), ("beta", beta, 1.0),
                                 ("beta_final", 1.0 if beta_final is None else beta_final, 1.0)):
             if not isinstance(value, (int, float)) or not 0.0 <= value <= hi:
                 raise ValueError(f"{name} must be a number in [0, {hi}], got {value!r}")
+        if normalize not in ("batch", "buffer"):
+            raise ValueError(f"normalize must be 'batch' or 'buffer', got {normalize!r}")
         if isinstance(beta_steps, bool) or not isinstance(beta_steps, int) or beta_steps < 0:
             raise ValueError(f"beta_steps must be a non-negative int, got {beta_steps!r}")
         self.capacity = int(capacity)
@@ -65,8 +70,9 @@ class PrioritizedSampler:
         self.beta_final = None if beta_final is None else float(beta_final)
         self.beta_steps = beta_steps
         self._rng = make_rng(seed)
+        self.normalize = normalize
         self._sum = SumTree(self.capacity)
-        self._min = MinTree(self.capacity)
+        self._min = MinTree(self.capacity) if normalize == "buffer" else None
         self.max_priority = 1.0
         self.sample_calls = 0
         self.key_base = 0
@@ -89,7 +95,8 @@ class PrioritizedSampler:
         if self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
             scaled = np.where(priorities > 0, 1.0, 0.0)
         self._sum.update(positions, scaled)
-        self._min.update(positions, np.where(scaled > 0, scaled, np.inf))
+        if self._min is not None:
+            self._min.update(positions, np.where(scaled > 0, scaled, np.inf))
 
     def _flush(self) -> None:
         if not self._pending:
@@ -117,7 +124,7 @@ class PrioritizedSampler:
         self._pending.clear()
         self._pending_count = 0
         self._sum = SumTree(self.capacity)
-        self._min = MinTree(self.capacity)
+        self._min = MinTree(self.capacity) if self._min is not None else None
         self.max_priority = 1.0
 
     # ---------------------------------------------------------------- sampling
@@ -135,7 +142,8 @@ class PrioritizedSampler:
             invalid = self._head_positions(ring, hi)
         else:
             invalid = ring.positions(*episodes.outside(ring, num_steps))
-        invalid_mass = float(self._sum.get(invalid).sum()) if len(invalid) else 0.0
+        leaves = self._sum.leaves  # positions below come from the ring: valid by construction
+        invalid_mass = float(leaves[invalid].sum()) if len(invalid) else 0.0
         valid_mass = total - invalid_mass
         if not valid_mass > total * 1e-12:  # nothing left but rounding error
             if episodes is not None and episodes.count(ring, num_steps) == 0:
@@ -159,12 +167,14 @@ class PrioritizedSampler:
             ids[bad] = self._ids_of(ring, redraw)
         else:  # pragma: no cover - the valid mass is checked above
             raise RuntimeError("prioritized sampling could not find valid windows")
-        scaled = self._sum.get(positions)
-        probabilities = scaled / valid_mass
+        probabilities = leaves[positions] / valid_mass
         beta = self.beta
         n = ring.num_frames
-        p_min = self._min.min() / valid_mass
-        weights = np.power(n * probabilities, -beta) / ((n * p_min) ** -beta)
+        weights = np.power(n * probabilities, -beta)
+        if self._min is None:  # the batch's largest weight is 1
+            weights /= weights.max()
+        else:  # the largest weight any stored step could get is 1
+            weights /= (n * self._min.min() / valid_mass) ** -beta
         self.sample_calls += 1
         return SampleIndices(ids, positions), {
             "probabilities": probabilities.astype(np.float32),
@@ -232,7 +242,8 @@ class PrioritizedSampler:
             raise ValueError(f"priorities of shape {leaves.shape} for a capacity of "
                              f"{self.capacity}")
         self._sum.load_state_dict({"leaves": leaves})
-        self._min.load_state_dict({"leaves": np.where(leaves > 0, leaves, np.inf)})
+        if self._min is not None:
+            self._min.load_state_dict({"leaves": np.where(leaves > 0, leaves, np.inf)})
         self._rng.bit_generator.state = state["rng"]
         self.max_priority = float(state["max_priority"])
         self.sample_calls = int(state["sample_calls"])

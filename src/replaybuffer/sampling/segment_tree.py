@@ -117,6 +117,17 @@ class SegmentTree:
         idx = self._as_indices(indices, "get")
         return self._nodes[idx + self._size]
 
+    @property
+    def leaves(self) -> np.ndarray:
+        """Read-only view of the slot values, float64 ``[capacity]``.
+
+        For callers whose indices are valid by construction: indexing it skips the
+        checks of :meth:`get`, a sizeable part of a small read.
+        """
+        view = self._nodes[self._size:self._size + self.capacity]
+        view.flags.writeable = False
+        return view
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(capacity={self.capacity}, "
                 f"root_width={self.root_width}, root={self._root_value()!r})")
