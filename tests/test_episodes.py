@@ -50,7 +50,7 @@ def test_index_segments_with_plain_integers():
     starts = np.zeros((12, 2), bool)
     starts[[0, 4, 7], 0] = True   # row 0: episodes start at 0, 4, 7
     starts[[5], 1] = True          # row 1: at 5
-    index.record(0, starts)
+    index.record(0, starts, oldest_id=2)
     firsts, lengths, rows = index.segments(ring)
     assert firsts.tolist() == [2, 4, 7, 2, 5] and lengths.tolist() == [2, 3, 5, 3, 7]
     assert rows.tolist() == [0, 0, 0, 1, 1]
@@ -186,3 +186,21 @@ def test_trajectories_from_a_driver():
     obs = items.observation  # [episode, t] per step
     assert (obs[:, :, 0] == obs[:, :1, 0]).all()  # one episode per window
     assert (np.diff(obs[:, :, 1], axis=1) == 1).all()
+
+
+def test_the_index_stays_small_without_within_episode_reads():
+    buf = filled("uniform", steps_of([2] * 3000), max_length=30)  # 9000 adds, never read
+    held = len(buf._episodes._keys) + sum(len(k) for k in buf._episodes._new)
+    assert held <= 30 + 256  # bounded by the starts held plus one merge interval
+
+
+def test_prioritized_within_episodes_when_little_mass_is_valid():
+    # Long episodes with heavy first steps followed by short ones: windows of 3 exist only
+    # in the long episodes, whose starts carry almost none of the mass.
+    types = steps_of([1, 1, 1, 1, 6])
+    buf = filled("prioritized", types, alpha=1.0)
+    n = len(types)
+    buf.update_priorities(np.arange(n), np.where(np.arange(n) < 8, 1e6, 1e-6))
+    items, info = buf.get_next(64, num_steps=3, within_episodes=True)
+    expected = {s for s, _ in valid_windows(types, 1, 50, 3)}
+    assert set(items["value"][:, 0].tolist()) <= expected

@@ -187,3 +187,12 @@ def test_py_hashed_replay_buffer():  # checklist item 32
     assert obs[:, 0, 0, 0].min() >= 64 and buf.size == 32
     for c in range(1, 4):
         np.testing.assert_array_equal(obs[..., c], obs[..., 0] + c)
+
+
+def test_float_frames_keep_their_bytes():
+    spec = {"obs": rb.ArraySpec((2, 3), np.float32), "t": rb.ArraySpec((), np.int64)}
+    buf = rb.UniformReplayBuffer(spec, 1, 4, frame_stack="obs")
+    negative_zero = np.array([[[0.0, 0.0, 0.0], [-0.0, -0.0, -0.0]]], np.float32)
+    buf.add_batch({"obs": negative_zero, "t": np.zeros(1, np.int64)})
+    back = buf.gather_all()["obs"][0, 0]
+    assert back.tobytes() == negative_zero[0].tobytes()

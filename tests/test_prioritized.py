@@ -250,3 +250,18 @@ def test_probabilities_match_a_brute_force_model(data, batch_size, max_length, n
         assert prob == pytest.approx(valid[key] / total, rel=1e-5)
     x = np.asarray(items)[:, 0]
     np.testing.assert_array_equal(x % 1000 * batch_size + x // 1000, starts)
+
+
+def test_windows_holding_little_mass_are_still_drawn_exactly():
+    # The newest steps (invalid starts for long windows) hold nearly all the mass.
+    buf = counter_buffer(max_length=10, adds=10)
+    buf.update_priorities(np.arange(6), np.full(6, 1e-4))
+    buf.update_priorities(np.arange(6, 10), np.full(4, 10.0))
+    items, info = buf.get_next(400, num_steps=5)
+    assert to_np(items)[:, 0].max() <= 5
+    np.testing.assert_allclose(to_np(info.probabilities), 1 / 6, rtol=1e-5)
+
+
+def test_plain_tuples_of_ids():
+    buf = counter_buffer(adds=5)
+    assert buf.update_priorities((1, 2, 3), [1.0, 2.0, 3.0]) == 3

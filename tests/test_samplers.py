@@ -113,3 +113,12 @@ def test_shuffled_never_repeats_within_an_epoch(batch_size, max_length, ops):
             seen_in_epoch[buf.epoch] |= pairs
         else:
             seen_in_epoch = {}
+
+
+def test_fifo_datasets_read_on_pull():
+    buf = rb.FIFOReplayBuffer(SPEC, 1, 10)
+    add(buf, range(6))
+    with pytest.raises(ValueError, match="samples on pull"):
+        buf.as_dataset(2, num_parallel_calls=2)
+    it = iter(buf.as_dataset(2))
+    assert [next(it)[0].tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]

@@ -36,7 +36,8 @@ class Log:
             obs, action, reward, next_obs, term, trunc = steps[index + k]
             total += gamma ** k * reward
             k += 1
-            if term or trunc or k == n or index + k == len(steps):
+            follows = index + k < len(steps) and np.array_equal(steps[index + k][0], next_obs)
+            if term or trunc or k == n or not follows:  # not follows: end of log, or a jump
                 discount = 0.0 if term else gamma ** k
                 return total, next_obs, term, trunc, discount
 
@@ -197,3 +198,19 @@ def test_prioritized_transitions():
     assert info.weights is not None
     check_sample(buffer, log, batch, info, 1, 0.99)
     assert buffer.update_priorities(info.ids, np.full(64, 2.0)) == 64
+
+
+def test_n_step_returns_stop_at_out_of_sequence_adds():
+    buffer = rb.TransitionReplayBuffer(rb.ArraySpec((), np.float32), ACT, 10, n_step=3, gamma=0.5)
+
+    def add(obs, reward, next_obs):
+        buffer.add(np.float32([obs]), np.zeros(1, np.int64), np.float32([reward]),
+                   np.float32([next_obs]), np.zeros(1, bool))
+    add(0, 1, 1)
+    add(1, 1, 2)
+    add(10, 100, 11)  # does not follow on from next_obs=2
+    add(11, 100, 12)
+    last = buffer.last(4)
+    np.testing.assert_array_equal(last.next_observations, [2, 2, 12, 12])
+    np.testing.assert_allclose(last.rewards, [1.5, 1, 150, 100])
+    np.testing.assert_allclose(last.discounts, [0.25, 0.5, 0.25, 0.5])

@@ -312,7 +312,7 @@ class ReplayBuffer:
         if hasattr(step_types, "cpu"):  # a tensor
             step_types = step_types.cpu().numpy()
         starts = np.asarray(step_types).reshape(num_steps, self.batch_size) == 0  # FIRST
-        self._episodes.record(first_id, starts)
+        self._episodes.record(first_id, starts, self._ring.oldest_id)
 
     # ------------------------------------------------------------------ read path
     def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
@@ -461,9 +461,14 @@ class ReplayBuffer:
                 self._episodes.clear()
             if self._codec is not None:
                 self._codec.clear()
+            self._clear_state()
             self._ring.last_id = -1
             if zero_storage:
                 self._storage.zero()
+
+    def _clear_state(self) -> None:
+        """Forget what a subclass keeps beside the ring; called by :meth:`clear` under the
+        same lock, so no add can slip in between."""
 
     # ------------------------------------------------------------------- datasets
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
@@ -512,6 +517,10 @@ class ReplayBuffer:
             return DeterministicPass(self, sample_batch_size, num_steps, window_shift,
                                      drop_remainder)
         num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
+        if getattr(self._sampler, "consumes", False) and (num_parallel_calls or prefetch):
+            raise ValueError(f"{type(self).__name__} reads each window once, in order: its "
+                             "dataset samples on pull (no num_parallel_calls or prefetch), "
+                             "since prefetched windows would be reordered or lost")
         if num_steps is not None and num_steps > self._ring.max_length:
             raise self._empty_error(num_steps)
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch,

@@ -298,11 +298,10 @@ class HERBuffer(TransitionReplayBuffer):
             batch = self._read(ids, ring.positions(ids, rows))
         return batch if self.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
 
-    def clear(self, zero_storage: bool = False) -> None:
-        with self._lock:
-            self._episode_end[:] = -1
-            self._current_start[:] = 0
-        super().clear(zero_storage)
+    def _clear_state(self) -> None:
+        super()._clear_state()
+        self._episode_end[:] = -1
+        self._current_start[:] = 0
 
     # ---------------------------------------------------------------- persistence
     def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:

@@ -54,7 +54,8 @@ class PrioritizedMixin:
             ValueError: mismatched shapes, or a NaN, infinite or negative priority.
                 Nothing is changed then.
         """
-        ids_arr, values = _as_numpy(ids[0] if isinstance(ids, tuple) else ids, np.int64), \
+        unstacked = isinstance(ids, tuple) and len(ids) > 0 and np.ndim(ids[0]) == 1
+        ids_arr, values = _as_numpy(ids[0] if unstacked else ids, np.int64), \
             _as_numpy(priorities, np.float64)
         if ids_arr.ndim == 2:
             ids_arr = ids_arr[:, 0]

@@ -17,6 +17,7 @@ class FIFOReplayBuffer(ReplayBuffer):
     starts ``T`` steps later) and raises ``EmptyBufferError`` when fewer are unread.
     Steps overwritten before they were read are skipped and counted in
     :attr:`dropped`. Useful to hand on-policy data to a learner in order.
+    ``as_dataset`` reads on pull: prefetch workers would consume windows out of order.
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
@@ -26,7 +27,7 @@ class FIFOReplayBuffer(ReplayBuffer):
 
     @property
     def dropped(self) -> int:
-        """Windows overwritten before they were read."""
+        """Steps (summed over rows) overwritten before they were read."""
         return self._sampler.dropped
 
     def unread(self, num_steps: int = 1) -> int:

@@ -312,11 +312,10 @@ class RolloutBuffer(TransitionReplayBuffer):
         """Empty the buffer for the next rollout (``clear()``)."""
         self.clear()
 
-    def clear(self, zero_storage: bool = False) -> None:
-        with self._lock:
-            self._gae_ready = False
-            self._version += 1
-        super().clear(zero_storage)
+    def _clear_state(self) -> None:
+        super()._clear_state()
+        self._gae_ready = False
+        self._version += 1
 
     # ---------------------------------------------------------------- persistence
     def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:

@@ -277,8 +277,11 @@ class TransitionReplayBuffer(ReplayBuffer):
                                         [self._reward, self._terminated, self._truncated])
         rewards, terminated, truncated = (_to_numpy(g) for g in gathered)
         ended = (terminated | truncated) & held
-        # Step k counts if it is stored and no earlier step of the window ended.
-        before_end = np.cumsum(ended, axis=-1) - ended == 0
+        # A step whose next observation is in the side store ends the window too: the
+        # step after it (if any) is not its successor (an out-of-sequence add).
+        breaks = ended | (self._side_ref[window_positions] >= 0) & held
+        # Step k counts if it is stored and no earlier step of the window broke it.
+        before_end = np.cumsum(breaks, axis=-1) - breaks == 0
         counted = held & before_end
         m = counted.sum(-1)
         returns = (rewards * counted * self.gamma ** steps).sum(-1).astype(np.float32)
@@ -325,11 +328,9 @@ class TransitionReplayBuffer(ReplayBuffer):
             patched.append(self._storage.from_numpy(leaf))
         return patched
 
-    def clear(self, zero_storage: bool = False) -> None:
-        with self._lock:
-            self._side.clear()
-            self._side_ref[:] = -1
-        super().clear(zero_storage)
+    def _clear_state(self) -> None:
+        self._side.clear()
+        self._side_ref[:] = -1
 
     # ---------------------------------------------------------------- persistence
     def _config(self) -> dict[str, Any]:

@@ -32,12 +32,21 @@ class EpisodeIndex:
         self._cache: tuple | None = None
         self._cache_key: tuple | None = None
 
-    def record(self, first_id: int, starts: np.ndarray) -> None:
-        """Steps ``first_id + t`` were written; ``starts`` (bool ``[T, B]``) marks FIRST ones."""
+    def record(self, first_id: int, starts: np.ndarray, oldest_id: int) -> None:
+        """Steps ``first_id + t`` were written; ``starts`` (bool ``[T, B]``) marks FIRST ones.
+
+        ``oldest_id`` is the oldest step still held: starts before it are forgotten when
+        the pending records are merged, which happens every so often even if no read
+        asks for the segments, so memory stays bounded by the starts held.
+        """
         t, rows = np.nonzero(starts)
         if len(t):
             self._new.append(rows.astype(np.int64) * _ROW + first_id + t)
             self._cache = None
+        if len(self._new) >= 256:
+            keys = np.concatenate([self._keys, *self._new])
+            self._new.clear()
+            self._keys = keys[keys % _ROW >= oldest_id]
 
     def clear(self) -> None:
         self._keys = np.zeros(0, np.int64)

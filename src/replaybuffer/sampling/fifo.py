@@ -2,7 +2,8 @@
 
 Windows are read in order of start id, then row; consecutive windows of a row do not
 overlap (the next one starts ``num_steps`` later), so every stored step is read once.
-Steps overwritten before they were read are skipped and counted in ``dropped``.
+Steps overwritten before they were read are skipped and counted (over all rows) in
+``dropped``. Reading is stateful, so datasets over it take no prefetch workers.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from replaybuffer.sampling.sampler import SampleIndices, make_rng
 class FIFOSampler:
     """Reads the oldest unread windows; ``probabilities`` are 1 (nothing is random)."""
 
+    consumes = True  # every read moves the cursor: prefetching would lose and reorder
+
     def __init__(self) -> None:
         self.next_start = 0   # logical id where the next unread window of next_row starts
         self.next_row = 0
-        self.dropped = 0      # windows overwritten before they were read
+        self.dropped = 0      # steps (over all rows) overwritten before they were read
 
     def unread(self, ring: Ring, num_steps: int) -> int:
         """How many windows of ``num_steps`` can be read now."""

@@ -134,39 +134,13 @@ class PrioritizedSampler:
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
         self._flush()
         rng = rng or self._rng
-        lo, hi = ring.valid_start_range(num_steps)
-        total = self._sum.total()
-        # Stored steps that cannot start a window: the newest num_steps - 1 of each row,
-        # and with episodes the last num_steps - 1 of every episode segment.
-        if episodes is None:
-            invalid = self._head_positions(ring, hi)
-        else:
-            invalid = ring.positions(*episodes.outside(ring, num_steps))
         leaves = self._sum.leaves  # positions below come from the ring: valid by construction
-        invalid_mass = float(leaves[invalid].sum()) if len(invalid) else 0.0
-        valid_mass = total - invalid_mass
-        if not valid_mass > total * 1e-12:  # nothing left but rounding error
-            if episodes is not None and episodes.count(ring, num_steps) == 0:
-                raise no_window_error(num_steps)
-            raise EmptyBufferError(f"every window of num_steps={num_steps} has priority 0; "
-                                   "update_priorities with positive values first")
-
-        def rejected(ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-            if episodes is None:
-                return ids >= hi
-            return ~episodes.within(ring, ids, positions % ring.batch_size, num_steps)
-
-        positions = self._sum.find_prefix(rng.random(sample_batch_size) * total)
-        ids = self._ids_of(ring, positions)
-        for _ in range(10_000):  # rejection keeps the draw exactly proportional
-            bad = rejected(ids, positions)
-            if not bad.any():
-                break
-            redraw = self._sum.find_prefix(rng.random(int(bad.sum())) * total)
-            positions[bad] = redraw
-            ids[bad] = self._ids_of(ring, redraw)
-        else:  # pragma: no cover - the valid mass is checked above
-            raise RuntimeError("prioritized sampling could not find valid windows")
+        if episodes is None:
+            positions, ids, valid_mass = self._draw_in_range(ring, sample_batch_size,
+                                                             num_steps, rng)
+        else:
+            positions, ids, valid_mass = self._draw_within(ring, sample_batch_size,
+                                                           num_steps, rng, episodes)
         probabilities = leaves[positions] / valid_mass
         beta = self.beta
         n = ring.num_frames
@@ -180,11 +154,80 @@ class PrioritizedSampler:
             "probabilities": probabilities.astype(np.float32),
             "weights": np.minimum(weights, 1.0).astype(np.float32)}
 
+    def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+        """Draw starts in proportion to priority among the valid window starts.
+
+        In the slot-major layout the valid starts of every row form one cyclic range of
+        positions, so targets are drawn inside that range's share of the prefix sums:
+        exact, with no rejection however little of the mass the range holds.
+        """
+        lo, hi = ring.valid_start_range(num_steps)
+        first = (lo % ring.max_length) * ring.batch_size
+        span = (hi - lo) * ring.batch_size
+        segments = [(first, min(first + span, ring.capacity))]
+        if first + span > ring.capacity:  # the range wraps past the last position
+            segments.append((0, first + span - ring.capacity))
+        bounds = self._sum.prefix_sum(np.array([p for seg in segments for p in seg]))
+        starts, masses = bounds[0::2], bounds[1::2] - bounds[0::2]
+        valid_mass = float(masses.sum())
+        self._require_mass(valid_mass, num_steps)
+        u = rng.random(count) * valid_mass
+        # Rounding can land a target a hair outside the range: redraw those (rare).
+        for _ in range(100):
+            targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
+            positions = self._sum.find_prefix(targets)
+            ids = self._ids_of(ring, positions)
+            bad = ids >= hi
+            if not bad.any():
+                return positions, ids, valid_mass
+            u[bad] = rng.random(int(bad.sum())) * valid_mass
+        raise RuntimeError("prioritized sampling could not find valid windows")  # pragma: no cover
+
+    def _draw_within(self, ring: Ring, count: int, num_steps: int, rng: np.random.Generator,
+                     episodes: EpisodeIndex) -> tuple[np.ndarray, np.ndarray, float]:
+        """Draw starts in proportion to priority among windows inside one episode.
+
+        Rejection from the whole tree while it accepts often; otherwise the exact
+        distribution over the enumerated valid windows (``O(windows)``, a fallback).
+        """
+        leaves = self._sum.leaves
+        total = self._sum.total()
+        if episodes.count(ring, num_steps) == 0:
+            raise no_window_error(num_steps)
+        outside = ring.positions(*episodes.outside(ring, num_steps))
+        valid_mass = total - (float(leaves[outside].sum()) if len(outside) else 0.0)
+        if valid_mass > 1e-3 * total:  # rejection accepts often enough (and is exact)
+            positions = self._sum.find_prefix(rng.random(count) * total)
+            ids = self._ids_of(ring, positions)
+            for _ in range(64):
+                bad = ~episodes.within(ring, ids, positions % ring.batch_size, num_steps)
+                if not bad.any():
+                    return positions, ids, valid_mass
+                redraw = self._sum.find_prefix(rng.random(int(bad.sum())) * total)
+                positions[bad] = redraw
+                ids[bad] = self._ids_of(ring, redraw)
+        # Little of the mass is valid (or rejection was unlucky): draw exactly from the
+        # enumerated valid windows, whose mass is summed directly, without cancellation.
+        firsts, lengths, rows = episodes.segments(ring)
+        per_segment = np.maximum(lengths - num_steps + 1, 0)
+        segment = np.repeat(np.arange(len(firsts)), per_segment)
+        offsets = np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment,
+                                                      per_segment)
+        valid_ids = firsts[segment] + offsets
+        valid_positions = ring.positions(valid_ids, rows[segment])
+        cumulative = np.cumsum(leaves[valid_positions])
+        valid_mass = float(cumulative[-1])
+        self._require_mass(valid_mass, num_steps)
+        picks = np.searchsorted(cumulative, rng.random(count) * valid_mass, side="right")
+        picks = np.minimum(picks, len(cumulative) - 1)
+        return valid_positions[picks], valid_ids[picks].copy(), valid_mass
+
     @staticmethod
-    def _head_positions(ring: Ring, hi: int) -> np.ndarray:
-        """Positions of stored steps that cannot start a window (ids >= hi)."""
-        newest = np.arange(max(hi, ring.oldest_id), ring.last_id + 1, dtype=np.int64)
-        return ring.positions(newest[:, None], np.arange(ring.batch_size)).ravel()
+    def _require_mass(valid_mass: float, num_steps: int) -> None:
+        if not valid_mass > 0.0:
+            raise EmptyBufferError(f"every window of num_steps={num_steps} has priority 0; "
+                                   "update_priorities with positive values first")
 
     @staticmethod
     def _ids_of(ring: Ring, positions: np.ndarray) -> np.ndarray:

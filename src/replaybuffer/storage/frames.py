@@ -103,18 +103,18 @@ class FrameStackCodec:
     def _match(self, stack: np.ndarray, k: int, next_ref: int, candidate: int, row: int,
                pending: dict) -> int | None:
         frame = stack[k]
-        if np.array_equal(frame, stack[k + 1]):
+        if _same_bytes(frame, stack[k + 1]):
             return next_ref
         if candidate >= 0:
             position = self._frame_position(candidate, row)
             held = pending.get(position)
             if held is not None and held[0] == candidate:
-                if np.array_equal(frame, held[1]):
+                if _same_bytes(frame, held[1]):
                     return candidate
             elif self.frame_ids[position] == candidate and \
-                    np.array_equal(frame, self.frames[position]):
+                    _same_bytes(frame, self.frames[position]):
                 return candidate
-        if not frame.any():
+        if not _bytes(frame).any():
             return -1
         return None
 
@@ -179,3 +179,12 @@ class FrameStackCodec:
             self.extras[n] = np.array(frame)
             self.extra_owner.setdefault(owner, []).append(n)
         self.next_extra = int(state["next_extra"])
+
+
+def _bytes(frame: np.ndarray) -> np.ndarray:
+    """The frame's bytes: equality by value would merge -0.0 with 0.0 and NaN never."""
+    return np.ascontiguousarray(frame).view(np.uint8)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.array_equal(_bytes(a), _bytes(b)))
