@@ -64,3 +64,20 @@ def test_inspect(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "UniformReplayBuffer: batch_size=2 max_length=3" in out and "frames=2" in out
+
+
+def test_bench_peers_quick_reports_every_peer(tmp_path, capsys):
+    out = tmp_path / "peers.json"
+    assert main(["bench", "--peers", "--quick", "--peer-workloads", "control",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    peers = {r["peer"] for r in rows}
+    assert {"numpy limit", "replaybuffer", "cpprb", "sb3", "torchrl", "tianshou"} <= peers
+    ours = [r for r in rows if r["peer"] == "replaybuffer"]
+    assert {r["op"] for r in ours} == {"add(1)", "add(256)", "sample(256)+next"}
+    assert all(r["status"] == "ok" and r["seconds_per_call"] > 0 for r in ours)
+    # A peer that is missing is reported as such, never dropped.
+    assert all(r["status"] == "ok" or r["status"].startswith(("not installed", "failed",
+                                                                "unsupported"))
+               for r in rows)
+    assert "x ours" in capsys.readouterr().out

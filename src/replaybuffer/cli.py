@@ -27,6 +27,13 @@ def _tutorial(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.peers:  # the issue-6 workloads through the peer libraries that are installed
+        from replaybuffer.bench import peers
+
+        argv = ["--workloads", args.peer_workloads] + (["--quick"] if args.quick else [])
+        if args.json:
+            argv += ["--json", args.json]
+        return peers.main(argv)
     from replaybuffer.bench import run_and_report
 
     return run_and_report(args)
@@ -79,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="small capacities and short timings (a smoke run)")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.add_argument("--peers", action="store_true",
+                       help="run the control, frames and prioritized workloads through "
+                            "cpprb, Stable-Baselines3, TorchRL and Tianshou where installed "
+                            "(benchmarks/setup_peers.sh), beside ours and the numpy limit")
+    bench.add_argument("--peer-workloads", default="control,frames,prioritized",
+                       help="with --peers: comma-separated workloads")
     bench.set_defaults(func=_bench)
 
     inspect = sub.add_parser("inspect", help="describe a saved buffer")

@@ -1,7 +1,8 @@
 """Peer-library benchmarks: the same workloads through cpprb, SB3, TorchRL and Tianshou.
 
     python -m replaybuffer.bench.peers [--quick] [--workloads control,frames,prioritized]
-                                       [--peers cpprb,sb3,...] [--json FILE] [--markdown FILE]
+                                       [--peers cpprb,sb3,...] [--retries N]
+                                       [--json FILE] [--markdown FILE]
 
 The peers are optional and heavy (``benchmarks/setup_peers.sh`` installs them into a
 separate virtualenv); each adapter imports its peer lazily, inside the run, and a
@@ -31,7 +32,9 @@ dropped and garbage-collected before the next is built (200k frames are 5.6 GB a
 Timings are :func:`replaybuffer.bench.timing.compare` medians, the ops of one buffer
 interleaved. Torch runs with one intra-op thread by default (``torch_threads``), as the
 numpy peers do: on a small shared machine torch's OpenMP pool otherwise stalls for
-milliseconds whenever another process holds a core.
+milliseconds whenever another process holds a core. Each timed row records
+``others_cores``, the cores other processes kept busy meanwhile; ``--retries N`` runs a
+contended peer again once the machine is quiet and keeps the least contended attempt.
 """
 
 from __future__ import annotations
@@ -141,10 +144,34 @@ class _Memory:
 
 def _timed(ops: dict[str, tuple[Callable[[], object], int]], sizes: Sizes
            ) -> Iterator[dict[str, Any]]:
-    """Time ``{op: (fn, items_per_call)}`` interleaved; yield one row per op."""
+    """Time ``{op: (fn, items_per_call)}`` interleaved; yield one row per op.
+
+    ``others_cores`` is how many cores other processes kept busy meanwhile (machine
+    CPU time from /proc/stat less this process's, over the wall time): on a small
+    shared machine anything well above 0 means the figures may be inflated.
+    """
+    wall, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
     seconds = compare({op: fn for op, (fn, _) in ops.items()}, sizes.min_time, sizes.repeats)
+    elapsed = max(time.perf_counter() - wall, 1e-9)
+    own = time.process_time() - cpu
+    end = _machine_cpu()
+    others = None if machine is None or end is None else max(0.0, (end - machine - own) / elapsed)
     for op, (_, items) in ops.items():
-        yield {"op": op, "seconds_per_call": seconds[op], "items_per_call": items}
+        yield {"op": op, "seconds_per_call": seconds[op], "items_per_call": items,
+               "others_cores": None if others is None else round(others, 2)}
+
+
+def _machine_cpu() -> float | None:
+    """CPU seconds all processes of the machine have used (Linux /proc/stat), else None."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        # user nice system idle iowait irq softirq steal ...: busy = all but idle, iowait
+        values = [int(v) for v in fields[1:9]]
+        busy = sum(values) - values[3] - values[4]
+        return busy / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _cycle(values: list[Any]) -> Callable[[], Any]:
@@ -200,44 +227,154 @@ def _priority_pool(n: int = 64, size: int = 256) -> list[np.ndarray]:
 
 
 # --------------------------------------------------------------------- replaybuffer
-def _ours(workload: str, sizes: Sizes) -> Iterator[dict[str, Any]]:
-    """This project's UniformReplayBuffer (numpy storage): next obs via num_steps=2."""
+def _frame_stream(length: int = FILL_CHUNK, seed: int = 4) -> np.ndarray:
+    """``[length, 4, 84, 84]`` stacks sliding over one periodic stream of frames.
+
+    Step ``t`` stacks frames ``t .. t+3``; the stream starts with 3 all-zero frames and
+    repeats with period ``length``, so cycling through the steps forever is one
+    consistent stream (what frame deduplication needs: it refuses stacks that do not
+    slide).
+    """
+    k = FRAME_SHAPE[0]
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(1, 256, size=(length + k - 1,) + FRAME_SHAPE[1:], dtype=np.uint8)
+    frames[:k - 1] = 0
+    frames[length:] = frames[:k - 1]
+    return np.stack([frames[t:t + k] for t in range(length)])
+
+
+def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[str, Any]]:
+    """This project's buffers (numpy storage); next observations via ``num_steps=2``.
+
+    ``UniformReplayBuffer`` (``PrioritizedReplayBuffer`` for PER) with one row, so a
+    window of two steps is (obs, next obs) read from the same storage. ``add(256)``
+    goes through a 256-row buffer (one step of 256 envs per call). ``layout``:
+    ``frame_stack`` stores the stacked obs deduplicated (``frame_stack="obs"``), fed
+    with stacks that slide over one frame stream.
+    """
     import replaybuffer
     from replaybuffer.buffers import UniformReplayBuffer
 
-    if workload == "prioritized":
-        if hasattr(replaybuffer, "PrioritizedReplayBuffer"):
-            raise Unsupported("replaybuffer.PrioritizedReplayBuffer exists but this "
-                              "adapter does not drive it yet")
-        raise Unsupported("replaybuffer has no prioritized buffer yet")
     rng = np.random.default_rng(0)
+    if workload == "prioritized":
+        cls = getattr(replaybuffer, "PrioritizedReplayBuffer", None)
+        if cls is None:
+            raise Unsupported("this replaybuffer version has no PrioritizedReplayBuffer")
+        capacity = sizes.prioritized
+        spec = {k: v for k, v in _prioritized_spec().items() if k != "next_obs"}
+        buf = cls(spec, batch_size=1, max_length=capacity, alpha=ALPHA, beta=BETA, seed=0)
+        fill(buf, rng)
+        for start in range(0, capacity, 100_000):  # item ids are add ids (one row)
+            ids = np.arange(start, min(capacity, start + 100_000))
+            applied = buf.update_priorities(ids, rng.random(len(ids)) + 1e-3)
+            if applied != len(ids):
+                raise RuntimeError(f"update_priorities applied {applied} of {len(ids)}")
+        prios = _priority_pool()
+        next_prio = _cycle(prios)
+        ids = [buf.get_next(256, 2)[1].ids for _ in range(len(prios))]
+        pairs = _cycle(list(zip(ids, prios)))
+
+        def sample_update() -> None:
+            _, info = buf.get_next(256, 2)  # info.weights: importance weights
+            buf.update_priorities(info.ids, next_prio())
+
+        yield from _timed({"sample(256)+weights": (lambda: buf.get_next(256, 2), 256),
+                           "update(256)": (lambda: buf.update_priorities(*pairs()), 256),
+                           "sample+update(256)": (sample_update, 256)}, sizes)
+        return
+
     full = _control_spec() if workload == "control" else _frames_spec()
     spec = {k: v for k, v in full.items() if k != "next_obs"}  # steps, not transitions
     capacity = sizes.control if workload == "control" else sizes.frames
     step = random_items(spec, (1,), rng)
-    if workload == "frames":
+    if workload == "control":
+        buf = UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0)
+        fill(buf, rng)
+        yield from _timed({"add(1)": (lambda: buf.add_batch(step), 1),
+                           "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
+        buf = None  # freed before the next buffer is built
+        _release()
+        wide = UniformReplayBuffer(spec, batch_size=256, max_length=capacity // 256, seed=0)
+        fill(wide, rng)
+        batch = random_items(spec, (256,), rng)
+        yield from _timed({"add(256)": (lambda: wide.add_batch(batch), 256)}, sizes)
+        return
+
+    if layout == "plain":
         mem = _Memory(capacity)
-    buf = UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0)
-    fill(buf, rng)
-    if workload == "frames":
+        buf = UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0)
+        fill(buf, rng)
         obs = max(a.nbytes for a in host_arrays(buf))
         yield mem.row(obs, "one obs array; next obs is the next slot")
-        yield from _timed({"add(1)": (lambda: buf.add_batch(step), 1),
-                           "sample(32)+next": (lambda: buf.get_next(32, 2), 32),
-                           "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
-        return
-    ops = {"add(1)": (lambda: buf.add_batch(step), 1),
-           "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}
-    yield from _timed(ops, sizes)
-    buf = None  # freed before the next buffer is built
-    _release()
-    wide = UniformReplayBuffer(spec, batch_size=256, max_length=capacity // 256, seed=0)
-    fill(wide, rng)
-    batch = random_items(spec, (256,), rng)
-    yield from _timed({"add(256)": (lambda: wide.add_batch(batch), 256)}, sizes)
+        add1: Callable[[], None] = lambda: buf.add_batch(step)  # noqa: E731
+    else:
+        stream = _frame_stream()
+        chunk = random_items(spec, (1, len(stream)), rng)
+        chunk["obs"] = stream[None]
+        steps = [{k: v[:, t] for k, v in chunk.items()} for t in range(len(stream))]
+        mem = _Memory(capacity)
+        buf = UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0,
+                                  frame_stack="obs", stack_axis=0)
+        for n in _chunks(capacity, len(stream)):
+            buf.extend(chunk if n == len(stream) else {k: v[:, :n] for k, v in chunk.items()})
+        yield mem.row(None, "one frame per step plus 4 int64 references")
+        next_step = _cycle(steps[capacity % len(steps):] + steps[:capacity % len(steps)])
+        add1 = lambda: buf.add_batch(next_step())  # noqa: E731
+    yield from _timed({"add(1)": (add1, 1),
+                       "sample(32)+next": (lambda: buf.get_next(32, 2), 32),
+                       "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
 
 
 # ---------------------------------------------------------------------------- cpprb
+def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
+                 ) -> Iterator[dict[str, Any]]:
+    """The plain-numpy limit: the same bytes moved by numpy alone, no bookkeeping.
+
+    One array per field (observations once: the next observation is the next row);
+    adds are slice assignments per field, samples ``take(positions, 0, out, "clip")`` per
+    field into preallocated outputs with precomputed random positions that together
+    cover the buffer, so the limit pays for cache misses as real samples do.
+    """
+    from replaybuffer.bench.workloads import gather_limit, position_sets
+
+    spec = {k: v for k, v in (_control_spec() if workload == "control"
+                              else _frames_spec()).items() if k != "next_obs"}
+    capacity = sizes.control if workload == "control" else sizes.frames
+    rng = np.random.default_rng(0)
+    arrays = [np.zeros((capacity,) + s.shape, s.dtype) for s in spec.values()]
+    chunk = [v[0] for v in random_items(spec, (1, FILL_CHUNK), rng).values()]
+    for start in range(0, capacity, FILL_CHUNK):
+        for dst, src in zip(arrays, chunk):
+            dst[start:start + FILL_CHUNK] = src[:capacity - start]
+
+    def adder(batch: int) -> Callable[[], None]:
+        leaves = [v[0] for v in random_items(spec, (1, batch), rng).values()]
+        state = {"at": 0}
+
+        def add() -> None:
+            at = state["at"]
+            for dst, src in zip(arrays, leaves):
+                dst[at:at + batch] = src
+            state["at"] = (at + batch) % (capacity - batch)
+        return add
+
+    def sampler(size: int) -> Callable[[], None]:  # every field, plus the next observation
+        sets = [np.stack([p, (p + 1) % capacity]) for p in
+                position_sets(rng, capacity - 1, (size,))]
+        take_all = gather_limit(arrays, [s[0] for s in sets])
+        take_next = gather_limit(arrays[:1], [s[1] for s in sets])
+        return lambda: (take_all(), take_next())
+
+    ops: dict[str, tuple[Callable[[], object], int]] = {"add(1)": (adder(1), 1)}
+    if workload == "control":
+        ops["add(256)"] = (adder(256), 256)
+        ops["sample(256)+next"] = (sampler(256), 256)
+    else:
+        ops["sample(32)+next"] = (sampler(32), 32)
+        ops["sample(256)+next"] = (sampler(256), 256)
+    yield from _timed(ops, sizes)
+
+
 def _cpprb_env(spec: dict[str, ArraySpec], next_of: bool) -> dict[str, dict[str, Any]]:
     env = {}
     for key, s in spec.items():
@@ -594,7 +731,7 @@ class Peer:
     family: str  # the name --peers selects
     modules: tuple[str, ...]  # imported first: ImportError means "not installed"
     run: Callable[..., Iterator[dict[str, Any]]]
-    layout: str | None
+    layout: str
     workloads: tuple[str, ...]
     memory_only: bool = False
 
@@ -606,7 +743,10 @@ class Peer:
 
 
 PEERS: tuple[Peer, ...] = (
-    Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, None, WORKLOADS),
+    Peer("numpy limit", "numpy", ("numpy",), _numpy_limit, "plain", ("control", "frames")),
+    Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, "plain", WORKLOADS),
+    Peer("replaybuffer[frame_stack]", "replaybuffer", ("replaybuffer",), _ours,
+         "frame_stack", ("frames",)),
     Peer("cpprb", "cpprb", ("cpprb",), _cpprb, "next_of", WORKLOADS),
     Peer("cpprb[stack_compress]", "cpprb", ("cpprb",), _cpprb, "stack", ("frames",)),
     Peer("cpprb[no next_of]", "cpprb", ("cpprb",), _cpprb, "plain", ("frames",), True),
@@ -648,7 +788,7 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
     """Rows for every op ``peer`` owes ``workload``, whatever happens."""
     base = {"workload": workload, "peer": peer.label, "seconds_per_call": None,
             "items_per_call": None, "status": "ok", "bytes_per_transition": None,
-            "obs_bytes_per_transition": None, "detail": ""}
+            "obs_bytes_per_transition": None, "others_cores": None, "detail": ""}
     expected = list(peer.ops(workload))
     status = None
     try:
@@ -663,7 +803,7 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
         if version:
             base["detail"] = f"{peer.distribution()} {version}"
         done: set[str] = set()
-        gen = peer.run(workload, sizes, peer.layout) if peer.layout else peer.run(workload, sizes)
+        gen = peer.run(workload, sizes, peer.layout)
         try:
             for row in gen:
                 out = dict(base)
@@ -690,15 +830,20 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
 
 def run_peers(workloads: list[str] | tuple[str, ...] = WORKLOADS, quick: bool = False, *,
               peers: list[str] | None = None, torch_threads: int | None = 1,
+              retries: int = 0, contended: float = 0.25, quiet_wait: float = 120.0,
               progress: Callable[[dict[str, Any]], None] | None = None
               ) -> list[dict[str, Any]]:
     """Run ``workloads`` through every peer (or the families named in ``peers``).
 
     Returns rows ``{workload, op, peer, seconds_per_call, items_per_call, status,
-    bytes_per_transition, obs_bytes_per_transition, detail}``; ``status`` is ``ok``,
-    ``not installed (...)``, ``unsupported: ...`` or ``failed: ...``. One peer's buffer
-    exists at a time. ``torch_threads``: intra-op threads for the torch-based peers
-    (None leaves torch's default).
+    bytes_per_transition, obs_bytes_per_transition, others_cores, detail}`` (the memory
+    row of a frames layout has ``op="bytes/transition"`` and no seconds); ``status`` is
+    ``ok``, ``not installed (...)``, ``unsupported: ...`` or ``failed: ...``. One peer's
+    buffer exists at a time. ``torch_threads``: intra-op threads for the torch-based peers
+    (None leaves torch's default). ``retries``: run a peer's workload again, after
+    waiting up to ``quiet_wait`` s for the machine to quieten, while other processes
+    kept more than ``contended`` cores busy during its timings; the least contended
+    attempt is kept (its ``detail`` says so).
     """
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
@@ -715,37 +860,76 @@ def run_peers(workloads: list[str] | tuple[str, ...] = WORKLOADS, quick: bool = 
             if workload not in peer.workloads or (peers is not None
                                                    and peer.family not in peers):
                 continue
-            for row in _run_one(peer, workload, sizes):
+            best: list[dict[str, Any]] = []
+            best_others = float("inf")
+            for attempt in range(retries + 1):
+                if attempt:
+                    _wait_quiet(contended, quiet_wait)
+                got = list(_run_one(peer, workload, sizes))
+                others = max((r["others_cores"] or 0.0) for r in got)
+                if others < best_others:
+                    best, best_others = got, others
+                if others <= contended:
+                    break
+            if attempt:
+                for row in best:
+                    row["detail"] += ("; " if row["detail"] else "") + \
+                        f"least contended of {attempt + 1} runs"
+            for row in best:
                 rows.append(row)
                 if progress is not None:
                     progress(row)
     return rows
 
 
+def _wait_quiet(threshold: float, max_wait: float, probe: float = 2.0) -> None:
+    """Wait (up to ``max_wait`` s) until other processes use at most ``threshold`` cores."""
+    deadline = time.monotonic() + max_wait
+    while time.monotonic() < deadline:
+        cpu, machine = time.process_time(), _machine_cpu()
+        time.sleep(probe)
+        end = _machine_cpu()
+        if machine is None or end is None:
+            return
+        if (end - machine - (time.process_time() - cpu)) / probe <= threshold:
+            return
+
+
 # --------------------------------------------------------------------------- report
-def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+def _cells(r: dict[str, Any], ours: dict[tuple[str, str], float]) -> tuple[str, ...]:
     if r["op"] == "bytes/transition":
         rss = r["bytes_per_transition"]
         obs = r["obs_bytes_per_transition"]
         value = "" if rss is None else f"{rss:,.0f} B"
         if obs is not None:
             value += f" (obs {obs:,.0f} B)"
-        return (r["workload"], r["op"], r["peer"], value, "", r["status"])
+        return (r["workload"], r["op"], r["peer"], value, "", "", "", r["status"])
     s = r["seconds_per_call"]
     if s is None:
-        return (r["workload"], r["op"], r["peer"], "", "", r["status"])
+        return (r["workload"], r["op"], r["peer"], "", "", "", "", r["status"])
+    others = r.get("others_cores")
+    base = ours.get((r["workload"], r["op"]))
     return (r["workload"], r["op"], r["peer"], f"{s * 1e6:,.1f}",
-            f"{r['items_per_call'] / s:,.0f}", r["status"])
+            f"{r['items_per_call'] / s:,.0f}", "" if base is None else f"{s / base:.2f}",
+            "" if others is None else f"{others:.2f}", r["status"])
 
 
-HEADER = ("workload", "op", "peer", "us/call (or bytes)", "items/s", "status")
+def _ours_seconds(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """This project's time per (workload, op): what the ``x ours`` column divides by."""
+    return {(r["workload"], r["op"]): r["seconds_per_call"] for r in rows
+            if r["peer"] == "replaybuffer" and r.get("seconds_per_call")}
+
+
+HEADER = ("workload", "op", "peer", "us/call (or bytes)", "items/s", "x ours", "others",
+          "status")
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of ``run_peers`` rows."""
-    table = [HEADER] + [_cells(r) for r in rows]
+    ours = _ours_seconds(rows)
+    table = [HEADER] + [_cells(r, ours) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
-    lines = ["  ".join(c.rjust(w) if i in (3, 4) else c.ljust(w)
+    lines = ["  ".join(c.rjust(w) if i in (3, 4, 5, 6) else c.ljust(w)
                        for i, (c, w) in enumerate(zip(row, widths))).rstrip()
              for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -754,10 +938,12 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def format_markdown(rows: list[dict[str, Any]]) -> str:
     """A markdown table of ``run_peers`` rows."""
+    ours = _ours_seconds(rows)
     lines = ["| " + " | ".join(HEADER) + " |",
-             "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"]) + "|"]
+             "|" + "|".join(["---"] * 3 + ["---:"] * 4 + ["---"]) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, ours))
+                     + " |")
     return "\n".join(lines)
 
 
@@ -776,6 +962,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated families ({', '.join(sorted({p.family for p in PEERS}))})")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--retries", type=int, default=0,
+                        help="re-run a peer's workload up to N times while other processes "
+                             "kept more than --contended cores busy during its timings")
+    parser.add_argument("--contended", type=float, default=0.25,
+                        help="cores used by other processes that count as contention")
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--markdown", help="write a markdown table to this file")
     args = parser.parse_args(argv)
@@ -788,10 +979,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.torch_threads or 'default'}, load {_load()})", flush=True)
 
     def progress(r: dict[str, Any]) -> None:
-        print("  " + "  ".join(_cells(r)), flush=True)
+        print("  " + "  ".join(_cells(r, {})), flush=True)
 
     rows = run_peers(workloads, args.quick, peers=peers,
-                     torch_threads=args.torch_threads or None, progress=progress)
+                     torch_threads=args.torch_threads or None, retries=args.retries,
+                     contended=args.contended, progress=progress)
     print(f"# {time.time() - started:.0f} s, load {_load()}\n")
     print(format_rows(rows))
     if args.json:
