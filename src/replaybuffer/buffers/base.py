@@ -19,7 +19,7 @@ from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import table_rows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
-from replaybuffer.storage.base import LeafChecker, identity
+from replaybuffer.storage.base import LeafChecker, identity, to_numpy
 from replaybuffer.storage.frames import FrameStackCodec
 
 
@@ -97,11 +97,12 @@ class ReplayBuffer:
         self._fast_flatten = nest.fast_flattener(self._data_spec)
         self._ring = Ring(batch_size, max_length)
         self._codec: FrameStackCodec | None = None
+        names = self._paths_by_name()
         stored_specs = list(self._specs)
         if frame_stack is not None:
             if storage != "numpy":
                 raise ValueError(f"frame_stack needs storage='numpy', got {storage!r}")
-            index = self._paths_by_name().get(frame_stack)
+            index = names.get(frame_stack)
             if index is None:
                 raise SpecError(f"frame_stack={frame_stack!r} names no top-level leaf; the "
                                 f"data_spec's leaves are {self._paths}")
@@ -114,11 +115,11 @@ class ReplayBuffer:
         self._sampler = sampler
         self._episodes: EpisodeIndex | None = None
         if track_episodes:
-            if "step_type" not in self._paths_by_name():
+            if "step_type" not in names:
                 raise SpecError(f"track_episodes needs a step_type leaf (a Trajectory, or a "
                                 f"dict key 'step_type'); the data_spec's leaves are "
                                 f"{self._paths}")
-            self._step_type_leaf = self._paths_by_name()["step_type"]
+            self._step_type_leaf = names["step_type"]
             self._episodes = EpisodeIndex()
         self._lock = threading.Lock()
         self._outer = (self._ring.batch_size,)
@@ -309,9 +310,7 @@ class ReplayBuffer:
 
     def _record_episodes(self, first_id: int, step_types: Any, num_steps: int) -> None:
         """Note the FIRST steps among ``num_steps`` new steps (``[num_steps * B]`` step types)."""
-        if hasattr(step_types, "cpu"):  # a tensor
-            step_types = step_types.cpu().numpy()
-        starts = np.asarray(step_types).reshape(num_steps, self.batch_size) == 0  # FIRST
+        starts = to_numpy(step_types).reshape(num_steps, self.batch_size) == 0  # FIRST
         self._episodes.record(first_id, starts, self._ring.oldest_id)
 
     # ------------------------------------------------------------------ read path

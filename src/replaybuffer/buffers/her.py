@@ -36,10 +36,11 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, _to_numpy
+from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
+from replaybuffer.storage.base import to_numpy
 
 FINAL, FUTURE, EPISODE = "final", "future", "episode"
 STRATEGIES = (FINAL, FUTURE, EPISODE)
@@ -232,7 +233,7 @@ class HERBuffer(TransitionReplayBuffer):
             goals = None
             if k:
                 goal_ids = self._goal_ids(ids[:k], positions[:k])
-                goals = _to_numpy(self._next_observations(ring.positions(goal_ids, rows[:k]),
+                goals = to_numpy(self._next_observations(ring.positions(goal_ids, rows[:k]),
                                                           goal_ids)[self._achieved])
         batch = self._relabel(batch, k, goals)
         probabilities = np.full(batch_size, 1.0 / n, np.float32)
@@ -252,21 +253,21 @@ class HERBuffer(TransitionReplayBuffer):
 
     def _relabel(self, batch: Any, k: int, goals: np.ndarray | None) -> HERTransitions:
         """Put ``goals`` in the first ``k`` transitions and recompute their rewards."""
-        size = len(_to_numpy(batch.rewards))
+        size = len(to_numpy(batch.rewards))
         to_backend = self._storage.from_numpy
         relabelled = to_backend(np.arange(size) < k)
         if not k:
             return HERTransitions(*batch, relabelled=relabelled)
-        achieved = _to_numpy(batch.next_observations["achieved_goal"])[:k]
+        achieved = to_numpy(batch.next_observations["achieved_goal"])[:k]
         rewards = np.asarray(self.compute_reward(achieved, goals, {}), np.float32)
         if rewards.size != k:
             raise ValueError(f"compute_reward returned {rewards.size} rewards for a batch of "
                              f"{k} goals; it must be vectorised over the leading axis")
-        all_rewards = _to_numpy(batch.rewards).copy()
+        all_rewards = to_numpy(batch.rewards).copy()
         all_rewards[:k] = rewards.reshape(k)
 
         def with_goal(obs: dict) -> dict:
-            desired = _to_numpy(obs["desired_goal"]).copy()
+            desired = to_numpy(obs["desired_goal"]).copy()
             desired[:k] = goals
             return {**obs, "desired_goal": to_backend(desired)}
 

@@ -9,6 +9,7 @@ import numpy as np
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.sampling import Ring
 from replaybuffer.sampling.prioritized import PrioritizedSampler
+from replaybuffer.storage.base import to_numpy
 
 
 class PrioritizedMixin:
@@ -131,9 +132,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
 
 
 def _as_numpy(values: Any, dtype: type) -> np.ndarray:
-    if hasattr(values, "detach"):  # torch tensors, on any device
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
+    arr = to_numpy(values)
     if arr.dtype.kind not in "iufb":
         raise ValueError(f"update_priorities: expected numbers, got {arr.dtype}")
     if dtype is np.int64 and arr.dtype.kind == "f":

@@ -32,10 +32,11 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from replaybuffer.buffers.transitions import ACTION, TransitionReplayBuffer, _to_numpy
+from replaybuffer.buffers.transitions import ACTION, TransitionReplayBuffer
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
+from replaybuffer.storage.base import to_numpy
 
 VALUE, LOG_PROB = "value", "log_prob"
 
@@ -194,7 +195,7 @@ class RolloutBuffer(TransitionReplayBuffer):
             ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
             positions = ring.positions(ids[None, :], np.arange(B, dtype=np.int64)[:, None])
             rewards, terminated, truncated, values = (
-                _to_numpy(a) for a in self._storage.gather(
+                to_numpy(a) for a in self._storage.gather(
                     positions, [self._reward, self._terminated, self._truncated,
                                 self._value]))
             # Where the next observation is not the next stored step's (an episode end or
@@ -215,7 +216,7 @@ class RolloutBuffer(TransitionReplayBuffer):
         next_values[:, :-1] = values[:, 1:]
         next_values[:, -1] = last_values
         if final_obs is not None:  # user code runs outside the lock
-            boot = _to_numpy(value_fn(final_obs)).astype(np.float64)
+            boot = to_numpy(value_fn(final_obs)).astype(np.float64)
             if boot.size != int(bootstrap.sum()):
                 raise ValueError(f"value_fn returned {boot.size} values for "
                                  f"{int(bootstrap.sum())} observations")

@@ -29,6 +29,7 @@ from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
+from replaybuffer.storage.base import to_numpy
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.side_store import SideStore
 
@@ -107,6 +108,9 @@ class TransitionReplayBuffer(ReplayBuffer):
                                "n_step": n_step, "gamma": gamma, "seed": seed}
         names = self._paths_by_name()
         self._obs_leaves = [i for i, p in enumerate(self._paths) if p.startswith(f"['{OBS}']")]
+        self._action_leaves = [i for i, p in enumerate(self._paths)
+                               if p.startswith(f"['{ACTION}']")]
+        self._action_structure = nest.flatten(self._data_spec[ACTION])[1]
         self._reward, self._terminated, self._truncated = (names[REWARD], names[TERMINATED],
                                                            names[TRUNCATED])
         self._obs_specs = [self._specs[i] for i in self._obs_leaves]
@@ -162,10 +166,10 @@ class TransitionReplayBuffer(ReplayBuffer):
                             f"expected {nest.describe(self._obs_structure)}")
         next_arrays = self._convert_next(next_leaves)
         self._check_ranges(arrays)
-        host = [_to_numpy(a) for a in arrays]
+        host = [to_numpy(a) for a in arrays]
         ended = host[self._terminated].astype(bool) | host[self._truncated].astype(bool)
         with self._lock:
-            self._write_transition(arrays, host, [_to_numpy(a) for a in next_arrays], ended)
+            self._write_transition(arrays, host, [to_numpy(a) for a in next_arrays], ended)
 
     def _convert_next(self, next_leaves: list[Any]) -> list[np.ndarray]:
         """Validate next observations with the observation leaves' rules."""
@@ -174,13 +178,13 @@ class TransitionReplayBuffer(ReplayBuffer):
         for leaf, i in zip(next_leaves, self._obs_leaves):
             path = "['next_observation']" + self._paths[i][len(f"['{OBS}']"):]
             out.append(self._storage._checker.numpy_leaf(
-                i, _to_numpy(leaf), self._outer + self._specs[i].shape, path, self._outer,
+                i, to_numpy(leaf), self._outer + self._specs[i].shape, path, self._outer,
                 names))
         return out
 
     def _check_ranges(self, arrays: list[Any]) -> None:
         for i, spec in self._int_checks:
-            values = _to_numpy(arrays[i])
+            values = to_numpy(arrays[i])
             if values.size and ((values < spec.minimum).any() or (values > spec.maximum).any()):
                 raise SpecError(f"add: leaf {self._paths[i]} has values outside its space "
                                 f"[{spec.minimum.min()}, {spec.maximum.max()}]: "
@@ -260,8 +264,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         with self._lock:
             held = self._ring.items_per_row
         if held == 0:
-            raise EmptyBufferError(f"{type(self).__name__} is empty. Make sure to add items "
-                                   "before asking the buffer for data.")
+            raise self._empty_error(action="asking the buffer for data")
         return self.last(held)
 
     def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
@@ -275,7 +278,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         held = window_ids <= ring.last_id
         gathered = self._storage.gather(np.where(held, window_positions, positions[..., None]),
                                         [self._reward, self._terminated, self._truncated])
-        rewards, terminated, truncated = (_to_numpy(g) for g in gathered)
+        rewards, terminated, truncated = (to_numpy(g) for g in gathered)
         ended = (terminated | truncated) & held
         # A step whose next observation is in the side store ends the window too: the
         # step after it (if any) is not its successor (an out-of-sequence add).
@@ -303,9 +306,7 @@ class TransitionReplayBuffer(ReplayBuffer):
             dones=to_backend(end_term | end_trunc), discounts=to_backend(discounts))
 
     def _unflatten_action(self, leaves: list[Any]) -> Any:
-        structure = nest.flatten(self._data_spec[ACTION])[1]
-        indices = [i for i, p in enumerate(self._paths) if p.startswith(f"['{ACTION}']")]
-        return structure.unflatten([leaves[i] for i in indices])
+        return self._action_structure.unflatten([leaves[i] for i in self._action_leaves])
 
     def _next_observations(self, positions: np.ndarray, ids: np.ndarray) -> list[Any]:
         """Next observations of the steps at ``positions``: the following step's
@@ -322,7 +323,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         rows = positions % B
         for leaf, side_leaf, head in zip(out, self._side.take(side[from_side]),
                                          self._head_next):
-            leaf = _to_numpy(leaf).copy()
+            leaf = to_numpy(leaf).copy()
             leaf[from_side] = side_leaf
             leaf[newest] = head[rows[newest]]
             patched.append(self._storage.from_numpy(leaf))
@@ -383,9 +384,3 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
-
-
-def _to_numpy(array: Any) -> np.ndarray:
-    if hasattr(array, "detach"):
-        return array.detach().cpu().numpy()
-    return np.asarray(array)

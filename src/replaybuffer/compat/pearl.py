@@ -98,9 +98,10 @@ from replaybuffer import nest
 from replaybuffer.buffers.her import HERBuffer as _HERCore
 from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
 from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
-from replaybuffer.buffers.transitions import TransitionReplayBuffer, _to_numpy
+from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.specs import spec_from_space
+from replaybuffer.storage.base import to_numpy
 
 __all__ = ["BaseBuffer", "DictTrajectories", "GoalSelectionStrategy", "HERBuffer",
            "ReplayBuffer", "RolloutBuffer", "Trajectories", "TrajectoryType",
@@ -277,7 +278,7 @@ class BaseBuffer(ABC):
         if path not in core._paths:
             raise TypeError(f"{path} is not one stored array in {type(self).__name__} (the "
                             "space is a nest): read core.all() instead")
-        array = _to_numpy(core._storage.arrays[core._paths.index(path)])
+        array = to_numpy(core._storage.arrays[core._paths.index(path)])
         shape = array.shape[1:] or (1,)
         view = array.reshape(self.batch_shape + shape)
         view.flags.writeable = False  # the buffer's invariants (side store) live elsewhere
@@ -349,7 +350,7 @@ class BaseBuffer(ABC):
     def _batched(self, value: Any, scalar: str | None = None) -> Any:
         """``value`` with a leading env axis; Pearl's trailing 1 of scalar fields dropped."""
         def one(leaf: Any) -> Any:
-            arr = _to_numpy(leaf)
+            arr = to_numpy(leaf)
             if not self.vector:
                 arr = arr[None]
             if scalar is not None and arr.ndim == 2 and arr.shape[1] == 1 and \
@@ -417,7 +418,7 @@ class BaseBuffer(ABC):
         flatten = flatten_env and outer == 2
 
         def pearl(leaf: Any) -> np.ndarray:
-            arr = _to_numpy(leaf)
+            arr = to_numpy(leaf)
             if arr.ndim == outer:  # Pearl's scalar fields have a trailing axis of 1
                 arr = arr[..., None]
             if flatten:
@@ -431,8 +432,8 @@ class BaseBuffer(ABC):
             return arr
 
         fields = (batch.observations, batch.actions,
-                  _to_numpy(batch.rewards).astype(np.float32),
-                  batch.next_observations, _to_numpy(batch.terminated).astype(np.float32))
+                  to_numpy(batch.rewards).astype(np.float32),
+                  batch.next_observations, to_numpy(batch.terminated).astype(np.float32))
         o, a, r, no, d = (nest.map_structure(pearl, f) for f in fields)
         if self._output_keys is not None:
             pick = self._output_keys
@@ -596,7 +597,7 @@ class HERBuffer(BaseBuffer):
                 goals = core._next_observations(positions.ravel(),
                                                 np.repeat(ids, self.num_envs))[core._achieved]
                 flat = out.reshape((-1,) + out.shape[1 + self.vector:])
-                flat[positions.ravel()] = _to_numpy(goals)
+                flat[positions.ravel()] = to_numpy(goals)
         return out
 
     def reset(self) -> None:
@@ -637,4 +638,3 @@ def _index(value: Any, i: int) -> Any:
     if isinstance(value, dict):
         return {key: v[i] for key, v in value.items()}
     return value[i]
-

@@ -84,6 +84,16 @@ class LeafChecker:
         return arr
 
 
+def to_numpy(array: Any) -> np.ndarray:
+    """A backend array (numpy, torch on any device, TensorFlow) as a numpy array.
+
+    Torch tensors are detached and copied to the host first.
+    """
+    if hasattr(array, "detach"):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
 def identity(array: np.ndarray) -> np.ndarray:
     """``from_numpy`` of backends whose arrays are numpy arrays."""
     return array
