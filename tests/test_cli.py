@@ -54,7 +54,10 @@ def test_bench_quick_smoke(tmp_path, capsys):
     ops = {(r["workload"], r["op"]) for r in results}
     assert ("control B=1", "add_batch") in ops and ("control B=32", "get_next(256)") in ops
     assert all(r["seconds"] > 0 and r["limit_seconds"] > 0 for r in results)
-    assert "x numpy" in capsys.readouterr().out
+    reads = [r for r in results if r["op"] != "add_batch"]
+    assert reads and all(r["record_limit_seconds"] > 0 for r in reads)
+    out = capsys.readouterr().out
+    assert "x numpy" in out and "x records" in out
 
 
 def test_inspect(tmp_path, capsys):
@@ -72,7 +75,10 @@ def test_bench_peers_quick_reports_every_peer(tmp_path, capsys):
                  "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     peers = {r["peer"] for r in rows}
-    assert {"numpy limit", "replaybuffer", "cpprb", "sb3", "torchrl", "tianshou"} <= peers
+    assert {"numpy limit", "numpy limit[records]", "replaybuffer", "cpprb", "sb3", "torchrl",
+            "tianshou"} <= peers
+    limits = [r for r in rows if r["peer"].startswith("numpy limit")]
+    assert len(limits) == 6 and all(r["status"] == "ok" for r in limits)
     ours = [r for r in rows if r["peer"] == "replaybuffer"]
     assert {r["op"] for r in ours} == {"add(1)", "add(256)", "sample(256)+next"}
     assert all(r["status"] == "ok" and r["seconds_per_call"] > 0 for r in ours)

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling import ring as r
@@ -111,3 +113,21 @@ def test_check_not_all_dropped():
         check_not_all_dropped(2, 3, 3, None, True)
     with pytest.raises(ValueError, match="ALL data will be dropped"):
         check_not_all_dropped(2, 3, None, 4, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**6), max_size=40), st.integers(1, 6), st.integers(1, 4),
+       st.integers(1, 50))
+def test_windows_and_window_positions_match_broadcasting(starts, T, B, L):
+    starts = np.array(starts, np.int64)
+    expected = starts[:, None] + B * np.arange(T)
+    got = r.windows(starts, T, B)
+    assert got.shape == (len(starts), T) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
+    capacity = L * B
+    starts %= capacity
+    np.testing.assert_array_equal(r.window_positions(starts, T, L, B),
+                                  (starts[:, None] + B * np.arange(T)) % capacity)
+    # The cached offsets are shared between calls: a caller must not be able to corrupt them.
+    got += 1
+    np.testing.assert_array_equal(r.windows(starts, T, B), starts[:, None] + B * np.arange(T))

@@ -17,13 +17,17 @@ __all__ = ["Result", "run", "run_and_report", "format_table"]
 
 
 def format_table(results: list[Result]) -> str:
-    header = ("workload", "storage", "op", "us/call", "items/s", "numpy us", "x numpy")
+    header = ("workload", "storage", "op", "us/call", "items/s", "numpy us", "x numpy",
+              "records us", "x records")
     rows = [header]
     for r in results:
         rows.append((r.workload, r.storage, r.op, f"{r.seconds * 1e6:.2f}",
                      f"{r.items_per_second:,.0f}",
                      "" if r.limit_seconds is None else f"{r.limit_seconds * 1e6:.2f}",
-                     "" if r.ratio is None else f"{r.ratio:.2f}"))
+                     "" if r.ratio is None else f"{r.ratio:.2f}",
+                     "" if r.record_limit_seconds is None
+                     else f"{r.record_limit_seconds * 1e6:.2f}",
+                     "" if r.record_ratio is None else f"{r.record_ratio:.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i < 3 else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
@@ -36,7 +40,8 @@ def run_and_report(args: argparse.Namespace) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     results = []
     print(f"# replaybuffer bench ({platform.processor() or platform.machine()}, "
-          f"{'quick' if args.quick else 'full'}); x numpy = our time / numpy limit")
+          f"{'quick' if args.quick else 'full'}); x numpy = our time / numpy limit (one "
+          "array per leaf); x records = our time / the same reads from interleaved records")
     for result in run(workloads, storages, args.quick):
         results.append(result)
         print(f"  {result.workload:<20} {result.storage:<6} {result.op:<26} "

@@ -330,18 +330,29 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
                  ) -> Iterator[dict[str, Any]]:
     """The plain-numpy limit: the same bytes moved by numpy alone, no bookkeeping.
 
-    One array per field (observations once: the next observation is the next row);
-    adds are slice assignments per field, samples ``take(positions, 0, out, "clip")`` per
-    field into preallocated outputs with precomputed random positions that together
-    cover the buffer, so the limit pays for cache misses as real samples do.
+    ``plain``: one contiguous array per field (observations once: the next observation
+    is the next row); adds are slice assignments per field, samples
+    ``take(positions, 0, out, "clip")`` per field (and the observations again at the
+    next positions) into preallocated outputs, with precomputed random positions that
+    together cover the buffer, so the limit pays for cache misses as real samples do.
+
+    ``records``: the fields of at most ``PACK_MAX_BYTES`` per item interleaved as one
+    record per step (the layout this project's numpy storage uses), larger fields in
+    arrays of their own. A sample takes the records of both steps of each
+    (step, next step) pair with one ``take``: more bytes than ``plain`` (every field of
+    the next step), but one cache miss per step instead of one per field.
     """
-    from replaybuffer.bench.workloads import gather_limit, position_sets
+    from replaybuffer.bench.workloads import gather_limit, position_sets, record_arrays
 
     spec = {k: v for k, v in (_control_spec() if workload == "control"
                               else _frames_spec()).items() if k != "next_obs"}
     capacity = sizes.control if workload == "control" else sizes.frames
     rng = np.random.default_rng(0)
-    arrays = [np.zeros((capacity,) + s.shape, s.dtype) for s in spec.values()]
+    specs = list(spec.values())
+    arrays = [np.zeros((capacity,) + s.shape, s.dtype) for s in specs]
+    gathered = arrays
+    if layout == "records":  # the small per-leaf arrays stay untouched (never mapped)
+        arrays, gathered = record_arrays(specs, arrays)
     chunk = [v[0] for v in random_items(spec, (1, FILL_CHUNK), rng).values()]
     for start in range(0, capacity, FILL_CHUNK):
         for dst, src in zip(arrays, chunk):
@@ -359,10 +370,12 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
         return add
 
     def sampler(size: int) -> Callable[[], None]:  # every field, plus the next observation
-        sets = [np.stack([p, (p + 1) % capacity]) for p in
-                position_sets(rng, capacity - 1, (size,))]
-        take_all = gather_limit(arrays, [s[0] for s in sets])
-        take_next = gather_limit(arrays[:1], [s[1] for s in sets])
+        starts = position_sets(rng, capacity - 1, (size,))
+        if layout == "records":  # every gathered array at (step, next step) pairs
+            take_pairs = gather_limit(gathered, [np.stack([p, p + 1], 1) for p in starts])
+            return take_pairs
+        take_all = gather_limit(gathered, starts)
+        take_next = gather_limit(gathered[:1], [p + 1 for p in starts])
         return lambda: (take_all(), take_next())
 
     ops: dict[str, tuple[Callable[[], object], int]] = {"add(1)": (adder(1), 1)}
@@ -373,6 +386,11 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
         ops["sample(32)+next"] = (sampler(32), 32)
         ops["sample(256)+next"] = (sampler(256), 256)
     yield from _timed(ops, sizes)
+    if workload == "frames":
+        step_bytes = sum(a.nbytes for a in gathered) / capacity
+        yield {"op": "bytes/transition", "items_per_call": None,
+               "bytes_per_transition": step_bytes, "obs_bytes_per_transition": None,
+               "detail": "computed: the arrays' bytes per step"}
 
 
 def _cpprb_env(spec: dict[str, ArraySpec], next_of: bool) -> dict[str, dict[str, Any]]:
@@ -744,6 +762,8 @@ class Peer:
 
 PEERS: tuple[Peer, ...] = (
     Peer("numpy limit", "numpy", ("numpy",), _numpy_limit, "plain", ("control", "frames")),
+    Peer("numpy limit[records]", "numpy", ("numpy",), _numpy_limit, "records",
+         ("control", "frames")),
     Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, "plain", WORKLOADS),
     Peer("replaybuffer[frame_stack]", "replaybuffer", ("replaybuffer",), _ours,
          "frame_stack", ("frames",)),

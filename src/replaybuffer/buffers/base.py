@@ -16,7 +16,7 @@ from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.episodes import EpisodeIndex
-from replaybuffer.sampling.ring import table_rows
+from replaybuffer.sampling.ring import table_rows, windows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
 from replaybuffer.storage.base import LeafChecker, identity, to_numpy
@@ -344,7 +344,7 @@ class ReplayBuffer:
                                                           episodes)
             ids = self._info_ids(ids, positions)
             if num_steps is not None:
-                ids = ids[:, None] + self._id_step * np.arange(num_steps, dtype=np.int64)
+                ids = windows(ids, num_steps, self._id_step)
                 positions = ring.window_positions(positions, num_steps)
             leaves = self._gather(positions)
         return leaves, ids, info

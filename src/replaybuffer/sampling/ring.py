@@ -14,6 +14,8 @@ Everything here is pure integer arithmetic on numpy arrays or Python ints.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -45,6 +47,25 @@ def positions(ids: np.ndarray, rows: np.ndarray | int, max_length: int,
     return (ids % max_length) * batch_size + rows
 
 
+@functools.lru_cache(maxsize=64)
+def _window_offsets(count: int, num_steps: int, step: int) -> np.ndarray:
+    """``[0, step, ..., (num_steps - 1) * step]`` tiled ``count`` times (read-only)."""
+    offsets = np.tile(np.arange(0, num_steps * step, step, dtype=np.int64), count)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def windows(starts: np.ndarray, num_steps: int, step: int = 1) -> np.ndarray:
+    """``starts[:, None] + step * arange(num_steps)``: int64 ``[S, num_steps]``.
+
+    Built as a repeat plus a cached tile of offsets: numpy broadcasts ``[S, 1] + [T]``
+    with an inner loop of length ``T``, which costs 2.5x more for short windows.
+    """
+    out = starts.astype(np.int64, copy=False).repeat(num_steps)
+    out += _window_offsets(len(starts), num_steps, step)
+    return out.reshape(len(starts), num_steps)
+
+
 def window_positions(start_positions: np.ndarray, num_steps: int, max_length: int,
                      batch_size: int) -> np.ndarray:
     """Positions ``[S, num_steps]`` of windows starting at ``start_positions`` ``[S]``.
@@ -52,8 +73,12 @@ def window_positions(start_positions: np.ndarray, num_steps: int, max_length: in
     Step ``k`` of a window is ``k`` slots later in the same row: ``k * batch_size``
     positions later, wrapping at the capacity.
     """
-    offsets = np.arange(0, num_steps * batch_size, batch_size, dtype=np.int64)
-    return (start_positions[:, None] + offsets) % (max_length * batch_size)
+    out = windows(start_positions, num_steps, batch_size)
+    capacity = max_length * batch_size
+    if len(start_positions) and int(start_positions.max()) + (num_steps - 1) * batch_size \
+            >= capacity:  # only windows that wrap physically need the modulo
+        np.remainder(out, capacity, out=out)
+    return out
 
 
 def table_rows(ids: np.ndarray, rows: np.ndarray | int, max_length: int) -> np.ndarray:

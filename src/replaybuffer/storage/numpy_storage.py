@@ -1,4 +1,4 @@
-"""Storage in numpy arrays in RAM."""
+"""Storage in numpy arrays in RAM, small leaves packed into one record per position."""
 
 from __future__ import annotations
 
@@ -7,30 +7,89 @@ from typing import Any, Sequence
 import numpy as np
 
 from replaybuffer.specs import ArraySpec
-from replaybuffer.storage.base import LeafChecker, identity, leaf_nbytes
+from replaybuffer.storage.base import LeafChecker, identity
+
+PACK_MAX_BYTES = 512
+"""Leaves of at most this many bytes per item share one record per position.
+
+Reading a small leaf costs one cache miss per item whatever its size, so a step
+whose leaves live in five arrays costs five misses; packed into one record it costs
+one (two lines at most for records up to 128 bytes). Large leaves (image frames)
+are bound by bandwidth instead, and stay in arrays of their own, contiguous.
+"""
+
+
+def record_dtype(specs: Sequence[ArraySpec]) -> np.dtype:
+    """A structured dtype with one field ``f{k}`` per spec, each at an offset aligned
+    to its item size, the whole padded to the largest alignment.
+
+    Aligned fields keep every field view's strides a multiple of its item size, which
+    ``torch.from_numpy`` and most consumers of strided arrays require.
+    """
+    names, formats, offsets = [], [], []
+    offset, align = 0, 1
+    for k, spec in enumerate(specs):
+        size = spec.dtype.itemsize
+        offset = -(-offset // size) * size
+        names.append(f"f{k}")
+        formats.append((spec.dtype, spec.shape) if spec.shape else spec.dtype)
+        offsets.append(offset)
+        offset += spec.nbytes
+        align = max(align, size)
+    itemsize = max(align, -(-offset // align) * align)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": itemsize})
 
 
 class NumpyStorage:
-    """One ``np.zeros([capacity, *spec.shape], spec.dtype)`` array per leaf.
+    """Numpy arrays, ``[capacity, *spec.shape]`` per leaf.
+
+    Leaves of at most :data:`PACK_MAX_BYTES` per item (when there are two or more)
+    are fields of one structured array of records, so a gather reads each position
+    with one ``take`` and one cache miss instead of one per leaf. ``arrays[i]`` is
+    then a strided view of that record array; every other leaf has an array of its
+    own. Gathered packed leaves are field views of one freshly gathered block: valid
+    numpy arrays whose strides are multiples of their item size, but not
+    C-contiguous (``np.ascontiguousarray`` where a consumer needs that).
 
     ``np.zeros`` maps fresh pages lazily, so RAM fills as the buffer does.
 
     Args:
         specs: leaf specs, in nest flatten order.
         capacity: number of positions.
+        pack: pack small leaves into records (``False``: one contiguous array per leaf).
     """
 
     kind = "numpy"
 
-    def __init__(self, specs: Sequence[ArraySpec], capacity: int):
+    def __init__(self, specs: Sequence[ArraySpec], capacity: int, pack: bool = True):
         self.specs = tuple(specs)
         self.capacity = int(capacity)
-        self.arrays = [np.zeros((self.capacity,) + s.shape, s.dtype) for s in self.specs]
+        small = [i for i, s in enumerate(self.specs) if s.nbytes <= PACK_MAX_BYTES]
+        self.packed: tuple[int, ...] = tuple(small) if pack and len(small) > 1 else ()
+        self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
+        self._records: np.ndarray | None = None
+        if self.packed:
+            self._record_dtype = record_dtype([self.specs[i] for i in self.packed])
+            self._records = np.zeros(self.capacity, self._record_dtype)
+            # Gathering through a plain void view of the records is a byte copy per
+            # item; taking from a structured dtype goes through its slower field logic.
+            self._record_bytes = self._records.view(np.dtype((np.void,
+                                                              self._record_dtype.itemsize)))
+            self._field = {i: f"f{k}" for k, i in enumerate(self.packed)}
+            for i, name in self._field.items():
+                self.arrays[i] = self._records[name]
+        for i, spec in enumerate(self.specs):
+            if i not in self.packed:
+                self.arrays[i] = np.zeros((self.capacity,) + spec.shape, spec.dtype)
+        self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self._checker = LeafChecker(self.specs)
 
     @property
     def nbytes(self) -> int:
-        return leaf_nbytes(self.specs, self.capacity)
+        """Bytes allocated: records (with their alignment padding) plus the other arrays."""
+        own = sum(self.arrays[i].nbytes for i in self._own)
+        return own + (self._records.nbytes if self._records is not None else 0)
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> Sequence[np.ndarray]:
@@ -54,14 +113,31 @@ class NumpyStorage:
                ) -> list[np.ndarray]:
         # Positions come from ring arithmetic and are always in range; mode="clip" skips
         # the bounds-error bookkeeping of the default mode (about 10% of a small gather).
-        arrays = self.arrays if which is None else [self.arrays[i] for i in which]
-        return [arr.take(positions, 0, mode="clip") for arr in arrays]
+        # Never ``take`` from a packed leaf's strided view: numpy would first copy the
+        # whole array to make it contiguous.
+        indices = range(len(self.specs)) if which is None else which
+        if not self.packed:
+            return [self.arrays[i].take(positions, 0, mode="clip") for i in indices]
+        block = None
+        out = []
+        for i in indices:
+            name = self._field.get(i)
+            if name is None:
+                out.append(self.arrays[i].take(positions, 0, mode="clip"))
+                continue
+            if block is None:
+                block = self._record_bytes.take(positions, 0, mode="clip").view(
+                    self._record_dtype)
+            out.append(block[name])
+        return out
 
     from_numpy = staticmethod(identity)
 
     def zero(self) -> None:
-        for arr in self.arrays:
-            arr[...] = 0
+        if self._records is not None:
+            self._records.view(np.uint8)[...] = 0
+        for i in self._own:
+            self.arrays[i][...] = 0
 
     def export(self, count: int) -> list[np.ndarray]:
         return [arr[:count] for arr in self.arrays]

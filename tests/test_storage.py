@@ -1,0 +1,105 @@
+"""NumpyStorage's packed records against one-array-per-leaf storage, with plain positions."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.numpy_storage import PACK_MAX_BYTES, NumpyStorage, record_dtype
+
+MIXED = [ArraySpec((3,), np.uint8), ArraySpec((), np.float64), ArraySpec((2, 2), np.int32),
+         ArraySpec((), np.bool_), ArraySpec((5,), np.float32), ArraySpec((), np.int16),
+         ArraySpec((), np.int64)]
+
+
+def test_record_fields_are_aligned_and_disjoint():
+    dt = record_dtype(MIXED)
+    fields = [dt.fields[f"f{k}"] for k in range(len(MIXED))]
+    end = 0
+    for (field_dtype, offset), spec in zip(fields, MIXED):
+        assert offset % spec.dtype.itemsize == 0, (spec, offset)
+        assert offset >= end  # no overlap with the previous field
+        end = offset + spec.nbytes
+    assert dt.itemsize >= end and dt.itemsize % 8 == 0
+
+
+def test_which_leaves_are_packed():
+    big = ArraySpec((PACK_MAX_BYTES + 1,), np.uint8)
+    small = ArraySpec((4,), np.float32)
+    s = NumpyStorage([big, small, ArraySpec((), np.int64)], 10)
+    assert s.packed == (1, 2)
+    assert s.arrays[0].flags.c_contiguous and not s.arrays[1].flags.c_contiguous
+    assert NumpyStorage([big, small], 10).packed == ()  # one small leaf gains nothing
+    assert NumpyStorage([small, small], 10, pack=False).packed == ()
+    assert s.nbytes == 10 * (big.nbytes + record_dtype([small, ArraySpec((), np.int64)]).itemsize)
+
+
+def _random_leaves(specs, n, rng):
+    return [rng.integers(0, 100, (n,) + s.shape).astype(s.dtype) for s in specs]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_packed_storage_matches_one_array_per_leaf(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    specs = data.draw(st.lists(st.sampled_from(MIXED + [ArraySpec((600,), np.uint8)]),
+                               min_size=1, max_size=6))
+    capacity = data.draw(st.integers(1, 30))
+    packed, plain = NumpyStorage(specs, capacity), NumpyStorage(specs, capacity, pack=False)
+    for _ in range(data.draw(st.integers(1, 6))):  # writes of blocks at random starts
+        start = data.draw(st.integers(0, capacity - 1))
+        leaves = _random_leaves(specs, data.draw(st.integers(1, capacity - start)), rng)
+        packed.write(start, leaves)
+        plain.write(start, leaves)
+    shape = data.draw(st.sampled_from([(7,), (4, 3), (0,), ()]))
+    positions = rng.integers(0, capacity, shape)
+    which = data.draw(st.one_of(st.none(), st.lists(st.integers(0, len(specs) - 1),
+                                                    max_size=len(specs))))
+    got, want = packed.gather(positions, which), plain.gather(positions, which)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+    for g, w in zip(packed.export(capacity), plain.export(capacity)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_gathered_fields_convert_to_torch_and_are_copies():
+    s = NumpyStorage(MIXED, 8)
+    leaves = _random_leaves(MIXED, 8, np.random.default_rng(0))
+    s.write(0, leaves)
+    got = s.gather(np.array([[5, 6], [7, 0]]))
+    for g, spec, src in zip(got, MIXED, leaves):
+        assert g.shape == (2, 2) + spec.shape
+        t = torch.from_numpy(g)  # refuses strides that are not multiples of the item size
+        np.testing.assert_array_equal(t.numpy(), src[[[5, 6], [7, 0]]])
+        g[...] = 0  # a gathered leaf is the caller's: the storage is untouched
+    np.testing.assert_array_equal(s.gather(np.array([5]))[0], leaves[0][[5]])
+
+
+def test_export_load_and_zero():
+    s = NumpyStorage(MIXED, 6)
+    leaves = _random_leaves(MIXED, 6, np.random.default_rng(1))
+    s.write(0, leaves)
+    t = NumpyStorage(MIXED, 6)
+    t.load([a.copy() for a in s.export(4)])
+    for a, b in zip(t.gather(np.arange(4)), leaves):
+        np.testing.assert_array_equal(a, b[:4])
+    s.zero()
+    assert all(not a.any() for a in s.gather(np.arange(6)))
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_write_of_one_leaf_leaves_the_others_alone(pack):
+    s = NumpyStorage(MIXED, 4, pack=pack)
+    leaves = _random_leaves(MIXED, 4, np.random.default_rng(2))
+    s.write(0, leaves)
+    before = s.gather(np.arange(4))
+    s.arrays[1][2] = -1.5  # a write through one field's view
+    after = s.gather(np.arange(4))
+    for k, (a, b) in enumerate(zip(before, after)):
+        if k != 1:
+            np.testing.assert_array_equal(a, b)
+    assert after[1][2] == -1.5
