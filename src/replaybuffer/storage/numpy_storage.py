@@ -84,6 +84,9 @@ class NumpyStorage:
                 self.arrays[i] = np.zeros((self.capacity,) + spec.shape, spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self._checker = LeafChecker(self.specs)
+        self._dtypes = self._checker.dtypes
+        self._last_outer: tuple[int, ...] | None = None
+        self._last_shapes: list[tuple[int, ...]] = []
 
     @property
     def nbytes(self) -> int:
@@ -93,9 +96,13 @@ class NumpyStorage:
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> Sequence[np.ndarray]:
-        shapes = self._checker.full_shapes(outer_shape)
+        if outer_shape is self._last_outer:  # the same add path as last time
+            shapes = self._last_shapes
+        else:
+            shapes = self._checker.full_shapes(outer_shape)
+            self._last_outer, self._last_shapes = outer_shape, shapes
         # Fast path: arrays of exactly the stored dtype and shape need no conversion.
-        for leaf, shape, dtype in zip(leaves, shapes, self._checker.dtypes):
+        for leaf, shape, dtype in zip(leaves, shapes, self._dtypes):
             if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
                 break
         else:
