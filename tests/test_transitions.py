@@ -214,3 +214,201 @@ def test_n_step_returns_stop_at_out_of_sequence_adds():
     np.testing.assert_array_equal(last.next_observations, [2, 2, 12, 12])
     np.testing.assert_allclose(last.rewards, [1.5, 1, 150, 100])
     np.testing.assert_allclose(last.discounts, [0.25, 0.5, 0.25, 0.5])
+
+
+# ------------------------------------------------------- frame_stack=True (deduplicated)
+STACK_VALUES = np.array([1, 2, 3], np.uint8)  # few values: unrelated frames often coincide
+
+
+def stacked_spec(K, axis=0, shape=(2, 3)):
+    return rb.ArraySpec((K,) + shape if axis == 0 else shape + (K,), np.uint8)
+
+
+def run_stacked(buffers, log, steps, rng, K, axis=0, shape=(2, 3), p_end=0.2, p_jump=0.1):
+    """Add ``steps`` transitions per env whose observations are frame stacks: episodes
+    padded by repetition, by zeros or not at all, ended by termination or truncation
+    (the final observation slid on by one frame), and sometimes an out-of-sequence
+    stack that does not slide from the last next observation."""
+    B = buffers[0].num_envs
+
+    def fresh():
+        return np.zeros(shape, np.uint8) if rng.random() < 0.1 else rng.choice(STACK_VALUES, shape)
+
+    def start():
+        padding, first = rng.integers(3), fresh()
+        if padding == 0:
+            return [first] * K
+        if padding == 1:
+            return [np.zeros(shape, np.uint8)] * (K - 1) + [first]
+        return [fresh() for _ in range(K - 1)] + [first]
+
+    def as_obs(stacks):
+        obs = np.stack([np.stack(s) for s in stacks])
+        return obs if axis == 0 else np.moveaxis(obs, 1, -1)
+
+    stacks = [start() for _ in range(B)]
+    for _ in range(steps):
+        follow = [s[1:] + [s[-1] if rng.random() < 0.2 else fresh()] for s in stacks]
+        obs, next_obs = as_obs(stacks), as_obs(follow)
+        action = rng.integers(0, 4, B)
+        reward = rng.normal(size=B).astype(np.float32)
+        end = rng.random(B) < p_end
+        terminated = end & (rng.random(B) < 0.5)
+        truncated = end & ~terminated
+        for buffer in buffers:
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        for b in range(B):
+            log.add(b, obs[b], action[b], reward[b], next_obs[b], terminated[b], truncated[b])
+        for b in range(B):
+            if end[b]:
+                stacks[b] = start()
+            elif rng.random() < p_jump:
+                stacks[b] = [fresh() for _ in range(K)]
+            else:
+                stacks[b] = follow[b]
+
+
+def assert_transitions_equal(a, b):
+    for field in a._fields:
+        x, y = to_np(getattr(a, field)), to_np(getattr(b, field))
+        assert x.dtype == y.dtype and x.shape == y.shape, field
+        assert x.tobytes() == y.tobytes(), field
+
+
+def assert_side_frames_owned(buffer):
+    codec = buffer._codec
+    assert {n for ns in codec.extra_owner.values() for n in ns} == set(codec.extras)
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(1, 8), steps=st.integers(1, 30),
+       K=st.integers(1, 4), n=st.integers(1, 3), axis=st.sampled_from([0, -1]),
+       prioritized=st.booleans(), seed=st.integers(0, 1000), clear_at=st.integers(0, 40))
+def test_deduplicated_stacks_match_the_log(num_envs, per_row, steps, K, n, axis, prioritized,
+                                           seed, clear_at):
+    rng = np.random.default_rng(seed)
+    cls = rb.PrioritizedTransitionReplayBuffer if prioritized else rb.TransitionReplayBuffer
+    kw = dict(num_envs=num_envs, n_step=n, gamma=0.9, seed=seed)
+    spec = stacked_spec(K, axis)
+    plain = cls(spec, ACT, per_row * num_envs, **kw)
+    dedup = cls(spec, ACT, per_row * num_envs, frame_stack=True, stack_axis=axis, **kw)
+    log = Log(num_envs)
+    if clear_at < steps:  # what went before a clear must not leak into what follows
+        run_stacked([plain, dedup], log, clear_at, rng, K, axis)
+        plain.clear()
+        dedup.clear()
+        log, steps = Log(num_envs), steps - clear_at
+    run_stacked([plain, dedup], log, steps, rng, K, axis)
+    everything = dedup.all()
+    assert_transitions_equal(plain.all(), everything)
+    if n == 1:  # every retained transition is the one added, final observations included
+        for b in range(num_envs):
+            kept = log.retained(b, per_row)
+            obs = to_np(everything.observations).reshape((num_envs, -1) + spec.shape)[b]
+            nxt = to_np(everything.next_observations).reshape((num_envs, -1) + spec.shape)[b]
+            for k, (o, _, _, next_obs, _, _) in enumerate(kept):
+                assert obs[k].tobytes() == o.tobytes()
+                assert nxt[k].tobytes() == next_obs.tobytes()
+    x, ix = plain.sample(32)
+    y, iy = dedup.sample(32)
+    assert_transitions_equal(x, y)
+    np.testing.assert_array_equal(ix.ids, iy.ids)
+    assert_side_frames_owned(dedup)
+
+
+def test_deduplicated_memory_is_about_one_frame_per_transition():
+    K, capacity, episode = 4, 2000, 250
+    spec = rb.ArraySpec((K, 84, 84), np.uint8)
+    frame_bytes = 84 * 84
+    dedup = rb.TransitionReplayBuffer(spec, ACT, capacity, frame_stack=True)
+    plain = rb.TransitionReplayBuffer(spec, ACT, capacity)
+    rng = np.random.default_rng(0)
+    for e in range(capacity // episode + 1):  # a little past the wrap
+        frames = rng.integers(0, 256, (episode + 1, 84, 84), dtype=np.uint8)
+        stack = np.stack([frames[0]] * K)  # padding by repetition at the start
+        for t in range(episode):
+            next_stack = np.concatenate([stack[1:], frames[t + 1][None]])
+            dedup.add(stack[None], np.zeros(1, np.int64), np.ones(1, np.float32),
+                      next_stack[None], np.array([t == episode - 1]))
+            stack = next_stack
+    per_transition = dedup.nbytes / capacity
+    assert per_transition <= 1.05 * frame_bytes  # one frame, K references, side frames
+    assert plain.nbytes / capacity > K * frame_bytes
+    assert len(dedup._codec.extras) == capacity // episode  # one final frame per episode
+    batch = dedup.last(capacity)
+    ends = np.flatnonzero(to_np(batch.terminated))
+    assert len(ends) == capacity // episode
+    final = to_np(batch.next_observations)[ends[-1]]
+    np.testing.assert_array_equal(final[:-1], to_np(batch.observations)[ends[-1]][1:])
+
+
+def test_deduplicated_save_load_round_trip(tmp_path):
+    rng = np.random.default_rng(5)
+    spec = stacked_spec(3)
+    kw = dict(num_envs=2, n_step=2, gamma=0.5, seed=1, frame_stack=True)
+    buffer = rb.PrioritizedTransitionReplayBuffer(spec, ACT, 16, **kw)
+    plain = rb.PrioritizedTransitionReplayBuffer(spec, ACT, 16, num_envs=2, n_step=2,
+                                                 gamma=0.5, seed=1)
+    log = Log(2)
+    run_stacked([buffer, plain], log, 30, rng, 3)
+    assert buffer._codec.extras  # some final observations hold side frames
+    buffer.save(tmp_path / "t")
+    again = rb.load(tmp_path / "t")
+    assert type(again) is rb.PrioritizedTransitionReplayBuffer and again._codec is not None
+    assert again.nbytes == buffer.nbytes
+    assert_transitions_equal(buffer.all(), again.all())
+    assert_transitions_equal(buffer.sample(16)[0], again.sample(16)[0])
+    plain.sample(16)  # keeps the plain buffer's generator in step
+    run_stacked([again, plain], log, 20, rng, 3)  # and it carries on as the plain one
+    assert_transitions_equal(plain.all(), again.all())
+    assert_transitions_equal(plain.sample(64)[0], again.sample(64)[0])
+    assert_side_frames_owned(again)
+
+
+def test_deduplicated_bad_input_is_refused_and_changes_nothing():
+    K, shape = 3, (2, 3)
+    buffer = rb.TransitionReplayBuffer(stacked_spec(K), ACT, 8, num_envs=2, frame_stack=True)
+    rng = np.random.default_rng(3)
+    run_stacked([buffer], Log(2), 12, rng, K, p_end=0.3)
+    good = dict(observation=np.ones((2, K) + shape, np.uint8), action=np.zeros(2, np.int64),
+                reward=np.zeros(2, np.float32),
+                next_observation=np.full((2, K) + shape, 2, np.uint8),
+                terminated=np.ones(2, bool), truncated=np.zeros(2, bool))
+    before = buffer.all()
+    codec = buffer._codec
+    ring, ids, extras = codec.frames.copy(), codec.frame_ids.copy(), dict(codec.extras)
+    cases = [
+        (dict(observation=np.ones((2, K + 1) + shape, np.uint8)),
+         r"\['observation'\]: expected shape \(2, 3, 2, 3\)"),
+        (dict(observation=np.ones((2,) + shape + (K,), np.uint8)),  # the other stack axis
+         r"\['observation'\]: expected shape"),
+        (dict(observation=np.ones((2, K) + shape, np.float32)),
+         r"\['observation'\]: expected dtype uint8"),
+        (dict(next_observation=np.ones((2, K, 3, 2), np.uint8)),
+         r"\['next_observation'\]: expected shape \(2, 3, 2, 3\)"),
+        (dict(next_observation=np.ones((2, K) + shape, np.float64)),
+         r"\['next_observation'\]: expected dtype uint8"),
+        (dict(action=np.array([0, 9])), r"\['action'\] has values outside its space"),
+    ]
+    for change, pattern in cases:
+        with pytest.raises(rb.SpecError, match=pattern):
+            buffer.add(**{**good, **change})
+    assert buffer.num_frames() == 8
+    assert_transitions_equal(before, buffer.all())
+    np.testing.assert_array_equal(codec.frames, ring)
+    np.testing.assert_array_equal(codec.frame_ids, ids)
+    assert codec.extras.keys() == extras.keys()
+    buffer.add(**good)  # and a good add still goes in, final observation included
+    last = buffer.last(1)
+    np.testing.assert_array_equal(to_np(last.next_observations), good["next_observation"][:, None])
+
+
+def test_deduplicated_configuration_errors():
+    with pytest.raises(rb.SpecError, match="one array of stacked frames"):
+        rb.TransitionReplayBuffer({"pixels": stacked_spec(3), "x": OBS}, ACT, 8, frame_stack=True)
+    with pytest.raises(rb.SpecError, match="stack axis"):
+        rb.TransitionReplayBuffer(stacked_spec(3), ACT, 8, frame_stack=True, stack_axis=3)
+    with pytest.raises(ValueError, match="storage='numpy'"):
+        rb.TransitionReplayBuffer(stacked_spec(3), ACT, 8, frame_stack=True, storage="torch")
+    with pytest.raises(ValueError, match="frame_stack must be True or False"):
+        rb.TransitionReplayBuffer(stacked_spec(3), ACT, 8, frame_stack="observation")

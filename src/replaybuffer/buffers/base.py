@@ -299,7 +299,11 @@ class ReplayBuffer:
             kept = num_steps - skip
             slot = (first_id + skip) % L
             head = min(kept, L - slot)
-            self._storage.write(slot * B, [a[skip * B:(skip + head) * B] for a in time_major])
+            if num_steps == 1:  # one step never wraps: no slicing (the frame-stack add path)
+                self._storage.write(slot * B, time_major)
+            else:
+                self._storage.write(slot * B, [a[skip * B:(skip + head) * B]
+                                               for a in time_major])
             if head < kept:
                 self._storage.write(0, [a[(skip + head) * B:] for a in time_major])
             if self._codec is not None:

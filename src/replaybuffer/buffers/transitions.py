@@ -11,6 +11,12 @@ in a small side store owned by the step, and the newest step of each row keeps i
 own. Every sampled next observation is therefore exactly the one that was added
 (unlike SB3's ``optimize_memory_usage``, DLR-RM/stable-baselines3#934).
 
+With ``frame_stack=True`` a stacked image observation (uint8 ``[4, 84, 84]``, say) is
+stored one frame per transition (:mod:`replaybuffer.storage.frames`): both
+observation and next observation stacks are rebuilt byte-exact at sample time, and an
+episode's true final observation costs one side frame (the frames it shares with the
+last step's observation are referenced, not copied).
+
 ``terminated`` and ``truncated`` stay apart. ``discounts`` in a sample is the factor
 of the value of ``next_observations`` in a TD target: ``gamma ** m`` for an ``m``-step
 return that ends by time limit or by the ``n_step`` horizon, 0 after termination.
@@ -75,12 +81,18 @@ class TransitionReplayBuffer(ReplayBuffer):
         storage, device, seed: as for :class:`~replaybuffer.UniformReplayBuffer`.
         memory: ``"warn"`` (default) or ``"strict"``: what to do when the memory the
             buffer needs (computed up front) exceeds what is available.
+        frame_stack: store the observation, one array of stacked frames (e.g. uint8
+            ``[4, 84, 84]`` from a frame-stack wrapper), deduplicated: one frame per
+            transition, stacks rebuilt on read. Numpy storage only.
+        stack_axis: the axis of the observation's shape that stacks frames (0 for
+            ``[K, H, W]``, -1 for ``[H, W, K]``).
     """
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
-                 memory: str = "warn", _sampler: Any = None):
+                 memory: str = "warn", frame_stack: bool = False, stack_axis: int = 0,
+                 _sampler: Any = None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or \
                 capacity < num_envs:
             raise ValueError(f"capacity must be an int >= num_envs={num_envs}, got {capacity!r}")
@@ -90,22 +102,34 @@ class TransitionReplayBuffer(ReplayBuffer):
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
         if memory not in ("warn", "strict"):
             raise ValueError(f"memory must be 'warn' or 'strict', got {memory!r}")
+        if not isinstance(frame_stack, (bool, np.bool_)):
+            raise ValueError(f"frame_stack must be True or False, got {frame_stack!r}")
         obs_spec, act_spec = as_data_spec(observation_spec), as_data_spec(action_spec)
+        if frame_stack and not isinstance(obs_spec, ArraySpec):
+            raise SpecError(f"frame_stack needs an observation that is one array of stacked "
+                            f"frames, got {nest.describe(nest.flatten(obs_spec)[1])}")
         spec = {OBS: obs_spec, ACTION: act_spec, REWARD: ArraySpec((), np.float32, REWARD),
                 TERMINATED: ArraySpec((), np.bool_, TERMINATED),
                 TRUNCATED: ArraySpec((), np.bool_, TRUNCATED)}
         max_length = int(capacity) // num_envs
         obs_leaves, self._obs_structure = nest.flatten(obs_spec)
-        needed = sum(s.nbytes for s in nest.flatten(spec)[0]) * max_length * num_envs + \
+        per_step = sum(s.nbytes for s in nest.flatten(spec)[0])
+        if frame_stack and -len(obs_spec.shape) <= stack_axis < len(obs_spec.shape):
+            stack = max(obs_spec.shape[stack_axis], 1)  # one frame, K references, a frame id
+            per_step += obs_spec.nbytes // stack + 8 * stack + 8 - obs_spec.nbytes
+        needed = per_step * max_length * num_envs + \
             sum(s.nbytes for s in obs_leaves) * num_envs
         check_memory(needed, f"{type(self).__name__}(capacity={capacity})",
                      strict=memory == "strict")
         super().__init__(spec, num_envs, max_length, storage=storage, device=device,
-                         sampler=_sampler or UniformSampler(seed))
+                         sampler=_sampler or UniformSampler(seed),
+                         frame_stack=OBS if frame_stack else None, stack_axis=stack_axis)
         self.n_step, self.gamma = n_step, float(gamma)
         self._config_values = {"observation_spec": obs_spec, "action_spec": act_spec,
                                "capacity": int(capacity), "num_envs": num_envs,
                                "n_step": n_step, "gamma": gamma, "seed": seed}
+        if frame_stack:  # only then: subclasses without these arguments save as before
+            self._config_values.update(frame_stack=True, stack_axis=stack_axis)
         names = self._paths_by_name()
         self._obs_leaves = [i for i, p in enumerate(self._paths) if p.startswith(f"['{OBS}']")]
         self._action_leaves = [i for i, p in enumerate(self._paths)
@@ -114,7 +138,11 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._reward, self._terminated, self._truncated = (names[REWARD], names[TERMINATED],
                                                            names[TRUNCATED])
         self._obs_specs = [self._specs[i] for i in self._obs_leaves]
-        self._side = SideStore(self._obs_specs)
+        # With frame_stack the side store keeps the frame references of next observations
+        # (their frames live in the codec), not whole stacks.
+        self._side = SideStore([self._codec.ref_spec if self._codec is not None else s
+                                for s in self._obs_specs])
+        self._rows = np.arange(num_envs)
         capacity_positions = self._ring.capacity
         self._side_ref = np.full(capacity_positions, -1, np.int64)  # next obs in side store
         self._head_next = [np.zeros((num_envs,) + s.shape, s.dtype) for s in self._obs_specs]
@@ -158,8 +186,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         items = {OBS: observation, ACTION: action, REWARD: reward, TERMINATED: terminated,
                  TRUNCATED: truncated}
         leaves = self._flatten_items(items, "add")
-        arrays = self._storage.convert(leaves, self._paths, self._outer,
-                                       f"[num_envs={B}]")
+        arrays = self._convert(leaves, self._outer, f"[num_envs={B}]")
         next_leaves, structure = nest.flatten(next_observation)
         if structure != self._obs_structure:
             raise SpecError(f"add: next_observation has structure {nest.describe(structure)}, "
@@ -177,9 +204,11 @@ class TransitionReplayBuffer(ReplayBuffer):
         out = []
         for leaf, i in zip(next_leaves, self._obs_leaves):
             path = "['next_observation']" + self._paths[i][len(f"['{OBS}']"):]
-            out.append(self._storage._checker.numpy_leaf(
-                i, to_numpy(leaf), self._outer + self._specs[i].shape, path, self._outer,
-                names))
+            # The storage holds frame references for a deduplicated leaf: check stacks.
+            checker, k = (self._frame_checker, 0) if self._codec is not None else \
+                (self._storage._checker, i)
+            out.append(checker.numpy_leaf(k, to_numpy(leaf), self._outer + self._specs[i].shape,
+                                          path, self._outer, names))
         return out
 
     def _check_ranges(self, arrays: list[Any]) -> None:
@@ -194,27 +223,54 @@ class TransitionReplayBuffer(ReplayBuffer):
                           next_obs: list[np.ndarray], ended: np.ndarray) -> None:
         ring, B, L = self._ring, self.num_envs, self.max_length
         if ring.last_id >= 0:  # does the previous step's next observation follow on?
-            previous = (ring.last_id % L) * B + np.arange(B)
+            previous = (ring.last_id % L) * B + self._rows
             obs = [host[i] for i in self._obs_leaves]
             differs = np.zeros(B, bool)
             for new, head in zip(obs, self._head_next):
-                differs |= (new != head).reshape(B, -1).any(1)
+                differs |= _rows_differ(new, head)
             moved = differs & (self._side_ref[previous] < 0)
             if moved.any():  # keep the true next observation of the previous step
-                self._side_ref[previous[moved]] = self._side.put([h[moved]
-                                                                  for h in self._head_next])
-        positions = ((ring.last_id + 1) % L) * B + np.arange(B)
+                self._side_ref[previous[moved]] = self._put_side(
+                    ring.last_id, moved, [h[moved] for h in self._head_next])
+        step_id = ring.last_id + 1
+        positions = (step_id % L) * B + self._rows
         owned = self._side_ref[positions]
         if (owned >= 0).any():  # overwritten steps release their side observations
             self._side.free(owned[owned >= 0])
             self._side_ref[positions] = -1
+        codec = self._codec
+        if codec is not None:  # the stacks become frame references (validated already)
+            arrays = list(arrays)
+            arrays[self._codec_leaf], frame_writes = codec.encode(step_id,
+                                                                  arrays[self._codec_leaf])
         self._storage.write(positions[0], arrays)
+        if codec is not None:  # also releases the side frames of the overwritten steps
+            codec.commit(frame_writes, step_id, 1)
         if ended.any():
-            self._side_ref[positions[ended]] = self._side.put([n[ended] for n in next_obs])
+            self._side_ref[positions[ended]] = self._put_side(step_id, ended,
+                                                              [n[ended] for n in next_obs])
         for head, new in zip(self._head_next, next_obs):
             head[...] = new
         ring.last_id += 1
         self._sampler.on_add(ring, ring.last_id, 1)
+
+    def _put_side(self, step_id: int, rows: np.ndarray, leaves: list[np.ndarray]
+                  ) -> np.ndarray:
+        """Keep next observations (leaves ``[n, *spec.shape]``) of step ``step_id`` in the
+        rows where ``rows`` (bool ``[num_envs]``) is set; their side-store slots ``[n]``.
+
+        A deduplicated stack is kept as frame references: the frames it shares with the
+        step's own observation are referenced, the rest become side frames owned by the
+        step (``step_id`` must be written already)."""
+        if self._codec is not None:
+            j = self._obs_leaves.index(self._codec_leaf)
+            which = np.flatnonzero(rows)
+            refs, extras = self._codec.encode_side(np.full(len(which), step_id), which,
+                                                   leaves[j])
+            self._codec.commit_side(extras)
+            leaves = list(leaves)
+            leaves[j] = refs
+        return self._side.put(leaves)
 
     def add_batch(self, items: Any) -> None:
         raise TypeError(f"{type(self).__name__} takes transitions through add(observation, "
@@ -270,7 +326,7 @@ class TransitionReplayBuffer(ReplayBuffer):
     def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
         """Gather transitions (with ``n``-step returns) at steps ``ids``/``positions``."""
         ring, B = self._ring, self.num_envs
-        leaves = self._storage.gather(positions)
+        leaves = self._gather(positions)  # stacks rebuilt from frame references
         n = self.n_step
         steps = np.arange(n)
         window_ids = ids[..., None] + steps
@@ -309,22 +365,30 @@ class TransitionReplayBuffer(ReplayBuffer):
         return self._action_structure.unflatten([leaves[i] for i in self._action_leaves])
 
     def _next_observations(self, positions: np.ndarray, ids: np.ndarray) -> list[Any]:
-        """Next observations of the steps at ``positions``: the following step's
-        observation, the side store's, or the newest step's own."""
+        """Next observations of the steps at ``positions`` (int64, ids ``ids`` of the same
+        shape): the following step's observation, the side store's, or the newest step's
+        own. Deduplicated stacks are rebuilt from whichever frame references apply."""
         ring, B = self._ring, self.num_envs
         following = (positions + B) % ring.capacity
         out = self._storage.gather(following, self._obs_leaves)
         side = self._side_ref[positions]
         from_side = side >= 0
         newest = (ids == ring.last_id) & ~from_side
-        if not (from_side.any() or newest.any()):
+        codec = self._codec
+        if codec is None and not (from_side.any() or newest.any()):
             return out
         patched = []
         rows = positions % B
-        for leaf, side_leaf, head in zip(out, self._side.take(side[from_side]),
-                                         self._head_next):
+        for i, leaf, side_leaf, head in zip(self._obs_leaves, out,
+                                            self._side.take(side[from_side]),
+                                            self._head_next):
             leaf = to_numpy(leaf).copy()
             leaf[from_side] = side_leaf
+            if codec is not None and i == self._codec_leaf:
+                # The slot after the newest step holds no successor (an old step, or
+                # nothing since a clear): read zero frames there instead of its refs.
+                leaf[newest] = -1
+                leaf = codec.decode(leaf, rows)
             leaf[newest] = head[rows[newest]]
             patched.append(self._storage.from_numpy(leaf))
         return patched
@@ -384,3 +448,12 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+
+
+def _rows_differ(new: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """bool ``[num_envs]``: rows of ``new`` whose bytes differ from ``head``'s (both
+    ``[num_envs, *spec.shape]``). Bytes, not values: -0.0 is not 0.0, and a NaN is
+    itself, so a next observation read from the following step is the one added."""
+    new = np.ascontiguousarray(new, head.dtype)
+    rows = len(head)
+    return (new.view(np.uint8).reshape(rows, -1) != head.view(np.uint8).reshape(rows, -1)).any(1)

@@ -7,19 +7,31 @@ row (so the frames behind the oldest retained step are still there), and replace
 the stacked leaf in storage by ``K`` frame references per step. Stacks, and so next
 observations read as the second step of a window, are rebuilt at sample time.
 
-References are chosen by content when a step is written, right to left:
+References are chosen by comparing bytes when a step is written:
 
-* the newest frame is the step's own;
-* frame ``k`` is the frame after it when both are equal (padding by repetition, as
+* the sliding window (the common case, one comparison): when the stack's first
+  ``K - 1`` frames are the previous step's last ``K - 1`` (same row), the step reuses
+  that step's references shifted by one, plus its own newest frame;
+* otherwise frame by frame, right to left: the newest frame is the step's own; frame
+  ``k`` is the frame after it when both are equal (padding by repetition, as
   gymnasium's ``FrameStackObservation(padding_type="reset")`` does at episode starts),
   or else the newest frame of the step ``K - 1 - k`` steps earlier in the same row
-  when they are equal (the sliding window of an ongoing episode);
-* an all-zero frame is a zero frame (``padding_type="zero"``);
-* any other frame (a stream that starts without padding, say) is kept in a side
+  when they are equal; an all-zero frame is a zero frame (``padding_type="zero"``);
+  any other frame (a stream that starts without padding, say) is kept in a side
   store owned by its step and dropped when that step is overwritten.
 
 A rebuilt stack is always byte-identical to the one added. Memory per step: one frame,
 ``K`` int64 references and a frame id; side frames only where stacks do not slide.
+
+Stacks that belong to no step of their own (a transition buffer's true final
+observation of an episode, see :mod:`replaybuffer.buffers.transitions`) are encoded
+with :meth:`FrameStackCodec.encode_side` as the step after their owner: they share
+the owner's frames and keep only what is new (usually one frame) as side frames.
+
+Lifetimes: a reference to the ring frame of step ``s`` is only ever held by steps
+``s .. s + K - 1`` of the same row (or by side stacks owned by them), and the ring
+keeps ``max_length + K - 1`` frames per row, so a frame outlives every retained step
+that reads it. Side frames are never shared between steps.
 """
 
 from __future__ import annotations
@@ -31,9 +43,17 @@ import numpy as np
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec
 
+_Last = tuple[memoryview, tuple[int, ...], bool]
+"""A row's newest step as :meth:`FrameStackCodec.encode` left it: the bytes of its last
+``K - 1`` frames, its references, and whether those past the first are all ring or
+zero references (side frames have one owner, so they are never shifted on)."""
+
 
 class FrameStackCodec:
     """Encodes stacked frames into references to a frame ring, and decodes them back.
+
+    A reference is an int64: ``s >= 0`` reads the ring frame of step ``s`` (in the row
+    being read), ``-1`` an all-zero frame, ``-2 - n`` side frame ``n``.
 
     Args:
         spec: the stacked observation's spec, e.g. uint8 ``[4, 84, 84]``.
@@ -58,10 +78,17 @@ class FrameStackCodec:
         self.frames = np.zeros((self.slots * batch_size + 1,) + self.frame_shape, spec.dtype)
         self.frame_ids = np.full(self.slots * batch_size, -1, np.int64)  # id held per slot
         self.ref_spec = ArraySpec((self.stack,), np.int64, spec.name)
+        self.frame_bytes = self.frames[0].nbytes
+        self._dtype = self.frames.dtype
+        self._zero = bytes(self.frame_bytes)
         # Side store: reference -2 - n reads extra frame n, owned by one step position.
         self.extras: dict[int, np.ndarray] = {}
         self.extra_owner: dict[int, list[int]] = {}  # step position -> its extra frames
         self.next_extra = 0
+        # The newest step of each row, for the one-comparison sliding-window match.
+        self._last_id = -1
+        self._last: list[_Last | None] = [None] * batch_size
+        self._one_ref = np.zeros((1, self.stack), np.int64)  # what encode returns for one step
 
     @property
     def nbytes(self) -> int:
@@ -71,65 +98,147 @@ class FrameStackCodec:
     def _frame_position(self, ids: Any, rows: Any) -> Any:
         return (ids % self.slots) * self.batch_size + rows
 
+    def _as_frames(self, stacks: np.ndarray) -> np.ndarray:
+        """``[N, K, *frame]`` of the leaf's dtype: the stacks as their bytes are compared
+        and stored (a value that casts to the dtype is compared as stored)."""
+        if type(stacks) is not np.ndarray or stacks.dtype is not self._dtype:
+            stacks = np.asarray(stacks, self._dtype)
+        return stacks if self.axis == 0 else np.moveaxis(stacks, self.axis + 1, 1)
+
     def encode(self, first_id: int, stacks: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """References ``[T * B, K]`` for time-major stacks ``[T * B, *spec.shape]`` of steps
-        ``first_id ..``, and the writes to apply with :meth:`commit` once stored.
+        """References int64 ``[T * B, K]`` for time-major stacks ``[T * B, *spec.shape]`` of
+        steps ``first_id ..``, and the writes to apply with :meth:`commit` once stored.
 
         Changes nothing itself, so a failure before the commit leaves the codec as it was.
+        The references may be a buffer the next call reuses: store (copy) them first.
         """
-        B, K = self.batch_size, self.stack
-        frames = np.moveaxis(np.asarray(stacks), self.axis + 1, 1)  # [T * B, K, *frame]
-        steps = len(frames) // B
-        refs = np.empty((len(frames), K), np.int64)
-        pending: dict[int, tuple[int, np.ndarray]] = {}  # frame position -> (id, frame)
+        B, F = self.batch_size, self.frame_bytes
+        frames = self._as_frames(stacks)
+        follows = self._last_id == first_id - 1
+        if B == 1 and len(frames) == 1 and follows:  # add_batch of one row, the hot path
+            data = frames[0].tobytes()  # one copy: compared now, kept for the next step
+            previous = self._last[0]
+            if previous is not None and previous[2] and data.startswith(previous[0]):
+                # Shifting refs whose tail has no side frame leaves a tail without one.
+                step_refs = previous[1][1:] + (first_id,)
+                self._one_ref[0] = step_refs  # no allocation: storage copies it right away
+                return self._one_ref, (frames, (), [(memoryview(data)[F:], step_refs, True)])
+        # Each row's previous step, if it is the step just before first_id.
+        last = list(self._last) if follows else [None] * B
+        added: list[bytes] = []  # every stack's bytes, for matches within this call
         extras: list[tuple[int, int, int, np.ndarray]] = []  # (step id, row, n, frame)
-        for t in range(steps):
-            step_id = first_id + t
-            for row in range(B):
-                i = t * B + row
-                stack = frames[i]
-                refs[i, K - 1] = step_id
-                pending[self._frame_position(step_id, row)] = (step_id, stack[K - 1])
-                for k in range(K - 2, -1, -1):
-                    ref = self._match(stack, k, refs[i, k + 1], step_id - (K - 1 - k), row,
-                                      pending)
-                    if ref is None:  # no match: a side frame owned by this step
-                        n = self.next_extra + len(extras)
-                        extras.append((step_id, row, n, stack[k].copy()))
-                        ref = -2 - n
-                    refs[i, k] = ref
-        return refs, (list(pending.items()), extras)
+        refs = []
+        for i in range(len(frames)):
+            step_id, row = first_id + i // B, i % B
+            data = frames[i].tobytes()
+            previous = last[row]
+            if previous is not None and previous[2] and data.startswith(previous[0]):
+                step_refs = previous[1][1:] + (step_id,)  # the window slid by one frame
+            else:
+                step_refs = self._match(data, frames[i], step_id, row, first_id, added,
+                                        extras)
+            added.append(data)
+            refs.append(step_refs)
+            last[row] = (memoryview(data)[F:], step_refs, min(step_refs[1:], default=-1) >= -1)
+        return np.array(refs, np.int64), (frames, extras, last)
 
-    def _match(self, stack: np.ndarray, k: int, next_ref: int, candidate: int, row: int,
-               pending: dict) -> int | None:
-        frame = stack[k]
-        if _same_bytes(frame, stack[k + 1]):
-            return next_ref
-        if candidate >= 0:
-            position = self._frame_position(candidate, row)
-            held = pending.get(position)
-            if held is not None and held[0] == candidate:
-                if _same_bytes(frame, held[1]):
-                    return candidate
-            elif self.frame_ids[position] == candidate and \
-                    _same_bytes(frame, self.frames[position]):
-                return candidate
-        if not _bytes(frame).any():
-            return -1
-        return None
+    def encode_side(self, owner_ids: np.ndarray, rows: np.ndarray, stacks: np.ndarray
+                    ) -> tuple[np.ndarray, list]:
+        """References int64 ``[N, K]`` for stacks ``[N, *spec.shape]`` that come after the
+        stored steps ``owner_ids`` ``[N]`` of ``rows`` ``[N]`` without being stored as
+        steps themselves (the true final observation of an episode, whose step's slot
+        the next episode's first observation takes).
+
+        Frames are matched as for a step ``owner_id + 1`` whose newest frame is not in
+        the ring, so a stack that slid on from its owner's costs one side frame. Side
+        frames are owned by the owner step and dropped when it is overwritten. Apply
+        with :meth:`commit_side`; the owners must be written (committed) already.
+        """
+        frames = self._as_frames(stacks)
+        extras: list[tuple[int, int, int, np.ndarray]] = []
+        refs = [self._match(frames[i].tobytes(), frames[i], int(owner) + 1, int(row), None, None,
+                            extras, owner=int(owner))
+                for i, (owner, row) in enumerate(zip(owner_ids, rows))]
+        return np.array(refs, np.int64).reshape(len(frames), self.stack), extras
+
+    def _match(self, data: bytes, frames: np.ndarray, step_id: int, row: int,
+               first_id: int | None, added: list[bytes] | None,
+               extras: list[tuple[int, int, int, np.ndarray]], owner: int | None = None
+               ) -> tuple[int, ...]:
+        """References of one stack (bytes ``data``, frames ``[K, *frame]``) of step
+        ``step_id``, frame by frame. Steps from ``first_id`` on are this call's
+        (``added``); earlier ones are read from the ring. ``owner``: the stack is a
+        side stack of that step (its newest frame is not the ring's)."""
+        K, F, B = self.stack, self.frame_bytes, self.batch_size
+        view = memoryview(data)
+        refs = [0] * K
+        top = K - 1
+        if owner is None:  # the newest frame is the step's own
+            refs[top] = step_id
+            top -= 1
+            owner = step_id
+        for k in range(top, -1, -1):
+            start = k * F
+            if k < K - 1 and data.startswith(view[start + F:start + 2 * F], start):
+                refs[k] = refs[k + 1]
+                continue
+            candidate = step_id - (K - 1 - k)
+            if 0 <= candidate <= owner:
+                if first_id is not None and candidate >= first_id:
+                    newest = memoryview(added[(candidate - first_id) * B + row])[(K - 1) * F:]
+                    if data.startswith(newest, start):
+                        refs[k] = candidate
+                        continue
+                else:
+                    position = (candidate % self.slots) * B + row
+                    if self.frame_ids[position] == candidate and \
+                            data.startswith(self.frames[position], start):
+                        refs[k] = candidate
+                        continue
+            if data.startswith(self._zero, start):
+                refs[k] = -1
+                continue
+            n = self.next_extra + len(extras)  # no match: a side frame owned by the step
+            extras.append((owner, row, n, frames[k].copy()))
+            refs[k] = -2 - n
+        return tuple(refs)
 
     def commit(self, writes: tuple, first_id: int, num_steps: int) -> None:
         """Apply the writes returned by :meth:`encode` for steps ``first_id ..``."""
-        frame_writes, extras = writes
-        B, L = self.batch_size, self.max_length
-        kept_from = max(first_id, first_id + num_steps - L)  # older ones were overwritten
-        for step_id in range(kept_from, first_id + num_steps):
-            for row in range(B):  # steps overwritten now release their side frames
-                for n in self.extra_owner.pop((step_id % L) * B + row, ()):
-                    self.extras.pop(n, None)
-        for position, (step_id, frame) in frame_writes:
-            self.frames[position] = frame
-            self.frame_ids[position] = step_id
+        frames, extras, last = writes
+        B, L, S, K = self.batch_size, self.max_length, self.slots, self.stack
+        end = first_id + num_steps
+        kept_from = max(first_id, end - L)  # older ones were overwritten in this call
+        if self.extra_owner:  # steps overwritten now release their side frames
+            for step_id in range(kept_from, end):
+                for row in range(B):
+                    for n in self.extra_owner.pop((step_id % L) * B + row, ()):
+                        self.extras.pop(n, None)
+        if num_steps == 1 and B == 1:
+            position = first_id % S
+            self.frames[position] = frames[0, K - 1]
+            self.frame_ids[position] = first_id
+        elif num_steps == 1:  # one step of every row: consecutive ring positions
+            start = (first_id % S) * B
+            self.frames[start:start + B] = frames[:, K - 1]
+            self.frame_ids[start:start + B] = first_id
+        else:  # the ring keeps the last S steps' frames; earlier ones would be overwritten
+            written = min(num_steps, S)
+            ids = np.arange(end - written, end, dtype=np.int64)
+            positions = (self._frame_position(ids[:, None], np.arange(B))).ravel()
+            self.frames[positions] = frames[(num_steps - written) * B:, K - 1]
+            self.frame_ids[positions] = np.repeat(ids, B)
+        if extras:
+            self._commit_extras(extras, kept_from)
+        self._last, self._last_id = last, end - 1
+
+    def commit_side(self, extras: list) -> None:
+        """Apply the side frames returned by :meth:`encode_side`."""
+        self._commit_extras(extras, -1)
+
+    def _commit_extras(self, extras: list[tuple[int, int, int, np.ndarray]], kept_from: int
+                       ) -> None:
+        L, B = self.max_length, self.batch_size
         for step_id, row, n, frame in extras:
             self.next_extra = max(self.next_extra, n + 1)
             if step_id >= kept_from:
@@ -137,7 +246,7 @@ class FrameStackCodec:
                 self.extra_owner.setdefault((step_id % L) * B + row, []).append(n)
 
     def decode(self, refs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Stacks ``[..., *spec.shape]`` from references ``[..., K]`` and rows ``[...]``."""
+        """Stacks ``[..., *spec.shape]`` from references int64 ``[..., K]`` and rows ``[...]``."""
         zero = len(self.frames) - 1
         positions = np.where(refs >= 0, self._frame_position(refs, rows[..., None]), zero)
         stacked = self.frames.take(positions, 0, mode="clip")  # [..., K, *frame]
@@ -153,6 +262,7 @@ class FrameStackCodec:
         self.frame_ids[:] = -1
         self.extras.clear()
         self.extra_owner.clear()
+        self._last_id, self._last = -1, [None] * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         owners = [(owner, n) for owner, ns in self.extra_owner.items() for n in ns]
@@ -179,12 +289,5 @@ class FrameStackCodec:
             self.extras[n] = np.array(frame)
             self.extra_owner.setdefault(owner, []).append(n)
         self.next_extra = int(state["next_extra"])
-
-
-def _bytes(frame: np.ndarray) -> np.ndarray:
-    """The frame's bytes: equality by value would merge -0.0 with 0.0 and NaN never."""
-    return np.ascontiguousarray(frame).view(np.uint8)
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(np.array_equal(_bytes(a), _bytes(b)))
+        # Not saved: the next step is matched frame by frame, with the same result.
+        self._last_id, self._last = -1, [None] * self.batch_size
