@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import replaybuffer as rb
 from conftest import to_np
+from replaybuffer import nest
 
 OBS = rb.ArraySpec((2,), np.float32)
 ACT = rb.BoundedArraySpec((), np.int64, 0, 3)
@@ -214,6 +215,156 @@ def test_n_step_returns_stop_at_out_of_sequence_adds():
     np.testing.assert_array_equal(last.next_observations, [2, 2, 12, 12])
     np.testing.assert_allclose(last.rewards, [1.5, 1, 150, 100])
     np.testing.assert_allclose(last.discounts, [0.25, 0.5, 0.25, 0.5])
+
+
+# ------------------------------------------- one-step transitions: the fast paths pinned
+# Few values, so that observations repeat by chance; -0.0 and 0.0 are equal but differ in
+# their bytes (a next observation read from the following step must be the very one
+# added), and NaN is not equal to itself but has the same bytes.
+FEW = np.array([0.0, -0.0, 1.5, np.nan], np.float32)
+SPLIT_SPEC = {"a": rb.ArraySpec((2,), np.float32), "b": rb.ArraySpec((), np.float32)}
+
+
+def as_obs(values, split, dtype):
+    """Observations ``[B, 3]`` as given to add: one array, or a dict of two leaves."""
+    values = values.astype(dtype)
+    return {"a": values[:, :2], "b": values[:, 2]} if split else values
+
+
+def obs_leaves(obs):
+    """The leaves ``[..., 3]`` of an observation nest, as one float32 array."""
+    obs = {k: to_np(v) for k, v in obs.items()} if isinstance(obs, dict) else to_np(obs)
+    return np.concatenate([obs["a"], obs["b"][..., None]], -1) if isinstance(obs, dict) else obs
+
+
+def run_few(buffers, log, steps, rng, split, dtype, p_end, p_jump):
+    """Add ``steps`` transitions per env made of FEW values: episodes ended by termination
+    or truncation, and (with ``p_jump``) observations that do not follow on from the
+    last next observation, though by chance they often match it byte for byte."""
+    B = buffers[0].num_envs
+    cur = rng.choice(FEW, (B, 3))
+    for _ in range(steps):
+        nxt = rng.choice(FEW, (B, 3))
+        action = rng.integers(0, 4, B)
+        reward = rng.normal(size=B).astype(np.float32)
+        end = rng.random(B) < p_end
+        terminated = end & (rng.random(B) < 0.5)
+        truncated = end & ~terminated
+        for buffer in buffers:
+            buffer.add(as_obs(cur, split, dtype), action, reward, as_obs(nxt, split, dtype),
+                       terminated, truncated)
+        for b in range(B):
+            log.add(b, cur[b], action[b], reward[b], nxt[b], terminated[b], truncated[b])
+        # After a jump: a fresh observation, or the next one with the signs of its zeros
+        # flipped (equal values, other bytes).
+        jumped = np.where(rng.random((B, 1)) < 0.5, rng.choice(FEW, (B, 3)),
+                          np.where(nxt == 0, -nxt, nxt))
+        cur = np.where((end | (rng.random(B) < p_jump))[:, None], jumped, nxt)
+
+
+def assert_bytes_equal(x, y, what):
+    x, y = to_np(x), to_np(y)
+    assert x.dtype == y.dtype and x.shape == y.shape, what
+    assert x.tobytes() == y.tobytes(), what
+
+
+def assert_nests_equal(a, b):
+    (x, xs), (y, ys) = nest.flatten(a), nest.flatten(b)
+    assert xs == ys
+    for k, (u, v) in enumerate(zip(x, y)):
+        assert_bytes_equal(u, v, f"leaf {k}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(1, 6), steps=st.integers(1, 20),
+       split=st.booleans(), float64=st.booleans(), p_end=st.sampled_from([0.0, 0.3]),
+       p_jump=st.sampled_from([0.0, 0.5]), storage=st.sampled_from(["numpy", "torch"]),
+       seed=st.integers(0, 1000), clear_at=st.integers(0, 25))
+def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, float64, p_end,
+                                             p_jump, storage, seed, clear_at):
+    """n_step=1 reads (no return windows) and adds whose observation follows on from the
+    last next observation (one bytes comparison for all envs) are the fast paths: pin
+    them against a log of every transition, against the windowed read, and against
+    adds that compare every row."""
+    rng = np.random.default_rng(seed)
+    B, gamma = num_envs, 0.9
+    kw = dict(num_envs=B, gamma=gamma, seed=seed, storage=storage)
+    spec = SPLIT_SPEC if split else rb.ArraySpec((3,), np.float32)
+    fast = rb.TransitionReplayBuffer(spec, ACT, per_row * B, **kw)
+    rows = rb.TransitionReplayBuffer(spec, ACT, per_row * B, **kw)
+    rows._follows_on = lambda host: False  # decide row by row, as for out-of-sequence adds
+    dtype = np.float64 if float64 else np.float32  # float64 is cast: rows decide
+    log = Log(B)
+    if clear_at < steps:  # what went before a clear must not leak into what follows
+        run_few([fast, rows], log, clear_at, rng, split, dtype, p_end, p_jump)
+        fast.clear()
+        rows.clear()
+        log, steps = Log(B), steps - clear_at
+    run_few([fast, rows], log, steps, rng, split, dtype, p_end, p_jump)
+
+    # Every retained transition, oldest first, read with and without the newest step
+    # (whose next observation the buffer keeps aside).
+    held = min(steps, per_row)
+    ring = fast._ring
+    ids = np.arange(ring.oldest_id, ring.last_id + 1)
+    positions = ring.positions(ids[None, :], np.arange(B)[:, None])
+    ids = np.broadcast_to(ids, positions.shape)
+    for count in (held, held - 1):
+        got = fast._read(ids[:, :count], positions[:, :count])
+        fields = {name: to_np(getattr(got, name)).reshape((B, count))
+                  for name in ("rewards", "terminated", "truncated", "dones", "discounts")}
+        obs = obs_leaves(got.observations).reshape(B, count, 3)
+        nxt = obs_leaves(got.next_observations).reshape(B, count, 3)
+        for b in range(B):
+            for k, (o, _, reward, next_obs, term, trunc) in enumerate(
+                    log.retained(b, held)[:count]):
+                assert obs[b, k].tobytes() == o.tobytes()
+                assert nxt[b, k].tobytes() == next_obs.tobytes(), (b, k)
+                assert fields["rewards"][b, k] == reward
+                assert fields["terminated"][b, k] == term
+                assert fields["truncated"][b, k] == trunc
+                assert fields["dones"][b, k] == (term or trunc)
+                assert fields["discounts"][b, k] == (0.0 if term else np.float32(gamma))
+
+    # The windowed read, one step long, gives the same transitions.
+    returns, term, trunc, discounts, next_leaves = fast._n_step_returns(ids, positions)
+    one = fast._read(ids, positions)
+    assert_bytes_equal(one.rewards, returns, "rewards")
+    assert_bytes_equal(one.terminated, term, "terminated")
+    assert_bytes_equal(one.truncated, trunc, "truncated")
+    assert_bytes_equal(one.discounts, discounts, "discounts")
+    for leaf, want in zip(nest.flatten(one.next_observations)[0], next_leaves):
+        assert_bytes_equal(leaf, want, "next_observations")
+
+    # Adds that decide row by row keep the same side observations and read the same.
+    assert_nests_equal(fast.all(), rows.all())
+    np.testing.assert_array_equal(fast._side_ref, rows._side_ref)
+    assert len(fast._side) == len(rows._side)
+    for _ in range(2):
+        (x, ix), (y, iy) = fast.sample(16), rows.sample(16)
+        assert_nests_equal(x, y)
+        np.testing.assert_array_equal(to_np(ix.ids), to_np(iy.ids))
+
+
+@pytest.mark.parametrize("copy_compare_max", [1 << 16, 0])  # 0: compared in place
+def test_next_observations_are_the_ones_added_byte_for_byte(monkeypatch, copy_compare_max):
+    """An observation equal in value to the last next observation but not in its bytes
+    (-0.0 for 0.0) does not follow on from it; NaN does (the same bytes)."""
+    from replaybuffer.buffers import transitions
+
+    monkeypatch.setattr(transitions, "_COPY_COMPARE_MAX", copy_compare_max)
+    buffer = rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32), ACT, 10, num_envs=2)
+    zero = np.zeros(2, np.int64)
+    added = [(np.float32([[1, 1], [1, 1]]), np.float32([[0.0, np.nan], [0.0, 2]])),
+             (np.float32([[-0.0, np.nan], [0.0, 2]]), np.float32([[3, 3], [3, 3]])),
+             (np.float32([[3, 3], [-0.0, 3]]), np.float32([[np.nan, 0.0], [4, 4]])),
+             (np.float64([[np.nan, 0.0], [4, 4]]), np.float64([[5, 5], [-0.0, 5]]))]
+    for obs, next_obs in added:  # the last add in float64: cast, then compared by rows
+        buffer.add(obs, zero, np.zeros(2), next_obs, np.zeros(2, bool))
+    got = buffer.all().next_observations  # [env, step, 2]
+    want = np.stack([n.astype(np.float32) for _, n in added], 1)
+    assert got.tobytes() == want.tobytes()
+    assert len(buffer._side) == 2  # steps 0 (env 0) and 1 (env 1) do not continue
 
 
 # ------------------------------------------------------- frame_stack=True (deduplicated)

@@ -232,8 +232,9 @@ def _frame_stream(length: int = FILL_CHUNK, seed: int = 4) -> np.ndarray:
 
     Step ``t`` stacks frames ``t .. t+3``; the stream starts with 3 all-zero frames and
     repeats with period ``length``, so cycling through the steps forever is one
-    consistent stream (what frame deduplication needs: it refuses stacks that do not
-    slide).
+    consistent stream: every stack slides on from the one before, as in an Atari
+    episode (deduplication stores one frame per step; a stack that did not slide would
+    cost side frames).
     """
     k = FRAME_SHAPE[0]
     rng = np.random.default_rng(seed)
@@ -283,6 +284,9 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
                            "sample+update(256)": (sample_update, 256)}, sizes)
         return
 
+    if layout == "transitions":
+        yield from _ours_transitions(sizes)
+        return
     full = _control_spec() if workload == "control" else _frames_spec()
     spec = {k: v for k, v in full.items() if k != "next_obs"}  # steps, not transitions
     capacity = sizes.control if workload == "control" else sizes.frames
@@ -323,6 +327,46 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
     yield from _timed({"add(1)": (add1, 1),
                        "sample(32)+next": (lambda: buf.get_next(32, 2), 32),
                        "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
+
+
+def _ours_transitions(sizes: Sizes) -> Iterator[dict[str, Any]]:
+    """The control workload through ``TransitionReplayBuffer``, the SB3-style API:
+    ``add(obs, action, reward, next_obs, terminated)`` of one env (of 256 envs for
+    ``add(256)``), fed a consistent stream (each observation is the previous next
+    observation, as from an env), and ``sample(256)`` returning ``Transitions``."""
+    from replaybuffer import TransitionReplayBuffer
+
+    spec = _control_spec()
+    rng = np.random.default_rng(0)
+
+    def stream(envs: int, length: int) -> list[tuple[np.ndarray, ...]]:
+        obs = rng.standard_normal((length + 1, envs) + spec["obs"].shape, dtype=np.float32)
+        act = rng.standard_normal((length, envs) + spec["act"].shape, dtype=np.float32)
+        rew = rng.standard_normal((length, envs), dtype=np.float32)
+        done = np.zeros((length, envs), np.bool_)
+        return [(obs[t], act[t], rew[t], obs[t + 1], done[t]) for t in range(length)]
+
+    def build(envs: int) -> tuple[Any, Callable[[], None]]:
+        buf = TransitionReplayBuffer(spec["obs"], spec["act"], sizes.control, num_envs=envs,
+                                     seed=0)
+        steps = stream(envs, FILL_CHUNK)
+        state = {"t": 0}
+
+        def add() -> None:  # cycles one stream: the wrap back to its start is one jump
+            t = state["t"]
+            buf.add(*steps[t])
+            state["t"] = (t + 1) % len(steps)
+        for _ in range(sizes.control // envs):
+            add()
+        return buf, add
+
+    buf, add1 = build(1)
+    yield from _timed({"add(1)": (add1, 1),
+                       "sample(256)+next": (lambda: buf.sample(256), 256)}, sizes)
+    buf = None
+    _release()
+    wide, add256 = build(256)
+    yield from _timed({"add(256)": (add256, 256)}, sizes)
 
 
 # ---------------------------------------------------------------------------- cpprb
@@ -765,6 +809,8 @@ PEERS: tuple[Peer, ...] = (
     Peer("numpy limit[records]", "numpy", ("numpy",), _numpy_limit, "records",
          ("control", "frames")),
     Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, "plain", WORKLOADS),
+    Peer("replaybuffer[transitions]", "replaybuffer", ("replaybuffer",), _ours,
+         "transitions", ("control",)),
     Peer("replaybuffer[frame_stack]", "replaybuffer", ("replaybuffer",), _ours,
          "frame_stack", ("frames",)),
     Peer("cpprb", "cpprb", ("cpprb",), _cpprb, "next_of", WORKLOADS),

@@ -24,6 +24,7 @@ return that ends by time limit or by the ``n_step`` horizon, 0 after termination
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
-from replaybuffer.storage.base import to_numpy
+from replaybuffer.storage.base import identity, to_numpy
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.side_store import SideStore
 
@@ -148,6 +149,26 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._head_next = [np.zeros((num_envs,) + s.shape, s.dtype) for s in self._obs_specs]
         self._int_checks = [(i, s) for i, s in enumerate(self._specs)
                             if isinstance(s, BoundedArraySpec) and s.dtype.kind in "iub"]
+        # Constants of the hot paths: adding one small transition costs a few us, and
+        # every numpy call (~0.5 us) or string built per call shows.
+        self._add_names = f"[num_envs={num_envs}]"
+        # With one leaf each for observation and action, add's items flatten in a fixed
+        # order (dict keys sorted, as the base class's flatten shortcut takes them).
+        self._add_order = None if self._fast_flatten is None else operator.itemgetter(
+            *nest.flatten({OBS: 0, ACTION: 1, REWARD: 2, TERMINATED: 3, TRUNCATED: 4})[0])
+        self._host = self._storage.from_numpy is identity  # storage arrays are numpy
+        self._obs_is_leaf = self._obs_structure.is_leaf()
+        prefix = len(f"['{OBS}']")
+        self._next_checks = []  # (checker, its leaf index, full shape, path) per obs leaf
+        for i in self._obs_leaves:
+            # A deduplicated leaf holds frame references in storage: check whole stacks.
+            checker, k = (self._frame_checker, 0) if self._codec is not None else \
+                (self._storage._checker, i)
+            self._next_checks.append((checker, k, self._outer + self._specs[i].shape,
+                                      "['next_observation']" + self._paths[i][prefix:]))
+        # A whole add's rows are tested with one bytes comparison against these.
+        self._no_ends = bytes(num_envs)  # bool [num_envs], all false
+        self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "TransitionReplayBuffer":
@@ -180,40 +201,38 @@ class TransitionReplayBuffer(ReplayBuffer):
                 ``num_envs`` long, or an integer (discrete) value outside its space.
                 Nothing is written.
         """
-        B = self.num_envs
         if truncated is None:
-            truncated = np.zeros(B, np.bool_)
-        items = {OBS: observation, ACTION: action, REWARD: reward, TERMINATED: terminated,
-                 TRUNCATED: truncated}
-        leaves = self._flatten_items(items, "add")
-        arrays = self._convert(leaves, self._outer, f"[num_envs={B}]")
+            truncated = np.zeros(self.num_envs, np.bool_)
+        if self._add_order is not None:
+            leaves = self._add_order((observation, action, reward, terminated, truncated))
+        else:
+            leaves = self._flatten_items({OBS: observation, ACTION: action, REWARD: reward,
+                                          TERMINATED: terminated, TRUNCATED: truncated}, "add")
+        arrays = self._convert(leaves, self._outer, self._add_names)
+        next_obs = self._convert_next(next_observation)
+        host = arrays if self._host else [to_numpy(a) for a in arrays]
+        self._check_ranges(host)
+        ended = host[self._terminated] | host[self._truncated]  # bool leaves: bool arrays
+        with self._lock:
+            self._write_transition(arrays, host, next_obs, ended)
+
+    def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
+        """The leaves of ``next_observation`` as numpy arrays, validated with the
+        observation leaves' rules."""
+        outer, names = self._outer, self._add_names
+        if self._obs_is_leaf and type(next_observation) is np.ndarray:  # no optree walk
+            checker, k, shape, path = self._next_checks[0]
+            return [checker.numpy_leaf(k, next_observation, shape, path, outer, names)]
         next_leaves, structure = nest.flatten(next_observation)
         if structure != self._obs_structure:
             raise SpecError(f"add: next_observation has structure {nest.describe(structure)}, "
                             f"expected {nest.describe(self._obs_structure)}")
-        next_arrays = self._convert_next(next_leaves)
-        self._check_ranges(arrays)
-        host = [to_numpy(a) for a in arrays]
-        ended = host[self._terminated].astype(bool) | host[self._truncated].astype(bool)
-        with self._lock:
-            self._write_transition(arrays, host, [to_numpy(a) for a in next_arrays], ended)
+        return [checker.numpy_leaf(k, to_numpy(leaf), shape, path, outer, names)
+                for leaf, (checker, k, shape, path) in zip(next_leaves, self._next_checks)]
 
-    def _convert_next(self, next_leaves: list[Any]) -> list[np.ndarray]:
-        """Validate next observations with the observation leaves' rules."""
-        names = f"[num_envs={self.num_envs}]"
-        out = []
-        for leaf, i in zip(next_leaves, self._obs_leaves):
-            path = "['next_observation']" + self._paths[i][len(f"['{OBS}']"):]
-            # The storage holds frame references for a deduplicated leaf: check stacks.
-            checker, k = (self._frame_checker, 0) if self._codec is not None else \
-                (self._storage._checker, i)
-            out.append(checker.numpy_leaf(k, to_numpy(leaf), self._outer + self._specs[i].shape,
-                                          path, self._outer, names))
-        return out
-
-    def _check_ranges(self, arrays: list[Any]) -> None:
+    def _check_ranges(self, host: list[np.ndarray]) -> None:
         for i, spec in self._int_checks:
-            values = to_numpy(arrays[i])
+            values = host[i]
             if values.size and ((values < spec.minimum).any() or (values > spec.maximum).any()):
                 raise SpecError(f"add: leaf {self._paths[i]} has values outside its space "
                                 f"[{spec.minimum.min()}, {spec.maximum.max()}]: "
@@ -221,38 +240,68 @@ class TransitionReplayBuffer(ReplayBuffer):
 
     def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
                           next_obs: list[np.ndarray], ended: np.ndarray) -> None:
-        ring, B, L = self._ring, self.num_envs, self.max_length
-        if ring.last_id >= 0:  # does the previous step's next observation follow on?
-            previous = (ring.last_id % L) * B + self._rows
-            obs = [host[i] for i in self._obs_leaves]
-            differs = np.zeros(B, bool)
-            for new, head in zip(obs, self._head_next):
-                differs |= _rows_differ(new, head)
-            moved = differs & (self._side_ref[previous] < 0)
-            if moved.any():  # keep the true next observation of the previous step
-                self._side_ref[previous[moved]] = self._put_side(
-                    ring.last_id, moved, [h[moved] for h in self._head_next])
+        # The common case (the observation is the previous next observation, nothing
+        # ends, the overwritten step owns no side observation) costs a few whole-add
+        # bytes comparisons; only the rare cases look at rows.
+        ring = self._ring
+        B, L = ring.batch_size, ring.max_length
+        if ring.last_id >= 0 and not self._follows_on(host):
+            self._keep_previous_next(host)
         step_id = ring.last_id + 1
-        positions = (step_id % L) * B + self._rows
-        owned = self._side_ref[positions]
-        if (owned >= 0).any():  # overwritten steps release their side observations
+        start = (step_id % L) * B
+        owned = self._side_ref[start:start + B]  # a view
+        if owned.tobytes() != self._unowned:  # overwritten steps release side observations
             self._side.free(owned[owned >= 0])
-            self._side_ref[positions] = -1
+            owned[...] = -1
         codec = self._codec
         if codec is not None:  # the stacks become frame references (validated already)
             arrays = list(arrays)
             arrays[self._codec_leaf], frame_writes = codec.encode(step_id,
                                                                   arrays[self._codec_leaf])
-        self._storage.write(positions[0], arrays)
+        self._storage.write(start, arrays)
         if codec is not None:  # also releases the side frames of the overwritten steps
             codec.commit(frame_writes, step_id, 1)
-        if ended.any():
-            self._side_ref[positions[ended]] = self._put_side(step_id, ended,
-                                                              [n[ended] for n in next_obs])
+        if ended.tobytes() != self._no_ends:
+            self._side_ref[start + self._rows[ended]] = self._put_side(
+                step_id, ended, [n[ended] for n in next_obs])
         for head, new in zip(self._head_next, next_obs):
             head[...] = new
-        ring.last_id += 1
-        self._sampler.on_add(ring, ring.last_id, 1)
+        ring.last_id = step_id
+        self._sampler.on_add(ring, step_id, 1)
+
+    def _follows_on(self, host: list[np.ndarray]) -> bool:
+        """Whether every row's observation is, byte for byte, the next observation of
+        the row's previous step (see :func:`_rows_differ`), tested for all rows at once.
+        False also when a leaf came in another dtype than the spec's (rows then decide)."""
+        for i, head in zip(self._obs_leaves, self._head_next):
+            new = host[i]
+            if new.dtype is not head.dtype:
+                return False
+            # Two copies and a memcmp beat any numpy reduction on small arrays; large
+            # bytes objects cost fresh pages, so images are compared in place.
+            if new.nbytes <= _COPY_COMPARE_MAX:
+                if new.tobytes() != head.tobytes():
+                    return False
+            elif _rows_differ(new, head).any():
+                return False
+        return True
+
+    def _keep_previous_next(self, host: list[np.ndarray]) -> None:
+        """Keep in the side store the next observation of the previous step in every row
+        whose new observation does not follow on from it (an out-of-sequence add, or a
+        reset), unless the step keeps one already (it ended)."""
+        ring, B = self._ring, self._ring.batch_size
+        previous = (ring.last_id % ring.max_length) * B
+        unkept = self._side_ref[previous:previous + B] < 0
+        if not np.count_nonzero(unkept):  # after an episode end in every row, say
+            return
+        differs = np.zeros(B, bool)
+        for i, head in zip(self._obs_leaves, self._head_next):
+            differs |= _rows_differ(host[i], head)
+        moved = differs & unkept
+        if moved.any():
+            self._side_ref[previous + self._rows[moved]] = self._put_side(
+                ring.last_id, moved, [h[moved] for h in self._head_next])
 
     def _put_side(self, step_id: int, rows: np.ndarray, leaves: list[np.ndarray]
                   ) -> np.ndarray:
@@ -325,8 +374,34 @@ class TransitionReplayBuffer(ReplayBuffer):
 
     def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
         """Gather transitions (with ``n``-step returns) at steps ``ids``/``positions``."""
-        ring, B = self._ring, self.num_envs
         leaves = self._gather(positions)  # stacks rebuilt from frame references
+        if self.n_step == 1:
+            # One-step transitions (the common case) need no windows: a step's reward,
+            # terminated and truncated come with its other leaves (one take of the
+            # packed records), and its next observation is the following step's unless
+            # the side store or the newest step's own says otherwise.
+            rewards = leaves[self._reward]
+            end_term, end_trunc = leaves[self._terminated], leaves[self._truncated]
+            if not self._host:
+                end_term, end_trunc = to_numpy(end_term), to_numpy(end_trunc)
+            discounts = np.float32(self.gamma) * ~end_term  # gamma, 0 after termination
+            next_obs = self._next_observations(positions, ids)
+        else:
+            rewards, end_term, end_trunc, discounts, next_obs = self._n_step_returns(ids,
+                                                                                     positions)
+        to_backend = self._storage.from_numpy
+        return Transitions(
+            observations=self._obs_structure.unflatten([leaves[i] for i in self._obs_leaves]),
+            actions=self._unflatten_action(leaves),
+            rewards=rewards,
+            next_observations=self._obs_structure.unflatten(next_obs),
+            terminated=to_backend(end_term), truncated=to_backend(end_trunc),
+            dones=to_backend(end_term | end_trunc), discounts=to_backend(discounts))
+
+    def _n_step_returns(self, ids: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
+        """``(returns, terminated, truncated, discounts, next observation leaves)`` of
+        the ``n``-step windows starting at steps ``ids``/``positions``."""
+        ring, B = self._ring, self.num_envs
         n = self.n_step
         steps = np.arange(n)
         window_ids = ids[..., None] + steps
@@ -350,16 +425,8 @@ class TransitionReplayBuffer(ReplayBuffer):
         end_term = np.take_along_axis(terminated & counted, last_k[..., None], -1)[..., 0]
         end_trunc = np.take_along_axis(truncated & counted, last_k[..., None], -1)[..., 0]
         discounts = np.where(end_term, 0.0, self.gamma ** m).astype(np.float32)
-        next_obs = self._next_observations(last_pos, last_id)
-        obs = [leaves[i] for i in self._obs_leaves]
-        to_backend = self._storage.from_numpy
-        return Transitions(
-            observations=self._obs_structure.unflatten(obs),
-            actions=self._unflatten_action(leaves),
-            rewards=to_backend(returns) if n > 1 else leaves[self._reward],
-            next_observations=self._obs_structure.unflatten(next_obs),
-            terminated=to_backend(end_term), truncated=to_backend(end_trunc),
-            dones=to_backend(end_term | end_trunc), discounts=to_backend(discounts))
+        return (self._storage.from_numpy(returns), end_term, end_trunc, discounts,
+                self._next_observations(last_pos, last_id))
 
     def _unflatten_action(self, leaves: list[Any]) -> Any:
         return self._action_structure.unflatten([leaves[i] for i in self._action_leaves])
@@ -368,28 +435,35 @@ class TransitionReplayBuffer(ReplayBuffer):
         """Next observations of the steps at ``positions`` (int64, ids ``ids`` of the same
         shape): the following step's observation, the side store's, or the newest step's
         own. Deduplicated stacks are rebuilt from whichever frame references apply."""
-        ring, B = self._ring, self.num_envs
+        ring = self._ring
+        B = ring.batch_size
         following = (positions + B) % ring.capacity
         out = self._storage.gather(following, self._obs_leaves)
         side = self._side_ref[positions]
         from_side = side >= 0
-        newest = (ids == ring.last_id) & ~from_side
+        newest = ids == ring.last_id
+        # Most reads patch nothing, or only a few side observations: count_nonzero costs
+        # a fraction of .any() on small arrays, and every masked step is skipped when
+        # nothing needs it.
+        any_side, any_newest = np.count_nonzero(from_side), np.count_nonzero(newest)
         codec = self._codec
-        if codec is None and not (from_side.any() or newest.any()):
+        if codec is None and not (any_side or any_newest):
             return out
+        newest &= ~from_side
         patched = []
-        rows = positions % B
         for i, leaf, side_leaf, head in zip(self._obs_leaves, out,
                                             self._side.take(side[from_side]),
                                             self._head_next):
             leaf = to_numpy(leaf).copy()
-            leaf[from_side] = side_leaf
+            if any_side:
+                leaf[from_side] = side_leaf
             if codec is not None and i == self._codec_leaf:
                 # The slot after the newest step holds no successor (an old step, or
                 # nothing since a clear): read zero frames there instead of its refs.
                 leaf[newest] = -1
-                leaf = codec.decode(leaf, rows)
-            leaf[newest] = head[rows[newest]]
+                leaf = codec.decode(leaf, positions % B)
+            if any_newest:
+                leaf[newest] = head[positions[newest] % B]
             patched.append(self._storage.from_numpy(leaf))
         return patched
 
@@ -448,6 +522,10 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+
+
+_COPY_COMPARE_MAX = 1 << 16
+"""Bytes up to which :meth:`TransitionReplayBuffer._follows_on` compares copies."""
 
 
 def _rows_differ(new: np.ndarray, head: np.ndarray) -> np.ndarray:

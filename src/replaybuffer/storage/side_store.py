@@ -43,13 +43,15 @@ class SideStore:
         count = len(leaves[0])
         while len(self._free) < count:
             self._grow()
-        slots = np.array([self._free.pop() for _ in range(count)], np.int64)
+        split = len(self._free) - count
+        slots = np.array(self._free[split:][::-1], np.int64)  # as pop() would take them
+        del self._free[split:]
         for dst, src in zip(self.arrays, leaves):
             dst[slots] = src
         return slots
 
     def free(self, slots: np.ndarray) -> None:
-        self._free.extend(int(s) for s in slots)
+        self._free.extend(np.asarray(slots, np.int64).tolist())
 
     def take(self, slots: np.ndarray) -> list[np.ndarray]:
         return [a[slots] for a in self.arrays]
