@@ -1,5 +1,7 @@
 """PrioritizedReplayBuffer: distribution, weights, stale ids, bad priorities, persistence."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -13,9 +15,17 @@ from conftest import to_np
 CHI2_999 = {3: 16.27, 7: 24.32, 9: 27.88, 15: 37.70}
 
 
-def counter_buffer(storage=None, batch_size=1, max_length=10, adds=10, **kwargs):
+# The two exact ways a batch is drawn (PrioritizedSampler's docstring): by rejection
+# against the priority bound, and by descent of the sum tree. Which one runs depends on
+# how often rejection keeps a candidate; these force one.
+DRAWS = {"rejection": 0.0, "descent": 2.0}
+
+
+def counter_buffer(storage=None, batch_size=1, max_length=10, adds=10, draw=None, **kwargs):
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
                                      seed=0, **(storage or {}), **kwargs)
+    if draw is not None:
+        buf._sampler._accept_min = DRAWS[draw]
     for t in range(adds):
         buf.add_batch(np.arange(batch_size, dtype=np.int64) * 100 + t)
     return buf
@@ -25,9 +35,10 @@ def chi_square(counts, expected):
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+@pytest.mark.parametrize("draw", sorted(DRAWS))
 @pytest.mark.parametrize("alpha", [0.6, 1.0, 0.0])
-def test_sampling_follows_priorities_to_the_alpha(storage, alpha):
-    buf = counter_buffer(storage, max_length=10, adds=10, alpha=alpha)
+def test_sampling_follows_priorities_to_the_alpha(storage, alpha, draw):
+    buf = counter_buffer(storage, max_length=10, adds=10, alpha=alpha, draw=draw)
     priorities = np.arange(1.0, 11.0)
     buf.update_priorities(np.arange(10), priorities)
     draws = 1_000_000
@@ -42,9 +53,11 @@ def test_sampling_follows_priorities_to_the_alpha(storage, alpha):
     np.testing.assert_allclose(to_np(info.probabilities), expected[ids], rtol=1e-5)
 
 
+@pytest.mark.parametrize("draw", sorted(DRAWS))
 @pytest.mark.parametrize("normalize", ["batch", "buffer"])
-def test_importance_weights_match_the_formula(normalize):
-    buf = counter_buffer(max_length=8, adds=8, alpha=0.7, beta=0.5, normalize=normalize)
+def test_importance_weights_match_the_formula(normalize, draw):
+    buf = counter_buffer(max_length=8, adds=8, alpha=0.7, beta=0.5, normalize=normalize,
+                         draw=draw)
     priorities = np.array([0.5, 1, 2, 3, 4, 5, 6, 9.0])
     buf.update_priorities(np.arange(8), priorities)
     scaled = priorities ** 0.7
@@ -159,8 +172,9 @@ def test_zero_priorities_are_never_drawn_and_all_zero_is_an_error():
         buf.get_next(1)
 
 
-def test_windows_take_their_first_steps_priority_and_respect_the_head(storage):
-    buf = counter_buffer(storage, max_length=6, adds=9)  # holds 3..8, head after 8
+@pytest.mark.parametrize("draw", sorted(DRAWS))
+def test_windows_take_their_first_steps_priority_and_respect_the_head(storage, draw):
+    buf = counter_buffer(storage, max_length=6, adds=9, draw=draw)  # 3..8, head after 8
     ids = np.arange(3, 9)
     buf.update_priorities(ids, np.array([1.0, 1, 1, 1, 1, 1000.0]))  # id 8 cannot start
     items, info = buf.get_next(3000, num_steps=2)
@@ -174,8 +188,9 @@ def test_windows_take_their_first_steps_priority_and_respect_the_head(storage):
     assert chi_square(counts, np.full(5, 600.0)) < CHI2_999[3] + 5
 
 
-def test_item_ids_with_several_rows(storage):
-    buf = counter_buffer(storage, batch_size=3, max_length=4, adds=5)
+@pytest.mark.parametrize("draw", sorted(DRAWS))
+def test_item_ids_with_several_rows(storage, draw):
+    buf = counter_buffer(storage, batch_size=3, max_length=4, adds=5, draw=draw)
     items, info = buf.get_next(400, num_steps=2)
     x, ids = to_np(items), to_np(info.ids)
     rows, add_ids = x // 100, x % 100
@@ -216,10 +231,12 @@ def test_datasets_and_deterministic_pass_work(storage):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), batch_size=st.integers(1, 3), max_length=st.integers(1, 6),
-       num_steps=st.integers(1, 3))
-def test_probabilities_match_a_brute_force_model(data, batch_size, max_length, num_steps):
+       num_steps=st.integers(1, 3), draw=st.sampled_from(sorted(DRAWS)))
+def test_probabilities_match_a_brute_force_model(data, batch_size, max_length, num_steps,
+                                                 draw):
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
                                      alpha=0.5, seed=1)
+    buf._sampler._accept_min = DRAWS[draw]
     model: dict[int, float] = {}  # item id -> raw priority, for live items
     max_priority = 1.0
     adds = data.draw(st.integers(1, 3 * max_length))
@@ -252,9 +269,10 @@ def test_probabilities_match_a_brute_force_model(data, batch_size, max_length, n
     np.testing.assert_array_equal(x % 1000 * batch_size + x // 1000, starts)
 
 
-def test_windows_holding_little_mass_are_still_drawn_exactly():
+@pytest.mark.parametrize("draw", sorted(DRAWS))
+def test_windows_holding_little_mass_are_still_drawn_exactly(draw):
     # The newest steps (invalid starts for long windows) hold nearly all the mass.
-    buf = counter_buffer(max_length=10, adds=10)
+    buf = counter_buffer(max_length=10, adds=10, draw=draw)
     buf.update_priorities(np.arange(6), np.full(6, 1e-4))
     buf.update_priorities(np.arange(6, 10), np.full(4, 10.0))
     items, info = buf.get_next(400, num_steps=5)
@@ -265,3 +283,116 @@ def test_windows_holding_little_mass_are_still_drawn_exactly():
 def test_plain_tuples_of_ids():
     buf = counter_buffer(adds=5)
     assert buf.update_priorities((1, 2, 3), [1.0, 2.0, 3.0]) == 3
+
+
+# --------------------------------------------------------------------- the two draws
+def test_the_draw_follows_the_acceptance_rate():
+    """Rejection while a candidate is kept often enough, descent once a few priorities
+    dwarf the rest; a large buffer (whose tree has levels below the wide root), both."""
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 1, 20_000, seed=3)
+    buf.extend(np.arange(20_000)[None])
+    sampler = buf._sampler
+    calls = {"rejection": 0, "descent": 0}
+    rejecting, descending = sampler._draw_rejecting, sampler._draw_descending
+
+    def count_rejecting(*args):
+        calls["rejection"] += 1
+        return rejecting(*args)
+
+    def count_descending(*args):
+        calls["descent"] += 1
+        return descending(*args)
+
+    sampler._draw_rejecting, sampler._draw_descending = count_rejecting, count_descending
+    rng = np.random.default_rng(0)
+    priorities = rng.random(20_000) + 0.1
+    buf.update_priorities(np.arange(20_000), priorities)
+    for heavy in (False, True):
+        if heavy:  # one huge priority: a candidate is almost never kept
+            buf.update_priorities(np.array([123]), np.array([1e6]))
+            priorities[123] = 1e6
+        calls.update(rejection=0, descent=0)
+        counts = np.zeros(20_000)
+        for _ in range(40):
+            items, info = buf.get_next(500, num_steps=2)
+            x = to_np(items)[:, 0]
+            counts += np.bincount(x, minlength=20_000)
+            scaled = priorities ** 0.6
+            valid = scaled[:-1].sum()  # the newest step cannot start a window of two
+            np.testing.assert_allclose(to_np(info.probabilities), scaled[x] / valid,
+                                       rtol=1e-5)
+            assert x.max() < 19_999
+        assert calls == ({"rejection": 0, "descent": 40} if heavy
+                         else {"rejection": 40, "descent": 0})
+        # Coarse: 20 bins of 1000 steps, against their share of the valid mass.
+        bins = counts.reshape(20, 1000).sum(axis=1)
+        mass = scaled.copy()
+        mass[-1] = 0.0
+        expected = mass.reshape(20, 1000).sum(axis=1) / mass.sum() * counts.sum()
+        keep = expected > 50
+        assert chi_square(bins[keep], expected[keep]) < 45.3  # 99.9% at 19 df
+
+
+def test_rejection_bound_covers_restored_priorities():
+    """A restored state whose priorities exceed max_priority ** alpha (edited, say) still
+    samples in proportion: the bound is raised to the largest stored value, and saved."""
+    buf = counter_buffer(max_length=4, adds=4, draw="rejection")
+    buf.update_priorities(np.arange(4), np.array([1.0, 1.0, 1.0, 1.0]))
+    state = buf._sampler.state_dict()
+    assert state["bound_floor"] == 0.0
+    state["priorities"] = np.array([1.0, 1.0, 1.0, 16.0]) ** 0.6
+    other = counter_buffer(max_length=4, adds=4, draw="rejection")
+    other._sampler.load_state_dict(state)
+    assert other._sampler._floor == pytest.approx(16.0 ** 0.6)
+    assert other._sampler.state_dict()["bound_floor"] == other._sampler._floor
+    counts = np.zeros(4)
+    for _ in range(100):
+        items, _ = other.get_next(1000)
+        counts += np.bincount(to_np(items), minlength=4)
+    expected = np.array([1.0, 1.0, 1.0, 16.0 ** 0.6]) / (3 + 16.0 ** 0.6) * 100_000
+    assert chi_square(counts, expected) < CHI2_999[3]
+    # States from before the bound was saved restore too.
+    del state["bound_floor"]
+    other._sampler.load_state_dict(state)
+    assert other._sampler._floor == pytest.approx(16.0 ** 0.6)
+
+
+def test_rejection_stays_inside_the_range_when_it_wraps():
+    """Valid starts that wrap past the last position, with several rows: every start
+    is valid, and the window's steps follow each other in its row."""
+    buf = counter_buffer(batch_size=2, max_length=5, adds=13, draw="rejection")
+    for num_steps in (1, 2, 4):
+        items, info = buf.get_next(2000, num_steps=num_steps)
+        x = to_np(items)
+        steps = x % 100
+        assert steps.min() >= 13 - 5 and steps[:, 0].max() <= 13 - num_steps
+        np.testing.assert_array_equal(np.diff(x, axis=1), 1)
+        assert set(np.unique(steps[:, 0])) == set(range(8, 14 - num_steps))
+
+
+def test_zero_and_negative_zero_priorities():
+    buf = counter_buffer(adds=4)
+    assert buf.update_priorities(np.array([0, 1]), np.array([-0.0, 0.0])) == 2
+    assert buf.priorities(np.array([0, 1])).tolist() == [0.0, 0.0]
+    items, _ = buf.get_next(200)
+    assert set(to_np(items).tolist()) == {2, 3}
+
+
+@pytest.mark.parametrize("normalize", ["batch", "buffer"])
+def test_weights_over_a_huge_range_of_priorities(normalize):
+    """Ratios far past float32's range: weights stay in [0, 1], the largest exactly 1,
+    with no overflow on the way (warnings are errors here)."""
+    buf = counter_buffer(max_length=4, adds=4, alpha=1.0, beta=1.0, normalize=normalize)
+    buf.update_priorities(np.arange(4), np.array([1e-300, 1e-200, 1.0, 1e300]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        seen = set()
+        for _ in range(50):
+            items, info = buf.get_next(64)
+            seen |= set(to_np(items).tolist())
+            w = to_np(info.weights)
+            assert ((w >= 0.0) & (w <= 1.0)).all()
+    assert seen == {3}  # 1e300 against 1: nothing else is ever drawn
+    # The batch's smallest value is 1e300: weight 1; against the buffer's smallest,
+    # 1e-300, the weight is 1e-600, 0 in float32 (and in float64).
+    assert (w == (1.0 if normalize == "batch" else 0.0)).all()

@@ -3,11 +3,12 @@
 The model of a tree is a plain float64 array of its slots, updated one index at a
 time in a Python loop (so a repeated index ends with its last value). Node arrays are
 compared with a tree built here from scratch, independently of the tree's own code:
-binary levels paired up from the leaves to the wide root's children, and the root
-summed by a Python loop. A sum tree must match it bit for bit. Most properties run
-at several root widths: 1 (a plain binary tree), 2 and 4 (forests of binary
-subtrees at these small capacities) and the default (all wide root, for capacities
-up to 1024).
+binary levels paired up from the leaves to the wide root's children, the root value
+reduced over the total level (the lowest level of at most ``TOTAL_WIDTH`` nodes, or
+the subtree roots), and the wide root's running sums summed by a Python loop. A sum
+tree must match it bit for bit. Most properties run at several root widths: 1 (a
+plain binary tree), 2 and 4 (forests of binary subtrees at these small capacities)
+and the default (all wide root, for capacities up to 1024).
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replaybuffer.sampling.segment_tree import DEFAULT_ROOT_WIDTH, MinTree, SumTree
+from replaybuffer.sampling.segment_tree import (
+    DEFAULT_ROOT_WIDTH,
+    TOTAL_WIDTH,
+    MinTree,
+    SumTree,
+)
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -28,10 +34,9 @@ WIDTHS = [1, 2, 4, DEFAULT_ROOT_WIDTH]
 
 
 # --------------------------------------------------------------------- reference model
-def reference(leaves: np.ndarray, combine: np.ufunc, identity: float,
-              root_width: int = DEFAULT_ROOT_WIDTH) -> tuple[np.ndarray, float]:
-    """``(nodes, root)`` for ``leaves``: pad to a power of two, pair up level by level
-    until at most ``root_width`` nodes remain, then combine those left to right."""
+def reference_levels(leaves: np.ndarray, combine: np.ufunc, identity: float,
+                     root_width: int = DEFAULT_ROOT_WIDTH) -> list[np.ndarray]:
+    """Binary levels from the padded leaves (first) to the subtree roots (last)."""
     size = 1
     while size < len(leaves):
         size *= 2
@@ -41,11 +46,28 @@ def reference(leaves: np.ndarray, combine: np.ufunc, identity: float,
     while len(level) > root_width:
         level = combine(level[0::2], level[1::2])
         levels.append(level)
-    root = level[0]
-    for value in level[1:].tolist():  # a sequential running sum / minimum
-        root = combine(root, value)
+    return levels
+
+
+def reference(leaves: np.ndarray, combine: np.ufunc, identity: float,
+              root_width: int = DEFAULT_ROOT_WIDTH) -> tuple[np.ndarray, float]:
+    """``(nodes, root)`` for ``leaves``: pad to a power of two, pair up level by level
+    until at most ``root_width`` nodes remain; the root value reduces the lowest level
+    of at most ``max(TOTAL_WIDTH, root_width)`` nodes."""
+    levels = reference_levels(leaves, combine, identity, root_width)
+    total_level = next(lv for lv in levels if len(lv) <= max(TOTAL_WIDTH, root_width))
+    root = float(combine.reduce(np.ascontiguousarray(total_level)))
     # The nodes [0, width) are unused and hold the identity.
-    return np.concatenate([np.full(len(level), identity)] + levels[::-1]), float(root)
+    return (np.concatenate([np.full(len(levels[-1]), identity)] + levels[::-1]), root)
+
+
+def reference_runs(leaves: np.ndarray, root_width: int = DEFAULT_ROOT_WIDTH) -> np.ndarray:
+    """The wide root's inclusive running sums of the subtree roots, by a Python loop."""
+    runs, acc = [], 0.0
+    for value in reference_levels(leaves, np.add, 0.0, root_width)[-1].tolist():
+        acc = acc + value
+        runs.append(acc)
+    return np.array(runs)
 
 
 def reference_nodes(leaves, combine, identity, root_width=DEFAULT_ROOT_WIDTH):
@@ -126,8 +148,10 @@ def test_sum_tree_matches_brute_force(case, width):
         assert same_bits(tree.get(np.arange(capacity)), model)
         nodes, total = reference(model, np.add, 0.0, width)
         assert same_bits(tree.nodes, nodes) and same_bits(tree.total(), total)
+        assert same_bits(tree._upto, reference_runs(model, width))
         exact = math.fsum(model)
         assert 0.0 <= tree.total() and abs(tree.total() - exact) <= 1e-14 * exact
+        assert abs(tree._runs[-1] - exact) <= 1e-14 * exact
     before = tree.nodes.copy(), tree.total()
     tree.rebuild()  # the same tree, bit for bit
     assert same_bits(tree.nodes, before[0]) and same_bits(tree.total(), before[1])
@@ -183,8 +207,10 @@ def test_shapes_scalars_and_empty_batches():
     assert tree.prefix_sum(np.array([6], np.uint8)).tolist() == [5.0]
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025, 5000])
+@pytest.mark.parametrize("width", WIDTHS + [2 * TOTAL_WIDTH])
+@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1023, 1024, 1025, 5000,
+                                      TOTAL_WIDTH - 1, TOTAL_WIDTH, TOTAL_WIDTH + 1,
+                                      2 * TOTAL_WIDTH + 1])
 def test_capacity_layout(capacity, width):
     size = 1 << (capacity - 1).bit_length()
     tree = SumTree(capacity, root_width=width)
@@ -260,6 +286,161 @@ def test_millions_of_updates_do_not_drift():
     ends = rng.integers(0, capacity + 1, 4096)
     cumsum = np.concatenate([[0.0], np.cumsum(model)])
     assert np.allclose(sums.prefix_sum(ends), cumsum[ends], rtol=1e-12, atol=0.0)
+
+
+# --------------------------------------------------------------------- large trees
+# Past TOTAL_WIDTH leaves the levels up to the total level are recomputed along the
+# update paths (the ones above, whole when read). Past 8 * TOTAL_WIDTH leaves, unless
+# searches are being made, heights 3, 6, ... are recomputed from rows of 8 instead, and
+# the levels between them when read (along the recorded paths).
+large_capacities = st.sampled_from([TOTAL_WIDTH + 1, 10_007, 2 * TOTAL_WIDTH,
+                                    5 * TOTAL_WIDTH + 3, 37 * TOTAL_WIDTH + 1])
+large_widths = st.sampled_from([1, 4, DEFAULT_ROOT_WIDTH, 2 * TOTAL_WIDTH])
+
+
+@st.composite
+def large_update_batches(draw, values):
+    """``(capacity, [(indices, values), ...])``: small batches into a large tree, with
+    repeats and neighbours (paths that share ancestors)."""
+    capacity = draw(large_capacities)
+    hot = draw(st.lists(st.integers(0, capacity - 1), min_size=1, max_size=3))
+    index = st.one_of(st.sampled_from(hot), st.integers(0, capacity - 1),
+                      st.sampled_from(hot).map(lambda i: min(capacity - 1, i + 1)),
+                      st.sampled_from(hot).map(lambda i: i ^ 64 if i ^ 64 < capacity else i))
+    batches = []
+    for _ in range(draw(st.integers(1, 5))):
+        k = draw(st.integers(1, 40))
+        indices = draw(st.lists(index, min_size=k, max_size=k))
+        vals = draw(st.lists(values, min_size=k, max_size=k))
+        batches.append((np.array(indices, np.int64), np.array(vals, np.float64)))
+    return capacity, batches
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(large_update_batches(any_priorities), large_widths, st.integers(0, 2**32 - 1))
+def test_large_sum_tree_matches_brute_force(case, width, seed):
+    capacity, batches = case
+    rng = np.random.default_rng(seed)
+    model = rng.random(capacity) * (rng.random(capacity) < 0.7)
+    tree = SumTree(capacity, root_width=width)
+    tree.update(np.arange(capacity), model)
+    for indices, values in batches:
+        tree.update(indices, values)
+        apply(model, indices, values)
+        nodes, total = reference(model, np.add, 0.0, width)
+        assert same_bits(tree.total(), total)  # current, before anything syncs
+        if rng.random() < 0.5:  # searches and prefix sums bring the rest up to date
+            ends = rng.integers(0, capacity + 1, 8)
+            exact = np.array([math.fsum(model[:end]) for end in ends.tolist()])
+            # Sequential running sums of up to `width` subtrees, pairwise within them.
+            rtol = (min(width, capacity) + 64) * 2.0 ** -52
+            assert (np.abs(tree.prefix_sum(ends) - exact) <= rtol * exact).all()
+            cumsum = np.concatenate([[0.0], np.cumsum(model)])
+            targets = rng.random(16) * total
+            found = tree.find_prefix(targets)
+            assert (model[found] > 0.0).all()
+            clear = np.abs(targets[:, None] - cumsum[None, 1:]).min(axis=1) > 1e-9 * total
+            assert (found[clear] == oracle_prefix(model, targets[clear])).all()
+        assert same_bits(tree.nodes, nodes) and same_bits(tree.total(), total)
+        assert same_bits(tree._upto, reference_runs(model, width))
+    before = tree.nodes.copy(), tree.total()
+    tree.rebuild()
+    assert same_bits(tree.nodes, before[0]) and same_bits(tree.total(), before[1])
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(large_update_batches(min_tree_values), large_widths)
+def test_large_min_tree_matches_brute_force(case, width):
+    capacity, batches = case
+    tree, model = build(MinTree, capacity, batches, np.inf, width)
+    nodes, smallest = reference(model, np.minimum, np.inf, width)
+    assert tree.min() == model.min() == smallest
+    assert np.array_equal(tree.nodes, nodes)
+
+
+def test_upper_levels_wait_until_read():
+    """An update recomputes up to the total level; the rest, once, when read."""
+    capacity = 4 * TOTAL_WIDTH  # leaves at height 0, the total level at height 2
+    tree = SumTree(capacity, root_width=64)
+    assert len(tree._total_level) == TOTAL_WIDTH and tree._total_lo == TOTAL_WIDTH
+    model = np.arange(capacity, dtype=np.float64) % 7
+    tree.update(np.arange(capacity), model)
+    stale = tree._nodes[:TOTAL_WIDTH].copy()
+    tree.update([5, 6000, 30_000], [100.0, 0.0, 3.5])
+    apply(model, np.array([5, 6000, 30_000]), np.array([100.0, 0.0, 3.5]))
+    assert tree.total() == model.sum() and not tree._synced
+    assert same_bits(tree._nodes[:TOTAL_WIDTH], stale)  # above the total level: stale
+    assert tree.prefix_sum([capacity - 1]) == model[:-1].sum() and tree._synced
+    nodes, total = reference(model, np.add, 0.0, 64)
+    assert same_bits(tree.nodes, nodes) and tree.total() == total
+
+
+@pytest.mark.parametrize("capacity,row_heights", [(8 * TOTAL_WIDTH, [3]),
+                                                  (64 * TOTAL_WIDTH - 3, [3, 6])])
+def test_row_heights_and_stale_levels_between_them(capacity, row_heights):
+    rng = np.random.default_rng(7)
+    model = rng.random(capacity)
+    sums, mins = SumTree(capacity), MinTree(capacity)
+    sums.update(np.arange(capacity), model)
+    mins.update(np.arange(capacity), model)
+    assert sums._chunk_top == row_heights[-1] and mins._chunk_top == row_heights[-1]
+    size, total_lo = sums._size, sums._total_lo
+    recorded: list[np.ndarray] = []
+    for step in range(40):  # 40 * 256 recorded leaves: too many to list
+        slots = rng.integers(0, capacity, 256)
+        values = rng.random(256) * (rng.random(256) < 0.9)
+        for tree in (sums, mins):
+            tree.update(slots, values)
+        apply(model, slots, values)
+        recorded.append(slots)
+        nodes, total = reference(model, np.add, 0.0)
+        assert same_bits(sums.total(), total) and mins.min() == model.min()
+        for height in row_heights:  # current without a read
+            level = slice(size >> height, size >> (height - 1))
+            assert same_bits(sums._nodes[level], nodes[level])
+        # Recorded paths, until there are too many to list: then every level is stale.
+        if sum(map(len, recorded)) > sums._stale_max:
+            assert sums._stale is True
+        else:
+            assert len(sums._stale) == len(recorded)
+            # (Repeated slots with different values are recorded once, sorted.)
+            assert all(np.array_equal(np.unique(a), np.unique(b))
+                       for a, b in zip(sums._stale, recorded))
+        if step in (2, 39):  # a read brings every level up to date
+            assert same_bits(sums.nodes, nodes) and sums._stale == []
+            assert np.array_equal(mins.nodes, reference_nodes(model, np.minimum, np.inf))
+            assert same_bits(sums._upto, reference_runs(model))
+            # Right after a read (searches being made), every level up to the total
+            # level is recomputed along the paths: nothing goes stale.
+            for tree in (sums, mins):
+                tree.update([5, 77], [3.0, 0.5])
+            apply(model, np.array([5, 77]), np.array([3.0, 0.5]))
+            assert sums._stale == [] and not sums._synced
+            nodes = reference_nodes(model, np.add, 0.0)
+            assert same_bits(sums._nodes[total_lo:], nodes[total_lo:])
+            recorded = []
+    assert same_bits(sums.nodes, reference_nodes(model, np.add, 0.0))
+
+
+def test_internal_assign_and_find_match_the_checked_calls():
+    rng = np.random.default_rng(5)
+    capacity = 3 * TOTAL_WIDTH + 5
+    checked, unchecked = SumTree(capacity), SumTree(capacity)
+    for k in (1, 2, 256, 5000):  # path levels for small batches, whole levels for large
+        slots = rng.integers(0, capacity, k)
+        values = rng.random(k) * (rng.random(k) < 0.9)
+        checked.update(slots, values)
+        unchecked._assign(slots, values, float(values.max()))
+        assert same_bits(unchecked.nodes, checked.nodes)
+        assert same_bits(unchecked.total(), checked.total())
+    targets = rng.random(300) * checked.total()
+    found, values = unchecked._find(targets)
+    assert found.tolist() == checked.find_prefix(targets).tolist()
+    assert same_bits(values, checked.get(found)) and (values > 0.0).all()
+    # A bound that cannot rule out an overflow takes the path that can roll back.
+    with pytest.raises(ValueError, match="expected a finite total priority"):
+        unchecked._assign(np.array([0, 1]), np.array([1e308, 1e308]), 1e308)
+    assert same_bits(unchecked.nodes, checked.nodes)
 
 
 # --------------------------------------------------------------------- find_prefix

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the control, frames and prioritized workloads through "
                             "cpprb, Stable-Baselines3, TorchRL and Tianshou where installed "
                             "(benchmarks/setup_peers.sh), beside ours and the numpy limit")
-    bench.add_argument("--peer-workloads", default="control,frames,prioritized",
+    bench.add_argument("--peer-workloads",
+                       default="control,frames,prioritized,prioritized-skewed",
                        help="with --peers: comma-separated workloads")
     bench.set_defaults(func=_bench)
 

@@ -61,13 +61,14 @@ from replaybuffer.specs import ArraySpec
 
 __all__ = ["WORKLOADS", "PEERS", "Sizes", "run_peers", "format_rows", "format_markdown", "main"]
 
-WORKLOADS = ("control", "frames", "prioritized")
+WORKLOADS = ("control", "frames", "prioritized", "prioritized-skewed")
 
 OPS = {
     "control": ("add(1)", "add(256)", "sample(256)+next"),
     "frames": ("add(1)", "sample(32)+next", "sample(256)+next", "bytes/transition"),
     "prioritized": ("sample(256)+weights", "update(256)", "sample+update(256)"),
 }
+OPS["prioritized-skewed"] = OPS["prioritized"]
 MEMORY_ONLY = ("bytes/transition",)
 
 ALPHA, BETA = 0.6, 0.4
@@ -221,9 +222,23 @@ def _chunks(capacity: int, chunk: int) -> Iterator[int]:
         remaining -= n
 
 
-def _priority_pool(n: int = 64, size: int = 256) -> list[np.ndarray]:
+def _prioritized(workload: str) -> bool:
+    return workload in ("prioritized", "prioritized-skewed")
+
+
+def _priorities(workload: str, rng: np.random.Generator, size: int) -> np.ndarray:
+    """float32 priorities: uniform in [1e-3, 1 + 1e-3) for ``prioritized``; log-normal
+    (sigma 2, so after alpha = 0.6 the largest of 1M is ~300x the mean) for
+    ``prioritized-skewed``, the heavy tail of real TD errors, where rejection from the
+    largest priority rarely accepts and samplers must search their tree."""
+    if workload == "prioritized-skewed":
+        return rng.lognormal(0.0, 2.0, size).astype(np.float32)
+    return (rng.random(size) + 1e-3).astype(np.float32)
+
+
+def _priority_pool(workload: str, n: int = 64, size: int = 256) -> list[np.ndarray]:
     rng = np.random.default_rng(7)
-    return [(rng.random(size) + 1e-3).astype(np.float32) for _ in range(n)]
+    return [_priorities(workload, rng, size) for _ in range(n)]
 
 
 # --------------------------------------------------------------------- replaybuffer
@@ -257,7 +272,7 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
     from replaybuffer.buffers import UniformReplayBuffer
 
     rng = np.random.default_rng(0)
-    if workload == "prioritized":
+    if _prioritized(workload):
         cls = getattr(replaybuffer, "PrioritizedReplayBuffer", None)
         if cls is None:
             raise Unsupported("this replaybuffer version has no PrioritizedReplayBuffer")
@@ -267,10 +282,10 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
         fill(buf, rng)
         for start in range(0, capacity, 100_000):  # item ids are add ids (one row)
             ids = np.arange(start, min(capacity, start + 100_000))
-            applied = buf.update_priorities(ids, rng.random(len(ids)) + 1e-3)
+            applied = buf.update_priorities(ids, _priorities(workload, rng, len(ids)))
             if applied != len(ids):
                 raise RuntimeError(f"update_priorities applied {applied} of {len(ids)}")
-        prios = _priority_pool()
+        prios = _priority_pool(workload)
         next_prio = _cycle(prios)
         ids = [buf.get_next(256, 2)[1].ids for _ in range(len(prios))]
         pairs = _cycle(list(zip(ids, prios)))
@@ -462,7 +477,7 @@ def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> Iterator[dic
 
     next_of = layout != "plain"
     kwargs: dict[str, Any] = {"next_of": "obs"} if next_of else {}
-    if workload == "prioritized":
+    if _prioritized(workload):
         capacity = sizes.prioritized
         spec = _prioritized_spec()
         data = _transitions(spec, capacity)
@@ -472,8 +487,8 @@ def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> Iterator[dic
         rng = np.random.default_rng(1)
         for start in range(0, capacity, 100_000):
             idx = np.arange(start, min(capacity, start + 100_000))
-            rb.update_priorities(idx, rng.random(len(idx)) + 1e-3)
-        prios = _priority_pool()
+            rb.update_priorities(idx, _priorities(workload, rng, len(idx)))
+        prios = _priority_pool(workload)
         next_prio = _cycle(prios)
         indexes = [rb.sample(256, beta=BETA)["indexes"] for _ in range(len(prios))]
         pairs = _cycle(list(zip(indexes, prios)))
@@ -532,7 +547,7 @@ def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[
     per-env list comprehension over infos). ``add(256)`` goes through a buffer with
     ``n_envs=256``: SB3 adds one step of every env per call.
     """
-    if workload == "prioritized":
+    if _prioritized(workload):
         raise Unsupported("SB3 has no prioritized replay buffer")
     _torch()
     from gymnasium import spaces
@@ -611,8 +626,9 @@ def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[s
     from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
     spec = {"control": _control_spec, "frames": _frames_spec,
-            "prioritized": _prioritized_spec}[workload]()
-    capacity = getattr(sizes, workload)
+            "prioritized": _prioritized_spec,
+            "prioritized-skewed": _prioritized_spec}[workload]()
+    capacity = sizes.prioritized if _prioritized(workload) else getattr(sizes, workload)
     data = _transitions(spec, capacity)
 
     if layout == "td":
@@ -632,7 +648,7 @@ def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[s
         cls = ReplayBuffer
 
     sampler = {}
-    if workload == "prioritized":
+    if _prioritized(workload):
         sampler = {"sampler": PrioritizedSampler(capacity, alpha=ALPHA, beta=BETA)}
     if workload == "frames":
         mem = _Memory(capacity)
@@ -649,13 +665,12 @@ def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[s
         yield mem.row(obs_bytes, "observation and (next, observation) tensors")
     one, batch = pack(data["one"]), pack(data["batch"])
 
-    if workload == "prioritized":
+    if _prioritized(workload):
         rng = np.random.default_rng(1)
         for start in range(0, capacity, 100_000):
             idx = torch.arange(start, min(capacity, start + 100_000))
-            rb.update_priority(idx, torch.from_numpy(
-                (rng.random(len(idx)) + 1e-3).astype(np.float32)))
-        prios = [torch.from_numpy(p) for p in _priority_pool()]
+            rb.update_priority(idx, torch.from_numpy(_priorities(workload, rng, len(idx))))
+        prios = [torch.from_numpy(p) for p in _priority_pool(workload)]
         next_prio = _cycle(prios)
         if layout == "td":
             def sample() -> Any:
@@ -730,19 +745,21 @@ def _tianshou(workload: str, sizes: Sizes, layout: str = "default"
             buf.add(source[i])
 
     spec = {"control": _control_spec, "frames": _frames_spec,
-            "prioritized": _prioritized_spec}[workload]()
+            "prioritized": _prioritized_spec,
+            "prioritized-skewed": _prioritized_spec}[workload]()
     memory_only = workload == "frames" and layout == "default"
-    capacity = sizes.frames_memory_only if memory_only else getattr(sizes, workload)
+    capacity = sizes.frames_memory_only if memory_only else \
+        sizes.prioritized if _prioritized(workload) else getattr(sizes, workload)
     data = _transitions(spec, capacity)
     one = batch_of(data["one"])
     source = source_of(data["chunk"])  # built before any memory baseline
 
-    if workload == "prioritized":
+    if _prioritized(workload):
         buf = PrioritizedReplayBuffer(capacity, alpha=ALPHA, beta=BETA)
         fill_ts(buf, source, capacity)
         rng = np.random.default_rng(1)
-        buf.update_weight(np.arange(capacity), rng.random(capacity) + 1e-3)
-        prios = _priority_pool()
+        buf.update_weight(np.arange(capacity), _priorities(workload, rng, capacity))
+        prios = _priority_pool(workload)
         next_prio = _cycle(prios)
         indexes = [buf.sample(256)[1] for _ in range(len(prios))]
         pairs = _cycle(list(zip(indexes, prios)))
@@ -817,16 +834,16 @@ PEERS: tuple[Peer, ...] = (
     Peer("cpprb[stack_compress]", "cpprb", ("cpprb",), _cpprb, "stack", ("frames",)),
     Peer("cpprb[no next_of]", "cpprb", ("cpprb",), _cpprb, "plain", ("frames",), True),
     Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
-         ("control", "prioritized")),
+         ("control", "prioritized", "prioritized-skewed")),
     Peer("sb3[optimize_memory]", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3,
          "optimize_memory", ("frames",)),
     Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
          ("frames",), True),
     Peer("torchrl", "torchrl", ("torchrl", "tensordict", "torch"), _torchrl, "td", WORKLOADS),
     Peer("torchrl[pytree]", "torchrl", ("torchrl", "torch"), _torchrl, "pytree",
-         ("control", "prioritized")),
+         ("control", "prioritized", "prioritized-skewed")),
     Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default",
-         ("control", "prioritized")),
+         ("control", "prioritized", "prioritized-skewed")),
     Peer("tianshou[ignore_obs_next]", "tianshou", ("tianshou", "torch"), _tianshou,
          "ignore_obs_next", ("frames",)),
     Peer("tianshou[atari]", "tianshou", ("tianshou", "torch"), _tianshou, "atari",

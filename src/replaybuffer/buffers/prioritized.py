@@ -64,14 +64,24 @@ class PrioritizedMixin:
             raise ValueError(f"update_priorities: expected ids [S] (or [S, T]) and "
                              f"priorities [S] of the same S, got ids of shape "
                              f"{np.shape(ids)} and priorities of shape {values.shape}")
-        bad = ~np.isfinite(values) | (values < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"update_priorities: priorities must be finite and >= 0; "
-                             f"priorities[{i}] is {float(values[i])} (for id {int(ids_arr[i])}); "
-                             f"{int(bad.sum())} bad value(s), nothing was updated")
+        largest = None
+        if values.size:
+            # One reduction checks the usual all-good batch and finds its largest value:
+            # as unsigned integers, finite floats >= 0 are ordered as floats and lie below
+            # the bits of inf, while NaN, inf and negative numbers (sign bit set) do not.
+            top = values.view(np.uint64).max()
+            if top < _INF_BITS:
+                largest = float(top.view(np.float64))
+            else:  # something is bad, or a -0.0 (allowed) is among them
+                bad = ~np.isfinite(values) | (values < 0)
+                if bad.any():
+                    i = int(np.flatnonzero(bad)[0])
+                    raise ValueError(
+                        f"update_priorities: priorities must be finite and >= 0; "
+                        f"priorities[{i}] is {float(values[i])} (for id {int(ids_arr[i])}); "
+                        f"{int(bad.sum())} bad value(s), nothing was updated")
         with self._lock:
-            return self._sampler.update_priorities(self._ring, ids_arr, values)
+            return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
 
     def priorities(self, ids: Any) -> np.ndarray:
         """``priority ** alpha`` currently stored for item ``ids`` (NaN if stale)."""
@@ -131,8 +141,11 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         return dict(self._config_values)
 
 
+_INF_BITS = np.float64(np.inf).view(np.uint64)
+
+
 def _as_numpy(values: Any, dtype: type) -> np.ndarray:
-    arr = to_numpy(values)
+    arr = values if type(values) is np.ndarray else to_numpy(values)
     if arr.dtype.kind not in "iufb":
         raise ValueError(f"update_priorities: expected numbers, got {arr.dtype}")
     if dtype is np.int64 and arr.dtype.kind == "f":

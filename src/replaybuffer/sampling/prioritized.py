@@ -2,15 +2,27 @@
 
 Each storage position (one step of one row) has a priority ``p``; a window is drawn
 with probability ``p_start ** alpha / sum(p ** alpha)`` over the valid window starts,
-so with ``num_steps > 1`` the priority is that of the window's first step. Sum and
-min trees over positions give ``O(K log N)`` draws and updates.
+so with ``num_steps > 1`` the priority is that of the window's first step. A sum tree
+over positions (:mod:`replaybuffer.sampling.segment_tree`) keeps the total and the
+prefix sums exact under ``O(K log N)`` updates.
 
 Validity without range queries: positions never written, or emptied by a clear, hold
 priority 0 and are never drawn. The only positions with mass that are not valid
 starts for a window of ``T`` steps are the newest ``T - 1`` steps of every row (a
-window starting there would cross the write head). Their mass is subtracted from the
-total for the probabilities, and a draw landing on one is redrawn: rejection keeps
-the distribution exactly proportional over the valid starts.
+window starting there would cross the write head). In the slot-major layout the valid
+starts of every row form one cyclic range of positions.
+
+Two exact ways to draw, chosen per call:
+
+- Rejection (the usual case): a candidate drawn uniformly from the valid range is kept
+  with probability ``p ** alpha / bound``, where ``bound >= max(p ** alpha)`` is
+  ``max_priority ** alpha`` (every stored priority is at most ``max_priority``). Kept
+  candidates are exactly proportional draws, in the order drawn. A batch costs a dozen
+  numpy calls over about ``K / a`` candidates, ``a = valid_mass / (range * bound)``
+  being the chance of keeping one, against about five calls per tree level for a
+  descent; it is used while ``a >= 1/4``.
+- Descent: targets drawn uniformly inside the range's share of the prefix sums, found
+  in the sum tree. Used when a few high priorities make ``a`` small.
 
 Item ids: ``BufferInfo.ids`` of a prioritized buffer identify one step of one row,
 ``(base + id) * batch_size + row``, where ``id`` is the logical add id and ``base``
@@ -20,10 +32,11 @@ its position and ignores ids whose step has been overwritten (stale ids).
 
 Importance weights: ``w_i = (N * P(i)) ** -beta / max_w`` with ``N`` the steps stored.
 By default (``normalize="batch"``, as Dopamine does) ``max_w`` is the largest weight in
-the batch, so every batch's largest weight is exactly 1. With ``normalize="buffer"``
-(as OpenAI baselines does) it is ``(N * P_min) ** -beta`` for the smallest positive
-priority stored, so that the largest weight any stored step could get is 1; that
-needs a min tree, which doubles the cost of every priority update.
+the batch, so every batch's largest weight is exactly 1: ``N`` and the valid mass
+cancel, leaving ``w_i = (v_i / min_j v_j) ** -beta`` for the batch's ``v = p ** alpha``.
+With ``normalize="buffer"`` (as OpenAI baselines does) it is ``(N * P_min) ** -beta``
+for the smallest positive priority stored, so that the largest weight any stored step
+could get is 1; that needs a min tree, which doubles the cost of every priority update.
 """
 
 from __future__ import annotations
@@ -40,6 +53,29 @@ from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
 
 _FLUSH_AT = 4096  # pending new-step priorities applied in one tree update
+
+#: Draw by rejection while a uniform candidate is kept at least this often (module
+#: docstring). At 1/4 a batch of 256 takes about 1,200 candidates, still well under
+#: the cost of a descent through a tree of 1e5-1e6 slots.
+ACCEPT_MIN = 0.25
+
+#: Relative slack on the rejection bound: ``np.power`` (vectorised) and ``math.pow`` may
+#: round ``p ** alpha`` a few ulp (2 ** -52 each) apart.
+_BOUND_SLACK = 1.0 + 2.0 ** -40
+
+#: ``segments`` for :meth:`PrioritizedSampler._draw_descending`: the whole tree.
+_WHOLE: Any = (None, None)
+
+#: Below the largest float by more than any slack used here.
+_FINITE = 1e307
+
+#: The most candidates in one round (a bound on memory when few are kept).
+_POOL_MAX = 1 << 20
+
+#: Rounds of rejection before the rest of a batch is drawn by descent. Each round's pool
+#: is sized to fill the batch with probability ~99%, so a second round is rare and a
+#: sixteenth unheard of.
+_ROUNDS = 16
 
 
 class PrioritizedSampler:
@@ -78,6 +114,12 @@ class PrioritizedSampler:
         self.key_base = 0
         self._pending: list[tuple[np.ndarray, float]] = []
         self._pending_count = 0
+        # A bound on stored priority ** alpha beyond max_priority ** alpha: 0 unless a
+        # restored state holds priorities above its max_priority (see load_state_dict).
+        self._floor = 0.0
+        # Draw by rejection while a candidate is kept at least this often (tests set it
+        # above 1 or to 0 to force one way).
+        self._accept_min = ACCEPT_MIN
 
     # ---------------------------------------------------------------- schedule
     @property
@@ -89,23 +131,46 @@ class PrioritizedSampler:
         return self.beta_start + frac * (self.beta_final - self.beta_start)
 
     # ------------------------------------------------------------------- trees
-    def _set(self, positions: np.ndarray, priorities: np.ndarray) -> None:
-        """Store raw priorities (already checked) at positions."""
-        scaled = np.power(priorities, self.alpha) if self.alpha != 1.0 else priorities
-        if self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
+    def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
+        """Store raw priorities (float64 ``[K]``, ``K >= 1``, checked: finite and >= 0)
+        at positions (int64 ``[K]``, in range); ``largest`` is ``priorities.max()``."""
+        if self.alpha == 1.0:
+            scaled = priorities
+        elif self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
             scaled = np.where(priorities > 0, 1.0, 0.0)
-        self._sum.update(positions, scaled)
+            largest = 1.0
+        else:
+            scaled = np.power(priorities, self.alpha)
+            # A bound of scaled.max() without another pass over it (math.pow and the
+            # vectorised np.power round a few ulp apart, far inside the slack).
+            try:
+                largest = math.pow(largest, self.alpha) * _BOUND_SLACK
+            except OverflowError:
+                largest = math.inf
+        if largest < _FINITE:
+            self._sum._assign(positions, scaled, largest)
+        else:  # priority ** alpha may have overflowed: the checked update reports it
+            self._sum.update(positions, scaled)
         if self._min is not None:
-            self._min.update(positions, np.where(scaled > 0, scaled, np.inf))
+            self._min._assign(positions, np.where(scaled > 0, scaled, np.inf))
+
+    def _bound(self) -> float:
+        """An upper bound of every stored ``priority ** alpha`` (``inf`` if unknown)."""
+        try:
+            top = math.pow(self.max_priority, self.alpha)
+        except OverflowError:
+            return math.inf
+        return max(top, self._floor) * _BOUND_SLACK
 
     def _flush(self) -> None:
         if not self._pending:
             return
         positions = np.concatenate([p for p, _ in self._pending])
         values = np.concatenate([np.full(len(p), v) for p, v in self._pending])
+        largest = max(v for _, v in self._pending)
         self._pending.clear()
         self._pending_count = 0
-        self._set(positions, values)  # later entries win, as in the trees' update
+        self._set(positions, values, largest)  # later entries win, as in the trees' update
 
     def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
         """New steps enter at the largest priority seen so far."""
@@ -126,62 +191,181 @@ class PrioritizedSampler:
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if self._min is not None else None
         self.max_priority = 1.0
+        self._floor = 0.0
 
     # ---------------------------------------------------------------- sampling
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
-        self._flush()
+        if self._pending:
+            self._flush()
         rng = rng or self._rng
-        leaves = self._sum.leaves  # positions below come from the ring: valid by construction
         if episodes is None:
-            positions, ids, valid_mass = self._draw_in_range(ring, sample_batch_size,
-                                                             num_steps, rng)
+            positions, ids, values, valid_mass = self._draw_in_range(
+                ring, sample_batch_size, num_steps, rng)
         else:
             positions, ids, valid_mass = self._draw_within(ring, sample_batch_size,
                                                            num_steps, rng, episodes)
-        probabilities = leaves[positions] / valid_mass
-        beta = self.beta
-        n = ring.num_frames
-        weights = np.power(n * probabilities, -beta)
-        if self._min is None:  # the batch's largest weight is 1
-            weights /= weights.max()
+            values = self._sum._slots[positions]
+        # Divisions in float64, each rounded once to the float32 result, and the power in
+        # float32 (the result is float32 anyway, and float32's power is cheaper). The
+        # weight is (v_min / v) ** beta: a ratio <= 1 cannot overflow float32, stays
+        # <= 1 when rounded, and is exactly 1 for the smallest value.
+        probabilities = np.empty(len(values), np.float32)
+        np.divide(values, valid_mass, out=probabilities)
+        weights = np.empty(len(values), np.float32)
+        if self._min is None:  # the batch's largest weight is 1 (module docstring)
+            np.divide(values.min(), values, out=weights)
+            np.power(weights, self.beta, out=weights)
         else:  # the largest weight any stored step could get is 1
-            weights /= (n * self._min.min() / valid_mass) ** -beta
+            np.divide(self._min.min(), values, out=weights)
+            np.power(weights, self.beta, out=weights)
+            np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
-        return SampleIndices(ids, positions), {
-            "probabilities": probabilities.astype(np.float32),
-            "weights": np.minimum(weights, 1.0).astype(np.float32)}
+        return SampleIndices(ids, positions), {"probabilities": probabilities,
+                                               "weights": weights}
 
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+                       rng: np.random.Generator
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """Draw starts in proportion to priority among the valid window starts.
 
-        In the slot-major layout the valid starts of every row form one cyclic range of
-        positions, so targets are drawn inside that range's share of the prefix sums:
-        exact, with no rejection however little of the mass the range holds.
+        Returns ``(positions, ids, values, valid_mass)``: int64 ``[count]`` positions
+        and logical ids, float64 ``[count]`` their ``priority ** alpha``, and the mass
+        of the valid starts.
         """
         lo, hi = ring.valid_start_range(num_steps)
-        first = (lo % ring.max_length) * ring.batch_size
-        span = (hi - lo) * ring.batch_size
-        segments = [(first, min(first + span, ring.capacity))]
-        if first + span > ring.capacity:  # the range wraps past the last position
-            segments.append((0, first + span - ring.capacity))
-        bounds = self._sum.prefix_sum(np.array([p for seg in segments for p in seg]))
-        starts, masses = bounds[0::2], bounds[1::2] - bounds[0::2]
-        valid_mass = float(masses.sum())
+        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
+        first = (lo % L) * B  # the valid starts: the cyclic range [first, first + span)
+        span = (hi - lo) * B
+        total = self._sum.total()
+        # The only mass outside the range: the newest num_steps - 1 steps of each row.
+        outside = (ring.last_id + 1 - hi) * B
+        excluded = _cyclic_sum(self._sum._slots, (hi % L) * B, outside, cap) if outside else 0.0
+        segments = None
+        if excluded <= 0.5 * total:
+            valid_mass = total - excluded  # loses at most a bit or two to cancellation
+        else:  # mostly outside: sum the range itself, with no cancellation
+            segments = self._segments(first, span, cap)
+            valid_mass = float(segments[1].sum())
         self._require_mass(valid_mass, num_steps)
-        u = rng.random(count) * valid_mass
+        bound = self._bound()
+        accept = valid_mass / (span * bound)
+        drawn = None
+        if accept >= self._accept_min and accept > 0.0:  # (0: no finite bound)
+            drawn = self._draw_rejecting(ring, rng, count, lo, span, bound, min(accept, 1.0))
+        if drawn is None or len(drawn[0]) < count:  # descent, for all or the rest
+            rest = count - (0 if drawn is None else len(drawn[0]))
+            if segments is None and excluded * rest < 0.05 * total:
+                segments = _WHOLE  # targets in the whole tree, the few outside redrawn
+            more = self._draw_descending(ring, rest, rng, first, span, hi, segments)
+            drawn = more if drawn is None else tuple(np.concatenate(pair)
+                                                     for pair in zip(drawn, more))
+        return (*drawn, valid_mass)
+
+    def _draw_rejecting(self, ring: Ring, rng: np.random.Generator, count: int, lo: int,
+                        span: int, bound: float, accept: float
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Up to ``count`` valid starts, in proportion to their values, by rejection.
+
+        The valid starts are the ``span`` steps-and-rows from id ``lo`` on (the cyclic
+        position range ``[first, first + span)`` in slot-major order). Each candidate is
+        uniform over them and kept with probability ``value / bound`` (``bound`` >= every
+        value), so each kept one is an exact proportional draw, independent of the
+        others; kept ones are returned in the order drawn. ``accept`` is the chance of
+        keeping a candidate, ``valid_mass / (span * bound)``.
+
+        Returns ``(positions, ids, values)`` (int64, int64, float64), fewer than
+        ``count`` only after :data:`_ROUNDS` short rounds (practically never).
+        """
+        slots = self._sum._slots
+        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
+        first = (lo % L) * B
+        # Offsets are floor(u * span) for u uniform in [0, 1). With span itself the
+        # product can round up to span (u = 1 - 2**-53, span a power of two); scaled by
+        # 1 - 2**-53 it stays below span, and the buckets change by 2**-53 relative.
+        scale = span * (1.0 - 2.0 ** -53)
+        kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        need = count
+        for _ in range(_ROUNDS):
+            # A pool that fills the batch with probability ~99% (2.5 standard deviations
+            # of the binomial count kept), so one round usually does.
+            n = math.ceil((need + 2.5 * math.sqrt(need * (1.0 - accept)) + 2.0) / accept)
+            n = min(n, _POOL_MAX)
+            u = rng.random(2 * n)
+            pick = u[:n]
+            pick *= scale
+            offset = pick.astype(np.int64)  # in [0, span)
+            if B == 1:  # the offset counts steps: the id is lo + offset
+                ids = offset
+                ids += lo
+                pos = ids % L if lo else ids  # ids below max_length are their positions
+            else:
+                ids = None
+                pos = offset
+                pos += first
+                if first + span > cap:  # the range wraps past the last position
+                    pos[pos >= cap] -= cap
+            vals = slots[pos]
+            # The first `need` kept (never a value of 0); indices gather faster than masks.
+            keep = (u[n:] * bound < vals).nonzero()[0][:need]
+            pos, vals = pos[keep], vals[keep]
+            ids = self._ids_of(ring, pos) if ids is None else ids[keep]
+            kept.append((pos, ids, vals))
+            need -= len(pos)
+            if not need:
+                break
+        if len(kept) == 1:
+            return kept[0]
+        return tuple(np.concatenate(parts) for parts in zip(*kept))  # type: ignore[return-value]
+
+    def _segments(self, first: int, span: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, masses)``, float64 ``[S]``: the prefix sum before each of the
+        ``S <= 2`` position segments of the cyclic range ``[first, first + span)``, and
+        the segment's mass."""
+        ends = [first, min(first + span, cap)]
+        if first + span > cap:  # the range wraps past the last position
+            ends += [0, first + span - cap]
+        bounds = self._sum._prefix_sum(np.array(ends, np.int64))
+        return bounds[0::2], bounds[1::2] - bounds[0::2]
+
+    def _draw_descending(self, ring: Ring, count: int, rng: np.random.Generator,
+                         first: int, span: int, hi: int,
+                         segments: tuple[np.ndarray, np.ndarray] | None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``count`` starts of the cyclic position range ``[first, first + span)``, in
+        proportion to their values, by descent of the sum tree: targets are drawn
+        inside the range's share of the prefix sums, so this is exact however little
+        of the mass the range holds. ``hi`` bounds the ids of valid starts;
+        ``segments`` is :meth:`_segments` output if known, or :data:`_WHOLE` to draw
+        over the whole tree and redraw the starts outside the range (cheaper while the
+        range holds all but a sliver of the mass).
+
+        Returns ``(positions, ids, values)`` (int64, int64, float64 ``[count]``).
+        """
+        if segments is _WHOLE:  # the whole tree: exact too, since starts outside it are
+            starts = masses = None  # redrawn below, but rarely worth a prefix sum
+            mass = self._sum.total()
+        else:
+            starts, masses = segments if segments is not None else \
+                self._segments(first, span, ring.capacity)
+            mass = float(masses.sum())
+        u = rng.random(count) * mass
         # Rounding can land a target a hair outside the range: redraw those (rare).
         for _ in range(100):
-            targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
-            positions = self._sum.find_prefix(targets)
+            if starts is None:
+                targets = u
+            elif len(starts) == 1:
+                targets = starts[0] + u
+            else:
+                targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
+            positions, values = self._sum._find(targets)
             ids = self._ids_of(ring, positions)
             bad = ids >= hi
             if not bad.any():
-                return positions, ids, valid_mass
-            u[bad] = rng.random(int(bad.sum())) * valid_mass
+                return positions, ids, values
+            u[bad] = rng.random(int(bad.sum())) * mass
         raise RuntimeError("prioritized sampling could not find valid windows")  # pragma: no cover
 
     def _draw_within(self, ring: Ring, count: int, num_steps: int, rng: np.random.Generator,
@@ -231,36 +415,62 @@ class PrioritizedSampler:
 
     @staticmethod
     def _ids_of(ring: Ring, positions: np.ndarray) -> np.ndarray:
-        """Logical ids of the steps at stored positions."""
-        slots = positions // ring.batch_size
+        """Logical ids (int64, a new array) of the steps at stored positions."""
+        slots = positions // ring.batch_size if ring.batch_size > 1 else positions
         oldest = ring.oldest_id
-        return oldest + (slots - oldest % ring.max_length) % ring.max_length
+        if not oldest:  # the ring has not wrapped: the slot is the id
+            return slots.copy() if slots is positions else slots
+        ids = slots - oldest % ring.max_length
+        ids %= ring.max_length
+        ids += oldest
+        return ids
 
     def spawn_rng(self) -> np.random.Generator:
         return make_rng(int(self._rng.integers(0, 2**63 - 1)))
 
     # ---------------------------------------------------------------- item ids
     def item_ids(self, ring: Ring, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Item ids (module docstring) of steps given by logical id and position."""
+        """Item ids (module docstring) of steps given by logical id and position; may
+        return ``ids`` itself (one row, no clear yet: the item ids are the ids)."""
+        if ring.batch_size == 1:
+            return ids + self.key_base if self.key_base else ids
         return (self.key_base + ids) * ring.batch_size + positions % ring.batch_size
 
-    def update_priorities(self, ring: Ring, item_ids: np.ndarray,
-                          priorities: np.ndarray) -> int:
-        """Set priorities of the steps behind ``item_ids`` (checked by the caller).
+    def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
+                          largest: float | None = None) -> int:
+        """Set priorities of the steps behind ``item_ids`` (int64 ``[S]``) to
+        ``priorities`` (float64 ``[S]``, checked by the caller: finite and >= 0).
 
-        Returns how many were applied; ids of overwritten (or cleared) steps are ignored.
+        ``largest`` is ``priorities.max()`` if the caller knows it. Returns how many
+        were applied; ids of overwritten (or cleared) steps are ignored.
         """
-        self._flush()
+        if self._pending:
+            self._flush()
         B = ring.batch_size
-        ids = item_ids // B - self.key_base
-        live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
-        if not live.any():
+        if B == 1:
+            ids = item_ids - self.key_base if self.key_base else item_ids
+        else:
+            ids = item_ids // B - self.key_base
+        if not ids.size:
             return 0
-        positions = ring.positions(ids[live], item_ids[live] % B)
-        values = priorities[live]
-        self._set(positions, values)
-        self.max_priority = max(self.max_priority, float(values.max()))
-        return int(live.sum())
+        oldest = ring.oldest_id
+        # All live, the usual case: oldest <= ids <= last_id, one comparison per id as
+        # unsigned (below oldest wraps around to huge); it implies item_ids >= 0.
+        if (ids - oldest).view(np.uint64).max() <= ring.last_id - oldest:
+            positions = ids % ring.max_length if B == 1 else ring.positions(ids, item_ids % B)
+            values = priorities
+        else:
+            live = (ids >= oldest) & (ids <= ring.last_id) & (item_ids >= 0)
+            if not live.any():
+                return 0
+            positions = ring.positions(ids[live], item_ids[live] % B)
+            values = priorities[live]
+            largest = None
+        if largest is None:
+            largest = float(values.max())
+        self._set(positions, values, largest)
+        self.max_priority = max(self.max_priority, largest)
+        return len(values)
 
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` of live item ids (NaN for stale ones)."""
@@ -277,7 +487,7 @@ class PrioritizedSampler:
         self._flush()
         return {"rng": self._rng.bit_generator.state, "max_priority": self.max_priority,
                 "sample_calls": self.sample_calls, "key_base": self.key_base,
-                "priorities": self._sum.state_dict()["leaves"]}
+                "bound_floor": self._floor, "priorities": self._sum.state_dict()["leaves"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         leaves = np.asarray(state["priorities"], np.float64)
@@ -289,7 +499,25 @@ class PrioritizedSampler:
             self._min.load_state_dict({"leaves": np.where(leaves > 0, leaves, np.inf)})
         self._rng.bit_generator.state = state["rng"]
         self.max_priority = float(state["max_priority"])
+        # The rejection bound, as saved (states from before it start at 0). A consistent
+        # state stores nothing above it; one that does (edited, or from elsewhere)
+        # raises it to its largest value, so that the bound holds.
+        self._floor = float(state.get("bound_floor", 0.0))
+        largest = float(leaves.max()) if leaves.size else 0.0
+        if largest > self._bound():
+            self._floor = largest
         self.sample_calls = int(state["sample_calls"])
         self.key_base = int(state["key_base"])
         self._pending.clear()
         self._pending_count = 0
+
+
+def _cyclic_sum(values: np.ndarray, start: int, count: int, size: int) -> float:
+    """The sum of ``count`` (1 to ``size``) entries of ``values`` (float64 ``[size]``)
+    from ``start``, wrapping past the end."""
+    if count == 1:
+        return float(values[start])
+    end = start + count
+    if end <= size:
+        return float(values[start:end].sum())
+    return float(values[start:].sum()) + float(values[:end - size].sum())

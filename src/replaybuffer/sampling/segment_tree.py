@@ -14,13 +14,15 @@ such cost per numpy call, and a binary level costs five or six calls, 2.5-3 us. 
 wide root takes the place of the top ``log2(width)`` binary levels for a handful of
 whole-batch calls. A search picks the child with one ``np.searchsorted`` over the
 root's running sums, about 1.6 us per halving of the root on fresh random targets
-(its binary search branches, so it runs faster when the same targets repeat). An
-update recomputes those running sums with one ``np.add.accumulate`` (``np.cumsum``),
-about 4 us for 1024 of them. Narrower wide nodes all the way down (rows of 16 or 32
-children per node, 4-5 levels at 1M) measured worse. Every level then needs per-row
-prefix sums or row sums over ``[K, W]`` gathers, and numpy runs those over short
-rows at 4-17 us a call here. That made ``find_prefix`` 2.5-3 times slower than the
-binary tree, and ``update`` no faster than this shape.
+(its binary search branches, so it runs faster when the same targets repeat). The
+running sums are one ``np.add.accumulate`` (``np.cumsum``), about 4 us for 1024 of
+them. Narrower wide nodes all the way down (rows of 16 or 32 children per node, 4-5
+levels at 1M) measured worse. Every level then needs per-row prefix sums or row sums
+over ``[K, W]`` gathers, and numpy runs those over short rows at 4-17 us a call
+here. That made ``find_prefix`` 2.5-3 times slower than the binary tree, and
+``update`` no faster than this shape. So did storing only every third level and
+rebuilding the other two from rows of 8 on the way (the descent pays more for the
+rebuilt rows than the update saves).
 
 Layout: one flat float64 array ``nodes`` of length ``2 * size``, a binary heap. Node
 ``i`` has children ``2i`` and ``2i + 1``, and slot ``j`` is the leaf ``size + j``. The
@@ -28,18 +30,40 @@ subtree roots, the wide root's children, are the nodes ``[width, 2 * width)``. T
 nodes ``[0, width)`` are unused and hold the identity. The leaves past ``capacity``
 hold the identity of the tree's operation (0 for a sum, +inf for a min), so they
 never change a result. The wide root itself is the ``width`` running sums of the
-subtree roots (:class:`SumTree`), an inclusive running sum whose last entry is
-:meth:`SumTree.total`, or their minimum (:class:`MinTree`).
+subtree roots (:class:`SumTree`): inclusive running sums, for searches.
+
+The root value, :meth:`SumTree.total` or :meth:`MinTree.min`, is not read from the
+top of the tree but reduced over a lower level: the *total level*, the lowest binary
+level with at most :data:`TOTAL_WIDTH` nodes (the subtree roots if none is lower),
+by ``np.add.reduce`` (numpy's pairwise sum) or ``np.minimum.reduce``. An update then
+recomputes the levels up to the total level and reduces it, and leaves the levels
+above it and the running sums stale until something reads them (a search, a prefix
+sum, :attr:`SegmentTree.nodes`), which recomputes them whole first. Sampling that only
+needs the total (rejection, in :mod:`replaybuffer.sampling.prioritized`) never pays
+for them; at capacity 1,000,000 that is four levels and the running sums, about a
+third of an update. The total and the last running sum are both sums of the same
+slots in different orders, equal within rounding.
+
+Row heights: while nothing reads the tree between updates, an update recomputes the
+heights 3, 6, ... (up to the total level's) from *rows*: the 8 nodes three levels
+below node ``n`` are ``nodes[8n:8n + 8]``, one 64-byte line (the array is aligned so),
+and three pairwise combines over a gathered row give the node, the same value the
+three binary levels give. Of the levels between row heights, only the leaves' paths
+are recorded; a read recomputes those levels along them first (or whole, once there
+are too many to list). That takes three levels' random accesses, each a cache miss
+on a large tree, down to one. Once reads come between updates (searches), updates
+recompute every level along the paths again, which is cheaper than recording them.
 
 Exact recomputation, not deltas: an update writes the new leaves, then recomputes
 every affected binary ancestor from its two children, level by level, and then the
-wide root from all of its children. Adding deltas (``node += new - old``) would carry
-rounding error into the ancestors on every update, so after millions of updates
-the total would drift from the sum of the leaves, and could go negative as
-priorities shrink. Recomputed, every node is a pure function of the current leaves,
-always combined in the same order: ``combine(left, right)`` per binary node, and a
-sequential running sum (or minimum) over the subtree roots. So the tree after any sequence of
-updates is bit-for-bit the tree that :meth:`SegmentTree.rebuild` builds from scratch.
+root value from its level. Adding deltas (``node += new - old``) would carry rounding
+error into the ancestors on every update, so after millions of updates the total
+would drift from the sum of the leaves, and could go negative as priorities shrink.
+Recomputed, every node is a pure function of the current leaves, always combined in
+the same order: ``combine(left, right)`` per binary node, a pairwise reduction over
+the total level, and a sequential running sum over the subtree roots. So the tree
+after any sequence of updates is bit-for-bit the tree that
+:meth:`SegmentTree.rebuild` builds from scratch.
 
 Vectorised: a batch of ``K`` updates or ``K`` prefix searches walks all ``K`` paths
 together. That is one Python iteration per binary level (``height`` of them), none
@@ -54,10 +78,20 @@ from typing import Any
 import numpy as np
 
 #: Default fan-out of the wide root. The root costs one running sum over ``width``
-#: floats per update (about 4 us for 1024 here) and saves ``log2(width)`` binary
-#: levels (about 2.5 us each per update, 3 us each per search). 512, 1024 and 2048
+#: floats per search after an update (about 4 us for 1024 here) and saves
+#: ``log2(width)`` binary levels (about 3 us each per search). 512, 1024 and 2048
 #: measured within noise of each other at capacities 1e3-1e6.
 DEFAULT_ROOT_WIDTH = 1024
+
+#: The most nodes a total level may have (module docstring). An update pays one
+#: pairwise reduction over it (about 3.5 us for 16384 here) instead of a path level
+#: per halving above it (about 2 us each, more when the level misses the cache) and
+#: the running sums. At 1M slots, 8192 measured 5% slower on sample+update.
+TOTAL_WIDTH = 16384
+
+#: The largest batch recomputed by rows (module docstring); larger ones recompute every
+#: level along their paths, or whole.
+_ROWS_MAX = 4096
 
 
 class SegmentTree:
@@ -65,8 +99,9 @@ class SegmentTree:
 
     The base of :class:`SumTree` and :class:`MinTree`. A variant names its ufunc
     (``_combine``), that ufunc's identity (``_identity``, the value of a slot past
-    ``capacity``), how the wide root combines the subtree roots (``_combine_roots``)
-    and which slot values it accepts (``_check_values``).
+    ``capacity``), how it reduces the total level to its root value
+    (``_reduce_level``), what wide root it keeps over the subtree roots
+    (``_combine_roots``) and which slot values it accepts (``_check_values``).
 
     Args:
         capacity: number of slots, a positive int. Slots start at the identity.
@@ -92,13 +127,48 @@ class SegmentTree:
         #: The wide root's number of children (subtree roots), a power of two.
         self.root_width = min(self._size, int(root_width))
         self._height = depth - (self.root_width.bit_length() - 1)  # levels per subtree
-        self._nodes = np.full(2 * self._size, self._identity, np.float64)
-        # The children of node i are left[i] and right[i]. Two 1-D gathers through these
-        # strided views are several times faster than one gather of [K, 2] pairs.
+        self._nodes = _aligned_full(2 * self._size, self._identity)
+        # The children of node i are left[i] and right[i] (strided views, for searches
+        # that read one child), and pairs[i] is both at once: nodes 2i and 2i + 1 are
+        # adjacent, so a complex128 view gathers the pair in one call, half the calls
+        # of two float gathers.
         self._left = self._nodes[0::2]
         self._right = self._nodes[1::2]
+        self._pairs = self._nodes.view(np.complex128)
         self._roots = self._nodes[self.root_width:2 * self.root_width]
+        # Shifts from a leaf node to its ancestors at heights 1..height (and 0..height-1),
+        # as a column, so that one call computes a batch's ancestors ([height, K]).
+        self._shifts = np.arange(1, self._height + 1, dtype=np.int64)[:, None]
+        self._shifts_from_0 = self._shifts - 1
+        #: The slot values, writable: for this package's callers whose indices are valid
+        #: by construction (``leaves`` is the public, read-only view).
+        self._slots = self._nodes[self._size:self._size + self.capacity]
+        # The total level (module docstring): nodes [total_lo, 2 total_lo).
+        total_lo = self._size
+        while total_lo > max(TOTAL_WIDTH, self.root_width):
+            total_lo >>= 1
+        self._total_lo = total_lo
+        self._total_level = self._nodes[total_lo:2 * total_lo]
+        # Row updates (module docstring): the heights 3, 6, ... up to the total level's,
+        # each from rows of 8 nodes three levels down; _chunk_top is the highest.
+        total_height = self._size.bit_length() - total_lo.bit_length()
+        self._chunk_top = total_height - total_height % 3
+        # Per row height h: the level 3 below as rows of 8, and the level h itself; a
+        # node's index within its level is its slot's, shifted by the height.
+        self._leaf_level = self._nodes[self._size:]
+        self._row_levels = [(self._level(h - 3).reshape(-1, 8), self._level(h))
+                            for h in range(3, self._chunk_top + 1, 3)]
+        self._synced = True  # whether the levels above it and the wide root are current
+        # Slots (int64 arrays) whose ancestors between row heights are stale, or True
+        # when too many are to list: all of those levels are.
+        self._stale: list[np.ndarray] | bool = []
+        self._stale_count = 0
+        self._stale_max = max(_ROWS_MAX, self._size >> 6)
         self._init_root()
+
+    def _level(self, height: int) -> np.ndarray:
+        """View of the nodes at ``height`` (0: the leaves), float64 ``[size >> height]``."""
+        return self._nodes[self._size >> height:(2 * self._size) >> height]
 
     # ------------------------------------------------------------------ reading
     @property
@@ -107,7 +177,9 @@ class SegmentTree:
 
         The binary nodes ``[root_width, 2 * size)``; ``[0, root_width)`` are unused
         and hold the identity. The wide root is not in it (``total()``/``min()``).
+        Reading it brings every level up to date first (module docstring).
         """
+        self._sync()
         view = self._nodes.view()
         view.flags.writeable = False
         return view
@@ -149,14 +221,32 @@ class SegmentTree:
         vals = self._as_values(values, idx.shape, "update")
         if idx.size == 0:
             return
-        leaves = idx.reshape(-1) + self._size
-        vals = vals.reshape(-1)
-        old = self._nodes[leaves]
+        self._assign(idx.reshape(-1), vals.reshape(-1), self._bound(vals))
+
+    def _assign(self, slots: np.ndarray, values: np.ndarray,
+                largest: float | None = None) -> None:
+        """:meth:`update` without the checks, for callers that have made them.
+
+        Args:
+            slots: int64 ``[K]``, ``K >= 1``, in ``[0, capacity)``.
+            values: float64 ``[K]`` that :meth:`update` would accept.
+            largest: an upper bound of ``values``, or ``None``. With it, a sum tree
+                that cannot overflow skips keeping the old leaves for a rollback.
+
+        Raises ``ValueError`` if the root overflows, and then the tree is unchanged.
+        """
+        if not self._may_overflow(len(slots), largest):
+            self._write(slots, values)
+            return
+        old = self._leaf_level[slots]
         with np.errstate(over="ignore"):  # an overflow is reported below, as an error
-            self._write(leaves, vals)
-        if self._overflowed():
-            # Recomputing from the old leaves restores every node bit-for-bit.
-            self._write(leaves, old)
+            self._write(slots, values)
+            overflowed = self._overflowed()
+            if overflowed:
+                # Recomputing from the old leaves restores every node bit-for-bit.
+                self._write(slots, old)
+                self._sync()
+        if overflowed:
             raise ValueError(f"update: expected a finite {self._what_overflows}, got inf "
                              "with these values (float64 overflow); the tree is unchanged")
 
@@ -166,11 +256,11 @@ class SegmentTree:
         The same operations in the same order as :meth:`update`, so the result is
         bit-for-bit the tree that updates maintain.
         """
-        nodes, lo = self._nodes, self._size
-        while lo > self.root_width:  # parents of the level [lo, 2 lo) are [lo / 2, lo)
-            self._combine(nodes[lo:2 * lo:2], nodes[lo + 1:2 * lo:2], out=nodes[lo >> 1:lo])
-            lo >>= 1
+        self._combine_levels(self._size >> 1, self.root_width)
+        self._reduce_level()
         self._combine_roots()
+        self._synced = True
+        self._stale, self._stale_count = [], 0
 
     def state_dict(self) -> dict[str, Any]:
         """``{"leaves": float64 [capacity]}``, a copy; internal nodes are rebuilt on load."""
@@ -202,12 +292,16 @@ class SegmentTree:
     _what_overflows = "root"
 
     def _init_root(self) -> None:
-        """Allocate the wide root for an empty tree."""
+        """Allocate the root value and the wide root for an empty tree."""
+        raise NotImplementedError
+
+    def _reduce_level(self) -> None:
+        """Recompute the root value from the total level ``self._total_level``."""
         raise NotImplementedError
 
     def _combine_roots(self) -> None:
-        """Recompute the wide root from the subtree roots ``self._roots``."""
-        raise NotImplementedError
+        """Recompute the wide root from the subtree roots ``self._roots``, if the
+        variant has one."""
 
     def _root_value(self) -> float:
         """The combination of every slot: the total or the minimum."""
@@ -217,33 +311,135 @@ class SegmentTree:
         """Raise ``ValueError`` if a float64 array holds a value this tree rejects."""
         raise NotImplementedError
 
+    def _bound(self, values: np.ndarray) -> float | None:
+        """An upper bound of checked ``values`` for :meth:`_may_overflow`, if needed."""
+        return None
+
     def _overflowed(self) -> bool:
         """Whether the root left the representable range after a write."""
         return False
 
-    # ------------------------------------------------------------------ internals
-    def _write(self, leaves: np.ndarray, values: np.ndarray) -> None:
-        """Write ``values`` (float64 ``[K]``) to ``leaves`` (int64 leaf nodes ``[K]``),
-        the last value winning for a repeated leaf, then recompute the ancestors.
+    def _may_overflow(self, count: int, largest: float | None) -> bool:
+        """Whether writing ``count`` values of at most ``largest`` (``None``: unknown)
+        could overflow the root."""
+        return False
 
-        Repeated parents on a level are left alone: each copy computes the same value
-        from the same children, so the repeated write is harmless and cheaper than
-        deduplicating every level.
-        """
-        nodes, left, right, combine = self._nodes, self._left, self._right, self._combine
-        nodes[leaves] = values
+    # ------------------------------------------------------------------ internals
+    def _write(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` (float64 ``[K]``) to ``slots`` (int64 ``[K]``), the last value
+        winning for a repeated slot, then recompute the ancestors."""
+        leaf_level = self._leaf_level
+        leaf_level[slots] = values
         # Numpy does not promise which of repeated fancy-index assignments lands. If every
         # leaf now holds, bit for bit, each value given for it, repeats (if any) carried
         # equal values and the last won anyway; otherwise resolve them explicitly. The
-        # check costs a gather, the sort several times more.
-        if not (nodes[leaves].view(np.int64) == values.view(np.int64)).all():
-            leaves, values = _last_wins(leaves, values)
-            nodes[leaves] = values
-        node = leaves >> 1
-        for _ in range(self._height):
-            nodes[node] = combine(left[node], right[node])
-            node >>= 1
+        # check costs a gather and a byte comparison (cheaper than an elementwise one and
+        # its reduction), the sort several times more.
+        if len(slots) > 1 and leaf_level[slots].tobytes() != values.tobytes():
+            slots, values = _last_wins(slots, values)
+            leaf_level[slots] = values
+        self._recompute(slots)
+
+    def _recompute(self, slots: np.ndarray) -> None:
+        """Recompute the ancestors of ``slots`` (int64 ``[K]``) up to the total level,
+        then the root value; the levels above go stale.
+
+        Bottom up, each binary node is ``combine(left, right)`` of its children's
+        current values, whichever way it is reached: so the result is the tree
+        :meth:`rebuild` builds. Right after a read of the upper levels (searches are
+        being made), every level up to the total level is recomputed along the paths
+        (:meth:`_recompute_paths`). Otherwise (only the root value is being read) the
+        row heights are recomputed from rows (:meth:`_recompute_rows`) and the levels
+        between them are left stale, and recorded, until a read brings them up to date.
+        """
+        if self._synced or not self._chunk_top or len(slots) > _ROWS_MAX:
+            self._recompute_paths(slots + self._size, self._size >> 1, self._total_lo)
+        else:
+            self._recompute_rows(slots)
+        self._reduce_level()
+        self._synced = False
+
+    def _recompute_paths(self, leaves: np.ndarray, lo: int, stop: int) -> None:
+        """Recompute the levels from the nodes ``[lo, 2 lo)`` up to ``[stop, 2 stop)``
+        along the paths of ``leaves`` (int64 leaf nodes ``[K]``, height 0), each node
+        from its children.
+
+        The low levels along the ``K`` paths, three calls a level: gather the child
+        pairs, combine, scatter. A parent reached by several paths is written several
+        times with the same value, which is cheaper than deduplicating. High levels,
+        with few nodes, are recomputed whole instead: one call over a contiguous level
+        of ``n`` nodes costs less than three calls over ``K`` paths while ``n`` is below
+        about ``1024 + 8 K`` (measured).
+        """
+        nodes, pairs, combine = self._nodes, self._pairs, self._combine
+        limit = 1024 + 8 * len(leaves)
+        first = self._size.bit_length() - lo.bit_length()  # the height of the nodes [lo, 2 lo)
+        paths = 0
+        while lo >= stop and lo > limit:
+            paths += 1
+            lo >>= 1
+        if paths:
+            for node in leaves >> self._shifts[first - 1:first - 1 + paths]:  # per level
+                pair = pairs[node]
+                nodes[node] = combine(pair.real, pair.imag)
+        self._combine_levels(lo, stop)
+
+    def _recompute_rows(self, slots: np.ndarray) -> None:
+        """Recompute the row heights (3, 6, ...) along the paths of ``slots`` (int64
+        ``[K]``) from rows of 8, then the levels above them to the total level along
+        the paths; record the slots, whose levels between row heights go stale.
+
+        The 8 nodes three levels below node ``n`` are the contiguous ``nodes[8n:8n + 8]``,
+        one 64-byte line: the one just written below (the leaves, or the last row
+        height), so one gather of rows and three pairwise combines replace three path
+        levels (nine calls, each touching a line of its own level). The pairwise
+        combines are the binary levels' own, so the values are the same.
+        """
+        combine = self._combine
+        index = slots
+        for rows, level in self._row_levels:
+            index = index >> 3
+            row = rows.take(index, axis=0).ravel()
+            half = combine(row[0::2], row[1::2])
+            quarter = combine(half[0::2], half[1::2])
+            level[index] = combine(quarter[0::2], quarter[1::2])
+        top = self._size >> self._chunk_top  # the nodes [top, 2 top) are at the top row
+        if top > self._total_lo:
+            self._recompute_paths(slots + self._size, top >> 1, self._total_lo)
+        if self._stale is not True:
+            self._stale.append(slots)
+            self._stale_count += len(slots)
+            if self._stale_count > self._stale_max:  # redone whole, when read
+                self._stale, self._stale_count = True, 0
+
+    def _sync(self) -> None:
+        """Bring the levels between row heights, those above the total level and the
+        wide root up to date."""
+        if self._synced:
+            return
+        if self._stale:
+            # The two levels above each row height but the top one, from that row height.
+            leaves = (None if self._stale is True
+                      else np.concatenate(self._stale) + self._size)
+            for height in range(0, self._chunk_top, 3):
+                lo = self._size >> (height + 1)
+                if leaves is None:
+                    self._combine_levels(lo, lo >> 1)
+                else:
+                    self._recompute_paths(leaves, lo, lo >> 1)
+            self._stale, self._stale_count = [], 0
+        self._combine_levels(self._total_lo >> 1, self.root_width)
         self._combine_roots()
+        self._synced = True
+
+    def _combine_levels(self, lo: int, stop: int) -> None:
+        """Recompute whole levels, from the nodes ``[lo, 2 lo)`` up to the nodes
+        ``[stop, 2 stop)``, each node from its two children (powers of two)."""
+        nodes, pairs, combine = self._nodes, self._pairs, self._combine
+        while lo >= stop:
+            pair = pairs[lo:2 * lo]  # the children of the nodes [lo, 2 lo)
+            combine(pair.real, pair.imag, out=nodes[lo:2 * lo])
+            lo >>= 1
 
     def _as_indices(self, indices: Any, where: str, upper: int | None = None) -> np.ndarray:
         """``indices`` as int64, after checking they are ints in ``[0, upper)``.
@@ -281,6 +477,14 @@ class SegmentTree:
         return vals
 
 
+def _aligned_full(length: int, value: float) -> np.ndarray:
+    """``np.full(length, value)``, float64, starting on a 64-byte boundary: a row of 8
+    nodes is then one cache line (numpy only promises 16 bytes)."""
+    spare = np.full(length + 7, value, np.float64)
+    skip = (-spare.ctypes.data % 64) // 8
+    return spare[skip:skip + length]
+
+
 class SumTree(SegmentTree):
     """Sums of non-negative priorities, with prefix-sum search for proportional sampling.
 
@@ -300,17 +504,22 @@ class SumTree(SegmentTree):
         # _runs[j] sums the subtrees before j and _runs[j + 1] those up to j.
         self._runs = np.zeros(self.root_width + 1, np.float64)
         self._upto = self._runs[1:]  # inclusive running sums, sorted (all terms >= 0)
+        self._total = 0.0
+
+    def _reduce_level(self) -> None:
+        self._total = float(np.add.reduce(self._total_level))
 
     def _combine_roots(self) -> None:
         # np.cumsum is this accumulate behind a slower wrapper: the same sequential sums.
         np.add.accumulate(self._roots, out=self._upto)
 
     def _root_value(self) -> float:
-        return float(self._runs[-1])
+        return self._total
 
     def total(self) -> float:
-        """The sum of all slots, a float >= 0: the running sum over every subtree root."""
-        return float(self._runs[-1])
+        """The sum of all slots, a float >= 0: the pairwise sum of the total level
+        (module docstring)."""
+        return self._total
 
     def prefix_sum(self, ends: Any) -> np.ndarray:
         """For each ``end``, the sum of the slots ``[0, end)``, summed by the tree.
@@ -332,19 +541,26 @@ class SumTree(SegmentTree):
         e = e.reshape(-1)
         if e.size == 0:
             return np.zeros(shape, np.float64)
-        full = e == self.capacity
+        return self._prefix_sum(e).reshape(shape)
+
+    def _prefix_sum(self, ends: np.ndarray) -> np.ndarray:
+        """:meth:`prefix_sum` without the checks: ``ends`` int64 ``[E]`` in
+        ``[0, capacity]``, ``E >= 1``; float64 ``[E]``."""
+        self._sync()
+        full = ends == self.capacity
         # The leaf node just past the range; a full range (capacity == size) would step
         # past the array, and takes the total instead.
-        node = np.where(full, self._size, e + self._size)
-        nodes = self._nodes
-        acc = np.zeros(e.shape, np.float64)
-        for _ in range(self._height):
-            # A right child adds its left sibling, the sum of the run just before it.
-            acc += nodes[node - 1] * (node & 1)
-            node >>= 1
-        acc += self._runs[node - self.root_width]  # the subtrees before this one
-        acc[full] = self._runs[-1]
-        return acc.reshape(shape)
+        node = np.where(full, self._size, ends + self._size)
+        acc = self._runs[(node >> self._height) - self.root_width]  # subtrees before
+        if self._height:
+            # On each binary level a right child adds its left sibling, the sum of the run
+            # just before it: one [height, E] gather for all levels, summed level by level
+            # from the leaves up (accumulate is sequential, whatever E is).
+            below = node >> self._shifts_from_0  # the path's nodes at heights 0..height-1
+            left = self._nodes[below - 1] * (below & 1)
+            acc = np.add.accumulate(left, axis=0)[-1] + acc
+        acc[full] = self._total
+        return acc
 
     def find_prefix(self, targets: Any) -> np.ndarray:
         """For each target, the smallest slot ``i`` with ``sum(slot[:i + 1]) > target``.
@@ -371,46 +587,61 @@ class SumTree(SegmentTree):
         t = t.astype(np.float64, copy=False).reshape(-1)
         if t.size == 0:
             return np.empty(shape, np.int64)
-        total = self._runs[-1]
-        low, high = t.min(), t.max()
-        if not (low >= 0.0 and high < np.inf):  # NaN fails both comparisons
+        if not (t.min() >= 0.0 and t.max() < np.inf):  # NaN fails both comparisons
             k = int(np.flatnonzero(~(np.isfinite(t) & (t >= 0.0)))[0])
             raise ValueError(f"find_prefix: expected finite targets >= 0, "
                              f"got {t[k].item()!r} at position {k}")
-        if not total > 0.0:
+        if not self._total > 0.0:
             raise ValueError("find_prefix: expected a total priority > 0, got 0.0 "
                              "(every slot is 0, so nothing can be sampled)")
+        return self._find(t)[0].reshape(shape)
+
+    def _find(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`find_prefix` without the checks, and the slots' values with the slots.
+
+        Args:
+            targets: float64 ``[K]``, ``K >= 1``, finite and >= 0 (left unchanged);
+                the total must be > 0.
+
+        Returns:
+            ``(slots, values)``: int64 ``[K]`` as :meth:`find_prefix` returns them, and
+            float64 ``[K]``, their values (all > 0).
+        """
+        self._sync()
+        # Targets from here on get the last slot with a priority > 0: at the total, and
+        # at the last running sum (the same sum in another order) if that is lower.
+        total = min(self._total, self._runs[-1])
         # Sorted, the targets walk the tree in order: the root's binary search predicts
         # its branches and the gathers below run through memory in order, which saves
-        # more than the sort costs (measured: ~20% at 1e5-1e6 slots). It also copies:
-        # the descent consumes t, and the caller's array is never written.
-        order = t.argsort()
-        t = t[order]
+        # more than the sort costs (measured: ~20% at 1e5-1e6 slots). Indexing copies,
+        # so the descent can consume t.
+        order = targets.argsort()
+        t = targets[order]
         past = None
-        if high >= total:
+        if t[-1] >= total:
             # Past the rounded total the exact answer depends on how the sums rounded;
             # these targets all get the last slot with a priority > 0. They descend
             # from 0 meanwhile, which keeps them inside the tree.
             past = t >= total
             t[past] = 0.0
-        kept = t.copy() if self._height else t  # for a second, guarded descent
         node = self._descend(t)
-        if self._height:
+        if past is not None:
+            node[past] = self._last_positive_leaf()
+        found = np.empty_like(node)
+        found[order] = node
+        values = self._nodes[found]
+        if not values.all():
             # Rounding can leave a target at or past the sum of the subtree it is in (the
             # sums are rounded, and so is each subtraction on the way down); the plain
             # descent then walks right into a run of zero slots, or the zero padding past
             # capacity. Only then is the leaf 0, so only those targets descend again, this
             # time never into a zero subtree. The wide root needs no such guard: it picks
             # the first subtree whose running sum exceeds the target, which is > 0.
-            zero = self._nodes[node] == 0.0
-            if zero.any():
-                node[zero] = self._descend_guarded(kept[zero])
-        if past is not None:
-            node[past] = self._last_positive_leaf()
-        node -= self._size
-        found = np.empty_like(node)
-        found[order] = node
-        return found.reshape(shape)
+            zero = values == 0.0
+            found[zero] = self._descend_guarded(targets[zero])  # none of them is past
+            values = self._nodes[found]
+        found -= self._size
+        return found, values
 
     def _descend(self, t: np.ndarray) -> np.ndarray:
         """Leaf nodes int64 ``[K]`` reached by targets ``t`` (float64 ``[K]`` in
@@ -434,6 +665,7 @@ class SumTree(SegmentTree):
         > 0, since a 0 would leave the running sum equal to the one before it, and
         the target keeps ``>= 0``, since the subtracted running sum is <= the target.
         """
+        self._sync()
         j = self._upto.searchsorted(t, side="right")
         t -= self._runs[j]
         j += self.root_width
@@ -448,8 +680,9 @@ class SumTree(SegmentTree):
         ``t`` never goes below 0), so ``left > 0``, or a right sum of 0, so ``left`` is
         the node's sum. The leaf reached is therefore a slot with a priority > 0, hence
         inside capacity. Where this guard never fires the path is the plain descent's,
-        so the plain result stands wherever it is > 0.
+        so the plain result stands wherever it is > 0. ``t`` is left unchanged.
         """
+        t = t.copy()
         node = self._descend_root(t)
         return self._guarded_from(node, t)
 
@@ -465,6 +698,7 @@ class SumTree(SegmentTree):
 
     def _last_positive_leaf(self) -> int:
         """The leaf node of the last slot with a priority > 0 (the total is > 0)."""
+        self._sync()
         root = int(np.flatnonzero(self._roots > 0.0)[-1]) + self.root_width
         # +inf turns right wherever the guard allows, so it ends on the last positive slot.
         return int(self._guarded_from(np.array([root]), np.array([np.inf]))[0])
@@ -475,8 +709,22 @@ class SumTree(SegmentTree):
             raise ValueError(f"{where}: expected finite {name} >= 0, "
                              f"got {values.reshape(-1)[k].item()!r} at position {k}")
 
+    def _bound(self, values: np.ndarray) -> float | None:
+        return float(values.max())
+
     def _overflowed(self) -> bool:
+        if not math.isfinite(self._total):
+            return True
+        # The running sums add the same slots in another order: they can round to inf
+        # only within a few ulp of the largest float, but then they must not.
+        self._sync()
         return not math.isfinite(self._runs[-1])
+
+    def _may_overflow(self, count: int, largest: float | None) -> bool:
+        # Every node sums a subset of the slots, so none exceeds the new total, which is
+        # at most the old total plus count * largest; rounding adds a relative 1e-16 or
+        # so per level, far inside the margin to the largest float (1.8e308).
+        return largest is None or self._total + count * largest > 1e307
 
 
 class MinTree(SegmentTree):
@@ -494,17 +742,17 @@ class MinTree(SegmentTree):
     _identity = np.inf
 
     def _init_root(self) -> None:
-        self._min = np.full(1, np.inf)  # the wide root: the minimum of the subtree roots
+        self._min = math.inf  # the minimum over the total level; no wide root
 
-    def _combine_roots(self) -> None:
-        np.minimum.reduce(self._roots, out=self._min, keepdims=True)
+    def _reduce_level(self) -> None:
+        self._min = float(np.minimum.reduce(self._total_level))
 
     def _root_value(self) -> float:
-        return float(self._min[0])
+        return self._min
 
     def min(self) -> float:
-        """The smallest slot value (the root); ``inf`` when every slot is empty."""
-        return float(self._min[0])
+        """The smallest slot value; ``inf`` when every slot is empty."""
+        return self._min
 
     def _check_values(self, values: np.ndarray, where: str, name: str) -> None:
         if not values.min() > -np.inf:  # NaN fails the comparison too
