@@ -103,3 +103,18 @@ def test_write_of_one_leaf_leaves_the_others_alone(pack):
         if k != 1:
             np.testing.assert_array_equal(a, b)
     assert after[1][2] == -1.5
+
+
+def test_gather_takes_positions_modulo_capacity(storage):
+    """A window may run past the last position: every backend wraps it (the buffers
+    rely on it and do not take the modulo themselves)."""
+    import replaybuffer as rb
+
+    buf = rb.UniformReplayBuffer({"x": rb.ArraySpec((2,), np.float32),
+                                  "y": rb.ArraySpec((), np.int64)}, 1, 5, **storage)
+    buf.extend({"x": np.arange(10, dtype=np.float32).reshape(1, 5, 2),
+                "y": np.arange(5).reshape(1, 5)})
+    got = [np.asarray(a.numpy() if hasattr(a, "numpy") else a)
+           for a in buf._storage.gather(np.array([[3, 4, 5, 6]]))]
+    np.testing.assert_array_equal(got[0], [[[6, 7], [8, 9], [0, 1], [2, 3]]])
+    np.testing.assert_array_equal(got[1], [[3, 4, 0, 1]])

@@ -354,7 +354,8 @@ class ReplayBuffer:
             ids = self._info_ids(ids, positions)
             if num_steps is not None:
                 ids = windows(ids, num_steps, self._id_step)
-                positions = ring.window_positions(positions, num_steps)
+                # Unwrapped: a window past the last position is wrapped by the storage.
+                positions = windows(positions, num_steps, ring.batch_size)
             leaves = self._gather(positions)
         return leaves, ids, info
 

@@ -130,6 +130,3 @@ class Ring:
 
     def positions(self, ids: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
         return positions(ids, rows, self.max_length, self.batch_size)
-
-    def window_positions(self, start_positions: np.ndarray, num_steps: int) -> np.ndarray:
-        return window_positions(start_positions, num_steps, self.max_length, self.batch_size)

@@ -38,7 +38,9 @@ class Storage(Protocol):
         The caller guarantees ``start + n <= capacity``."""
 
     def gather(self, positions: np.ndarray, which: Sequence[int] | None = None) -> list[Any]:
-        """Read ``positions`` (int64, any shape P); leaf ``i`` comes back ``[*P, *spec_i.shape]``.
+        """Read ``positions`` (int64, any shape P, in ``[0, 2 * capacity)``, taken modulo
+        ``capacity``: a window may run past the last position); leaf ``i`` comes back
+        ``[*P, *spec_i.shape]``.
 
         ``which`` restricts the read to those leaf indices (in that order)."""
 

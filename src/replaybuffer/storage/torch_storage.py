@@ -142,9 +142,10 @@ class TorchStorage:
                ) -> list[torch.Tensor]:
         indices = range(len(self.arrays)) if which is None else which
         if self._host is not None:  # np.asarray: take() gives numpy scalars for 0-d reads
-            return [torch.from_numpy(np.asarray(self._host[i].take(positions, 0, mode="clip")))
+            return [torch.from_numpy(np.asarray(self._host[i].take(positions, 0, mode="wrap")))
                     for i in indices]
-        flat = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64).reshape(-1))
+        flat = torch.from_numpy(np.remainder(positions, self.capacity, dtype=np.int64)
+                                .reshape(-1))
         flat = flat.to(self.device, non_blocking=True)
         if self._cuda and self._write_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._write_event)

@@ -191,7 +191,7 @@ class TFStorage:
 
     def gather(self, positions: np.ndarray, which: Sequence[int] | None = None
                ) -> list[tf.Tensor]:
-        return self.take(np.asarray(positions, np.int64), which)
+        return self.take(np.remainder(positions, self.capacity, dtype=np.int64), which)
 
     def from_numpy(self, array: np.ndarray) -> tf.Tensor:
         with tf.device(self.device):
