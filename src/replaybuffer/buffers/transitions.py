@@ -126,6 +126,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                          sampler=_sampler or UniformSampler(seed),
                          frame_stack=OBS if frame_stack else None, stack_axis=stack_axis)
         self.n_step, self.gamma = n_step, float(gamma)
+        self._steps = np.arange(n_step)  # offsets of an n-step window
+        self._step_discounts = self.gamma ** self._steps  # float64 gamma ** k
         self._config_values = {"observation_spec": obs_spec, "action_spec": act_spec,
                                "capacity": int(capacity), "num_envs": num_envs,
                                "n_step": n_step, "gamma": gamma, "seed": seed}
@@ -403,7 +405,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         the ``n``-step windows starting at steps ``ids``/``positions``."""
         ring, B = self._ring, self.num_envs
         n = self.n_step
-        steps = np.arange(n)
+        steps = self._steps
         window_ids = ids[..., None] + steps
         window_positions = (positions[..., None] + steps * B) % ring.capacity
         held = window_ids <= ring.last_id
@@ -418,12 +420,15 @@ class TransitionReplayBuffer(ReplayBuffer):
         before_end = np.cumsum(breaks, axis=-1) - breaks == 0
         counted = held & before_end
         m = counted.sum(-1)
-        returns = (rewards * counted * self.gamma ** steps).sum(-1).astype(np.float32)
+        returns = (rewards * counted * self._step_discounts).sum(-1).astype(np.float32)
         last_k = m - 1
-        last_pos = np.take_along_axis(window_positions, last_k[..., None], -1)[..., 0]
         last_id = ids + last_k
-        end_term = np.take_along_axis(terminated & counted, last_k[..., None], -1)[..., 0]
-        end_trunc = np.take_along_axis(truncated & counted, last_k[..., None], -1)[..., 0]
+        # Each window's last counted step, as flat indices into the [..., n] arrays (one
+        # fancy index each, where take_along_axis builds index grids on every call).
+        last = np.arange(0, m.size * n, n).reshape(m.shape) + last_k
+        last_pos = window_positions.reshape(-1)[last]
+        end_term = terminated.reshape(-1)[last]  # counted, being the last counted step
+        end_trunc = truncated.reshape(-1)[last]
         discounts = np.where(end_term, 0.0, self.gamma ** m).astype(np.float32)
         return (self._storage.from_numpy(returns), end_term, end_trunc, discounts,
                 self._next_observations(last_pos, last_id))
