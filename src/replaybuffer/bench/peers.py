@@ -401,7 +401,8 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
     (step, next step) pair with one ``take``: more bytes than ``plain`` (every field of
     the next step), but one cache miss per step instead of one per field.
     """
-    from replaybuffer.bench.workloads import gather_limit, position_sets, record_arrays
+    from replaybuffer.bench.workloads import (add_limit, gather_limit, position_sets,
+                                              record_arrays)
 
     spec = {k: v for k, v in (_control_spec() if workload == "control"
                               else _frames_spec()).items() if k != "next_obs"}
@@ -418,15 +419,7 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
             dst[start:start + FILL_CHUNK] = src[:capacity - start]
 
     def adder(batch: int) -> Callable[[], None]:
-        leaves = [v[0] for v in random_items(spec, (1, batch), rng).values()]
-        state = {"at": 0}
-
-        def add() -> None:
-            at = state["at"]
-            for dst, src in zip(arrays, leaves):
-                dst[at:at + batch] = src
-            state["at"] = (at + batch) % (capacity - batch)
-        return add
+        return add_limit(arrays, [v[0] for v in random_items(spec, (1, batch), rng).values()])
 
     def sampler(size: int) -> Callable[[], None]:  # every field, plus the next observation
         starts = position_sets(rng, capacity - 1, (size,))

@@ -22,7 +22,7 @@ from replaybuffer import nest
 from replaybuffer.bench.timing import compare
 from replaybuffer.buffers import UniformReplayBuffer
 from replaybuffer.specs import ArraySpec
-from replaybuffer.storage.numpy_storage import PACK_MAX_BYTES, record_dtype
+from replaybuffer.storage.numpy_storage import packed_leaves, record_dtype
 
 
 @dataclass
@@ -118,8 +118,8 @@ def record_arrays(specs: list[ArraySpec], arrays: list[np.ndarray]
     view of the records (a plain byte copy per item) followed by the larger leaves'
     arrays, which are used as they are.
     """
-    small = [i for i, s in enumerate(specs) if s.nbytes <= PACK_MAX_BYTES]
-    if len(small) < 2:
+    small = packed_leaves(specs)
+    if not small:
         return arrays, arrays
     dtype = record_dtype([specs[i] for i in small])
     records = np.zeros(len(arrays[0]), dtype)

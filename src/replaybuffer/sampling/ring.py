@@ -73,12 +73,7 @@ def window_positions(start_positions: np.ndarray, num_steps: int, max_length: in
     Step ``k`` of a window is ``k`` slots later in the same row: ``k * batch_size``
     positions later, wrapping at the capacity.
     """
-    out = windows(start_positions, num_steps, batch_size)
-    capacity = max_length * batch_size
-    if len(start_positions) and int(start_positions.max()) + (num_steps - 1) * batch_size \
-            >= capacity:  # only windows that wrap physically need the modulo
-        np.remainder(out, capacity, out=out)
-    return out
+    return windows(start_positions, num_steps, batch_size) % (max_length * batch_size)
 
 
 def table_rows(ids: np.ndarray, rows: np.ndarray | int, max_length: int) -> np.ndarray:

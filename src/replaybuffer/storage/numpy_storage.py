@@ -19,6 +19,13 @@ are bound by bandwidth instead, and stay in arrays of their own, contiguous.
 """
 
 
+def packed_leaves(specs: Sequence[ArraySpec]) -> tuple[int, ...]:
+    """Indices of the leaves stored as fields of one record: those of at most
+    :data:`PACK_MAX_BYTES` per item, when there are two or more (one gains nothing)."""
+    small = tuple(i for i, s in enumerate(specs) if s.nbytes <= PACK_MAX_BYTES)
+    return small if len(small) > 1 else ()
+
+
 def record_dtype(specs: Sequence[ArraySpec]) -> np.dtype:
     """A structured dtype with one field ``f{k}`` per spec, each at an offset aligned
     to its item size, the whole padded to the largest alignment.
@@ -65,8 +72,7 @@ class NumpyStorage:
     def __init__(self, specs: Sequence[ArraySpec], capacity: int, pack: bool = True):
         self.specs = tuple(specs)
         self.capacity = int(capacity)
-        small = [i for i, s in enumerate(self.specs) if s.nbytes <= PACK_MAX_BYTES]
-        self.packed: tuple[int, ...] = tuple(small) if pack and len(small) > 1 else ()
+        self.packed = packed_leaves(self.specs) if pack else ()
         self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
         self._records: np.ndarray | None = None
         if self.packed:
@@ -84,9 +90,6 @@ class NumpyStorage:
                 self.arrays[i] = np.zeros((self.capacity,) + spec.shape, spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self._checker = LeafChecker(self.specs)
-        self._dtypes = self._checker.dtypes
-        self._last_outer: tuple[int, ...] | None = None
-        self._last_shapes: list[tuple[int, ...]] = []
 
     @property
     def nbytes(self) -> int:
@@ -96,13 +99,9 @@ class NumpyStorage:
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> Sequence[np.ndarray]:
-        if outer_shape is self._last_outer:  # the same add path as last time
-            shapes = self._last_shapes
-        else:
-            shapes = self._checker.full_shapes(outer_shape)
-            self._last_outer, self._last_shapes = outer_shape, shapes
+        shapes = self._checker.full_shapes(outer_shape)
         # Fast path: arrays of exactly the stored dtype and shape need no conversion.
-        for leaf, shape, dtype in zip(leaves, shapes, self._dtypes):
+        for leaf, shape, dtype in zip(leaves, shapes, self._checker.dtypes):
             if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
                 break
         else:
