@@ -204,3 +204,53 @@ def test_torch_ops_variant_really_uses_torch_ops(storage):
         from replaybuffer.storage.torch_storage import TorchStorage
 
         assert (buf._storage._host is None) == (not TorchStorage.numpy_views)
+
+
+FLAT_BAD = {
+    # numpy assignment would broadcast these into the rows; the shape check must not
+    "broadcast trailing": (lambda B: {"a": np.zeros((B, 1), np.float32),
+                                      "b": np.zeros(B, np.int32)},
+                           r"leaf \['a'\]: expected shape \({B}, 2\).*got \({B}, 1\)"),
+    "unbatched": (lambda B: {"a": np.zeros(2, np.float32), "b": np.zeros(B, np.int32)},
+                  r"leaf \['a'\]: expected shape \({B}, 2\).*got \(2,\)"),
+    "batch size": (lambda B: {"a": np.zeros((B + 1, 2), np.float32),
+                              "b": np.zeros(B + 1, np.int32)},
+                   r"leaf \['a'\]: expected shape \({B}, 2\).*got \({B1}, 2\)"),
+    "float into int": (lambda B: {"a": np.zeros((B, 2), np.float32),
+                                  "b": np.zeros(B, np.float64)},
+                       r"leaf \['b'\]: expected dtype int32.*got float64"),
+}
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+@pytest.mark.parametrize("case", sorted(FLAT_BAD))
+def test_flat_spec_add_batch_rejects_bad_items_and_changes_nothing(storage, batch_size, case):
+    # One-level specs of exact arrays take the fused check-and-write path.
+    buf = rb.UniformReplayBuffer({"a": rb.ArraySpec((2,), np.float32),
+                                  "b": rb.ArraySpec((), np.int32)}, batch_size, 3, **storage)
+    for t in range(4):  # wrapped
+        buf.add_batch({"a": np.full((batch_size, 2), t, np.float32),
+                       "b": np.full(batch_size, t, np.int32)})
+    before = to_np(buf.gather_all())
+    make_items, pattern = FLAT_BAD[case]
+    with pytest.raises(rb.SpecError,
+                       match=pattern.format(B=batch_size, B1=batch_size + 1)):
+        buf.add_batch(make_items(batch_size))
+    assert buf.last_id == 3
+    after = to_np(buf.gather_all())
+    for key in ("a", "b"):
+        np.testing.assert_array_equal(after[key], before[key])
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_flat_spec_add_batch_converts_what_is_not_exact(storage, batch_size):
+    buf = rb.UniformReplayBuffer({"a": rb.ArraySpec((2,), np.float32),
+                                  "b": rb.ArraySpec((), np.int32)}, batch_size, 3, **storage)
+    a = np.arange(2 * batch_size, dtype=np.float64).reshape(batch_size, 2)
+    buf.add_batch({"a": a, "b": np.full(batch_size, 7, np.int64)})  # safe casts
+    buf.add_batch({"a": np.ma.masked_array(a + 10), "b": np.full(batch_size, 8, np.int32)})
+    buf.add_batch({"a": (a + 20).astype(np.float32), "b": np.full(batch_size, 9, np.int32)})
+    got = to_np(buf.gather_all())
+    np.testing.assert_array_equal(got["a"], np.stack([a, a + 10, a + 20], 1))
+    np.testing.assert_array_equal(got["b"], np.repeat([[7, 8, 9]], batch_size, 0))
+    assert got["a"].dtype == np.float32

@@ -308,3 +308,27 @@ def test_a_sliding_stack_costs_one_comparison_after_the_episode_start(monkeypatc
         assert len(calls) == 3 * 2  # the first step of each episode, in each row
         refs = dedup._storage.gather(np.arange(dedup.capacity))[0]
         assert (refs >= -1).all() and not dedup._codec.extras
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_inexact_leaves_between_exact_adds_keep_stacks_exact(batch_size):
+    # Exact arrays take the fused encode-and-write path; anything else (another dtype
+    # beside exact stacks, stacks of another dtype, non-contiguous stacks) the
+    # validating one. Both
+    # must leave the codec consistent for the next step's one-comparison match.
+    plain, dedup = pair(4, batch_size, 7)
+    for i, stacks in enumerate(stacked_episodes([6, 3, 8], 4, "reset", rows=batch_size)):
+        t = np.full(batch_size, i)
+        obs = stacks
+        if i % 4 == 1:
+            t = t.astype(np.int32)  # exact stacks, then a leaf the exact writer refuses
+        elif i % 4 == 2:
+            obs = stacks.astype(np.int64)
+        elif i % 4 == 3:
+            obs = np.asfortranarray(stacks)  # exact dtype and shape, strided bytes
+        for b in (plain, dedup):
+            b.add_batch({"obs": obs, "t": t})
+    assert_same(plain, dedup)
+    x, _ = plain.get_next(32, num_steps=2)
+    y, _ = dedup.get_next(32, num_steps=2)
+    np.testing.assert_array_equal(x["obs"], y["obs"])

@@ -118,3 +118,55 @@ def test_gather_takes_positions_modulo_capacity(storage):
            for a in buf._storage.gather(np.array([[3, 4, 5, 6]]))]
     np.testing.assert_array_equal(got[0], [[[6, 7], [8, 9], [0, 1], [2, 3]]])
     np.testing.assert_array_equal(got[1], [[3, 4, 0, 1]])
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_exact_writer_writes_exact_leaves_like_write(count):
+    exact = NumpyStorage(MIXED, 8)
+    plain = NumpyStorage(MIXED, 8)
+    write = exact.exact_writer((count,))
+    rng = np.random.default_rng(count)
+    for start in (0, 5 - count, 8 - count):
+        leaves = [random_leaf(spec, (count,), rng) for spec in MIXED]
+        assert write(start, leaves) is True
+        plain.write(start, leaves)
+        for got, want in zip(exact.gather(np.arange(8)), plain.gather(np.arange(8))):
+            np.testing.assert_array_equal(got, want)
+
+
+def random_leaf(spec, outer, rng):
+    return rng.integers(0, 100, outer + spec.shape).astype(spec.dtype)
+
+
+class Sub(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("bad", ["list", "dtype", "byte order", "broadcast", "unbatched",
+                                 "subclass", "too few", "too many"])
+def test_exact_writer_refuses_anything_but_exact_arrays_and_writes_nothing(count, bad):
+    storage = NumpyStorage(MIXED, 8)
+    write = storage.exact_writer((count,))
+    rng = np.random.default_rng(0)
+    leaves = [random_leaf(spec, (count,), rng) for spec in MIXED]
+    i = 4  # float32 [5]
+    if bad == "list":
+        leaves[i] = leaves[i].tolist()
+    elif bad == "dtype":
+        leaves[i] = leaves[i].astype(np.float64)
+    elif bad == "byte order":
+        leaves[i] = leaves[i].astype(">f4")
+    elif bad == "broadcast":  # numpy would broadcast [count, 1] into [count, 5]
+        leaves[i] = leaves[i][:, :1]
+    elif bad == "unbatched":  # [5] assigned to one position would fit if unchecked
+        leaves[i] = leaves[i][0]
+    elif bad == "subclass":
+        leaves[i] = leaves[i].view(Sub)
+    elif bad == "too few":
+        leaves = leaves[:-1]
+    else:
+        leaves = leaves + [leaves[-1]]
+    assert write(2, leaves) is False
+    for arr in storage.gather(np.arange(8)):
+        assert not arr.any()

@@ -124,6 +124,13 @@ class ReplayBuffer:
         self._lock = threading.Lock()
         self._outer = (self._ring.batch_size,)
         self._outer_names = f"[batch_size={self._ring.batch_size}]"
+        if self._codec is not None:
+            self._stack_shape = self._outer + self._specs[self._codec_leaf].shape
+        # add_batch of arrays already in the stored dtype and shape: check and write in
+        # one call (episode tracking takes the general path).
+        self._write_exact = None
+        if self._episodes is None and self._fast_flatten is not None:
+            self._write_exact = self._storage.exact_writer(self._outer)
 
     def _paths_by_name(self) -> dict[str, int]:
         """Top-level leaves by field name or string key: ``{"step_type": 0, ...}``."""
@@ -228,6 +235,20 @@ class ReplayBuffer:
         # call saved here is measurable.
         flatten = self._fast_flatten
         leaves = None if flatten is None else flatten(items)
+        write_exact = self._write_exact
+        if write_exact is not None and leaves is not None:
+            ring = self._ring
+            with self._lock:
+                last_id = ring.last_id + 1
+                position = (last_id % ring.max_length) * ring.batch_size
+                if self._codec is None:
+                    written = write_exact(position, leaves)
+                else:
+                    written = self._write_exact_stacks(position, last_id, leaves)
+                if written:
+                    ring.last_id = last_id
+                    self._sampler.on_add(ring, last_id, 1)
+                    return
         if leaves is None:
             leaves = self._flatten_items(items, "add_batch")
         if self._codec is not None:  # one step in time-major layout is the batch itself
@@ -242,6 +263,22 @@ class ReplayBuffer:
             self._sampler.on_add(ring, last_id, 1)
             if self._episodes is not None:
                 self._record_episodes(last_id, arrays[self._step_type_leaf], 1)
+
+    def _write_exact_stacks(self, position: int, step_id: int, leaves: list[Any]) -> bool:
+        """``write_exact`` of one step whose stacked frames are deduplicated: exact
+        stacks become frame references, then every leaf is written (or nothing is)."""
+        i = self._codec_leaf
+        stacks = leaves[i]
+        if type(stacks) is not np.ndarray or stacks.dtype is not self._specs[i].dtype \
+                or stacks.shape != self._stack_shape:
+            return False
+        refs, frame_writes = self._codec.encode(step_id, stacks)  # changes nothing yet
+        leaves = list(leaves)  # the caller's list stays as it was, for the general path
+        leaves[i] = refs
+        if not self._write_exact(position, leaves):
+            return False
+        self._codec.commit(frame_writes, step_id, 1)
+        return True
 
     def extend(self, items: Any) -> None:
         """Append ``num_steps`` consecutive steps to every row in one call.

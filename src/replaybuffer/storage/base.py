@@ -8,11 +8,14 @@ randomness or episodes: positions are plain integers in ``[0, capacity)``.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
 from replaybuffer.specs import ArraySpec, as_leaf_array, check_leaf
+
+if TYPE_CHECKING:
+    from replaybuffer.storage.exact_writer import ExactWriter
 
 
 class Storage(Protocol):
@@ -36,6 +39,12 @@ class Storage(Protocol):
         """Write ``leaves[i]`` (shape ``[n, *spec.shape]``) at positions ``start .. start+n-1``.
 
         The caller guarantees ``start + n <= capacity``."""
+
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter | None:
+        """A fused check-and-write for the hot path of adding a block of
+        ``outer_shape[0]`` positions (see :mod:`replaybuffer.storage.exact_writer`), or
+        ``None`` where the backend has no such shortcut (the caller then uses
+        :meth:`convert` and :meth:`write`)."""
 
     def gather(self, positions: np.ndarray, which: Sequence[int] | None = None) -> list[Any]:
         """Read ``positions`` (int64, any shape P, in ``[0, 2 * capacity)``, taken modulo

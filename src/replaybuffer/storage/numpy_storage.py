@@ -8,6 +8,7 @@ import numpy as np
 
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.base import LeafChecker, identity
+from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 
 PACK_MAX_BYTES = 512
 """Leaves of at most this many bytes per item share one record per position.
@@ -109,6 +110,9 @@ class NumpyStorage:
         check = self._checker.numpy_leaf
         return [check(i, leaf, shape, paths[i], outer_shape, outer_names)
                 for i, (leaf, shape) in enumerate(zip(leaves, shapes))]
+
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter:
+        return exact_writer(self.arrays, self._checker, outer_shape)
 
     def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:
         stop = start + len(leaves[0])

@@ -10,6 +10,7 @@ import torch
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec, check_leaf
 from replaybuffer.storage.base import LeafChecker, leaf_nbytes
+from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 
 _TORCH_TO_NUMPY = {
     getattr(torch, name): np.dtype(name)
@@ -123,6 +124,12 @@ class TorchStorage:
         except (RuntimeError, NotImplementedError) as exc:
             raise SpecError(f"leaf {path}: cannot move a tensor on {leaf.device} to "
                             f"{self.device}: {exc}") from exc
+
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter | None:
+        """Numpy leaves written through the host views (CPU); ``None`` on a device."""
+        if self._host is None:
+            return None
+        return exact_writer(self._host, self._checker, outer_shape)
 
     def write(self, start: int, leaves: Sequence[torch.Tensor | np.ndarray]) -> None:
         stop = start + len(leaves[0])

@@ -185,6 +185,10 @@ class TFStorage:
         arrays = self.validate(leaves, paths, outer_shape, outer_names)
         return [a.numpy() if is_tensor(a) else a for a in arrays]
 
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> None:
+        """No shortcut: every write is a scatter into TF variables."""
+        return None
+
     def write(self, start: int, leaves: Sequence[Any]) -> None:
         count = len(leaves[0])
         self.scatter(tf.range(start, start + count, dtype=tf.int64), leaves)
