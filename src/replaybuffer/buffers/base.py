@@ -388,13 +388,18 @@ class ReplayBuffer:
                 raise self._empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng,
                                                           episodes)
-            ids = self._info_ids(ids, positions)
+            info_ids = self._info_ids(ids, positions)
             if num_steps is not None:
-                ids = windows(ids, num_steps, self._id_step)
-                # Unwrapped: a window past the last position is wrapped by the storage.
-                positions = windows(positions, num_steps, ring.batch_size)
+                id_windows = windows(info_ids, num_steps, self._id_step)
+                if ring.batch_size == 1 and info_ids is ids and self._id_step == 1:
+                    # One row: a step's position is its id modulo the capacity, which the
+                    # storage takes as it reads, so the id windows serve as positions.
+                    positions = id_windows
+                else:  # unwrapped: a window past the last position is wrapped by the storage
+                    positions = windows(positions, num_steps, ring.batch_size)
+                info_ids = id_windows
             leaves = self._gather(positions)
-        return leaves, ids, info
+        return leaves, info_ids, info
 
     def _gather(self, positions: np.ndarray) -> list[Any]:
         """Read ``positions`` from storage, rebuilding deduplicated frame stacks."""

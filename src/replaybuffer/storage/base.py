@@ -47,9 +47,9 @@ class Storage(Protocol):
         :meth:`convert` and :meth:`write`)."""
 
     def gather(self, positions: np.ndarray, which: Sequence[int] | None = None) -> list[Any]:
-        """Read ``positions`` (int64, any shape P, in ``[0, 2 * capacity)``, taken modulo
-        ``capacity``: a window may run past the last position); leaf ``i`` comes back
-        ``[*P, *spec_i.shape]``.
+        """Read ``positions`` (int64 >= 0, any shape P, taken modulo ``capacity``: a
+        window may run past the last position, and a one-row buffer passes step ids);
+        leaf ``i`` comes back ``[*P, *spec_i.shape]``.
 
         ``which`` restricts the read to those leaf indices (in that order)."""
 
