@@ -314,8 +314,8 @@ def test_a_sliding_stack_costs_one_comparison_after_the_episode_start(monkeypatc
 def test_inexact_leaves_between_exact_adds_keep_stacks_exact(batch_size):
     # Exact arrays take the fused encode-and-write path; anything else (another dtype
     # beside exact stacks, stacks of another dtype, non-contiguous stacks) the
-    # validating one. Both
-    # must leave the codec consistent for the next step's one-comparison match.
+    # validating one. Both must leave the codec consistent for the next step's
+    # one-comparison match.
     plain, dedup = pair(4, batch_size, 7)
     for i, stacks in enumerate(stacked_episodes([6, 3, 8], 4, "reset", rows=batch_size)):
         t = np.full(batch_size, i)
