@@ -66,7 +66,16 @@ def test_inspect(tmp_path, capsys):
     buf.save(tmp_path / "c")
     assert main(["inspect", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "UniformReplayBuffer: batch_size=2 max_length=3" in out and "frames=2" in out
+    assert "UniformReplayBuffer: batch_size=2 max_length=3 capacity=6" in out
+    assert "frames=2/6" in out and "checksums verified" in out and "ckpt-000001" in out
+    assert "leaf_000.npy" in out and f"{2 * 2 * 4 + 128:,} bytes" in out  # header + data
+    leaf = rb.checkpoints(tmp_path / "c")[-1] / "leaf_000.npy"
+    data = bytearray(leaf.read_bytes())
+    data[-1] ^= 1
+    leaf.write_bytes(bytes(data))
+    assert main(["inspect", str(tmp_path / "c")]) == 1
+    assert "leaf_000.npy) is corrupt" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "nothing")]) == 1
 
 
 def test_bench_peers_quick_reports_every_peer(tmp_path, capsys):

@@ -215,7 +215,7 @@ def test_save_load_keeps_priorities_and_the_generator(storage, tmp_path):
     b, ib = again.get_next(32, num_steps=2)
     np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
     np.testing.assert_allclose(to_np(ia.weights), to_np(ib.weights))
-    (tmp_path / "per" / "state.sampler.priorities.npy").write_bytes(b"junk")
+    (rb.checkpoints(tmp_path / "per")[-1] / "state.sampler.priorities.npy").write_bytes(b"junk")
     with pytest.raises(rb.CheckpointError, match="state array state.sampler.priorities.npy"):
         rb.load(tmp_path / "per")
 

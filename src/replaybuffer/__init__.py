@@ -23,7 +23,7 @@ from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTr
                                   ShuffledReplayBuffer, TransitionReplayBuffer, Transitions,
                                   UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
-from replaybuffer.persist import load
+from replaybuffer.persist import checkpoints, load
 from replaybuffer.specs import (
     ArraySpec,
     BoundedArraySpec,
@@ -57,6 +57,7 @@ __all__ = [
     "UniformReplayBuffer",
     "as_data_spec",
     "load",
+    "checkpoints",
     "spec_from_example",
     "spec_from_space",
     "spec_from_tensor_spec",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 
@@ -34,22 +35,48 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             argv += ["--json", args.json]
         return peers.main(argv)
+    if args.checkpoint:  # saving and loading a large buffer while it is in use
+        from replaybuffer.bench import checkpoint
+
+        return checkpoint.main(["--size-gb", str(0.2 if args.quick else args.size_gb)]
+                               + (["--json", args.json] if args.json else []))
     from replaybuffer.bench import run_and_report
 
     return run_and_report(args)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from replaybuffer.persist import decode_spec, read_manifest
+    from replaybuffer.errors import CheckpointError
+    from replaybuffer.persist import TMP, checkpoints, decode_spec, verify
     from replaybuffer.sampling.ring import items_per_row
 
-    manifest = read_manifest(args.directory)
-    state = manifest["state"]
-    frames = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
-    print(f"{manifest['buffer']}: batch_size={manifest['batch_size']} "
-          f"max_length={manifest['max_length']} storage={manifest['storage']}")
-    print(f"last_id={state['last_id']} frames={frames}")
+    path = Path(args.path)
+    try:
+        manifest = verify(path)  # reads every file and checks its checksum
+    except CheckpointError as exc:
+        print(f"corrupt or incomplete: {exc}", file=sys.stderr)
+        return 1
+    directory = Path(manifest["directory"])
+    series = checkpoints(path)
+    if series:
+        partial = sorted(p.name for p in path.iterdir() if p.name.startswith(TMP))
+        print(f"{path}: {len(series)} checkpoint(s): {', '.join(p.name for p in series)}"
+              + (f"; {len(partial)} incomplete save(s) ignored: {', '.join(partial)}"
+                 if partial else ""))
+        print(f"newest: {directory.name}")
+    state, B, L = manifest["state"], manifest["batch_size"], manifest["max_length"]
+    filled = items_per_row(state["last_id"], L) * B
+    print(f"{manifest['buffer']}: batch_size={B} max_length={L} capacity={B * L} "
+          f"storage={manifest['storage']} format={manifest['version']}")
+    print(f"last_id={state['last_id']} frames={filled}/{B * L}")
     print(f"data_spec={decode_spec(manifest['data_spec'])!r}")
+    total = 0
+    for entry in manifest["leaves"] + [e for es in manifest["streams"].values() for e in es]:
+        nbytes = (directory / entry["file"]).stat().st_size
+        total += nbytes
+        print(f"  {entry['file']}: {entry.get('path', '')} {entry['dtype']} "
+              f"{tuple(entry['shape'])} {nbytes:,} bytes crc32={entry['crc32']:08x}")
+    print(f"checksums verified: {total:,} bytes of data")
     if args.json:
         print(json.dumps(manifest, indent=1))
     return 0
@@ -93,10 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer-workloads",
                        default="control,frames,prioritized,prioritized-skewed",
                        help="with --peers: comma-separated workloads")
+    bench.add_argument("--checkpoint", action="store_true",
+                       help="save a large buffer while a collector adds to it, then load it: "
+                            "GB/s against a plain file copy, the longest add stall, peak "
+                            "extra memory")
+    bench.add_argument("--size-gb", type=float, default=4.0,
+                       help="with --checkpoint: the buffer's size (default 4)")
     bench.set_defaults(func=_bench)
 
-    inspect = sub.add_parser("inspect", help="describe a saved buffer")
-    inspect.add_argument("directory")
+    inspect = sub.add_parser("inspect", help="describe a checkpoint and verify its checksums "
+                             "(exit status 1 when it is corrupt or incomplete)")
+    inspect.add_argument("path", help="a checkpoint series (buffer.save's path) or one "
+                         "checkpoint directory")
     inspect.add_argument("--json", action="store_true", help="print the whole manifest")
     inspect.set_defaults(func=_inspect)
     return parser

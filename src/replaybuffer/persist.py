@@ -1,24 +1,54 @@
-"""Save and restore buffers without pickle.
+"""Checkpoints of buffers: streamed to disk while the buffer stays in use, no pickle.
 
-A save is a directory holding ``manifest.json`` (format version, buffer class,
-layout, data spec, write position, sampler state, and per leaf: file, shape,
-dtype and CRC-32) and one ``leaf_NNN.npy`` per leaf with the filled positions.
-Files are written to a temporary sibling directory that replaces the target only
-once complete, so an interrupted save never leaves a half-written checkpoint
-behind under the target's name.
+Layout. ``buffer.save(path)`` treats ``path`` as a series of checkpoints::
+
+    path/ckpt-000001/   manifest.json, leaf_000.npy, leaf_001.npy, ..., state.*.npy
+    path/ckpt-000002/   ...
+    path/.tmp-PID-XXXX/ a save under way (or abandoned by a killed process)
+
+``manifest.json`` holds the format version, buffer class, layout, data spec, the
+state (write position, sampler state and generator, priorities, cursors: small
+arrays in ``state.*.npy`` beside it), and per data file its shape, dtype and CRC-32.
+A ``leaf_NNN.npy`` holds the filled positions of one storage leaf; other large arrays
+(the frame ring of deduplicated stacks) are streams of their own (``frames_000.npy``).
+
+What is guaranteed:
+
+- **Atomic**: a checkpoint is written under a temporary name in ``path`` and renamed to
+  ``ckpt-N`` once every file is written and fsynced; a directory named ``ckpt-N``
+  is always complete. A process killed at any moment of a save leaves the earlier
+  checkpoints as they were and a ``.tmp-*`` directory that :func:`load` ignores and
+  the next save removes. ``keep=N`` then removes older checkpoints (renamed aside
+  first, so a kill mid-removal never leaves a half-deleted ``ckpt-N``).
+- **Consistent while in use**: the state and a copy-on-write view of the data are
+  taken under the buffer's lock; the data is then read in chunks of
+  :data:`CHUNK_BYTES` (the lock held for one chunk at a time), while a write to a
+  position not saved yet first copies the old contents aside
+  (:mod:`replaybuffer.storage.frozen`). The checkpoint is exactly the buffer at the
+  moment the save began.
+- **Bounded memory**: save and load move data in chunks; neither makes a second copy
+  of the buffer. Load reads files with ``readinto`` (no memory maps, whose pages would
+  count in the process's resident memory) straight into the new buffer's storage.
+- **Checked**: every data file's header, size and CRC-32 and the manifest's checksum
+  are verified on load; any mismatch is a :class:`CheckpointError` naming the file.
+
+Format 1 (a single save with ``manifest.json`` directly in the directory) still loads.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import weakref
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -27,9 +57,12 @@ from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.errors import CheckpointError
 from replaybuffer.sampling.ring import items_per_row
 from replaybuffer.specs import ArraySpec, spec_from_dict
+from replaybuffer.storage.frozen import FrozenRows
 
 FORMAT = "replaybuffer"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""Format versions this code loads: 1 kept a single save in the directory itself."""
 MANIFEST = "manifest.json"
 
 
@@ -93,43 +126,233 @@ def _namedtuple_class(module: str, qualname: str, fields: list[str]) -> type:
 
 
 # --------------------------------------------------------------------- save/load
-def save(buffer: ReplayBuffer, directory: str | os.PathLike) -> None:
-    """Write ``buffer`` to ``directory`` (see the module docstring for the format)."""
-    target = Path(directory)
-    if target.exists() and not target.is_dir():
-        raise CheckpointError(f"cannot save to {target}: it is a file")
-    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).exists():
-        raise CheckpointError(f"refusing to save into {target}: it is a non-empty directory "
-                              "that holds no replaybuffer save")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+CHECKPOINT = "ckpt-"
+TMP, TRASH = ".tmp-", ".trash-"
+CHUNK_BYTES = 4 << 20
+"""Bytes read from a buffer (under its lock) or from a file at a time: a save holds the
+lock for one chunk's copy (about a millisecond), so adds wait at most that long."""
+
+_SAVING: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_SAVING_LOCK = threading.Lock()
+
+
+def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1) -> Path:
+    """Write a checkpoint of ``buffer`` under ``path`` (see the module docstring) and
+    keep the newest ``keep``; return the new checkpoint's directory.
+
+    Raises:
+        CheckpointError: ``path`` is a file or a non-empty directory that holds no
+            checkpoints, or writing failed (disk full, read-only, ...): the message
+            names the file; earlier checkpoints and the buffer are unchanged.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be a positive int (checkpoints to keep), got {keep!r}")
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"cannot save to {root}: it is a file")
+    if root.is_dir() and not _is_checkpoint_root(root):
+        raise CheckpointError(f"refusing to save into {root}: it is a non-empty directory "
+                              "that holds no replaybuffer checkpoints")
+    with _SAVING_LOCK:  # one save of a buffer at a time: each holds a snapshot open
+        saving = _SAVING.setdefault(buffer, threading.Lock())
+    with saving:
+        tmp = None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _remove_abandoned(root)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
+            _write_checkpoint(buffer, tmp)
+            final = _publish(tmp, root)
+            tmp = None
+            _prune(root, keep)
+        except OSError as exc:
+            raise CheckpointError(f"cannot save to {root}: {exc}") from exc
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint(buffer: ReplayBuffer, directory: Path) -> None:
+    """Every file of one checkpoint, manifest last."""
+    with buffer._lock:
+        state, streams = buffer._snapshot()
     try:
+        entries = {name: _write_stream(directory, name, rows, buffer._lock)
+                   for name, rows in streams.items()}
+    finally:
         with buffer._lock:
-            state, arrays = buffer._snapshot()
-            leaves = []
-            for i, (arr, path) in enumerate(zip(arrays, buffer._paths)):
-                arr = np.ascontiguousarray(arr)
-                name = f"leaf_{i:03d}.npy"
-                with open(tmp / name, "wb") as fh:
-                    np.save(fh, arr, allow_pickle=False)
-                    _sync(fh)
-                leaves.append({"file": name, "path": path, "shape": list(arr.shape),
-                               "dtype": arr.dtype.str, "crc32": zlib.crc32(arr.data)})
-        state = _externalise_arrays(state, tmp)
-        manifest = {
-            "format": FORMAT, "version": VERSION, "buffer": type(buffer).__name__,
-            "batch_size": buffer.batch_size, "max_length": buffer.max_length,
-            "storage": buffer.storage, "config": buffer._config(),
-            "data_spec": encode_spec(buffer.data_spec), "state": state, "leaves": leaves,
-        }
-        manifest["checksum"] = _manifest_checksum(manifest)
-        with open(tmp / MANIFEST, "w") as fh:
-            fh.write(json.dumps(manifest, indent=1))
-            _sync(fh)
-        _replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+            buffer._release_snapshot()
+    state = _externalise_arrays(state, directory)
+    manifest = {
+        "format": FORMAT, "version": VERSION, "buffer": type(buffer).__name__,
+        "batch_size": buffer.batch_size, "max_length": buffer.max_length,
+        "storage": buffer.storage, "config": buffer._config(),
+        "data_spec": encode_spec(buffer.data_spec), "state": state,
+        "leaves": entries.pop("leaves"), "streams": entries,
+    }
+    manifest["checksum"] = _manifest_checksum(manifest)
+    with _naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
+        fh.write(json.dumps(manifest, indent=1))
+        _sync(fh)
+    _sync_directory(directory)
+
+
+def _stream_files(name: str, count: int) -> list[str]:
+    prefix = "leaf" if name == "leaves" else name
+    return [f"{prefix}_{i:03d}.npy" for i in range(count)]
+
+
+def _write_stream(directory: Path, name: str, rows: FrozenRows, lock: Any
+                  ) -> list[dict[str, Any]]:
+    """Write frozen rows to one ``.npy`` file per array, chunk by chunk, each chunk read
+    under ``lock``; their manifest entries."""
+    files = _stream_files(name, len(rows.specs))
+    shapes = [(rows.count,) + spec.shape for spec in rows.specs]
+    crcs = [0] * len(files)
+    step = max(1, CHUNK_BYTES // max(1, sum(spec.nbytes for spec in rows.specs)))
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(open(directory / f, "wb")) for f in files]
+        for fh, spec, shape in zip(handles, rows.specs, shapes):
+            np.lib.format.write_array_header_1_0(fh, {
+                "descr": np.lib.format.dtype_to_descr(spec.dtype), "fortran_order": False,
+                "shape": shape})
+        for start in range(0, rows.count, step):
+            with lock:
+                chunk = rows.read(start, min(rows.count, start + step))
+            for k, (fh, arr) in enumerate(zip(handles, chunk)):
+                data = _bytes_of(arr, rows.specs[k].dtype)
+                crcs[k] = zlib.crc32(data, crcs[k])
+                with _naming(fh.name):
+                    fh.write(data)
+        for fh in handles:
+            with _naming(fh.name):
+                _sync(fh)
+    return [{"file": f, "path": path, "shape": list(shape), "dtype": spec.dtype.str,
+             "crc32": crc}
+            for f, path, shape, spec, crc in zip(files, rows.names, shapes, rows.specs, crcs)]
+
+
+@contextlib.contextmanager
+def _naming(path: str | os.PathLike) -> Iterator[None]:
+    """Give an ``OSError`` raised while writing ``path`` the file's name (a failed
+    ``write`` or ``fsync`` names none), so the error says which file failed."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
+
+
+def _bytes_of(array: np.ndarray, dtype: np.dtype) -> memoryview:
+    """The bytes of ``array`` in ``dtype``, C order, without a copy where it already is."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def _publish(tmp: Path, root: Path) -> Path:
+    """Rename a complete checkpoint to the next free ``ckpt-N`` (atomic)."""
+    while True:
+        seq = max((_sequence(p) for p in root.iterdir()), default=0) + 1
+        final = root / f"{CHECKPOINT}{seq:06d}"
+        try:
+            os.rename(tmp, final)  # a checkpoint is never empty, so this never replaces one
+        except OSError:
+            if final.exists():  # another process published the same number first
+                continue
+            raise
+        _sync_directory(root)
+        return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints, each renamed aside first."""
+    done = checkpoints(root)
+    legacy = (root / MANIFEST).is_file()
+    excess = len(done) + legacy - keep
+    if excess > 0 and legacy:  # a format-1 save at the top: the oldest
+        _remove_legacy(root)
+        excess -= 1
+    for old in done[:max(0, excess)]:
+        trash = root / f"{TRASH}{os.getpid()}-{old.name}"
+        os.rename(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_legacy(root: Path) -> None:
+    """Remove a format-1 save's files from ``root``, its manifest first (so that a
+    kill midway leaves no manifest pointing at missing files)."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).unlink()
+    names = [e.get("file") for e in manifest.get("leaves", []) if isinstance(e, dict)]
+    names += [p.name for p in root.glob("state*.npy")]
+    for name in names:
+        if isinstance(name, str) and "/" not in name and (root / name).is_file():
+            (root / name).unlink()
+
+
+def _remove_abandoned(root: Path) -> None:
+    """Remove temporary and trash directories of processes that no longer run."""
+    for entry in root.iterdir():
+        if entry.is_dir() and entry.name.startswith((TMP, TRASH)):
+            pid = entry.name.split("-")[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _sequence(entry: Path) -> int:
+    """The number of a ``ckpt-N`` directory name, 0 for any other name."""
+    name = entry.name
+    if name.startswith(CHECKPOINT) and name[len(CHECKPOINT):].isdigit():
+        return int(name[len(CHECKPOINT):])
+    return 0
+
+
+def checkpoints(path: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints under ``path``, oldest first (``[]`` if there are none)."""
+    root = Path(path)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _sequence(p) > 0 and (p / MANIFEST).is_file()]
+    return sorted(found, key=_sequence)
+
+
+def _is_checkpoint_root(root: Path) -> bool:
+    """Empty, or holding checkpoints, saves under way, or a format-1 save."""
+    return all(_sequence(p) > 0 or p.name.startswith((TMP, TRASH)) for p in root.iterdir()) \
+        or (root / MANIFEST).is_file()
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """The checkpoint directory that ``path`` names: the newest complete checkpoint of a
+    series, or ``path`` itself when it holds a manifest (one checkpoint, or a format-1
+    save). Raises :class:`CheckpointError` when there is none."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory")
+    done = checkpoints(root)
+    if done:
+        return done[-1]
+    if (root / MANIFEST).is_file():
+        return root
+    partial = [p.name for p in root.iterdir() if p.name.startswith(TMP)]
+    raise CheckpointError(f"{root} holds no {MANIFEST}: not a replaybuffer save, or an "
+                          "incomplete one" + (f" ({len(partial)} incomplete save(s) ignored: "
+                                               f"{', '.join(sorted(partial))})"
+                                               if partial else ""))
 
 
 def _externalise_arrays(state: Any, directory: Path, prefix: str = "state") -> Any:
@@ -138,7 +361,7 @@ def _externalise_arrays(state: Any, directory: Path, prefix: str = "state") -> A
     if isinstance(state, np.ndarray):
         name = f"{prefix}.npy"
         arr = np.ascontiguousarray(state)
-        with open(directory / name, "wb") as fh:
+        with _naming(directory / name), open(directory / name, "wb") as fh:
             np.save(fh, arr, allow_pickle=False)
             _sync(fh)
         return {"__npy__": name, "shape": list(arr.shape), "dtype": arr.dtype.str,
@@ -178,19 +401,13 @@ def _sync(fh: Any) -> None:
     os.fsync(fh.fileno())
 
 
-def _replace(new: Path, target: Path) -> None:
-    """Move the complete save ``new`` to ``target``; an old save there survives failures."""
-    if not target.exists():
-        new.rename(target)
-        return
-    old = target.with_name(new.name + ".old")
-    target.rename(old)
+def _sync_directory(directory: Path) -> None:
+    """fsync a directory, so the names of files and renames in it are durable too."""
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        new.rename(target)
-    except BaseException:
-        old.rename(target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _manifest_checksum(manifest: dict[str, Any]) -> int:
@@ -207,23 +424,32 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
-    """The parsed, checked manifest of a save. Raises :class:`CheckpointError`."""
-    path = Path(directory) / MANIFEST
-    if not Path(directory).is_dir():
-        raise CheckpointError(f"{directory} is not a directory")
-    if not path.is_file():
-        raise CheckpointError(f"{directory} holds no {MANIFEST}: not a replaybuffer save, or "
-                              "an incomplete one")
+def _entries_ok(entries: Any) -> bool:
+    return isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) and _is_int(e.get("crc32"))
+        for e in entries)
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed, checked manifest of a checkpoint (``path`` as :func:`resolve` takes it).
+
+    Raises:
+        CheckpointError: no checkpoint, or a malformed, corrupt or newer manifest.
+    """
+    directory = resolve(path)
+    path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
     _require(isinstance(manifest, dict) and manifest.get("format") == FORMAT, path,
              "not a replaybuffer manifest")
-    _require(manifest.get("version") == VERSION, path,
-             f"format version {manifest.get('version')!r}; this replaybuffer reads "
-             f"version {VERSION}")
+    version = manifest.get("version")
+    _require(version in READS, path,
+             f"format version {version!r}; this replaybuffer reads versions "
+             f"{', '.join(map(str, READS))}" + (": load it with a newer replaybuffer"
+                                               if _is_int(version) and version > VERSION
+                                               else ""))
     for key in ("buffer", "batch_size", "max_length", "storage", "config", "data_spec",
                 "state", "leaves", "checksum"):
         _require(key in manifest, path, f"lacks the field {key!r}")
@@ -233,61 +459,69 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     for key in ("batch_size", "max_length"):
         _require(_is_int(manifest[key]) and manifest[key] >= 1, path,
                  f"{key} must be a positive int, found {manifest[key]!r}")
-    state, leaves = manifest["state"], manifest["leaves"]
+    state, streams = manifest["state"], manifest.setdefault("streams", {})
     _require(isinstance(state, dict) and _is_int(state.get("last_id"))
              and state["last_id"] >= -1 and isinstance(state.get("sampler"), dict), path,
              f"malformed state {state!r:.200}")
     _require(isinstance(manifest["config"], dict), path, "config must be an object")
-    _require(isinstance(leaves, list) and all(
-        isinstance(e, dict) and isinstance(e.get("file"), str) and _is_int(e.get("crc32"))
-        for e in leaves), path, "leaves must be a list of {file, crc32, ...} objects")
+    _require(_entries_ok(manifest["leaves"]), path,
+             "leaves must be a list of {file, crc32, ...} objects")
+    _require(isinstance(streams, dict) and all(_entries_ok(e) for e in streams.values()),
+             path, "streams must map names to lists of {file, crc32, ...} objects")
+    manifest["directory"] = str(directory)
     return manifest
 
 
-def load(directory: str | os.PathLike, *, storage: str | None = None, device: Any = None,
-         data_spec: Any = None) -> ReplayBuffer:
-    """Restore a buffer saved with ``buffer.save(directory)``.
+def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = None,
+         data_spec: Any = None, buffer_class: type | None = None) -> ReplayBuffer:
+    """Restore a buffer from ``buffer.save(path)``: the newest checkpoint under ``path``
+    (or the checkpoint directory ``path`` names).
 
     Args:
-        directory: the save.
+        path: the checkpoint series, or one checkpoint directory.
         storage, device: override the saved storage backend (e.g. restore a numpy
             buffer into torch tensors on ``"cuda"``).
         data_spec: the spec you expect; it must equal the saved one, and its
             container types (your own namedtuple classes) are used for the result.
+        buffer_class: the class you expect (a subclass of it is accepted).
 
     Raises:
-        CheckpointError: missing or malformed manifest, missing, truncated or corrupt
-            data files, or a ``data_spec`` that differs from the saved one. Nothing is
-            created in that case.
+        CheckpointError: no checkpoint, a missing or malformed manifest, missing,
+            truncated or corrupt data files, or a ``data_spec`` or ``buffer_class``
+            other than the saved one; the message names the file. Nothing is returned
+            in that case (no buffer of yours is touched).
     """
-    manifest = read_manifest(directory)
+    manifest = read_manifest(path)
+    directory = Path(manifest["directory"])
     cls = ReplayBuffer._registry.get(manifest["buffer"])
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
+    if buffer_class is not None and not issubclass(cls, buffer_class):
+        raise CheckpointError(f"{directory} holds a {manifest['buffer']}, not a "
+                              f"{buffer_class.__name__}")
     try:
         saved_spec = decode_spec(manifest["data_spec"])
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{directory}: malformed data_spec: {exc}") from exc
     if data_spec is not None:
         saved_spec = _matching_spec(saved_spec, data_spec, directory)
-    specs, _ = nest.flatten(saved_spec)
-    entries = manifest["leaves"]
-    if len(entries) != len(specs):
-        raise CheckpointError(f"{directory}: manifest lists {len(entries)} leaf files for a "
-                              f"spec of {len(specs)} leaves")
     state = manifest["state"]
-    count = items_per_row(state["last_id"], manifest["max_length"]) * manifest["batch_size"]
     try:
         buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or manifest["storage"], device, manifest["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
-    # Stored leaves follow the storage's specs (deduplicated frames are references).
-    arrays = [_read_leaf(Path(directory), entry, spec, count)
-              for entry, spec in zip(entries, buffer._storage.specs)]
-    state = _internalise_arrays(state, Path(directory))
+    targets = buffer._stream_targets(state)
+    streams = {"leaves": manifest["leaves"], **manifest["streams"]}
+    for name, entries in streams.items():
+        if name not in targets:
+            raise CheckpointError(f"{directory}: the manifest has a stream {name!r} that a "
+                                  f"{manifest['buffer']} does not keep")
+        specs, count, write = targets[name]
+        _read_stream(directory, entries, specs, count, write)
+    state = _internalise_arrays(state, directory)
     try:
-        buffer._restore(state, arrays)
+        buffer._restore(state, None)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
     return buffer
@@ -306,21 +540,101 @@ def _matching_spec(saved: Any, wanted: Any, directory: Any) -> Any:
     return wanted
 
 
-def _read_leaf(directory: Path, entry: dict[str, Any], spec: ArraySpec,
-               count: int) -> np.ndarray:
+def _read_stream(directory: Path, entries: list[dict[str, Any]], specs: Sequence[ArraySpec],
+                 count: int, write: Callable[[int, list[np.ndarray]], None] | None) -> None:
+    """Check the files of one stream and, chunk by chunk, hand their data to ``write``
+    (``None``: only check). The checksums are compared once all is read."""
+    if len(entries) != len(specs):
+        raise CheckpointError(f"{directory}: manifest lists {len(entries)} files for a "
+                              f"stream of {len(specs)} arrays")
+    step = max(1, CHUNK_BYTES // max(1, sum(spec.nbytes for spec in specs)))
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(_open_npy(directory, entry, spec, count))
+                   for entry, spec in zip(entries, specs)]
+        buffers = [np.empty((min(step, count),) + spec.shape, spec.dtype) for spec in specs]
+        crcs = [0] * len(specs)
+        for start in range(0, count, step):
+            n = min(step, count - start)
+            chunk = [b[:n] for b in buffers]
+            for k, (fh, arr) in enumerate(zip(handles, chunk)):
+                data = memoryview(arr.reshape(-1).view(np.uint8))
+                if fh.readinto(data) != len(data):  # the size was checked: a file changed
+                    raise CheckpointError(f"{_where(entries[k], directory)} is truncated")
+                crcs[k] = zlib.crc32(data, crcs[k])
+            if write is not None:
+                write(start, chunk)
+    for entry, crc in zip(entries, crcs):
+        if crc != entry.get("crc32"):
+            raise CheckpointError(f"{_where(entry, directory)} is corrupt: its checksum does "
+                                  "not match the manifest")
+
+
+def _where(entry: dict[str, Any], directory: Path) -> str:
+    name = Path(str(entry.get("file"))).name
+    return f"leaf {entry['path']} ({name})" if entry.get("path") else f"file {name}"
+
+
+@contextlib.contextmanager
+def _open_npy(directory: Path, entry: dict[str, Any], spec: ArraySpec, count: int
+              ) -> Iterator[Any]:
+    """A data file opened at its first byte of data, after checking its header and size
+    against ``spec`` and ``count`` positions."""
     path = directory / str(entry.get("file"))
-    where = f"leaf {entry.get('path')} ({path.name})"
-    if not path.is_file():
+    where = _where(entry, directory)
+    if path.parent != directory or not path.is_file():
         raise CheckpointError(f"{where} is missing from {directory}")
+    with open(path, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(fh)
+        except (ValueError, OSError, EOFError, SyntaxError) as exc:
+            raise CheckpointError(f"{where} is not a readable .npy file: {exc}") from exc
+        if dtype.hasobject or fortran:
+            raise CheckpointError(f"{where} is not a readable .npy file: it holds "
+                                  f"{'Python objects' if dtype.hasobject else 'Fortran order'}"
+                                  ", which replaybuffer never writes")
+        expected_shape = (count,) + spec.shape
+        if shape != expected_shape or dtype != spec.dtype:
+            raise CheckpointError(f"{where}: expected shape {expected_shape} dtype "
+                                  f"{spec.dtype.name}, found shape {shape} dtype "
+                                  f"{dtype.name}")
+        size = os.fstat(fh.fileno()).st_size - fh.tell()
+        expected = count * spec.nbytes
+        if size != expected:
+            raise CheckpointError(f"{where} is not a readable .npy file: it holds {size} "
+                                  f"bytes of data where its header says {expected} (truncated "
+                                  "or extended)")
+        yield fh
+
+
+def verify(path: str | os.PathLike) -> dict[str, Any]:
+    """Check every file of a checkpoint without building a buffer; its manifest.
+
+    Raises:
+        CheckpointError: what :func:`load` would raise for the files.
+    """
+    manifest = read_manifest(path)
+    directory = Path(manifest["directory"])
+    if manifest["buffer"] not in ReplayBuffer._registry:
+        raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise CheckpointError(f"{where} is not a readable .npy file: {exc}") from exc
-    expected_shape = (count,) + spec.shape
-    if arr.shape != expected_shape or arr.dtype != spec.dtype:
-        raise CheckpointError(f"{where}: expected shape {expected_shape} dtype "
-                              f"{spec.dtype.name}, found shape {arr.shape} dtype "
-                              f"{arr.dtype.name}")
-    if zlib.crc32(np.ascontiguousarray(arr).data) != entry.get("crc32"):
-        raise CheckpointError(f"{where} is corrupt: its checksum does not match the manifest")
-    return arr
+        specs, _ = nest.flatten(decode_spec(manifest["data_spec"]))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{directory}: malformed data_spec: {exc}") from exc
+    count = items_per_row(manifest["state"]["last_id"], manifest["max_length"]) * \
+        manifest["batch_size"]
+    for name, entries in {"leaves": manifest["leaves"], **manifest["streams"]}.items():
+        for entry in entries:
+            try:
+                spec = ArraySpec(tuple(entry["shape"][1:]), np.dtype(entry["dtype"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"{_where(entry, directory)}: malformed entry") from exc
+            expected = count if name == "leaves" else entry["shape"][0]
+            _read_stream(directory, [entry], [spec], expected, None)
+    if len(manifest["leaves"]) != len(specs):
+        raise CheckpointError(f"{directory}: manifest lists {len(manifest['leaves'])} leaf "
+                              f"files for a spec of {len(specs)} leaves")
+    _internalise_arrays(manifest["state"], directory)
+    return manifest

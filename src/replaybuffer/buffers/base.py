@@ -7,8 +7,10 @@ read path, datasets, persistence) lives here once.
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, ClassVar, Iterable, NamedTuple, Sequence
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -16,11 +18,12 @@ from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.episodes import EpisodeIndex
-from replaybuffer.sampling.ring import table_rows, windows
+from replaybuffer.sampling.ring import items_per_row, table_rows, windows
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage import make_storage
 from replaybuffer.storage.base import LeafChecker, identity, to_numpy
 from replaybuffer.storage.frames import FrameStackCodec
+from replaybuffer.storage.frozen import CopyOnWriteStorage, FrozenRows, storage_rows
 
 
 class BufferInfo(NamedTuple):
@@ -601,16 +604,24 @@ class ReplayBuffer:
         return self._structure.unflatten(leaves), info
 
     # ---------------------------------------------------------------- persistence
-    def save(self, directory: str) -> None:
-        """Write the buffer (data, ids, write position, sampler state) to ``directory``.
+    def save(self, path: str | os.PathLike, keep: int = 1) -> Path:
+        """Write a checkpoint of the buffer (data, ids, write position, sampler state,
+        everything a later call's result depends on) under ``path``; return its directory.
 
-        No pickle: a JSON manifest and one ``.npy`` file per leaf. An existing save in
-        ``directory`` is replaced; any other non-empty directory is refused. Restore
-        with :func:`replaybuffer.load`.
+        ``path`` holds a series of checkpoints, ``ckpt-000001``, ``ckpt-000002``, ...: each
+        is written to a temporary directory beside them and renamed into place once
+        complete, then all but the newest ``keep`` are removed. No pickle: a JSON
+        manifest and ``.npy`` files, each CRC-checked. The buffer stays in use: the
+        snapshot is taken under the lock, then streamed to disk in chunks while adds go
+        on (see :mod:`replaybuffer.persist`). Restore with :func:`replaybuffer.load`.
+
+        Raises:
+            CheckpointError: ``path`` is a file or a directory of something else, or the
+                write failed (disk full, read-only); earlier checkpoints are untouched.
         """
         from replaybuffer.persist import save
 
-        save(self, directory)
+        return save(self, path, keep=keep)
 
     def _config(self) -> dict[str, Any]:
         """Constructor keywords a restored buffer needs besides spec and layout."""
@@ -622,18 +633,57 @@ class ReplayBuffer:
         """Build an empty buffer of this class for a restore."""
         return cls(data_spec, batch_size, max_length, storage=storage, device=device, **config)
 
-    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """``(state, arrays)`` for persistence; the caller holds the lock."""
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        """``(state, streams)`` for persistence; the caller holds the lock.
+
+        ``state`` is a small nest (numpy arrays copied); ``streams`` are the large arrays
+        frozen as they are now (``"leaves"``: the storage's filled positions, and the
+        frame ring of deduplicated stacks), to be read in chunks while writers go on,
+        until :meth:`_release_snapshot`.
+        """
         state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}
+        leaves = storage_rows(self._storage, self._ring.num_frames, self._paths)
+        streams = {"leaves": leaves}
         if self._episodes is not None:
             state["episode_starts"] = self._episodes.state(self._ring)
         if self._codec is not None:
             state["frames"] = self._codec.state_dict()
-        return state, self._storage.export(self._ring.num_frames)
+            streams["frames"] = self._codec.frozen_frames()
+        # Until released, writes preserve what they overwrite, and the fused writer
+        # (which writes around the storage's methods) stands aside.
+        self._storage = CopyOnWriteStorage(self._storage, leaves)
+        self._paused_writer, self._write_exact = self._write_exact, None
+        return state, streams
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def _release_snapshot(self) -> None:
+        """End what :meth:`_snapshot` started (the caller holds the lock): writes go
+        straight to storage again."""
+        if isinstance(self._storage, CopyOnWriteStorage):
+            self._storage = self._storage.wrapped
+            self._write_exact = self._paused_writer
+        if self._codec is not None:
+            self._codec.guard = None
+
+    def _stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
+            tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]]:
+        """Where a restore of ``state`` writes each stream of :meth:`_snapshot`: its specs,
+        its positions, and a function writing arrays ``[n, *spec.shape]`` at positions
+        ``[start, start + n)``."""
+        count = items_per_row(int(state["last_id"]), self.max_length) * self.batch_size
+        targets = {"leaves": (self._storage.specs, count, lambda start, arrays:
+                              self._storage.load(arrays, start))}
+        if self._codec is not None:
+            codec = self._codec
+            targets["frames"] = ((codec.frame_spec,), len(codec.frames) - 1,
+                                 lambda start, arrays: codec.load_frames(start, arrays[0]))
+        return targets
+
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        """Restore ``state``; ``arrays`` are the storage's leaves, or ``None`` where they
+        were streamed in already (through :meth:`_stream_targets`)."""
         with self._lock:
-            self._storage.load(arrays)
+            if arrays is not None:
+                self._storage.load(arrays)
             self._ring.last_id = int(state["last_id"])
             self._sampler.load_state_dict(state["sampler"])
             if self._episodes is not None:

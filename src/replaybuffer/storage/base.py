@@ -62,8 +62,9 @@ class Storage(Protocol):
     def export(self, count: int) -> list[np.ndarray]:
         """Positions ``[0, count)`` of every leaf as numpy arrays (for saving)."""
 
-    def load(self, arrays: Sequence[np.ndarray]) -> None:
-        """Write numpy arrays at positions ``[0, len)`` of every leaf (for restoring)."""
+    def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
+        """Write numpy arrays (``[n, *spec.shape]`` each, in the stored dtype) at positions
+        ``[start, start + n)`` of every leaf (for restoring, chunk by chunk)."""
 
 
 class LeafChecker:

@@ -42,6 +42,7 @@ import numpy as np
 
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.frozen import FrozenRows
 
 _Last = tuple[memoryview, tuple[int, ...], bool]
 """A row's newest step as :meth:`FrameStackCodec.encode` left it: the bytes of its last
@@ -89,6 +90,8 @@ class FrameStackCodec:
         self._last_id = -1
         self._last: list[_Last | None] = [None] * batch_size
         self._one_ref = np.zeros((1, self.stack), np.int64)  # what encode returns for one step
+        # While a save streams the frame ring, overwritten frames are preserved first.
+        self.guard: FrozenRows | None = None
 
     @property
     def nbytes(self) -> int:
@@ -216,16 +219,22 @@ class FrameStackCodec:
                         self.extras.pop(n, None)
         if num_steps == 1 and B == 1:
             position = first_id % S
+            if self.guard is not None:
+                self.guard.preserve(slice(position, position + 1))
             self.frames[position] = frames[0, K - 1]
             self.frame_ids[position] = first_id
         elif num_steps == 1:  # one step of every row: consecutive ring positions
             start = (first_id % S) * B
+            if self.guard is not None:
+                self.guard.preserve(slice(start, start + B))
             self.frames[start:start + B] = frames[:, K - 1]
             self.frame_ids[start:start + B] = first_id
         else:  # the ring keeps the last S steps' frames; earlier ones would be overwritten
             written = min(num_steps, S)
             ids = np.arange(end - written, end, dtype=np.int64)
             positions = (self._frame_position(ids[:, None], np.arange(B))).ravel()
+            if self.guard is not None:
+                self.guard.preserve(positions)
             self.frames[positions] = frames[(num_steps - written) * B:, K - 1]
             self.frame_ids[positions] = np.repeat(ids, B)
         if extras:
@@ -265,21 +274,42 @@ class FrameStackCodec:
         self._last_id, self._last = -1, [None] * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything but the frame ring itself, which is saved from :meth:`frozen_frames`."""
         owners = [(owner, n) for owner, ns in self.extra_owner.items() for n in ns]
-        return {"frames": self.frames[:-1].copy(), "frame_ids": self.frame_ids.copy(),
+        return {"frame_ids": self.frame_ids.copy(),
                 "extra_ids": np.array([n for _, n in owners], np.int64),
                 "extra_owners": np.array([o for o, _ in owners], np.int64),
                 "extra_frames": np.stack([self.extras[n] for _, n in owners]) if owners
                 else np.zeros((0,) + self.frame_shape, self.spec.dtype),
                 "next_extra": self.next_extra}
 
+    @property
+    def frame_spec(self) -> ArraySpec:
+        """The spec of one ring frame (the stacked spec without its stack axis)."""
+        return ArraySpec(self.frame_shape, self.spec.dtype, self.spec.name)
+
+    def frozen_frames(self) -> FrozenRows:
+        """The frame ring ``[slots * batch_size, *frame]`` frozen now, for a save to stream;
+        :meth:`commit` preserves frames it overwrites until :attr:`guard` is reset."""
+        self.guard = FrozenRows(lambda p: [self.frames[p]], len(self.frames) - 1,
+                                [self.frame_spec], [f"{self.path} frames"])
+        return self.guard
+
+    def load_frames(self, start: int, frames: np.ndarray) -> None:
+        """Write ring frames ``[n, *frame]`` at ring positions ``[start, start + n)``."""
+        self.frames[start:start + len(frames)] = frames
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        frames = np.asarray(state["frames"])
         ids = np.asarray(state["frame_ids"], np.int64)
-        if frames.shape != self.frames[:-1].shape or ids.shape != self.frame_ids.shape:
-            raise ValueError(f"frame ring of shape {frames.shape} for a codec holding "
-                             f"{self.frames[:-1].shape}")
-        self.frames[:-1] = frames
+        if ids.shape != self.frame_ids.shape:
+            raise ValueError(f"frame ids of shape {ids.shape} for a codec holding "
+                             f"{self.frame_ids.shape}")
+        if "frames" in state:  # format 1 kept the ring in the state
+            frames = np.asarray(state["frames"])
+            if frames.shape != self.frames[:-1].shape:
+                raise ValueError(f"frame ring of shape {frames.shape} for a codec holding "
+                                 f"{self.frames[:-1].shape}")
+            self.frames[:-1] = frames
         self.frame_ids[:] = ids
         self.extras.clear()
         self.extra_owner.clear()

@@ -153,6 +153,6 @@ class NumpyStorage:
     def export(self, count: int) -> list[np.ndarray]:
         return [arr[:count] for arr in self.arrays]
 
-    def load(self, arrays: Sequence[np.ndarray]) -> None:
+    def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         for dst, src in zip(self.arrays, arrays):
-            dst[:len(src)] = src
+            dst[start:start + len(src)] = src

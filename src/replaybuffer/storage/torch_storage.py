@@ -187,10 +187,10 @@ class TorchStorage:
     def export(self, count: int) -> list[np.ndarray]:
         return [arr[:count].cpu().numpy() for arr in self.arrays]
 
-    def load(self, arrays: Sequence[np.ndarray]) -> None:
+    def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
         for dst, src in zip(self.arrays, arrays):
             step = max(1, (64 << 20) // max(1, src[:1].nbytes))
             for i in range(0, len(src), step):
                 chunk = np.array(src[i:i + step])
-                dst[i:i + len(chunk)].copy_(torch.from_numpy(chunk))
+                dst[start + i:start + i + len(chunk)].copy_(torch.from_numpy(chunk))

@@ -34,6 +34,7 @@ from replaybuffer.tf import ring
 from replaybuffer.tf.dataset import ReplayDataset, translate_error
 from replaybuffer.tf.ring import INT
 from replaybuffer.tf.sampler import TFUniformSampler
+from replaybuffer.storage.frozen import FrozenRows, static_rows
 from replaybuffer.tf.storage import TFStorage, is_tensor
 
 
@@ -578,15 +579,21 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                     [var[:count] for var in self._storage.arrays])
         return self._cs.execute(body)
 
-    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """``(state, arrays)`` for persistence, read atomically."""
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        """``(state, streams)`` for persistence, read atomically in one graph call.
+
+        The variables are copied to the host whole: TensorFlow writes them inside its
+        own graphs, where no copy-on-write hook can run.
+        """
         last_id, rng_state, arrays = self._snapshot_fn()
         sampler = self._sampler.state_dict(rng_state.numpy())
-        return {"last_id": int(last_id), "sampler": sampler}, [a.numpy() for a in arrays]
+        leaves = static_rows([a.numpy() for a in arrays], self._storage.specs, self._paths)
+        return {"last_id": int(last_id), "sampler": sampler}, {"leaves": leaves}
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         with self._lock:
-            self._storage.load(arrays)
+            if arrays is not None:
+                self._storage.load(arrays)
             self._last_id.assign(int(state["last_id"]))
             self._sampler.load_state_dict(state["sampler"])
 

@@ -207,10 +207,10 @@ class TFStorage:
     def export(self, count: int) -> list[np.ndarray]:
         return [var[:count].numpy() for var in self.arrays]
 
-    def load(self, arrays: Sequence[np.ndarray]) -> None:
+    def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
         for var, src in zip(self.arrays, arrays):
             step = max(1, (64 << 20) // max(1, src[:1].nbytes))
             for i in range(0, len(src), step):
                 chunk = np.array(src[i:i + step])
-                var[i:i + len(chunk)].assign(chunk)
+                var[start + i:start + i + len(chunk)].assign(chunk)

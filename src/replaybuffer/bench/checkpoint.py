@@ -1,0 +1,227 @@
+"""``replaybuffer bench --checkpoint``: saving and loading a large buffer while it is in use.
+
+Measures, on a buffer of ``--size-gb`` of Atari-like frames (uint8 ``[84, 84, 4]`` per
+step plus small leaves):
+
+- **save**: seconds and GB/s of ``buffer.save`` while a collector thread adds steps at
+  ``--add-rate`` per second; the longest ``add_batch`` during the save (the stall) beside
+  the median add; the peak extra resident memory (``VmHWM`` over the resident size
+  before the save; the kernel's peak counter is reset first);
+- **load**: seconds, GB/s and peak extra resident memory of ``replaybuffer.load`` in a
+  fresh process (extra: peak minus the process before loading minus the buffer itself);
+- **the limits**: a plain copy of the checkpoint's data files (``shutil.copyfile`` then
+  ``fsync``, as a save writes and syncs) and a plain read of them into fresh memory in
+  a new process (as a load fills a new buffer), in 4 MB chunks.
+
+Timings are single runs of multi-second operations; page-cache state is what a save
+then load leaves (the files are cached when they are read back, for us and the limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+FRAME = (84, 84, 4)
+
+
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` size field (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak resident size (``VmHWM``) to the current one."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def build(size_gb: float) -> Any:
+    """A full one-row buffer of about ``size_gb`` GB, written with ``extend`` blocks."""
+    import replaybuffer as rb
+
+    spec = {"observation": rb.ArraySpec(FRAME, np.uint8), "action": rb.ArraySpec((), np.int32),
+            "reward": rb.ArraySpec((), np.float32), "step": rb.ArraySpec((), np.int64)}
+    per_step = sum(s.nbytes for s in spec.values())
+    capacity = max(1000, int(size_gb * 1e9 / per_step))
+    buffer = rb.UniformReplayBuffer(spec, batch_size=1, max_length=capacity, seed=0)
+    block = 1000
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (1, block) + FRAME, dtype=np.uint8)
+    for start in range(0, capacity, block):
+        n = min(block, capacity - start)
+        steps = np.arange(start, start + n, dtype=np.int64)[None]
+        buffer.extend({"observation": frames[:, :n], "action": (steps % 18).astype(np.int32),
+                       "reward": (steps % 7).astype(np.float32), "step": steps})
+    return buffer
+
+
+def _step(t: int, frame: np.ndarray) -> dict[str, np.ndarray]:
+    return {"observation": frame, "action": np.array([t % 18], np.int32),
+            "reward": np.array([t % 7], np.float32), "step": np.array([t], np.int64)}
+
+
+def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any]:
+    """Save while a thread adds ``add_rate`` steps a second; times and memory."""
+    frame = np.zeros((1,) + FRAME, np.uint8)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def collect() -> None:
+        t = buffer.last_id + 1
+        period = 1.0 / add_rate
+        next_time = time.perf_counter()
+        while not stop.is_set():
+            start = time.perf_counter()
+            buffer.add_batch(_step(t, frame))
+            latencies.append(time.perf_counter() - start)
+            t += 1
+            next_time += period
+            delay = next_time - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # adds at their pace before the save, for the median
+    before_save = len(latencies)
+    rss = _status("VmRSS")
+    peak_reset = _reset_peak()
+    start = time.perf_counter()
+    written = buffer.save(directory)
+    seconds = time.perf_counter() - start
+    peak = _status("VmHWM")
+    during = latencies[before_save:]
+    time.sleep(0.2)
+    stop.set()
+    thread.join()
+    data = sum(p.stat().st_size for p in written.glob("*.npy"))
+    return {"seconds": seconds, "bytes": data, "gb_per_s": data / seconds / 1e9,
+            "adds_during": len(during), "add_median_us": statistics.median(latencies) * 1e6,
+            "add_max_us": max(during, default=0.0) * 1e6,
+            "extra_peak_rss_mb": (peak - rss) / 1e6 if peak_reset else None,
+            "checkpoint": str(written)}
+
+
+LOAD_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+import replaybuffer as rb
+from replaybuffer.bench.checkpoint import _status, _reset_peak
+rss = _status("VmRSS")
+_reset_peak()
+start = time.perf_counter()
+buffer = rb.load(sys.argv[1])
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "rss_before": rss, "peak": _status("VmHWM"),
+                  "nbytes": buffer.nbytes, "frames": buffer.num_frames()}))
+"""
+
+
+def measure_load(checkpoint: str) -> dict[str, Any]:
+    """``replaybuffer.load`` in a fresh process: time and peak memory beyond the buffer."""
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, checkpoint], check=True,
+                         capture_output=True, text=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    data = sum(p.stat().st_size for p in Path(checkpoint).glob("*.npy"))
+    return {"seconds": result["seconds"], "gb_per_s": data / result["seconds"] / 1e9,
+            "extra_peak_rss_mb": (result["peak"] - result["rss_before"] - result["nbytes"])
+            / 1e6}
+
+
+READ_SCRIPT = """
+import sys, time
+import numpy as np
+from pathlib import Path
+files = sorted(Path(sys.argv[1]).glob("*.npy"))
+memory = np.empty(sum(f.stat().st_size for f in files), np.uint8)
+start, offset = time.perf_counter(), 0
+for f in files:
+    with open(f, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(memoryview(memory[offset:offset + (4 << 20)]))
+            if not n:
+                break
+            offset += n
+print(time.perf_counter() - start)
+"""
+
+
+def measure_limits(checkpoint: str, scratch: Path) -> dict[str, Any]:
+    """A plain copy (``shutil.copyfile``, then ``fsync``, as a save syncs) of the data
+    files, and a plain read of them into memory a fresh process had not touched (as a
+    load fills a new buffer), in 4 MB chunks."""
+    files = sorted(Path(checkpoint).glob("*.npy"))
+    data = sum(p.stat().st_size for p in files)
+    scratch.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for f in files:
+        target = scratch / f.name
+        shutil.copyfile(f, target)
+        with open(target, "rb+") as fh:
+            os.fsync(fh.fileno())
+    copy = time.perf_counter() - start
+    shutil.rmtree(scratch, ignore_errors=True)
+    read = float(subprocess.run([sys.executable, "-c", READ_SCRIPT, checkpoint], check=True,
+                                capture_output=True, text=True).stdout)
+    return {"copy_gb_per_s": data / copy / 1e9, "read_gb_per_s": data / read / 1e9}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="replaybuffer bench --checkpoint",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-gb", type=float, default=4.0)
+    parser.add_argument("--add-rate", type=float, default=2000.0,
+                        help="steps per second the collector thread adds during the save")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    root = Path(args.dir or tempfile.mkdtemp(prefix="rb-checkpoint-bench-"))
+    try:
+        start = time.perf_counter()
+        buffer = build(args.size_gb)
+        print(f"buffer: {buffer.nbytes / 1e9:.2f} GB, {buffer.num_frames():,} steps of "
+              f"uint8{list(FRAME)} (built in {time.perf_counter() - start:.1f} s)")
+        save = measure_save(buffer, root / "series", args.add_rate)
+        del buffer
+        load = measure_load(save["checkpoint"])
+        limits = measure_limits(save["checkpoint"], root / "copy")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"save: {save['seconds']:.2f} s, {save['gb_per_s']:.2f} GB/s "
+          f"({save['gb_per_s'] / limits['copy_gb_per_s']:.2f}x a plain copy with fsync at "
+          f"{limits['copy_gb_per_s']:.2f} GB/s); peak extra RSS "
+          f"{save['extra_peak_rss_mb']:.0f} MB")
+    print(f"  while adding at {args.add_rate:.0f}/s: {save['adds_during']} adds during the "
+          f"save, median add {save['add_median_us']:.1f} us, longest {save['add_max_us']:.0f} us")
+    print(f"load: {load['seconds']:.2f} s, {load['gb_per_s']:.2f} GB/s "
+          f"({load['gb_per_s'] / limits['read_gb_per_s']:.2f}x a plain read into fresh memory at "
+          f"{limits['read_gb_per_s']:.2f} GB/s); peak extra RSS beyond the buffer "
+          f"{load['extra_peak_rss_mb']:.0f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"save": save, "load": load, "limits": limits,
+                                               "size_gb": args.size_gb}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
