@@ -59,9 +59,6 @@ class Storage(Protocol):
     def zero(self) -> None:
         """Set every stored value to zero."""
 
-    def export(self, count: int) -> list[np.ndarray]:
-        """Positions ``[0, count)`` of every leaf as numpy arrays (for saving)."""
-
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         """Write numpy arrays (``[n, *spec.shape]`` each, in the stored dtype) at positions
         ``[start, start + n)`` of every leaf (for restoring, chunk by chunk)."""

@@ -150,9 +150,6 @@ class NumpyStorage:
         for i in self._own:
             self.arrays[i][...] = 0
 
-    def export(self, count: int) -> list[np.ndarray]:
-        return [arr[:count] for arr in self.arrays]
-
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         for dst, src in zip(self.arrays, arrays):
             dst[start:start + len(src)] = src

@@ -184,9 +184,6 @@ class TorchStorage:
         for arr in self.arrays:
             arr.zero_()
 
-    def export(self, count: int) -> list[np.ndarray]:
-        return [arr[:count].cpu().numpy() for arr in self.arrays]
-
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
         for dst, src in zip(self.arrays, arrays):

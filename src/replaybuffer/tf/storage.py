@@ -204,9 +204,6 @@ class TFStorage:
     def zero(self) -> None:
         self.zero_ops()
 
-    def export(self, count: int) -> list[np.ndarray]:
-        return [var[:count].numpy() for var in self.arrays]
-
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
         for var, src in zip(self.arrays, arrays):
