@@ -15,6 +15,8 @@ snapshot is open: ``write``, ``load`` and ``zero`` preserve before they write.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -47,12 +49,15 @@ class FrozenRows:
         self.names = tuple(names)
         self._handed_out = 0  # positions [0, _handed_out) were read already
         self._kept = np.zeros(self.count, bool)  # preserved positions not yet read
-        self._blocks: list[tuple[np.ndarray, list[np.ndarray]]] = []  # (positions, values)
+        # Preserved positions (each >= _handed_out) in blocks of one preserve call, a heap
+        # on their lowest position: (lowest, highest, tie-break, positions, values).
+        self._blocks: list[tuple[int, int, int, np.ndarray, list[np.ndarray]]] = []
+        self._order = itertools.count()
 
     @property
     def kept_bytes(self) -> int:
         """Bytes copied aside by :meth:`preserve` and not yet handed out."""
-        return sum(sum(v.nbytes for v in values) for _, values in self._blocks)
+        return sum(sum(v.nbytes for v in block[4]) for block in self._blocks)
 
     def preserve(self, positions: np.ndarray | slice) -> None:
         """Copy aside the positions a writer is about to overwrite (those of this snapshot
@@ -71,7 +76,8 @@ class FrozenRows:
             wanted = np.unique(wanted)
         wanted = wanted[~self._kept[wanted]]
         if len(wanted):
-            self._blocks.append((wanted, list(self._read(wanted))))
+            heapq.heappush(self._blocks, (int(wanted.min()), int(wanted.max()),
+                                          next(self._order), wanted, list(self._read(wanted))))
             self._kept[wanted] = True
 
     def read(self, start: int, stop: int) -> list[np.ndarray]:
@@ -84,16 +90,19 @@ class FrozenRows:
             raise ValueError(f"frozen rows are read in order: expected a chunk from "
                              f"{self._handed_out}, got [{start}, {stop}) of {self.count}")
         out = list(self._read(np.arange(start, stop, dtype=np.int64)))
-        if self._blocks:
-            remaining = []
-            for positions, values in self._blocks:
-                inside = (positions >= start) & (positions < stop)
-                if inside.any():
-                    for dst, src in zip(out, values):
-                        dst[positions[inside] - start] = src[inside]
-                if not inside.all():
-                    remaining.append((positions[~inside], [v[~inside] for v in values]))
-            self._blocks = remaining
+        blocks = self._blocks
+        straddling = []
+        while blocks and blocks[0][0] < stop:  # the blocks this chunk reaches, lowest first
+            _, hi, order, positions, values = heapq.heappop(blocks)
+            inside = positions < stop  # every preserved position is >= start
+            for dst, src in zip(out, values):
+                dst[positions[inside] - start] = src[inside]
+            if hi >= stop:  # a block that straddles the chunk's end keeps its tail
+                rest = ~inside
+                straddling.append((int(positions[rest].min()), hi, order, positions[rest],
+                                   [v[rest] for v in values]))
+        for block in straddling:
+            heapq.heappush(blocks, block)
         self._handed_out = stop
         return out
 
