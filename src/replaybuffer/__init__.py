@@ -24,6 +24,14 @@ from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTr
                                   UniformReplayBuffer)
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import checkpoints, load
+from replaybuffer.rate_limiter import (
+    MinSize,
+    Queue,
+    RateLimitedError,
+    RateLimiter,
+    RateLimiterStats,
+    SampleToInsertRatio,
+)
 from replaybuffer.specs import (
     ArraySpec,
     BoundedArraySpec,
@@ -58,6 +66,12 @@ __all__ = [
     "as_data_spec",
     "load",
     "checkpoints",
+    "RateLimiter",
+    "MinSize",
+    "SampleToInsertRatio",
+    "Queue",
+    "RateLimitedError",
+    "RateLimiterStats",
     "spec_from_example",
     "spec_from_space",
     "spec_from_tensor_spec",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.sampler import make_rng
 
@@ -160,11 +161,16 @@ class _PrefetchIterator:
 def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
              stop: threading.Event) -> None:
     buffer = stream.buffer
+    # A rate limiter may hold a sample back for as long as the inserts take: wait in
+    # short rounds, so that closing the iterator stops the worker.
+    wait = None if buffer.rate_limiter is None else 0.1
     while not stop.is_set():
         try:
             item: tuple[bool, Any] = (True, buffer._sample(stream.sample_batch_size,
                                                            stream.num_steps, True, rng,
-                                                           stream.within_episodes))
+                                                           stream.within_episodes, wait))
+        except RateLimitedError:
+            continue
         except BaseException as exc:  # handed to the consumer, which re-raises it
             item = (False, exc)
         while not stop.is_set():

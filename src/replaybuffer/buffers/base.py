@@ -16,6 +16,7 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
 from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import items_per_row, table_rows, windows
@@ -222,17 +223,25 @@ class ReplayBuffer:
                 f"{nest.describe(self._structure)}, got {nest.describe(structure)}"
                 + (f" ({'; '.join(detail)})" if detail else ""))
 
-    def add_batch(self, items: Any) -> None:
+    def add_batch(self, items: Any, *, timeout: float | None = None,
+                  block: bool = True) -> bool:
         """Append one step to every row.
 
         Args:
             items: a nest matching ``data_spec`` whose leaves have shape
                 ``[batch_size, *spec.shape]``: numpy arrays, array-likes or (torch
                 storage) tensors, of a dtype that casts to the leaf's within its kind.
+            timeout, block: with a :attr:`rate_limiter` that holds the insert back: wait
+                up to ``timeout`` seconds (``None``: as long as it takes), or with
+                ``block=False`` return ``False`` at once.
+
+        Returns:
+            ``True`` once written; ``False`` only with ``block=False`` (nothing written).
 
         Raises:
             SpecError: wrong structure, shape, batch size or dtype; the message names
                 the leaf. Nothing is written.
+            RateLimitedError: ``timeout`` passed with the insert held back.
         """
         # Adding one small step is a hot path (about 3 us): every attribute lookup and
         # call saved here is measurable.
@@ -242,6 +251,9 @@ class ReplayBuffer:
         if write_exact is not None and leaves is not None:
             ring = self._ring
             with self._lock:
+                if self._limiter is not None and not self._admit(
+                        ring.batch_size, timeout, block):
+                    return False
                 last_id = ring.last_id + 1
                 position = (last_id % ring.max_length) * ring.batch_size
                 if self._codec is None:
@@ -251,21 +263,28 @@ class ReplayBuffer:
                 if written:
                     ring.last_id = last_id
                     self._sampler.on_add(ring, last_id, 1)
-                    return
+                    if self._limiter is not None:
+                        self._limiter.inserted(ring.batch_size)
+                    return True
         if leaves is None:
             leaves = self._flatten_items(items, "add_batch")
         if self._codec is not None:  # one step in time-major layout is the batch itself
-            self._write_steps(self._convert(leaves, self._outer, self._outer_names), 1)
-            return
+            return self._write_steps(self._convert(leaves, self._outer, self._outer_names), 1,
+                                     timeout, block)
         arrays = self._storage.convert(leaves, self._paths, self._outer, self._outer_names)
         ring = self._ring
         with self._lock:
+            if self._limiter is not None and not self._admit(ring.batch_size, timeout, block):
+                return False
             last_id = ring.last_id + 1
             self._storage.write((last_id % ring.max_length) * ring.batch_size, arrays)
             ring.last_id = last_id
             self._sampler.on_add(ring, last_id, 1)
             if self._episodes is not None:
                 self._record_episodes(last_id, arrays[self._step_type_leaf], 1)
+            if self._limiter is not None:
+                self._limiter.inserted(ring.batch_size)
+        return True
 
     def _write_exact_stacks(self, position: int, step_id: int, leaves: list[Any]) -> bool:
         """``write_exact`` of one step whose stacked frames are deduplicated: exact
@@ -283,12 +302,14 @@ class ReplayBuffer:
         self._codec.commit(frame_writes, step_id, 1)
         return True
 
-    def extend(self, items: Any) -> None:
+    def extend(self, items: Any, *, timeout: float | None = None, block: bool = True
+               ) -> bool:
         """Append ``num_steps`` consecutive steps to every row in one call.
 
         Args:
             items: a nest matching ``data_spec`` whose leaves have shape
                 ``[batch_size, num_steps, *spec.shape]``, oldest step first.
+            timeout, block: as for :meth:`add_batch` (``batch_size * num_steps`` items).
 
         Equivalent to ``num_steps`` calls of :meth:`add_batch` with ``items[:, t]``.
         """
@@ -297,8 +318,9 @@ class ReplayBuffer:
         num_steps = self._leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
         arrays = self._convert(leaves, (B, num_steps), f"[batch_size={B}, num_steps={num_steps}]")
         # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
-        self._write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
-                           for a, s in zip(arrays, self._specs)], num_steps)
+        return self._write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
+                                  for a, s in zip(arrays, self._specs)], num_steps, timeout,
+                                 block)
 
     def _convert(self, leaves: Sequence[Any], outer: tuple[int, ...], names: str) -> list[Any]:
         """Validate leaves for storage; a deduplicated frame leaf stays whole until written."""
@@ -322,15 +344,19 @@ class ReplayBuffer:
                             f"{shape}")
         return int(shape[axis])
 
-    def _write_steps(self, time_major: list[Any], num_steps: int) -> None:
+    def _write_steps(self, time_major: list[Any], num_steps: int,
+                     timeout: float | None = None, block: bool = True) -> bool:
         """Write ``num_steps`` validated steps given as ``[num_steps * batch_size, ...]``
-        leaves, oldest step first, wrapping around the ring."""
+        leaves, oldest step first, wrapping around the ring; ``False`` if a rate limiter
+        held them back and ``block`` is false."""
         if num_steps == 0:
-            return
+            return True
         ring = self._ring
         B, L = ring.batch_size, ring.max_length
         skip = max(0, num_steps - L)  # steps overwritten within this very call
         with self._lock:
+            if self._limiter is not None and not self._admit(B * num_steps, timeout, block):
+                return False
             first_id = ring.last_id + 1
             if self._codec is not None:  # may refuse the stacks: before anything is written
                 time_major = list(time_major)
@@ -352,6 +378,49 @@ class ReplayBuffer:
             self._sampler.on_add(ring, first_id, num_steps)
             if self._episodes is not None:
                 self._record_episodes(first_id, time_major[self._step_type_leaf], num_steps)
+            if self._limiter is not None:
+                self._limiter.inserted(B * num_steps)
+        return True
+
+    # --------------------------------------------------------------- rate limiting
+    _limiter: RateLimiter | None = None
+
+    @property
+    def rate_limiter(self) -> RateLimiter | None:
+        """The :class:`~replaybuffer.RateLimiter` pacing inserts and samples, or ``None``.
+
+        Set it to attach one (its counters start from zero); ``None`` detaches it. Inserts
+        (``add_batch``, ``extend``, ``add``) and samples (``get_next``, ``sample``, random
+        datasets) then wait as it says, each with ``timeout=`` and ``block=``.
+
+        Raises:
+            ValueError: the limiter could never let a sample through in this buffer
+                (``min_size_to_sample`` above the capacity), or serves another buffer.
+        """
+        return self._limiter
+
+    @rate_limiter.setter
+    def rate_limiter(self, limiter: RateLimiter | None) -> None:
+        with self._lock:
+            if limiter is not None:
+                limiter.attach(self._lock, self.capacity)
+            if self._limiter is not None:
+                self._limiter.detach()
+            self._limiter = limiter
+
+    def stats(self) -> RateLimiterStats | None:
+        """The rate limiter's counters (items inserted and sampled, seconds blocked), or
+        ``None`` without a limiter."""
+        with self._lock:
+            return None if self._limiter is None else self._limiter.stats(len(self))
+
+    def _admit(self, n: int, timeout: float | None, block: bool) -> bool:
+        """Wait until the rate limiter lets ``n`` items in (the caller holds the lock)."""
+        return self._limiter.await_insert(n, self.__len__, timeout, block)
+
+    def _admit_sample(self, n: int, timeout: float | None, block: bool) -> bool:
+        """Wait until the rate limiter lets ``n`` items be sampled (lock held)."""
+        return self._limiter.await_sample(n, self.__len__, timeout, block)
 
     def _untracked_error(self) -> ValueError:
         return ValueError(f"within_episodes=True needs a buffer built with "
@@ -378,15 +447,20 @@ class ReplayBuffer:
             f"Make sure to add items before {action}.")
 
     def _sample_arrays(self, sample_batch_size: int, num_steps: int | None,
-                       rng: np.random.Generator | None = None, within_episodes: bool = False
-                       ) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:
-        """Draw and gather under the lock: ``(leaves, ids, info)``, batched."""
+                       rng: np.random.Generator | None = None, within_episodes: bool = False,
+                       timeout: float | None = None, block: bool = True
+                       ) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]] | None:
+        """Draw and gather under the lock: ``(leaves, ids, info)``, batched; ``None`` if
+        the rate limiter held the sample back and ``block`` is false."""
         ring = self._ring
         steps = num_steps or 1
         episodes = self._episodes if within_episodes else None
         if within_episodes and episodes is None:
             raise self._untracked_error()
         with self._lock:
+            if self._limiter is not None and not self._admit_sample(sample_batch_size,
+                                                                    timeout, block):
+                return None
             if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
                 raise self._empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng,
@@ -402,6 +476,8 @@ class ReplayBuffer:
                     positions = windows(positions, num_steps, ring.batch_size)
                 info_ids = id_windows
             leaves = self._gather(positions)
+            if self._limiter is not None:
+                self._limiter.sampled(sample_batch_size)
         return leaves, info_ids, info
 
     def _gather(self, positions: np.ndarray) -> list[Any]:
@@ -420,8 +496,9 @@ class ReplayBuffer:
         return start_ids
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, within_episodes: bool = False
-                 ) -> tuple[Any, BufferInfo]:
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None, block: bool = True
+                 ) -> tuple[Any, BufferInfo] | None:
         """Sample items (with replacement) and return ``(items, BufferInfo)``.
 
         Shapes, with ``D`` the spec shape of a leaf:
@@ -443,21 +520,29 @@ class ReplayBuffer:
         window lies inside one episode, drawn from those windows only (uniformly, or by
         priority); ``probabilities`` are relative to them.
 
+        With a :attr:`rate_limiter` that holds the sample back, wait up to ``timeout``
+        seconds (``None``: as long as it takes), or with ``block=False`` return ``None``.
+
         Raises:
             EmptyBufferError: the buffer is empty, or holds fewer than ``num_steps``
                 steps per row (or within one episode).
+            RateLimitedError: ``timeout`` passed with the sample held back.
         """
         sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = _positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked,
-                            within_episodes=within_episodes)
+                            within_episodes=within_episodes, timeout=timeout, block=block)
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None,
                 time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False) -> tuple[Any, BufferInfo]:
+                within_episodes: bool = False, timeout: float | None = None,
+                block: bool = True) -> tuple[Any, BufferInfo] | None:
         """:meth:`get_next` after argument checks; ``rng`` overrides the sampler's."""
-        leaves, ids, info = self._sample_arrays(sample_batch_size or 1, num_steps, rng,
-                                                within_episodes)
+        drawn = self._sample_arrays(sample_batch_size or 1, num_steps, rng, within_episodes,
+                                    timeout, block)
+        if drawn is None:
+            return None
+        leaves, ids, info = drawn
         return self._package(leaves, ids, info, sample_batch_size, num_steps, time_stacked)
 
     def _spawn_rng(self) -> np.random.Generator:

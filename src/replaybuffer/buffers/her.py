@@ -194,7 +194,8 @@ class HERBuffer(TransitionReplayBuffer):
         # A row's steps from its current episode's start on are in progress: a suffix.
         return np.maximum(self._current_start - self._ring.oldest_id, 0)
 
-    def sample(self, batch_size: int) -> tuple[HERTransitions, BufferInfo]:
+    def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
+               ) -> tuple[HERTransitions, BufferInfo] | None:
         """``batch_size`` transitions drawn uniformly from completed episodes (with
         replacement); the first ``int(batch_size * her_ratio)`` are relabelled.
 
@@ -205,6 +206,8 @@ class HERBuffer(TransitionReplayBuffer):
         Raises:
             EmptyBufferError: no episode has completed (in the retained steps).
             ValueError: relabelling is due and ``compute_reward`` was not given.
+            RateLimitedError: a :attr:`rate_limiter` held the sample back ``timeout``
+                seconds (``block=False``: ``None`` is returned at once instead).
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or \
                 batch_size < 1:
@@ -214,6 +217,9 @@ class HERBuffer(TransitionReplayBuffer):
             raise ValueError("HERBuffer needs compute_reward to relabel goals: pass it to the "
                              "constructor or set buffer.compute_reward")
         with self._lock:
+            if self._limiter is not None and not self._admit_sample(int(batch_size), timeout,
+                                                                    block):
+                return None
             ring = self._ring
             if ring.last_id < 0:
                 raise self._empty_error()
@@ -235,6 +241,8 @@ class HERBuffer(TransitionReplayBuffer):
                 goal_ids = self._goal_ids(ids[:k], positions[:k])
                 goals = to_numpy(self._next_observations(ring.positions(goal_ids, rows[:k]),
                                                           goal_ids)[self._achieved])
+            if self._limiter is not None:
+                self._limiter.sampled(int(batch_size))
         batch = self._relabel(batch, k, goals)
         probabilities = np.full(batch_size, 1.0 / n, np.float32)
         to_backend = self._storage.from_numpy

@@ -195,13 +195,18 @@ class TransitionReplayBuffer(ReplayBuffer):
 
     # ---------------------------------------------------------------- writing
     def add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-            terminated: Any, truncated: Any = None) -> None:
+            terminated: Any, truncated: Any = None, *, timeout: float | None = None,
+            block: bool = True) -> bool:
         """Add one transition per environment (every leaf ``[num_envs, ...]``).
+
+        ``timeout`` and ``block`` apply when a :attr:`rate_limiter` holds the insert back
+        (as for :meth:`add_batch`); ``False`` means it was not added (``block=False``).
 
         Raises:
             SpecError: a leaf that does not fit its spec, a batch that is not
                 ``num_envs`` long, or an integer (discrete) value outside its space.
                 Nothing is written.
+            RateLimitedError: ``timeout`` passed with the insert held back.
         """
         if truncated is None:
             truncated = np.zeros(self.num_envs, np.bool_)
@@ -216,7 +221,12 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._check_ranges(host)
         ended = host[self._terminated] | host[self._truncated]  # bool leaves: bool arrays
         with self._lock:
+            if self._limiter is not None and not self._admit(self.num_envs, timeout, block):
+                return False
             self._write_transition(arrays, host, next_obs, ended)
+            if self._limiter is not None:
+                self._limiter.inserted(self.num_envs)
+        return True
 
     def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
         """The leaves of ``next_observation`` as numpy arrays, validated with the
@@ -330,21 +340,31 @@ class TransitionReplayBuffer(ReplayBuffer):
     extend = add_batch
 
     # ---------------------------------------------------------------- reading
-    def sample(self, batch_size: int) -> tuple[Transitions, BufferInfo]:
+    def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
+               ) -> tuple[Transitions, BufferInfo] | None:
         """``batch_size`` transitions, uniformly (or by priority) over those stored.
+
+        ``timeout`` and ``block`` apply when a :attr:`rate_limiter` holds the sample back
+        (as for :meth:`get_next`); ``None`` means nothing was drawn (``block=False``).
 
         Raises:
             EmptyBufferError: nothing is stored yet.
+            RateLimitedError: ``timeout`` passed with the sample held back.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or \
                 batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         with self._lock:
+            if self._limiter is not None and not self._admit_sample(int(batch_size), timeout,
+                                                                    block):
+                return None
             if self._ring.last_id < 0:
                 raise self._empty_error()
             (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
             batch = self._read(ids, positions)
             info_ids = self._info_ids(ids, positions)
+            if self._limiter is not None:
+                self._limiter.sampled(int(batch_size))
         to_backend = self._storage.from_numpy
         return batch, BufferInfo(to_backend(info_ids), to_backend(info["probabilities"]),
                                  None if info.get("weights") is None

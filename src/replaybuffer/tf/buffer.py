@@ -579,6 +579,18 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                     [var[:count] for var in self._storage.arrays])
         return self._cs.execute(body)
 
+    @property
+    def rate_limiter(self) -> None:
+        """Always ``None``: this buffer's adds and samples run inside TensorFlow graphs,
+        where no Python limiter can make them wait."""
+        return None
+
+    @rate_limiter.setter
+    def rate_limiter(self, limiter: Any) -> None:
+        raise ValueError("rate limiters pace Python-side adds and samples; this TensorFlow "
+                         "buffer adds and samples inside graphs: use storage='numpy' or "
+                         "'torch' for a rate-limited buffer")
+
     def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         """``(state, streams)`` for persistence, read atomically in one graph call.
 

@@ -1,0 +1,277 @@
+"""Rate limiters: keep the ratio of samples to inserts where an algorithm needs it.
+
+A limiter counts items: an ``add_batch`` inserts ``batch_size`` of them (``extend``,
+``batch_size * num_steps``), a ``get_next(S, ...)`` samples ``S``. It tracks
+
+    diff = inserts * samples_per_insert - samples
+
+and lets a call through when, after it, the diff stays within ``[min_diff, max_diff]``:
+
+- an insert of ``n`` items goes ahead while the buffer would hold at most
+  ``min_size_to_sample`` items (stage 1: filling up), or when
+  ``(inserts + n) * samples_per_insert - samples <= max_diff``;
+- a sample of ``S`` goes ahead when the buffer holds at least ``min_size_to_sample``
+  items and ``inserts * samples_per_insert - (samples + S) >= min_diff``.
+
+Otherwise the caller waits (on the buffer's lock, so a writer and a learner in two
+threads pace each other), up to ``timeout`` seconds, then :class:`RateLimitedError`;
+``block=False`` returns at once instead. The arithmetic lives in :meth:`RateLimiter.
+can_insert` and :meth:`RateLimiter.can_sample`, pure functions of the counters.
+
+Configurations that could leave both sides waiting for each other are refused: by the
+constructors (a window narrower than one item each way, as Reverb refuses), when the
+limiter is attached (a ``min_size_to_sample`` larger than the buffer can hold), and at
+call time (a call too large for the window, given the largest call seen on the other
+side). A refusal says why.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from typing import Any, Callable, NamedTuple
+
+from replaybuffer.errors import ReplayBufferError
+
+
+class RateLimitedError(ReplayBufferError, TimeoutError):
+    """An insert or sample waited ``timeout`` seconds (or was told not to wait) and the
+    rate limiter still held it back. Nothing was written or read."""
+
+
+class RateLimiterStats(NamedTuple):
+    """Counters of a rate-limited buffer (``buffer.stats()``).
+
+    Attributes:
+        inserts, samples: items inserted and sampled since the limiter was attached.
+        size: items the buffer holds now.
+        insert_blocked_s, sample_blocked_s: seconds callers spent waiting.
+        inserts_blocked, samples_blocked: calls that had to wait (or were refused).
+        diff: ``inserts * samples_per_insert - samples``.
+    """
+
+    inserts: int
+    samples: int
+    size: int
+    insert_blocked_s: float
+    sample_blocked_s: float
+    inserts_blocked: int
+    samples_blocked: int
+    diff: float
+
+
+class RateLimiter:
+    """Keeps ``inserts * samples_per_insert - samples`` within ``[min_diff, max_diff]``
+    once ``min_size_to_sample`` items are held (see the module docstring).
+
+    Args:
+        samples_per_insert: how many times, on average, each item should be sampled.
+        min_size_to_sample: items the buffer must hold before any sample.
+        min_diff, max_diff: the window the diff is kept in (``-inf``/``inf`` for none).
+
+    Raises:
+        ValueError: a non-positive ratio or size, ``min_diff > max_diff``, or a window
+            that would deadlock (see :class:`SampleToInsertRatio`).
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
+                 min_diff: float, max_diff: float):
+        if not (isinstance(samples_per_insert, (int, float)) and samples_per_insert > 0
+                and math.isfinite(samples_per_insert)):
+            raise ValueError(f"samples_per_insert must be a positive number, got "
+                             f"{samples_per_insert!r}")
+        if isinstance(min_size_to_sample, bool) or not isinstance(min_size_to_sample, int) \
+                or min_size_to_sample < 1:
+            raise ValueError(f"min_size_to_sample ({min_size_to_sample!r}) must be a "
+                             "positive integer")
+        if math.isnan(min_diff) or math.isnan(max_diff) or min_diff > max_diff:
+            raise ValueError(f"min_diff ({min_diff}) must not exceed max_diff ({max_diff})")
+        if max_diff - min_diff < 2 * max(1.0, samples_per_insert):
+            raise ValueError(
+                f"the window [min_diff, max_diff] = [{min_diff}, {max_diff}] must be at least "
+                f"2 * max(1, samples_per_insert) = {2 * max(1.0, samples_per_insert)} wide: "
+                "a narrower one can hold back an insert and a sample at the same time, and "
+                "each would wait for the other forever")
+        if min_diff > samples_per_insert * min_size_to_sample:
+            raise ValueError(
+                f"min_diff ({min_diff}) is above samples_per_insert * min_size_to_sample "
+                f"({samples_per_insert * min_size_to_sample}): once min_size_to_sample items "
+                "are in, no sample could ever go ahead, and inserts would wait for samples "
+                "forever")
+        if max_diff < samples_per_insert * min_size_to_sample:
+            warnings.warn(
+                f"max_diff ({max_diff}) is below samples_per_insert * min_size_to_sample "
+                f"({samples_per_insert * min_size_to_sample}): inserts will wait for samples "
+                "as soon as min_size_to_sample items are in, which deadlocks a program that "
+                "inserts and samples from one thread", stacklevel=3)
+        self.samples_per_insert = float(samples_per_insert)
+        self.min_size_to_sample = min_size_to_sample
+        self.min_diff, self.max_diff = float(min_diff), float(max_diff)
+        self.inserts = self.samples = 0
+        self.insert_blocked_s = self.sample_blocked_s = 0.0
+        self.inserts_blocked = self.samples_blocked = 0
+        self._largest_insert = self._largest_sample = 1
+        self._condition: threading.Condition | None = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(samples_per_insert={self.samples_per_insert}, "
+                f"min_size_to_sample={self.min_size_to_sample}, min_diff={self.min_diff}, "
+                f"max_diff={self.max_diff})")
+
+    # ------------------------------------------------------------- the arithmetic
+    @property
+    def diff(self) -> float:
+        return self.inserts * self.samples_per_insert - self.samples
+
+    def can_insert(self, n: int, size: int) -> bool:
+        """Whether inserting ``n`` items into a buffer holding ``size`` may go ahead."""
+        if size + n <= self.min_size_to_sample:
+            return True
+        return (self.inserts + n) * self.samples_per_insert - self.samples <= self.max_diff
+
+    def can_sample(self, n: int, size: int) -> bool:
+        """Whether sampling ``n`` items from a buffer holding ``size`` may go ahead."""
+        if size < self.min_size_to_sample:
+            return False
+        return self.inserts * self.samples_per_insert - (self.samples + n) >= self.min_diff
+
+    # ----------------------------------------------------------------- attaching
+    def attach(self, lock: Any, capacity: int) -> None:
+        """Bind to a buffer's lock (waits happen on it) and check it can fill up."""
+        if self._condition is not None:
+            raise ValueError(f"{self!r} is attached to a buffer already: give each buffer "
+                             "a limiter of its own")
+        if self.min_size_to_sample > capacity:
+            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) is more than "
+                             f"the buffer can hold ({capacity}): no sample could ever go "
+                             "ahead")
+        self._condition = threading.Condition(lock)
+
+    def detach(self) -> None:
+        self._condition = None
+
+    # ------------------------------------------------------------------- waiting
+    def await_insert(self, n: int, size: Callable[[], int], timeout: float | None,
+                     block: bool) -> bool:
+        """Wait (holding the buffer's lock) until ``n`` items may be inserted; ``size()``
+        gives the buffer's size. ``False`` if ``block`` is false and they may not now.
+
+        Raises:
+            RateLimitedError: ``timeout`` passed first.
+            ValueError: an insert this large could never go ahead.
+        """
+        if self.can_insert(n, size()):
+            return True
+        window = self.max_diff - self.min_diff
+        if n * self.samples_per_insert + self._largest_sample > window:
+            raise ValueError(
+                f"an insert of {n} items at {self.samples_per_insert} samples per insert "
+                f"needs a window of {n * self.samples_per_insert + self._largest_sample} "
+                f"beside samples of {self._largest_sample}; {self!r} has {window}: it "
+                "would wait forever")
+        return self._wait(lambda: self.can_insert(n, size()), "insert", n, timeout, block,
+                          size)
+
+    def await_sample(self, n: int, size: Callable[[], int], timeout: float | None,
+                     block: bool) -> bool:
+        """Wait (holding the buffer's lock) until ``n`` items may be sampled. As
+        :meth:`await_insert` otherwise."""
+        if self.can_sample(n, size()):
+            return True
+        window = self.max_diff - self.min_diff
+        if n + self._largest_insert * self.samples_per_insert > window:
+            raise ValueError(
+                f"a sample of {n} items needs a window of "
+                f"{n + self._largest_insert * self.samples_per_insert} beside inserts of "
+                f"{self._largest_insert}; {self!r} has {window}: it would wait forever")
+        return self._wait(lambda: self.can_sample(n, size()), "sample", n, timeout, block,
+                          size)
+
+    def _wait(self, ready: Callable[[], bool], what: str, n: int, timeout: float | None,
+              block: bool, size: Callable[[], int]) -> bool:
+        condition = self._condition
+        assert condition is not None, "await_* needs an attached limiter"
+        if what == "insert":
+            self.inserts_blocked += 1
+        else:
+            self.samples_blocked += 1
+        if not block:
+            return False
+        start = time.perf_counter()
+        try:
+            if not condition.wait_for(ready, timeout):
+                raise RateLimitedError(
+                    f"{what} of {n} items held back by {self!r} for {timeout} s: "
+                    f"{self.inserts} inserts, {self.samples} samples (diff {self.diff:g}), "
+                    f"{size()} items held")
+        finally:
+            waited = time.perf_counter() - start
+            if what == "insert":
+                self.insert_blocked_s += waited
+            else:
+                self.sample_blocked_s += waited
+        return True
+
+    # ------------------------------------------------------------------ counting
+    def inserted(self, n: int) -> None:
+        """Count ``n`` inserted items (holding the buffer's lock) and wake waiters."""
+        self.inserts += n
+        self._largest_insert = max(self._largest_insert, n)
+        if self._condition is not None:
+            self._condition.notify_all()
+
+    def sampled(self, n: int) -> None:
+        """Count ``n`` sampled items (holding the buffer's lock) and wake waiters."""
+        self.samples += n
+        self._largest_sample = max(self._largest_sample, n)
+        if self._condition is not None:
+            self._condition.notify_all()
+
+    def stats(self, size: int) -> RateLimiterStats:
+        return RateLimiterStats(self.inserts, self.samples, size, self.insert_blocked_s,
+                                self.sample_blocked_s, self.inserts_blocked,
+                                self.samples_blocked, self.diff)
+
+
+class MinSize(RateLimiter):
+    """No sample until the buffer holds ``min_size_to_sample`` items; no other limit."""
+
+    def __init__(self, min_size_to_sample: int):
+        super().__init__(1.0, min_size_to_sample, -math.inf, math.inf)
+
+
+class SampleToInsertRatio(RateLimiter):
+    """Keeps ``samples_per_insert`` samples per inserted item, within ``error_buffer``.
+
+    Until ``min_size_to_sample`` items are in, inserts go and samples wait (as
+    :class:`MinSize`). From then on the diff is kept within
+    ``samples_per_insert * min_size_to_sample +- error_buffer``; ``error_buffer`` may be
+    a ``(min_diff, max_diff)`` pair instead, used as it is.
+
+    Raises:
+        ValueError: ``error_buffer < max(1, samples_per_insert)`` (or a pair narrower than
+            twice that): an insert and a sample could each wait for the other forever.
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
+                 error_buffer: float | tuple[float, float]):
+        if isinstance(error_buffer, tuple):
+            min_diff, max_diff = error_buffer
+        else:
+            offset = samples_per_insert * min_size_to_sample
+            min_diff, max_diff = offset - error_buffer, offset + error_buffer
+        super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
+
+
+class Queue(RateLimiter):
+    """Each item sampled once, at most ``size`` waiting: inserts wait while ``size``
+    items are unread, samples wait for unread items. Pair it with a
+    :class:`~replaybuffer.FIFOReplayBuffer` (whose reads consume) of capacity at least
+    ``size``."""
+
+    def __init__(self, size: int):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+            raise ValueError(f"a Queue's size must be an int >= 2, got {size!r}")
+        super().__init__(1.0, 1, 0.0, float(size))
