@@ -251,8 +251,8 @@ class ReplayBuffer:
         if write_exact is not None and leaves is not None:
             ring = self._ring
             with self._lock:
-                if self._limiter is not None and not self._admit(
-                        ring.batch_size, timeout, block):
+                limiter = self._limiter
+                if limiter is not None and not self._admit(ring.batch_size, timeout, block):
                     return False
                 last_id = ring.last_id + 1
                 position = (last_id % ring.max_length) * ring.batch_size
@@ -263,8 +263,8 @@ class ReplayBuffer:
                 if written:
                     ring.last_id = last_id
                     self._sampler.on_add(ring, last_id, 1)
-                    if self._limiter is not None:
-                        self._limiter.inserted(ring.batch_size)
+                    if limiter is not None:
+                        limiter.inserted(ring.batch_size)
                     return True
         if leaves is None:
             leaves = self._flatten_items(items, "add_batch")
