@@ -316,6 +316,12 @@ def test_tensorflow_buffer_resumes_exactly():
                 ring_script(2, datasets=False), play_ring, before=60, after=40)
     assert TFUniformReplayBuffer is type(case.make(0))
     check_resume(case, 5)
+    # The other classes keep their ring in Python over TensorFlow variables.
+    for case in (ring_case(rb.UniformReplayBuffer, storage="tensorflow", track_episodes=True,
+                           script_kwargs={"within": True, "datasets": False}),
+                 ring_case(rb.PrioritizedReplayBuffer, storage="tensorflow", **PER,
+                           script_kwargs={"priorities": True, "datasets": False})):
+        check_resume(case._replace(before=60, after=40), 6)
 
 
 # ------------------------------------------------------------------ tf_agents compat
@@ -442,8 +448,18 @@ def transition_script(num_envs: int, *, frame_stack: bool = False, priorities: b
                     rng.standard_normal(num_envs).astype(np.float32), nxt, terminated,
                     truncated, extra)
 
+        def gae() -> tuple:
+            return ("gae", rng.standard_normal(num_envs).astype(np.float32),
+                    float(rng.choice([0.9, 0.99])), float(rng.choice([0.0, 0.95])))
+
+        def minibatches() -> tuple:
+            return ("minibatches", int(rng.integers(1, 6)), int(rng.integers(1, 3)),
+                    int(rng.integers(1, 4)))
+
         def writer(n: int) -> list:
-            ops: list = []
+            # A rollout is saved (and continued) with advantages computed and minibatches
+            # drawn: its script ends so, and the continuation starts with reads of them.
+            ops: list = [minibatches(), ("sample", 3)] if rollout else []
             for _ in range(n):
                 u = rng.random()
                 if u < 0.6:
@@ -455,16 +471,14 @@ def transition_script(num_envs: int, *, frame_stack: bool = False, priorities: b
                 elif u < 0.92 and priorities:
                     ops.append(("update", rng.random(6) * 2))
                 elif u < 0.96 and rollout:
-                    ops.append(("gae", rng.standard_normal(num_envs).astype(np.float32),
-                                float(rng.choice([0.9, 0.99])), float(rng.choice([0.0, 0.95]))))
+                    ops.append(gae())
                 elif u < 0.99 and rollout:
-                    ops.append(("minibatches", int(rng.integers(1, 6)), int(rng.integers(1, 3)),
-                                int(rng.integers(1, 4))))
+                    ops.append(minibatches())
                 elif u < 0.985:
                     ops.append(("all",))
                 else:
                     ops.append(("clear",))
-            return ops
+            return ops + [gae(), minibatches()] if rollout else ops
         return writer
     return script
 
