@@ -132,7 +132,7 @@ def check_resume(case: Case, seed: int) -> None:
         case.play(a, writer(case.before))
         a.save(root / "a")
         b = case.load(root / "a", a)
-        assert state_of(b) == state_of(a)
+        assert type(b) is type(a) and state_of(b) == state_of(a)
         b.save(root / "b")  # a second round trip changes nothing
         assert_same_save(root / "a", root / "b")
         continuation = writer(case.after)
@@ -293,6 +293,9 @@ RING_CASES = {
     "prioritized-episodes-frames": ring_case(
         rb.PrioritizedReplayBuffer, **PER, normalize="buffer", track_episodes=True,
         frame_stack="observation", script_kwargs={"priorities": True, "within": True}),
+    # Fresh entropy: the generator's state, not the seed, is what a save must keep.
+    "prioritized-unseeded": Case(lambda seed: rb.PrioritizedReplayBuffer(RING_SPEC, 2, 6, **PER),
+                                 ring_script(2, priorities=True), play_ring),
     "fifo": ring_case(rb.FIFOReplayBuffer),
     "shuffled": ring_case(rb.ShuffledReplayBuffer, 2, 9),
 }
@@ -707,3 +710,14 @@ def test_saves_without_the_newer_state_keys_still_load(tmp_path):
     b = rb.load(tmp_path / "a")
     continuation = writer(case.after)
     assert_bitwise(case.play(a, continuation), case.play(b, continuation))
+
+
+def test_torch_operations_path_resumes_exactly(monkeypatch):
+    # CPU torch storage through torch operations: the path every other device (CUDA)
+    # takes, so that it is covered on machines without a GPU.
+    from replaybuffer.storage.torch_storage import TorchStorage
+
+    monkeypatch.setattr(TorchStorage, "numpy_views", False)
+    for case in (RING_CASES["uniform-torch"], RING_CASES["prioritized-torch"],
+                 TRANSITION_CASES["transitions-n-step-torch"]):
+        check_resume(case, 11)
