@@ -136,9 +136,12 @@ _SAVING: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDiction
 _SAVING_LOCK = threading.Lock()
 
 
-def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1) -> Path:
+def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1,
+         metadata: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``buffer`` under ``path`` (see the module docstring) and
-    keep the newest ``keep``; return the new checkpoint's directory.
+    keep the newest ``keep``; return the new checkpoint's directory. ``metadata`` (a
+    JSON-able dict: a training step, an adapter's state) is kept in the manifest, under
+    its checksum; :func:`read_manifest` gives it back.
 
     Raises:
         CheckpointError: ``path`` is a file or a non-empty directory that holds no
@@ -147,6 +150,13 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1) -> Path:
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be a positive int (checkpoints to keep), got {keep!r}")
+    metadata = {} if metadata is None else metadata
+    try:
+        if not isinstance(metadata, dict):
+            raise TypeError(f"a {type(metadata).__name__}")
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metadata must be a JSON-able dict: {exc}") from exc
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"cannot save to {root}: it is a file")
@@ -161,7 +171,7 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1) -> Path:
             root.mkdir(parents=True, exist_ok=True)
             _remove_abandoned(root)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
-            _write_checkpoint(buffer, tmp)
+            _write_checkpoint(buffer, tmp, metadata)
             final = _publish(tmp, root)
             tmp = None
             _prune(root, keep)
@@ -173,7 +183,8 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1) -> Path:
     return final
 
 
-def _write_checkpoint(buffer: ReplayBuffer, directory: Path) -> None:
+def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str, Any]
+                      ) -> None:
     """Every file of one checkpoint, manifest last."""
     with buffer._lock:
         state, streams = buffer._snapshot()
@@ -189,7 +200,7 @@ def _write_checkpoint(buffer: ReplayBuffer, directory: Path) -> None:
         "batch_size": buffer.batch_size, "max_length": buffer.max_length,
         "storage": buffer.storage, "config": buffer._config(),
         "data_spec": encode_spec(buffer.data_spec), "state": state,
-        "leaves": entries.pop("leaves"), "streams": entries,
+        "leaves": entries.pop("leaves"), "streams": entries, "metadata": metadata,
     }
     manifest["checksum"] = _manifest_checksum(manifest)
     with _naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
@@ -460,6 +471,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         _require(_is_int(manifest[key]) and manifest[key] >= 1, path,
                  f"{key} must be a positive int, found {manifest[key]!r}")
     state, streams = manifest["state"], manifest.setdefault("streams", {})
+    _require(isinstance(manifest.setdefault("metadata", {}), dict), path,
+             "metadata must be an object")
     _require(isinstance(state, dict) and _is_int(state.get("last_id"))
              and state["last_id"] >= -1 and isinstance(state.get("sampler"), dict), path,
              f"malformed state {state!r:.200}")

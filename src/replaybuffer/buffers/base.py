@@ -689,7 +689,8 @@ class ReplayBuffer:
         return self._structure.unflatten(leaves), info
 
     # ---------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike, keep: int = 1) -> Path:
+    def save(self, path: str | os.PathLike, keep: int = 1, *,
+             metadata: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint of the buffer (data, ids, write position, sampler state,
         everything a later call's result depends on) under ``path``; return its directory.
 
@@ -699,6 +700,8 @@ class ReplayBuffer:
         manifest and ``.npy`` files, each CRC-checked. The buffer stays in use: the
         snapshot is taken under the lock, then streamed to disk in chunks while adds go
         on (see :mod:`replaybuffer.persist`). Restore with :func:`replaybuffer.load`.
+        ``metadata``, a JSON-able dict of yours, is kept in the manifest
+        (``replaybuffer.persist.read_manifest(path)["metadata"]``).
 
         Raises:
             CheckpointError: ``path`` is a file or a directory of something else, or the
@@ -706,7 +709,7 @@ class ReplayBuffer:
         """
         from replaybuffer.persist import save
 
-        return save(self, path, keep=keep)
+        return save(self, path, keep=keep, metadata=metadata)
 
     def _config(self) -> dict[str, Any]:
         """Constructor keywords a restored buffer needs besides spec and layout."""

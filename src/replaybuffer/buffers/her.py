@@ -115,6 +115,7 @@ class HERBuffer(TransitionReplayBuffer):
         compute_reward: ``compute_reward(achieved_goal [K, ...], desired_goal [K, ...],
             info)`` returning ``K`` rewards (called with ``info={}``, once per sample).
             Required before sampling relabelled goals; ``from_env`` takes the env's.
+            A save holds no function: set ``compute_reward`` on a loaded buffer again.
         goal_selection_strategy: ``"final"``, ``"future"`` (default) or ``"episode"``.
         n_sampled_goal: relabelled goals per real one: ``her_ratio = 1 - 1/(n + 1)``
             of each batch is relabelled (0 turns HER off).

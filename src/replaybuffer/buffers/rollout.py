@@ -256,6 +256,11 @@ class RolloutBuffer(TransitionReplayBuffer):
         Fields are ``[batch_size, ...]``, as numpy arrays or tensors on the storage's
         device.
 
+        The permutations come from a generator spawned (when this is called) from the
+        buffer's, whose state a save keeps: ``minibatches()`` on a restored buffer yields
+        what it would have yielded on the original. An iterator part-way through is not
+        part of the buffer's state: after a restore, call ``minibatches()`` again.
+
         Args:
             shuffle: ``False`` keeps time-major order (step, then env).
             seed: seeds the permutations; by default they come from the buffer's seed.

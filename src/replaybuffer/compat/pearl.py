@@ -65,6 +65,9 @@ Differences from Pearl, each on purpose:
   bookkeeping in int64: Pearl's ``HERBuffer.reset`` reallocated it as int8, which
   overflowed beyond 127 slots or episodes.
 * Random draws use the buffer's own generator (``seed=``), not numpy's global state.
+* Buffers save and load (Pearl's did not): ``buffer.save(dir)`` and
+  ``ReplayBuffer.load(dir, env)`` (likewise ``RolloutBuffer``, ``HERBuffer``), no pickle;
+  the restored buffer continues exactly as the saved one would have.
 * The memory check warns (``ResourceWarning``) as Pearl's did; ``memory="strict"``
   raises ``InsufficientMemoryError`` instead.
 * HER: vector envs work (each env's episodes are tracked separately); goals are shaped
@@ -87,9 +90,11 @@ Differences from Pearl, each on purpose:
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, Union
 
 import numpy as np
@@ -99,7 +104,7 @@ from replaybuffer.buffers.her import HERBuffer as _HERCore
 from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
 from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
 from replaybuffer.buffers.transitions import TransitionReplayBuffer
-from replaybuffer.errors import EmptyBufferError
+from replaybuffer.errors import CheckpointError, EmptyBufferError
 from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
 
@@ -214,7 +219,8 @@ class BaseBuffer(ABC):
     def __init__(self, env: Any = None, buffer_size: int = 1_000_000,
                  device: Any = "auto", *, observation_space: Any = None,
                  action_space: Any = None, num_envs: int | None = None,
-                 seed: int | None = None, memory: str = "warn", **core_kwargs: Any):
+                 seed: int | None = None, memory: str = "warn", _core: Any = None,
+                 **core_kwargs: Any):
         if env is not None:
             import gymnasium as gym
 
@@ -241,6 +247,9 @@ class BaseBuffer(ABC):
         self.batch_shape = (self.buffer_size, num_envs) if vector else (self.buffer_size,)
         self._device = device
         self._rng = np.random.default_rng(seed)
+        if _core is not None:  # restored by load(): the core comes from the save
+            self.core = _core
+            return
         self.core = self._make_core(spec_from_space(observation_space),
                                     spec_from_space(action_space),
                                     self.buffer_size * num_envs, num_envs=num_envs, seed=seed,
@@ -335,6 +344,68 @@ class BaseBuffer(ABC):
     def all(self, flatten_env: bool = False,
             dtype: Union[str, TrajectoryType] = "torch") -> Any:
         """Every stored transition."""
+
+    # ------------------------------------------------------------- persistence
+    def save(self, directory: str | os.PathLike, keep: int = 1) -> Path:
+        """Write the buffer to ``directory`` (Pearl had no saves); return the checkpoint.
+
+        The core's save (:meth:`replaybuffer.ReplayBuffer.save`: a series of checkpoints,
+        JSON manifest and ``.npy`` files, no pickle) with this adapter's own state in the
+        manifest's ``metadata["pearl"]``: its class, ``buffer_size``, ``num_envs``,
+        whether inputs carry an env axis, and the generator of its own draws. Restore
+        with :meth:`load` of the same class.
+        """
+        state = {"adapter": type(self).__name__, "buffer_size": self.buffer_size,
+                 "num_envs": self.num_envs, "vector": self.vector,
+                 "rng": self._rng.bit_generator.state}
+        return self.core.save(directory, keep, metadata={"pearl": state})
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, env: Any = None, device: Any = "auto", *,
+             observation_space: Any = None, action_space: Any = None,
+             **kwargs: Any) -> "BaseBuffer":
+        """The buffer saved in ``directory`` by :meth:`save` (its newest checkpoint, or
+        the checkpoint ``directory`` names), continuing exactly where it stopped (data,
+        episode bookkeeping, every generator).
+
+        Spaces are not saved: pass the ``env`` (or ``observation_space`` and
+        ``action_space``) as to the constructor; they must give the saved specs.
+        ``HERBuffer.load`` also takes ``compute_reward=`` (else the env's), since a
+        function is not saved either.
+
+        Raises:
+            CheckpointError: not a save of this class (no compat.pearl state in its
+                manifest), or spaces that do not match the save.
+        """
+        from replaybuffer.persist import load, read_manifest, resolve
+
+        checkpoint = resolve(directory)  # one checkpoint for both reads
+        state = read_manifest(checkpoint)["metadata"].get("pearl")
+        try:
+            buffer_size, num_envs = int(state["buffer_size"]), int(state["num_envs"])
+            vector, rng = bool(state["vector"]), state["rng"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{checkpoint} holds no compat.pearl buffer state (its "
+                                  f"manifest's metadata['pearl']): {exc!r}") from exc
+        if state.get("adapter") != cls.__name__:
+            raise CheckpointError(f"{checkpoint} holds a {state.get('adapter')!r}, not a "
+                                  f"{cls.__name__}")
+        core = load(checkpoint)
+        if type(core) is not cls._core_class:
+            raise CheckpointError(f"{directory} holds a {type(core).__name__} core, not the "
+                                  f"{cls._core_class.__name__} of a {cls.__name__}")
+        buffer = cls(env, buffer_size, device=device, observation_space=observation_space,
+                     action_space=action_space, num_envs=num_envs if vector else None,
+                     _core=core, **kwargs)
+        saved = core._config_values
+        if (buffer.num_envs, buffer.vector) != (num_envs, vector) or \
+                spec_from_space(buffer.observation_space) != saved["observation_spec"] or \
+                spec_from_space(buffer.action_space) != saved["action_spec"]:
+            raise CheckpointError(f"the spaces given do not match the save in {directory}: "
+                                  f"saved observation {saved['observation_spec']!r}, action "
+                                  f"{saved['action_spec']!r}, num_envs={num_envs}")
+        buffer._rng.bit_generator.state = rng
+        return buffer
 
     # ------------------------------------------------------------- helpers
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
@@ -569,7 +640,10 @@ class HERBuffer(BaseBuffer):
         super().__init__(env, buffer_size, device, compute_reward=compute_reward,
                          goal_selection_strategy=strategy, n_sampled_goal=n_sampled_goal,
                          **kwargs)
-        self.goal_selection_strategy = GoalSelectionStrategy(strategy)
+        if compute_reward is not None:  # a restored core has none (load())
+            self.core.compute_reward = compute_reward
+        # The core's, which a restored core brings from its save.
+        self.goal_selection_strategy = GoalSelectionStrategy(self.core.goal_selection_strategy)
         self.n_sampled_goal = self.core.n_sampled_goal
         self.her_ratio = self.core.her_ratio
 

@@ -274,14 +274,30 @@ class FrameStackCodec:
         self._last_id, self._last = -1, [None] * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the frame ring itself, which is saved from :meth:`frozen_frames`."""
+        """Everything but the frame ring itself (saved from :meth:`frozen_frames`): the
+        frame ids, the side frames with their owners, and each row's newest step as
+        :meth:`encode` matches against it: ``last_id``, ``last_tails`` uint8
+        ``[B, (K - 1) * frame bytes]`` (its last ``K - 1`` frames), ``last_refs`` int64
+        ``[B, K]`` and ``last_slides`` bool ``[B]`` (empty with ``last_id`` -1). The
+        newest step decides the references of the next one (a sliding stack reuses it),
+        so without it a restored buffer would store other, equally valid references and
+        its saves would drift from the original's."""
         owners = [(owner, n) for owner, ns in self.extra_owner.items() for n in ns]
+        held = self._last_id >= 0 and all(last is not None for last in self._last)
+        tail = (self.stack - 1) * self.frame_bytes
         return {"frame_ids": self.frame_ids.copy(),
                 "extra_ids": np.array([n for _, n in owners], np.int64),
                 "extra_owners": np.array([o for o, _ in owners], np.int64),
                 "extra_frames": np.stack([self.extras[n] for _, n in owners]) if owners
                 else np.zeros((0,) + self.frame_shape, self.spec.dtype),
-                "next_extra": self.next_extra}
+                "next_extra": self.next_extra,
+                "last_id": self._last_id if held else -1,
+                "last_tails": np.array([np.frombuffer(last[0], np.uint8) for last in self._last]
+                                       if held else np.zeros((0, tail), np.uint8), np.uint8),
+                "last_refs": np.array([last[1] for last in self._last] if held
+                                      else np.zeros((0, self.stack)), np.int64),
+                "last_slides": np.array([last[2] for last in self._last] if held else [],
+                                        np.bool_)}
 
     @property
     def frame_spec(self) -> ArraySpec:
@@ -319,5 +335,19 @@ class FrameStackCodec:
             self.extras[n] = np.array(frame)
             self.extra_owner.setdefault(owner, []).append(n)
         self.next_extra = int(state["next_extra"])
-        # Not saved: the next step is matched frame by frame, with the same result.
         self._last_id, self._last = -1, [None] * self.batch_size
+        last_id = int(state.get("last_id", -1))  # saves from before it: frame by frame
+        if last_id >= 0:
+            tails = np.asarray(state["last_tails"], np.uint8)
+            refs = np.asarray(state["last_refs"], np.int64)
+            slides = np.asarray(state["last_slides"], np.bool_)
+            tail = (self.stack - 1) * self.frame_bytes
+            if tails.shape != (self.batch_size, tail) or \
+                    refs.shape != (self.batch_size, self.stack) or \
+                    slides.shape != (self.batch_size,):
+                raise ValueError(f"newest-step state of shapes {tails.shape}, {refs.shape}, "
+                                 f"{slides.shape} for {self.batch_size} rows of {self.stack} "
+                                 "frames")
+            self._last = [(memoryview(t.tobytes()), tuple(r), bool(f))
+                          for t, r, f in zip(tails, refs.tolist(), slides)]
+            self._last_id = last_id

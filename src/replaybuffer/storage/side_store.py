@@ -65,9 +65,14 @@ class SideStore:
         self._free = list(range(len(self.arrays[0]) - 1, -1, -1))
 
     def state_dict(self) -> dict[str, Any]:
-        used = np.setdiff1d(np.arange(len(self.arrays[0])), np.array(self._free, np.int64))
+        """``slots`` int64 ``[n]`` in use, their ``leaves`` (``[n, *spec.shape]`` each), the
+        ``capacity`` and the ``free`` list int64 ``[capacity - n]`` in the order
+        :meth:`put` takes from it (from the end), so that a restored store hands out
+        the same slots as the original would."""
+        free = np.array(self._free, np.int64)
+        used = np.setdiff1d(np.arange(len(self.arrays[0])), free)
         return {"slots": used, "leaves": [a[used] for a in self.arrays],
-                "capacity": len(self.arrays[0])}
+                "capacity": len(self.arrays[0]), "free": free}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         capacity = int(state["capacity"])
@@ -75,5 +80,14 @@ class SideStore:
         slots = np.asarray(state["slots"], np.int64)
         for dst, src in zip(self.arrays, state["leaves"]):
             dst[slots] = src
-        used = set(slots.tolist())
-        self._free = [i for i in range(capacity - 1, -1, -1) if i not in used]
+        if "free" in state:
+            free = np.asarray(state["free"], np.int64)
+            if len(free) + len(slots) != capacity or \
+                    len(np.union1d(free, slots)) != capacity or \
+                    (capacity and (free.min(initial=0) < 0 or free.max(initial=0) >= capacity)):
+                raise ValueError(f"side store state: the free list and the {len(slots)} "
+                                 f"slots in use do not partition {capacity} slots")
+            self._free = free.tolist()
+        else:  # saves from before the free list was kept: any order restores the data
+            used = set(slots.tolist())
+            self._free = [i for i in range(capacity - 1, -1, -1) if i not in used]
