@@ -347,3 +347,14 @@ def test_a_newer_format_names_the_version_needed(tmp_path):
                                                  "this replaybuffer reads versions 1, 2: "
                                                  "load it with a newer replaybuffer"):
         rb.load(tmp_path / "c")
+
+
+def test_metadata_rides_in_the_manifest(tmp_path):
+    buf = make()
+    buf.save(tmp_path / "c", metadata={"step": 123, "run": "a"})
+    assert persist.read_manifest(tmp_path / "c")["metadata"] == {"step": 123, "run": "a"}
+    with pytest.raises(ValueError, match="metadata must be a JSON-able dict"):
+        buf.save(tmp_path / "c", metadata={"f": object()})
+    with pytest.raises(ValueError, match="metadata must be a JSON-able dict"):
+        buf.save(tmp_path / "c", metadata=[1])
+    assert len(rb.checkpoints(tmp_path / "c")) == 1
