@@ -3,10 +3,31 @@
 Run: ``python examples/pearl_tutorial.py`` (needs gymnasium and torch; a few seconds).
 
 The tutorial walks through Pearl's ``BaseBuffer``, ``ReplayBuffer``, ``RolloutBuffer``
-and ``HERBuffer``. The same names live in ``replaybuffer.compat.pearl``; the changes are
-gymnasium's API (``reset`` returns ``(obs, info)``, ``step`` returns ``terminated`` and
-``truncated``) and the fixes listed in that module's docstring. Each section then shows
-the native buffer underneath (``buffer.core``).
+and ``HERBuffer``. Every name it imports lives in ``replaybuffer.compat.pearl``; a port
+changes these lines and nothing else of the buffer code:
+
+=====================================================  =====================================================
+Pearl's tutorial                                       here
+=====================================================  =====================================================
+``from pearll.buffers import BaseBuffer``              ``from replaybuffer.compat.pearl import BaseBuffer``
+``from pearll.buffers import ReplayBuffer``            ``from replaybuffer.compat.pearl import ReplayBuffer``
+``from pearll.buffers import RolloutBuffer``           ``from replaybuffer.compat.pearl import RolloutBuffer``
+``from pearll.buffers import HERBuffer``               ``from replaybuffer.compat.pearl import HERBuffer``
+``from pearll.common.type_aliases import``             ``from replaybuffer.compat.pearl import``
+``Observation, Trajectories``                          ``Observation, Trajectories``
+``from pearll.common.enumerations import``             ``from replaybuffer.compat.pearl import``
+``TrajectoryType``                                     ``TrajectoryType``
+``import gym``                                         ``import gymnasium as gym``
+``obs = env.reset()``                                  ``obs, _ = env.reset()``
+``next_obs, reward, done, _ = env.step(action)``       ``next_obs, reward, terminated, truncated, _ =``
+                                                       ``env.step(action)``
+``buffer.add_trajectory(obs, action, reward,``         ``buffer.add_trajectory(obs, action, reward,``
+``next_obs, done)``                                    ``next_obs, terminated, truncated)``
+=====================================================  =====================================================
+
+(``add_trajectory(..., done)`` with one flag still works: it is taken as termination.)
+The rest are the fixes listed in that module's docstring. Each section then shows the
+native buffer underneath (``buffer.core``).
 """
 
 from __future__ import annotations
@@ -18,8 +39,8 @@ import numpy as np
 from gymnasium import spaces
 
 import replaybuffer as rb
-from replaybuffer.compat.pearl import (BaseBuffer, HERBuffer, ReplayBuffer, RolloutBuffer,
-                                       Trajectories, TrajectoryType)
+from replaybuffer.compat.pearl import (BaseBuffer, HERBuffer, Observation, ReplayBuffer,
+                                       RolloutBuffer, Trajectories, TrajectoryType)
 
 np.set_printoptions(precision=4, suppress=True)
 
@@ -44,8 +65,9 @@ class YourBuffer(BaseBuffer):
     def reset(self) -> None:
         super().reset()
 
-    def add_trajectory(self, observation: Any, action: Any, reward: Any,
-                       next_observation: Any, done: Any, truncated: Any = None) -> None:
+    def add_trajectory(self, observation: Observation, action: Union[np.ndarray, int],
+                       reward: Union[float, np.ndarray], next_observation: Observation,
+                       done: Union[bool, np.ndarray], truncated: Any = None) -> None:
         self._add(observation, action, reward, next_observation, done, truncated)
 
     def sample(self, batch_size: int, flatten_env: bool = False,

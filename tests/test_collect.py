@@ -40,6 +40,13 @@ def zeros_policy(obs):
     return np.zeros(len(obs), np.int64)
 
 
+def test_the_collection_names_are_at_the_top_level_too():
+    import replaybuffer.collect as collect
+
+    for name in ("StepDriver", "EpisodeDriver", "Trajectory", "StepType"):
+        assert getattr(rb, name) is getattr(collect, name) and name in rb.__all__
+
+
 def test_trajectory_fields_and_predicates():  # item 39
     assert Trajectory._fields == ("step_type", "observation", "action", "policy_info",
                                   "next_step_type", "reward", "discount")
@@ -118,15 +125,45 @@ def test_buffer_add_batch_is_an_observer_and_windows_give_true_final_observation
     assert (~valid).any()  # boundary starts are in the data, masked out
 
 
-def test_episode_driver_counts_episodes_at_their_boundaries():
+def test_episode_driver_stops_at_the_step_that_ends_the_last_episode():
     env = Counter(3)
     seen = []
-    assert EpisodeDriver(env, zeros_policy, [seen.append], num_episodes=2).run() == 2
-    assert len(seen) == 8 and bool(seen[-1].is_boundary()[0])
-    env = gym.vector.SyncVectorEnv([lambda: Counter(5), lambda: Counter(2)])
-    assert EpisodeDriver(env, zeros_policy, num_episodes=3).run() >= 3
+    driver = EpisodeDriver(env, zeros_policy, [seen.append], num_episodes=2)
+    assert driver.run() == 2
+    # first, mid, last; boundary, first, mid, last: the run ends on the episode's end
+    assert len(seen) == 7 and bool(seen[-1].is_last()[0])
+    assert driver.run() == 2
+    assert bool(seen[7].is_boundary()[0])  # the next run starts with the owed boundary
     capped = EpisodeDriver(Counter(terminates=False), zeros_policy, num_episodes=1, max_steps=7)
     assert capped.run() == 0
+
+
+def test_episode_driver_over_a_vector_env_counts_as_tf_agents_does():
+    num_episodes, num_envs = 5, 2
+    env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * num_envs)
+    seen = []
+    driver = EpisodeDriver(env, lambda obs: np.zeros(len(obs), np.int64), [seen.append],
+                           num_episodes=num_episodes, seed=0)
+    counted = driver.run()
+    assert seen[-1].is_last().any()
+    ended = sum(int(t.is_last().sum()) for t in seen)
+    assert counted == ended and num_episodes <= ended < num_episodes + num_envs
+
+
+def test_episode_driver_runs_deliver_what_continuous_stepping_would():
+    def make(observer):
+        env = gym.vector.SyncVectorEnv([lambda: Counter(5), lambda: Counter(2)])
+        return EpisodeDriver(env, zeros_policy, [observer], num_episodes=3)
+
+    runs, stepped = [], []
+    driver = make(runs.append)
+    for _ in range(3):
+        driver.run()
+    reference = make(stepped.append)
+    for _ in range(len(runs)):
+        reference.step()
+    assert [(t.step_type.tolist(), t.observation.tolist()) for t in runs] == \
+        [(t.step_type.tolist(), t.observation.tolist()) for t in stepped]
 
 
 def test_metrics():

@@ -22,6 +22,9 @@ from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTr
                                   ReplayBuffer, RolloutBatch, RolloutBuffer,
                                   ShuffledReplayBuffer, TransitionReplayBuffer, Transitions,
                                   UniformReplayBuffer)
+# The collection flow's names, as TF-Agents users reach for them (no gymnasium import:
+# the drivers take whatever env they are given).
+from replaybuffer.collect import EpisodeDriver, StepDriver, StepType, Trajectory
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import checkpoints, load
 from replaybuffer.rate_limiter import (
@@ -66,6 +69,10 @@ __all__ = [
     "as_data_spec",
     "load",
     "checkpoints",
+    "StepDriver",
+    "EpisodeDriver",
+    "Trajectory",
+    "StepType",
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",

@@ -139,10 +139,16 @@ class StepDriver(Driver):
 
 
 class EpisodeDriver(Driver):
-    """Collects ``num_episodes`` whole episodes per :meth:`run` (summed over envs).
+    """Collects ``num_episodes`` episodes per :meth:`run` (summed over envs).
 
-    An episode counts once its boundary step, which carries the final observation,
-    has reached the observers. ``max_steps`` bounds a run (default: no bound).
+    As TF-Agents' episode driver does, an episode counts at the step that ends it
+    (``trajectory.is_last()``), and a run stops right after the step that brings the
+    count to ``num_episodes``: with a vector env it may end more than one episode at
+    once, so a run counts from ``num_episodes`` to ``num_episodes + num_envs - 1``.
+    The boundary step that carries an ended episode's final observation is delivered
+    first thing in the next run (the driver keeps its place), so consecutive runs hand
+    the observers exactly the trajectories one long run would. ``max_steps`` bounds a
+    run (default: no bound).
     """
 
     def __init__(self, env: Any, policy: Policy, observers: Sequence[Observer] = (),
@@ -159,9 +165,8 @@ class EpisodeDriver(Driver):
         episodes = steps = 0
         while episodes < self.num_episodes:
             trajectory = self.step()
-            boundary = trajectory.is_boundary()
-            episodes += int(boundary.sum())
-            steps += int((~boundary).sum())
+            episodes += int(trajectory.is_last().sum())
+            steps += int((~trajectory.is_boundary()).sum())
             if self.max_steps is not None and steps >= self.max_steps:
                 break
         return episodes

@@ -45,8 +45,9 @@ Differences from Pearl, each on purpose:
 * ``all()`` returns every stored transition, oldest first, every field the same length,
   also after the ring wrapped (Pearl's ``next_observations`` was one longer than the
   rest, empty when ``pos + 1 == buffer_size``, and a wrapped buffer returned only what
-  was written since the wrap). It returns copies, not views of the buffer's memory. An
-  empty buffer raises ``EmptyBufferError``.
+  was written since the wrap). It returns copies, not views of the buffer's memory. On
+  an empty buffer (after ``reset()``, say) ``all()`` and ``last(k)`` return no rows with
+  the right trailing shapes and dtypes, as Pearl's slices of an empty range did.
 * ``flatten_env=True`` counts transitions: ``sample(b, flatten_env=True)`` draws exactly
   ``b`` transitions over every (step, env) pair, ``last(k, flatten_env=True)`` gives
   the ``k`` most recent in time-major order, ``all`` keeps everything.
@@ -109,10 +110,14 @@ from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
 
 __all__ = ["BaseBuffer", "DictTrajectories", "GoalSelectionStrategy", "HERBuffer",
-           "ReplayBuffer", "RolloutBuffer", "Trajectories", "TrajectoryType",
-           "get_space_shape"]
+           "Observation", "ReplayBuffer", "RolloutBuffer", "Tensor", "Trajectories",
+           "TrajectoryType", "get_space_shape"]
 
-Tensor = Any  # np.ndarray or torch.Tensor
+# Pearl's type aliases (pearll.common.type_aliases), for annotations in ported code.
+Tensor = Any
+"""A numpy array or a torch tensor."""
+Observation = Any
+"""One observation: an array, a tensor, or a dict of them (goal envs)."""
 
 
 class TrajectoryType(str, Enum):
@@ -466,13 +471,26 @@ class BaseBuffer(ABC):
         ``k`` per env; default the core's ``last``)."""
         read = read or self.core.last
         count = _count(batch_size, "batch_size")
+        if len(self.core) == 0:  # Pearl sliced an empty range: no rows, right shapes
+            return self._output(self._nothing(), flatten_env, dtype)
         if flatten_env and self.vector:  # count transitions: enough steps, then trim
             steps = math.ceil(count / self.num_envs)
             return self._output(read(steps), flatten_env, dtype, keep=-count)
         return self._output(read(count), flatten_env, dtype)
 
     def _all(self, flatten_env: bool, dtype: Any) -> Any:
+        if len(self.core) == 0:  # after reset(): on-policy loops call all() regardless
+            return self._output(self._nothing(), flatten_env, dtype)
         return self._output(self.core.all(), flatten_env, dtype)
+
+    def _nothing(self) -> Any:
+        """The core's transitions of no step, shaped as its ``last`` gives them: leaves
+        ``[num_envs, 0, ...]`` (``[0, ...]`` for one env)."""
+        core = self.core
+        none = np.zeros((core.num_envs, 0), np.int64)
+        with core._lock:
+            batch = core._read(none, none)
+        return batch if core.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
 
     def _output(self, batch: Any, flatten_env: bool, dtype: Any, env_axis: bool = True,
                 keep: int | None = None) -> Any:
