@@ -209,10 +209,21 @@ def test_transitions_and_her_are_paced_too():
         assert buf.add(obs, np.array([0]), np.array([1.0], np.float32), obs,
                        np.array([False]), timeout=1)
     assert buf.sample(2, timeout=1) is not None and buf.stats().samples == 2
+
+    goal = rb.ArraySpec((2,), np.float32)
+    her = rb.HERBuffer({"observation": rb.ArraySpec((1,), np.float32), "achieved_goal": goal,
+                        "desired_goal": goal}, rb.BoundedArraySpec((), np.int64, 0, 3), 20,
+                       compute_reward=lambda a, d, info: -np.abs(a - d).sum(-1))
+    her.rate_limiter = rb.SampleToInsertRatio(1.0, 2, 4.0)
+    step = {"observation": np.zeros((1, 1), np.float32),
+            "achieved_goal": np.zeros((1, 2), np.float32),
+            "desired_goal": np.ones((1, 2), np.float32)}
+    for t in range(2):  # one episode of two steps
+        her.add(step, np.array([0]), np.array([0.0], np.float32), step, np.array([t == 1]))
+    assert her.sample(4, block=False) is not None  # diff 2 * 1 - 4 = -2 = min_diff
+    assert her.sample(1, block=False) is None and her.stats().samples == 4
     with pytest.raises(rb.RateLimitedError):
-        rb_limited = rb.TransitionReplayBuffer.from_env(env, capacity=100)
-        rb_limited.rate_limiter = rb.MinSize(1)
-        rb_limited.sample(1, timeout=0.01)
+        her.sample(1, timeout=0.01)
 
 
 def test_detaching_stops_the_pacing():

@@ -9,10 +9,18 @@ observation at an episode's end, thanks to boundary steps). Targets use double
 DQN with a Huber loss; a terminated step has discount 0, a truncated one (the
 500-step limit) bootstraps.
 
-DQN on CartPole is famously unstable late in training, so the demo evaluates the
-greedy policy every ``eval_every`` steps on its own seeds and keeps the best
-network; the final evaluation, on other seeds, reports both that network and the
-last one.
+DQN on CartPole is famously unstable late in training: a network that balances the
+pole for 500 steps can forget it a few thousand steps later. Two things keep the
+*last* network good, which is the one a user reads as the learner's result:
+
+- the learning rate decays linearly to ``lr_final_fraction`` of its start over the
+  run, so late updates are small;
+- training stops once the greedy policy (evaluated every ``eval_every`` steps on its
+  own seeds) scores at least ``stop_at`` in ``stop_after`` evaluations in a row, as
+  Stable-Baselines3's ``StopTrainingOnRewardThreshold`` does.
+
+The final evaluation, on other seeds, reports the last network and, beside it, the best
+snapshot seen during training.
 
 Run it with ``replaybuffer demo`` (``--steps``, ``--seed``, ``--out``, ``--prioritized``).
 With ``--prioritized`` the buffer is a :class:`~replaybuffer.PrioritizedReplayBuffer`:
@@ -58,9 +66,12 @@ class DQNConfig:
     epsilon_end: float = 0.04
     epsilon_fraction: float = 0.16    # of all steps, to decay epsilon linearly
     hidden: tuple[int, ...] = (256, 256)
+    lr_final_fraction: float = 0.0    # the learning rate decays linearly to this share
     eval_every: int = 2_500
     eval_episodes: int = 5
     final_eval_episodes: int = 10
+    stop_at: float = 475.0            # stop once the greedy return reaches this ...
+    stop_after: int = 3               # ... in this many evaluations in a row (0: never)
     storage: str = "torch"
     prioritized: bool = False         # proportional prioritized replay instead of uniform
     alpha: float = 0.6
@@ -75,6 +86,8 @@ class DQNResult:
     last_network_return: float        # greedy return of the network at the end
     best_step: int
     wall_seconds: float
+    steps_trained: int                # environment steps taken (fewer if stopped early)
+    stopped_early: bool
     curve: list[tuple[int, float]] = field(default_factory=list)        # (step, avg return)
     evaluations: list[tuple[int, float]] = field(default_factory=list)  # (step, greedy)
 
@@ -127,6 +140,12 @@ def train(config: DQNConfig, progress: bool = True,
     q_net = build_q_network(env.single_observation_space.shape[0], num_actions, config.hidden)
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
+
+    def set_learning_rate() -> None:
+        done = min(1.0, env_steps.result() / config.steps)
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate * (1 - done * (1 - config.lr_final_fraction))
+
     env_steps = EnvironmentSteps()
     epsilon_steps = max(1, int(config.epsilon_fraction * config.steps))
 
@@ -191,11 +210,14 @@ def train(config: DQNConfig, progress: bool = True,
     best = (-np.inf, 0, copy.deepcopy(q_net.state_dict()))
     gradient_steps = 0
     next_eval = config.eval_every
-    while env_steps.result() < config.steps:
+    solved_in_a_row = 0
+    stopped_early = False
+    while env_steps.result() < config.steps and not stopped_early:
         before = env_steps.result()
         driver.run()
         bar.update(env_steps.result() - before)
         if env_steps.result() >= config.learning_starts:
+            set_learning_rate()
             for _ in range(config.gradient_steps):
                 train_step()
                 gradient_steps += 1
@@ -211,6 +233,8 @@ def train(config: DQNConfig, progress: bool = True,
                 on_eval(env_steps.result(), score)
             if score >= best[0]:
                 best = (score, env_steps.result(), copy.deepcopy(q_net.state_dict()))
+            solved_in_a_row = solved_in_a_row + 1 if score >= config.stop_at else 0
+            stopped_early = config.stop_after > 0 and solved_in_a_row >= config.stop_after
         bar.set_postfix(ret=f"{average_return.result():6.1f}", eps=f"{epsilon():.2f}",
                         best=f"{best[0]:.0f}")
     bar.close()
@@ -219,7 +243,8 @@ def train(config: DQNConfig, progress: bool = True,
     final_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
     env.close()
     result = DQNResult(config, final_return, last_return, best[1],
-                       time.perf_counter() - start, curve, evaluations)
+                       time.perf_counter() - start, env_steps.result(), stopped_early, curve,
+                       evaluations)
     return result, q_net
 
 
@@ -248,8 +273,9 @@ def plot(result: DQNResult, path: Path) -> None:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("return")
     replay = "prioritized" if result.config.prioritized else "uniform"
-    ax.set_title(f"DQN ({replay} replay) on {ENV_ID}, seed {result.config.seed}: greedy "
-                 f"return {result.final_return:.1f}", fontsize="medium")
+    ax.set_title(f"DQN ({replay} replay) on {ENV_ID}, seed {result.config.seed}: last "
+                 f"network's greedy return {result.last_network_return:.1f}\n(best snapshot, "
+                 f"step {result.best_step}: {result.final_return:.1f})", fontsize="medium")
     ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -269,11 +295,13 @@ def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
     plot(result, out_dir / "learning_curve.png")
     summary = asdict(result)
     (out_dir / "result.json").write_text(json.dumps(summary, indent=1))
-    echo(f"greedy evaluation over {config.final_eval_episodes} episodes: "
-         f"{result.final_return:.1f} (network from step {result.best_step}; the last "
-         f"network scores {result.last_network_return:.1f})")
-    echo(f"trained {config.steps} steps in {result.wall_seconds:.0f} s; wrote "
-         f"{out_dir / 'learning_curve.png'} and {out_dir / 'result.json'}")
+    echo(f"greedy evaluation over {config.final_eval_episodes} episodes: the last network "
+         f"scores {result.last_network_return:.1f} (the best snapshot, from step "
+         f"{result.best_step}: {result.final_return:.1f})")
+    stopped = (f", stopped early: {config.stop_after} evaluations in a row at "
+               f">= {config.stop_at:g}" if result.stopped_early else "")
+    echo(f"trained {result.steps_trained} steps in {result.wall_seconds:.0f} s{stopped}; "
+         f"wrote {out_dir / 'learning_curve.png'} and {out_dir / 'result.json'}")
     return result
 
 
