@@ -358,3 +358,29 @@ def test_metadata_rides_in_the_manifest(tmp_path):
     with pytest.raises(ValueError, match="metadata must be a JSON-able dict"):
         buf.save(tmp_path / "c", metadata=[1])
     assert len(rb.checkpoints(tmp_path / "c")) == 1
+
+
+def test_two_savers_into_one_series_both_succeed(tmp_path):
+    """Threads saving two buffers into one path at once: each save publishes its own
+    checkpoint number, and pruning the same old checkpoint twice is no error."""
+    buffers = [make(), make()]
+    for t, buf in enumerate(buffers):
+        buf.add_batch(item(t, 3))
+    errors = []
+
+    def save_many(buf):
+        try:
+            for _ in range(15):
+                buf.save(tmp_path / "c", keep=2)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save_many, args=(b,)) for b in buffers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    done = rb.checkpoints(tmp_path / "c")
+    assert 1 <= len(done) <= 2 and done[-1].name == "ckpt-000030"
+    assert rb.load(tmp_path / "c").last_id in (0, 1)

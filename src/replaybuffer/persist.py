@@ -287,7 +287,10 @@ def _prune(root: Path, keep: int) -> None:
         excess -= 1
     for old in done[:max(0, excess)]:
         trash = root / f"{TRASH}{os.getpid()}-{old.name}"
-        os.rename(old, trash)
+        try:
+            os.rename(old, trash)
+        except FileNotFoundError:  # another process saving here pruned it first
+            continue
         shutil.rmtree(trash, ignore_errors=True)
 
 
