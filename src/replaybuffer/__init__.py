@@ -26,7 +26,7 @@ from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTr
 # the drivers take whatever env they are given).
 from replaybuffer.collect import EpisodeDriver, StepDriver, StepType, Trajectory
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
-from replaybuffer.persist import checkpoints, load
+from replaybuffer.persist import checkpoints, load, reopen
 from replaybuffer.rate_limiter import (
     MinSize,
     Queue,
@@ -69,6 +69,7 @@ __all__ = [
     "as_data_spec",
     "load",
     "checkpoints",
+    "reopen",
     "StepDriver",
     "EpisodeDriver",
     "Trajectory",

@@ -51,11 +51,22 @@ def _inspect(args: argparse.Namespace) -> int:
     from replaybuffer.sampling.ring import items_per_row
 
     path = Path(args.path)
+    mmap = (path / "state").is_dir() and (path / "data").is_dir()
     try:
-        manifest = verify(path)  # reads every file and checks its checksum
+        # A checkpoint: every file read and its checksum checked. An mmap buffer: its
+        # state's files checked, and its data files' headers read.
+        manifest = verify(path / "state" if mmap else path)
+        files = _mmap_files(path, manifest) if mmap else None
     except CheckpointError as exc:
         print(f"corrupt or incomplete: {exc}", file=sys.stderr)
         return 1
+    if files is not None:
+        header, sizes = files
+        print(f"{path}: a buffer on mmap storage; its files hold last_id={header[0]}"
+              + (" (a commit to replay on reopen)" if header[1] else "")
+              + f"; state from the last flush: last_id={manifest['state']['last_id']}")
+        for name, (shape, dtype, nbytes) in sizes.items():
+            print(f"  data/{name}: {dtype} {shape} {nbytes:,} bytes")
     directory = Path(manifest["directory"])
     series = checkpoints(path)
     if series:
@@ -82,6 +93,25 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mmap_files(path: Path, manifest: dict) -> tuple[list[int], dict[str, tuple]]:
+    """The header and the data files (shape, dtype, bytes) of an mmap buffer, each
+    file's header read and checked."""
+    import numpy as np
+
+    from replaybuffer.errors import CheckpointError
+
+    sizes = {}
+    for file in sorted((path / "data").glob("*.npy")):
+        try:
+            array = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"{file} is not a readable .npy file: {exc}") from exc
+        sizes[file.name] = (array.shape, array.dtype.name, file.stat().st_size)
+    if "header.npy" not in sizes:
+        raise CheckpointError(f"{path / 'data' / 'header.npy'} is missing")
+    return np.load(path / "data" / "header.npy").tolist(), sizes
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replaybuffer",
                                      description="Experience replay for reinforcement learning.")
@@ -106,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="throughput against the plain numpy limit")
     bench.add_argument("--storage", default="numpy,torch",
-                       help="comma-separated storage backends: numpy, torch, tensorflow "
-                       "(default: numpy,torch)")
+                       help="comma-separated storage backends: numpy, torch, tensorflow, "
+                       "mmap (files in a temporary directory) (default: numpy,torch)")
     bench.add_argument("--workloads", default="control,frames",
                        help="comma-separated: control, frames (default: both)")
     bench.add_argument("--quick", action="store_true",
@@ -130,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="describe a checkpoint and verify its checksums "
                              "(exit status 1 when it is corrupt or incomplete)")
-    inspect.add_argument("path", help="a checkpoint series (buffer.save's path) or one "
-                         "checkpoint directory")
+    inspect.add_argument("path", help="a checkpoint series (buffer.save's path), one "
+                         "checkpoint directory, or the path of a buffer on mmap storage")
     inspect.add_argument("--json", action="store_true", help="print the whole manifest")
     inspect.set_defaults(func=_inspect)
     return parser

@@ -57,7 +57,7 @@ from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.errors import CheckpointError
 from replaybuffer.sampling.ring import items_per_row
 from replaybuffer.specs import ArraySpec, spec_from_dict
-from replaybuffer.storage.frozen import FrozenRows
+from replaybuffer.storage.frozen import FrozenRows, static_rows
 
 FORMAT = "replaybuffer"
 VERSION = 2
@@ -163,6 +163,26 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1,
     if root.is_dir() and not _is_checkpoint_root(root):
         raise CheckpointError(f"refusing to save into {root}: it is a non-empty directory "
                               "that holds no replaybuffer checkpoints")
+    return _save_series(buffer, root, keep, metadata)
+
+
+def save_state(buffer: ReplayBuffer) -> Path:
+    """The state of a buffer on mmap storage (no data: the files are the data), saved
+    as a one-checkpoint series under ``path/state`` after the files are ``msync``-ed,
+    both under the buffer's lock (see :meth:`ReplayBuffer.flush`)."""
+    storage = buffer._storage
+
+    def flushed() -> dict[str, Any]:  # under the lock, just before the snapshot
+        storage.flush()
+        return {"mmap_epoch": storage.epoch}
+
+    return _save_series(buffer, storage.path / "state", 1, {}, flushed)
+
+
+def _save_series(buffer: ReplayBuffer, root: Path, keep: int, metadata: dict[str, Any],
+                 state_only: Callable[[], dict[str, Any]] | None = None) -> Path:
+    """Write, publish and prune one checkpoint of a series (see :func:`save`);
+    ``state_only`` marks a checkpoint without data, its result joining the metadata."""
     with _SAVING_LOCK:  # one save of a buffer at a time: each holds a snapshot open
         saving = _SAVING.setdefault(buffer, threading.Lock())
     with saving:
@@ -171,7 +191,7 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1,
             root.mkdir(parents=True, exist_ok=True)
             _remove_abandoned(root)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
-            _write_checkpoint(buffer, tmp, metadata)
+            _write_checkpoint(buffer, tmp, metadata, state_only)
             final = _publish(tmp, root)
             tmp = None
             _prune(root, keep)
@@ -183,11 +203,16 @@ def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1,
     return final
 
 
-def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str, Any]
-                      ) -> None:
-    """Every file of one checkpoint, manifest last."""
+def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str, Any],
+                      state_only: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Every file of one checkpoint, manifest last (no data files with ``state_only``)."""
     with buffer._lock:
+        if state_only is not None:
+            metadata = {**metadata, **state_only()}
         state, streams = buffer._snapshot()
+        if state_only is not None:
+            buffer._release_snapshot()
+            streams = {"leaves": static_rows([], (), ())}
     try:
         entries = {name: _write_stream(directory, name, rows, buffer._lock)
                    for name, rows in streams.items()}
@@ -201,6 +226,7 @@ def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str,
         "storage": buffer.storage, "config": buffer._config(),
         "data_spec": encode_spec(buffer.data_spec), "state": state,
         "leaves": entries.pop("leaves"), "streams": entries, "metadata": metadata,
+        "state_only": state_only is not None,
     }
     manifest["checksum"] = _manifest_checksum(manifest)
     with _naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
@@ -509,6 +535,10 @@ def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = N
     """
     manifest = read_manifest(path)
     directory = Path(manifest["directory"])
+    if manifest.get("state_only"):
+        raise CheckpointError(f"{directory} holds the state of a buffer on mmap storage, "
+                              f"whose data are its files: reopen it with "
+                              f"replaybuffer.reopen({str(directory.parent.parent)!r})")
     cls = ReplayBuffer._registry.get(manifest["buffer"])
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
@@ -540,6 +570,47 @@ def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = N
         buffer._restore(state, None)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
+    return buffer
+
+
+def reopen(path: str | os.PathLike) -> ReplayBuffer:
+    """The buffer on mmap storage at ``path`` (``storage="mmap", path=path``), as it was:
+    the state of its last :meth:`~ReplayBuffer.flush` (or ``close``), then every step
+    its files committed after that (a step a crash interrupted is kept if its commit
+    point was reached, dropped otherwise; see :mod:`replaybuffer.storage.mmap_storage`).
+
+    Steps committed after the last flush come back as adds would bring them: with the
+    maximum priority in prioritized buffers, unread in FIFO ones. The sampler's generator
+    is the flush's, so draws after a crash differ from those the lost process would have
+    made; after a clean ``close`` they are exactly the same.
+
+    Raises:
+        CheckpointError: ``path`` holds no mmap buffer, or its files do not match its
+            state; nothing is written.
+    """
+    from replaybuffer.storage.mmap_storage import Reopening
+
+    root = Path(path)
+    if not (root / "state").is_dir() or not (root / "data").is_dir():
+        raise CheckpointError(f"{root} holds no buffer on mmap storage (it needs a state and "
+                              "a data directory)")
+    manifest = read_manifest(root / "state")
+    directory = Path(manifest["directory"])
+    if not manifest.get("state_only") or manifest["storage"] != "mmap":
+        raise CheckpointError(f"{directory} is not the state of a buffer on mmap storage")
+    cls = ReplayBuffer._registry.get(manifest["buffer"])
+    if cls is None:
+        raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
+    try:
+        spec = decode_spec(manifest["data_spec"])
+        buffer = cls._construct(spec, manifest["batch_size"], manifest["max_length"], "mmap",
+                                None, {**manifest["config"], "path": Reopening(root)})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
+    last_id = buffer._storage.recover()
+    buffer._restore(_internalise_arrays(manifest["state"], directory), None)
+    stale = manifest["metadata"].get("mmap_epoch") != buffer._storage.epoch
+    buffer._catch_up(last_id, stale)
     return buffer
 
 
@@ -649,7 +720,7 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
                 raise CheckpointError(f"{_where(entry, directory)}: malformed entry") from exc
             expected = count if name == "leaves" else entry["shape"][0]
             _read_stream(directory, [entry], [spec], expected, None)
-    if len(manifest["leaves"]) != len(specs):
+    if len(manifest["leaves"]) != len(specs) and not manifest.get("state_only"):
         raise CheckpointError(f"{directory}: manifest lists {len(manifest['leaves'])} leaf "
                               f"files for a spec of {len(specs)} leaves")
     _internalise_arrays(manifest["state"], directory)

@@ -12,8 +12,10 @@ same bytes with fewer cache misses, so it is the stricter limit.
 from __future__ import annotations
 
 import functools
+import tempfile
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -179,9 +181,23 @@ def warmed(fn: Callable[[], object], calls: int = 3) -> Callable[[], object]:
 
 def run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage: str,
                  sample_sizes: tuple[int, ...], min_time: float) -> Iterator[Result]:
+    if storage != "mmap":
+        yield from _run_workload(name, spec, batch_size, capacity, storage, sample_sizes,
+                                 min_time)
+        return
+    # Files in a temporary directory (page cache, as a buffer that fits in RAM sees it).
+    with tempfile.TemporaryDirectory(prefix="rb-bench-mmap-") as directory:
+        yield from _run_workload(name, spec, batch_size, capacity, storage, sample_sizes,
+                                 min_time, path=Path(directory) / "buffer")
+
+
+def _run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage: str,
+                  sample_sizes: tuple[int, ...], min_time: float, path: Path | None = None
+                  ) -> Iterator[Result]:
     rng = np.random.default_rng(0)
     buffer = UniformReplayBuffer(spec, batch_size=batch_size,
-                                 max_length=capacity // batch_size, storage=storage, seed=0)
+                                 max_length=capacity // batch_size, storage=storage, seed=0,
+                                 path=path)
     fill(buffer, rng)
     label = f"{name} B={batch_size}"
     step = random_items(spec, (batch_size,), rng)

@@ -78,6 +78,9 @@ class ReplayBuffer:
             per step, stacks rebuilt on read (see :mod:`replaybuffer.storage.frames`).
             Numpy storage only.
         stack_axis: the axis of that leaf's shape that stacks frames.
+        path: for ``storage="mmap"``: a new or empty directory for the data files (see
+            :mod:`replaybuffer.storage.mmap_storage`); reopen it with
+            :func:`replaybuffer.reopen`.
         track_episodes: record where episodes start (steps whose ``step_type`` leaf is
             ``FIRST``), so that reads with ``within_episodes=True`` never return a
             window that runs into the next episode. Needs a ``step_type`` leaf (a
@@ -93,7 +96,7 @@ class ReplayBuffer:
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, sampler: Sampler,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 stack_axis: int = 0):
+                 stack_axis: int = 0, path: str | os.PathLike | None = None):
         self._data_spec = as_data_spec(data_spec)
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
@@ -115,7 +118,9 @@ class ReplayBuffer:
             self._codec_leaf = index
             self._frame_checker = LeafChecker([self._specs[index]])
             stored_specs[index] = self._codec.ref_spec  # storage holds frame references
-        self._storage = make_storage(storage, stored_specs, self._ring.capacity, device)
+        self._storage = make_storage(storage, stored_specs, self._ring.capacity, device, path)
+        # Storage on files stages each write and applies it at commit (crash safety).
+        self._commit = getattr(self._storage, "commit", None)
         self._sampler = sampler
         self._episodes: EpisodeIndex | None = None
         if track_episodes:
@@ -279,6 +284,8 @@ class ReplayBuffer:
             last_id = ring.last_id + 1
             self._storage.write((last_id % ring.max_length) * ring.batch_size, arrays)
             ring.last_id = last_id
+            if self._commit is not None:
+                self._commit(last_id)
             self._sampler.on_add(ring, last_id, 1)
             if self._episodes is not None:
                 self._record_episodes(last_id, arrays[self._step_type_leaf], 1)
@@ -375,6 +382,8 @@ class ReplayBuffer:
             if self._codec is not None:
                 self._codec.commit(frame_writes, first_id, num_steps)
             ring.last_id += num_steps
+            if self._commit is not None:
+                self._commit(ring.last_id)
             self._sampler.on_add(ring, first_id, num_steps)
             if self._episodes is not None:
                 self._record_episodes(first_id, time_major[self._step_type_leaf], num_steps)
@@ -602,6 +611,8 @@ class ReplayBuffer:
                 self._codec.clear()
             self._clear_state()
             self._ring.last_id = -1
+            if self._commit is not None:
+                self._commit(-1)  # before zeroing: a crash midway shows an empty buffer
             if zero_storage:
                 self._storage.zero()
 
@@ -687,6 +698,63 @@ class ReplayBuffer:
                                    np.broadcast_shapes(np.shape(ids), np.shape(rows)))
         info = BufferInfo(self._storage.from_numpy(np.array(physical)), ())
         return self._structure.unflatten(leaves), info
+
+    # ---------------------------------------------------------- files (mmap storage)
+    def flush(self) -> None:
+        """With ``storage="mmap"``: ``msync`` the data files, then write the buffer's state
+        (ids, sampler generator, priorities, cursors, episode index) to ``path/state``,
+        atomically, so :func:`replaybuffer.reopen` resumes from here even after a power
+        loss. Other storages keep nothing on disk: nothing to do.
+        """
+        if self._storage.kind == "mmap":
+            from replaybuffer.persist import save_state
+
+            save_state(self)
+
+    def close(self) -> None:
+        """With ``storage="mmap"``: :meth:`flush`, then give the files up (they stay
+        mapped for reads until the buffer is garbage collected; writes are refused).
+        Other storages: nothing to do."""
+        self.flush()
+        if self._storage.kind == "mmap":
+            with self._lock:
+                self._storage.release()
+
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _files_ready(self) -> None:
+        """The end of a constructor that takes ``path``: a new mmap buffer writes its
+        state at once, so that even a process killed before any flush can be reopened."""
+        if self._storage.kind == "mmap" and not self._storage.reopening:
+            self.flush()
+
+    def _catch_up(self, last_id: int, stale: bool) -> None:
+        """After a reopen restored the state of the last flush: take in the steps the
+        files committed since (``last_id`` is the files'), as adds would have. ``stale``:
+        the buffer was cleared after that flush, so its state describes other data."""
+        ring = self._ring
+        with self._lock:
+            first = ring.last_id + 1
+            if stale or last_id < ring.last_id:
+                self._sampler.on_clear(ring)
+                if self._episodes is not None:
+                    self._episodes.clear()
+                ring.last_id, first = -1, 0
+            if last_id < first:
+                return
+            ring.last_id = last_id
+            self._sampler.on_add(ring, first, last_id - first + 1)
+            if self._episodes is not None:  # episode starts, read back from the step types
+                first = max(first, ring.oldest_id)
+                ids = np.arange(first, last_id + 1, dtype=np.int64)
+                rows = np.arange(ring.batch_size, dtype=np.int64)
+                positions = ring.positions(ids[:, None], rows[None, :]).ravel()
+                step_types = self._storage.gather(positions, [self._step_type_leaf])[0]
+                self._record_episodes(first, step_types, len(ids))
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike, keep: int = 1, *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -124,18 +125,19 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
                  seed: int | None = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0,
-                 normalize: str = "batch"):
+                 normalize: str = "batch", path: str | os.PathLike | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=sampler, track_episodes=track_episodes,
-                         frame_stack=frame_stack, stack_axis=stack_axis)
+                         frame_stack=frame_stack, stack_axis=stack_axis, path=path)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,
                                "track_episodes": track_episodes, "frame_stack": frame_stack,
                                "stack_axis": stack_axis, "normalize": normalize}
+        self._files_ready()
 
     def _config(self) -> dict[str, Any]:
         return dict(self._config_values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
@@ -21,9 +22,11 @@ class FIFOReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 storage: str = "numpy", device: Any = None):
+                 storage: str = "numpy", device: Any = None,
+                 path: str | os.PathLike | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=FIFOSampler())
+                         sampler=FIFOSampler(), path=path)
+        self._files_ready()
 
     @property
     def dropped(self) -> int:
@@ -48,10 +51,12 @@ class ShuffledReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 storage: str = "numpy", device: Any = None, seed: int | None = None):
+                 storage: str = "numpy", device: Any = None, seed: int | None = None,
+                 path: str | os.PathLike | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=ShuffledSampler(seed))
+                         sampler=ShuffledSampler(seed), path=path)
         self._seed = seed
+        self._files_ready()
 
     @property
     def epoch(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
@@ -58,12 +59,13 @@ class UniformReplayBuffer(ReplayBuffer):
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 stack_axis: int = 0):
+                 stack_axis: int = 0, path: str | os.PathLike | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=UniformSampler(seed), track_episodes=track_episodes,
-                         frame_stack=frame_stack, stack_axis=stack_axis)
+                         frame_stack=frame_stack, stack_axis=stack_axis, path=path)
         self._seed = seed
         self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
+        self._files_ready()
 
     def _config(self) -> dict[str, Any]:
         return {"seed": self._seed, "track_episodes": self._episodes is not None,

@@ -10,15 +10,26 @@ from replaybuffer.storage.numpy_storage import NumpyStorage
 
 __all__ = ["NumpyStorage", "Storage", "make_storage", "STORAGE_KINDS"]
 
-STORAGE_KINDS = ("numpy", "torch", "tensorflow")
+STORAGE_KINDS = ("numpy", "torch", "tensorflow", "mmap")
 
 
 def make_storage(kind: str, specs: Sequence[ArraySpec], capacity: int,
-                 device: Any = None) -> Storage:
-    """Build the storage backend named ``kind`` (``"numpy"``, ``"torch"`` or ``"tensorflow"``).
+                 device: Any = None, path: Any = None) -> Storage:
+    """Build the storage backend named ``kind`` (``"numpy"``, ``"torch"``,
+    ``"tensorflow"``, or ``"mmap"`` on files under ``path``).
 
     Backends with optional dependencies are imported only when asked for.
     """
+    if (path is None) != (kind != "mmap"):
+        raise ValueError(f"storage='mmap' needs path= (a new or empty directory), and only it "
+                         f"takes one: got storage={kind!r}, path={path!r}")
+    if kind == "mmap":
+        if device not in (None, "cpu"):
+            raise ValueError(f"mmap storage lives in host memory; device={device!r} needs "
+                             "storage='torch'")
+        from replaybuffer.storage.mmap_storage import MmapStorage
+
+        return MmapStorage(specs, capacity, path)
     if kind == "numpy":
         if device not in (None, "cpu"):
             raise ValueError(f"numpy storage lives in host RAM; device={device!r} needs "

@@ -48,7 +48,7 @@ class FrozenRows:
         self.specs = tuple(specs)
         self.names = tuple(names)
         self._handed_out = 0  # positions [0, _handed_out) were read already
-        self._kept = np.zeros(self.count, bool)  # preserved positions not yet read
+        self._kept: np.ndarray | None = None  # preserved positions (made on first use)
         # Preserved positions (each >= _handed_out) in blocks of one preserve call, a heap
         # on their lowest position: (lowest, highest, tie-break, positions, values).
         self._blocks: list[tuple[int, int, int, np.ndarray, list[np.ndarray]]] = []
@@ -74,6 +74,8 @@ class FrozenRows:
             if len(wanted) == 0:
                 return
             wanted = np.unique(wanted)
+        if self._kept is None:
+            self._kept = np.zeros(self.count, bool)
         wanted = wanted[~self._kept[wanted]]
         if len(wanted):
             heapq.heappush(self._blocks, (int(wanted.min()), int(wanted.max()),

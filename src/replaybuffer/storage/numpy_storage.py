@@ -76,9 +76,10 @@ class NumpyStorage:
         self.packed = packed_leaves(self.specs) if pack else ()
         self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
         self._records: np.ndarray | None = None
+        self._field: dict[int, str] = {}  # packed leaf index -> its record field
         if self.packed:
             self._record_dtype = record_dtype([self.specs[i] for i in self.packed])
-            self._records = np.zeros(self.capacity, self._record_dtype)
+            self._records = self._allocate("records", (self.capacity,), self._record_dtype)
             # Gathering through a plain void view of the records is a byte copy per
             # item; taking from a structured dtype goes through its slower field logic.
             self._record_bytes = self._records.view(np.dtype((np.void,
@@ -88,9 +89,15 @@ class NumpyStorage:
                 self.arrays[i] = self._records[name]
         for i, spec in enumerate(self.specs):
             if i not in self.packed:
-                self.arrays[i] = np.zeros((self.capacity,) + spec.shape, spec.dtype)
+                self.arrays[i] = self._allocate(f"leaf_{i:03d}", (self.capacity,) + spec.shape,
+                                                spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self._checker = LeafChecker(self.specs)
+
+    def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A zeroed array for the records or one leaf (``name``); subclasses put it
+        elsewhere (a file, see :mod:`replaybuffer.storage.mmap_storage`)."""
+        return np.zeros(shape, dtype)
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,234 @@
+"""Storage on memory-mapped files: the numpy storage's layout, larger than RAM.
+
+``storage="mmap", path=DIR`` keeps :class:`~replaybuffer.storage.NumpyStorage`'s
+arrays (the packed records and one array per large leaf) in ``.npy`` files under
+``DIR/data`` mapped into memory, so the operating system pages them in and out: a
+buffer may hold more than the RAM the process may use, and its data outlives it.
+
+Crash safety. A write is staged in a journal (``journal_*.npy``, one row per position
+written) and applied in place only at :meth:`MmapStorage.commit`, which the buffer
+calls, under its lock, with the newest step id once the step's every write is staged:
+
+1. the staged rows go to the journal files;
+2. the header (``header.npy``) records where they go and the new ``last_id``, then
+   sets its *committed* flag: the commit point;
+3. the rows are copied to their places in the data files;
+4. the header's ``last_id`` is updated and the flag cleared.
+
+A process killed before step 2 leaves the data files as they were (the step is lost);
+killed after it, :meth:`MmapStorage.recover` replays the journal when the buffer is
+reopened (the step is kept). Either way no position holds part of one step and part of
+another. This holds for a process crash: the page cache keeps every store the process
+made, in order (x86-64 keeps stores in program order). After a power loss only what
+:meth:`MmapStorage.flush` (``msync``) wrote is guaranteed; the buffer's ``flush()``
+does that and then writes its state.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from replaybuffer.errors import CheckpointError
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.numpy_storage import NumpyStorage
+
+LAST_ID, COMMITTED, JOURNAL_START, JOURNAL_COUNT, JOURNAL_LAST_ID, EPOCH = range(6)
+"""Fields of the int64 header: the committed ``last_id``; 1 while a committed journal
+may not be applied yet; where the journal's rows go and how many; the ``last_id`` the
+journal brings; how many times the buffer was cleared (a state saved before a clear is
+stale)."""
+
+
+class Reopening(os.PathLike):
+    """A path handed to a buffer's constructor by :func:`replaybuffer.reopen`: the
+    storage attaches to the files there instead of refusing a non-empty directory."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+class MmapStorage(NumpyStorage):
+    """:class:`NumpyStorage` on memory-mapped ``.npy`` files under ``path/data``.
+
+    Args:
+        specs, capacity: as for :class:`NumpyStorage`.
+        path: a new or empty directory (a :class:`Reopening` attaches to the files a
+            buffer left there).
+
+    Raises:
+        CheckpointError: ``path`` holds something else, or (reopening) a data file is
+            missing or has another shape or dtype; nothing is overwritten.
+    """
+
+    kind = "mmap"
+
+    def __init__(self, specs: Sequence[ArraySpec], capacity: int, path: str | os.PathLike):
+        self.reopening = isinstance(path, Reopening)
+        self.path = Path(path)
+        self.data = self.path / "data"
+        if self.reopening:
+            if not self.data.is_dir():
+                raise CheckpointError(f"{self.path} holds no mmap buffer (no data directory)")
+        elif self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise CheckpointError(f"{self.path} is not a new or empty directory: reopen a "
+                                  "buffer there with replaybuffer.reopen(path), or give "
+                                  "another path")
+        self.data.mkdir(parents=True, exist_ok=True)
+        # One buffer at a time on these files: an exclusive lock, which the kernel
+        # releases when the process ends, however it ends.
+        self._lock_file: Any = open(self.path / "lock", "a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise CheckpointError(f"{self.path} is in use by another buffer (closed buffers "
+                                  "and ended processes release it)") from None
+        self._maps: dict[str, np.ndarray] = {}
+        super().__init__(specs, capacity)
+        self.header = self._allocate("header", (6,), np.dtype(np.int64))
+        if not self.reopening:
+            self.header[LAST_ID] = -1
+        self._journal: dict[str, np.ndarray] = {}
+        self._journal_maps: dict[str, np.ndarray] = {}  # the memmaps, for flush()
+        self._journal_rows = 0
+        self._staged: list[tuple[int, int, int]] = []  # (start, count, journal row)
+        if self.reopening:
+            self._open_journal()
+
+    # ------------------------------------------------------------------- files
+    def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        file = self.data / f"{name}.npy"
+        if self.reopening:
+            if not file.is_file():
+                raise CheckpointError(f"{file} is missing: the mmap buffer in {self.path} is "
+                                      "incomplete")
+            try:
+                array = np.lib.format.open_memmap(file, mode="r+")
+            except (ValueError, OSError) as exc:
+                raise CheckpointError(f"{file} is not a readable .npy file: {exc}") from exc
+            if array.shape != shape or array.dtype != dtype:
+                raise CheckpointError(f"{file}: expected shape {shape} dtype {dtype}, found "
+                                      f"shape {array.shape} dtype {array.dtype}")
+        else:
+            array = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape)
+        self._maps[name] = array
+        # Plain ndarray views of the mapping: a memmap's slices and takes are memmaps
+        # too, each paying for __array_finalize__ (about 5 us a get_next).
+        return array.view(np.ndarray)
+
+    def _data_arrays(self) -> dict[str, np.ndarray]:
+        """The data files' arrays by name: records and the leaves of their own."""
+        out = {} if self._records is None else {"records": self._records}
+        out.update({f"leaf_{i:03d}": self.arrays[i] for i in self._own})
+        return out
+
+    def _open_journal(self) -> None:
+        files = {name: self.data / f"journal_{name}.npy" for name in self._data_arrays()}
+        if all(f.is_file() for f in files.values()):
+            self._journal_maps = {name: np.lib.format.open_memmap(f, mode="r+")
+                                  for name, f in files.items()}
+            self._journal = {name: m.view(np.ndarray) for name, m in self._journal_maps.items()}
+            self._journal_rows = min(len(a) for a in self._journal.values())
+
+    def _grow_journal(self, rows: int) -> None:
+        """Journal files of at least ``rows`` rows: recreated, doubling, when too small,
+        with the rows staged so far carried over."""
+        if rows <= self._journal_rows:
+            return
+        staged = sum(n for _, n, _ in self._staged)
+        kept = {name: np.array(array[:staged]) for name, array in self._journal.items()}
+        rows = max(rows, 2 * self._journal_rows)
+        self._journal_maps = {
+            name: np.lib.format.open_memmap(self.data / f"journal_{name}.npy", mode="w+",
+                                            dtype=array.dtype, shape=(rows,) + array.shape[1:])
+            for name, array in self._data_arrays().items()}
+        self._journal = {name: m.view(np.ndarray) for name, m in self._journal_maps.items()}
+        for name, rows_kept in kept.items():
+            self._journal[name][:staged] = rows_kept
+        self._journal_rows = rows
+
+    # ---------------------------------------------------------------- writing
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> None:
+        return None  # every write is staged, then committed
+
+    def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:
+        """Stage ``leaves`` for positions ``[start, start + n)``; :meth:`commit` applies.
+
+        Pieces staged before one commit must follow each other around the ring (as a
+        write that wraps does)."""
+        if self._lock_file is None:
+            raise ValueError(f"the buffer on {self.path} is closed: reopen it with "
+                             "replaybuffer.reopen(path) to write again")
+        count = len(leaves[0])
+        row = sum(n for _, n, _ in self._staged)
+        if self._staged:
+            first, staged, _ = self._staged[0]
+            if int(start) != (first + staged) % self.capacity:
+                raise ValueError(f"staged writes must follow each other around the ring: "
+                                 f"[{first}, +{staged}) then {start}")
+        self._grow_journal(row + count)
+        journal = self._journal
+        for i, leaf in enumerate(leaves):
+            if i in self._field:
+                journal["records"][self._field[i]][row:row + count] = leaf
+            else:
+                journal[f"leaf_{i:03d}"][row:row + count] = leaf
+        self._staged.append((int(start), count, row))
+
+    def commit(self, last_id: int) -> None:
+        """Apply what is staged and record ``last_id`` (the commit protocol above)."""
+        header = self.header
+        if last_id < header[LAST_ID]:  # ids only go back on clear(): a new epoch
+            header[EPOCH] += 1
+        if self._staged:
+            start = self._staged[0][0]
+            count = sum(n for _, n, _ in self._staged)
+            header[JOURNAL_START], header[JOURNAL_COUNT] = start, count
+            header[JOURNAL_LAST_ID] = last_id
+            header[COMMITTED] = 1  # the commit point
+            self._apply(start, count, 0)
+            self._staged = []
+        header[LAST_ID] = last_id
+        header[COMMITTED] = 0
+
+    def _apply(self, start: int, count: int, row: int) -> None:
+        """Copy journal rows ``[row, row + count)`` to positions ``start ..`` (mod capacity)."""
+        head = min(count, self.capacity - start)
+        for name, array in self._data_arrays().items():
+            journal = self._journal[name]
+            array[start:start + head] = journal[row:row + head]
+            if head < count:
+                array[:count - head] = journal[row + head:row + count]
+
+    def recover(self) -> int:
+        """Finish a commit a crash interrupted; the committed ``last_id``."""
+        header = self.header
+        if header[COMMITTED] == 1 and self._journal:
+            self._apply(int(header[JOURNAL_START]), int(header[JOURNAL_COUNT]), 0)
+            header[LAST_ID] = header[JOURNAL_LAST_ID]
+        header[COMMITTED] = 0
+        return int(header[LAST_ID])
+
+    @property
+    def epoch(self) -> int:
+        return int(self.header[EPOCH])
+
+    def flush(self) -> None:
+        """``msync`` every file: what is written survives a power loss."""
+        for array in list(self._maps.values()) + list(self._journal_maps.values()):
+            array.flush()
+
+    def release(self) -> None:
+        """Give up the files (after a flush): writes are refused from now on, and another
+        buffer may reopen them."""
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing the descriptor releases the lock
+            self._lock_file = None
