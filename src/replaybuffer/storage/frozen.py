@@ -54,11 +54,6 @@ class FrozenRows:
         self._blocks: list[tuple[int, int, int, np.ndarray, list[np.ndarray]]] = []
         self._order = itertools.count()
 
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes copied aside by :meth:`preserve` and not yet handed out."""
-        return sum(sum(v.nbytes for v in block[4]) for block in self._blocks)
-
     def preserve(self, positions: np.ndarray | slice) -> None:
         """Copy aside the positions a writer is about to overwrite (those of this snapshot
         not yet handed out and not copied before). Call it under the owner's lock."""
