@@ -128,14 +128,16 @@ def test_the_fused_writer_comes_back_after_a_save(tmp_path):
     assert buf._write_exact is writer and type(buf._storage).__name__ == "NumpyStorage"
 
 
-@pytest.mark.parametrize("frame_stack", [False, True])
+@pytest.mark.parametrize("frame_stack, storage", [(False, "numpy"), (True, "numpy"),
+                                                  (False, "torch"), (False, "mmap")])
 def test_save_while_a_collector_adds_is_consistent_and_resumable(tmp_path, monkeypatch,
-                                                                 frame_stack):
+                                                                 frame_stack, storage):
     """A thread adds throughout a save made of many small chunks; the checkpoint is one
     consistent moment of the buffer, and the adds went on (none blocked for the save)."""
     monkeypatch.setattr(persist, "CHUNK_BYTES", 256)  # a chunk of one or two positions
     B, L = 3, 400
-    buf = make(B, L, frame_stack)
+    where = {"path": tmp_path / "files"} if storage == "mmap" else {}
+    buf = make(B, L, frame_stack, storage=storage, **where)
     for t in range(500):
         buf.add_batch(item(t, B, frame_stack))
     stop, added = threading.Event(), [500]

@@ -234,7 +234,7 @@ def test_a_checkpoint_of_an_mmap_buffer_loads_into_ram(tmp_path):
     for t in range(15):
         buf.add_batch(item(t, 2))
     buf.save(tmp_path / "ckpt")
-    again = rb.load(tmp_path / "ckpt", storage="numpy")
+    again = rb.load(tmp_path / "ckpt")  # into RAM: a checkpoint has no path
     assert again.storage == "numpy" and again.last_id == 14
     assert_consistent(again)
 

@@ -522,7 +522,8 @@ def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = N
     Args:
         path: the checkpoint series, or one checkpoint directory.
         storage, device: override the saved storage backend (e.g. restore a numpy
-            buffer into torch tensors on ``"cuda"``).
+            buffer into torch tensors on ``"cuda"``). A checkpoint of a buffer on mmap
+            storage loads into numpy storage (``storage="mmap"`` would need a path).
         data_spec: the spec you expect; it must equal the saved one, and its
             container types (your own namedtuple classes) are used for the result.
         buffer_class: the class you expect (a subclass of it is accepted).
@@ -553,8 +554,11 @@ def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = N
         saved_spec = _matching_spec(saved_spec, data_spec, directory)
     state = manifest["state"]
     try:
+        # A checkpoint of a buffer on files is not tied to their path: it loads into RAM
+        # unless told otherwise.
+        saved_storage = "numpy" if manifest["storage"] == "mmap" else manifest["storage"]
         buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
-                                storage or manifest["storage"], device, manifest["config"])
+                                storage or saved_storage, device, manifest["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
     targets = buffer._stream_targets(state)
