@@ -171,6 +171,9 @@ def save_state(buffer: ReplayBuffer) -> Path:
     as a one-checkpoint series under ``path/state`` after the files are ``msync``-ed,
     both under the buffer's lock (see :meth:`ReplayBuffer.flush`)."""
     storage = buffer._storage
+    # The bulk of the msync first, without the lock (adds go on); under the lock it then
+    # only writes what those adds dirtied, and the state matches the files exactly.
+    storage.flush()
 
     def flushed() -> dict[str, Any]:  # under the lock, just before the snapshot
         storage.flush()
