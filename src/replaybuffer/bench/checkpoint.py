@@ -101,7 +101,7 @@ def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any
 
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
-    time.sleep(0.5)  # adds at their pace before the save, for the median
+    time.sleep(2.0)  # adds at their pace before the save: the idle baseline
     before_save = len(latencies)
     rss = _status("VmRSS")
     peak_reset = _reset_peak()
@@ -117,6 +117,7 @@ def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any
     return {"seconds": seconds, "bytes": data, "gb_per_s": data / seconds / 1e9,
             "adds_during": len(during), "add_median_us": statistics.median(latencies) * 1e6,
             "add_max_us": max(during, default=0.0) * 1e6,
+            "add_idle_max_us": max(latencies[:before_save], default=0.0) * 1e6,
             "add_p99_us": float(np.percentile(during, 99)) * 1e6 if during else 0.0,
             "extra_peak_rss_mb": (peak - rss) / 1e6 if peak_reset else None,
             "checkpoint": str(written)}
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{save['extra_peak_rss_mb']:.0f} MB")
         print(f"    while adding at {args.add_rate:.0f}/s: {save['adds_during']} adds during "
               f"the save, median add {save['add_median_us']:.1f} us, 99th percentile "
-              f"{save['add_p99_us']:.0f} us, longest {save['add_max_us']:.0f} us")
+              f"{save['add_p99_us']:.0f} us, longest {save['add_max_us']:.0f} us (before the "
+              f"save: {save['add_idle_max_us']:.0f} us)")
         print(f"  load: {load['seconds']:.2f} s, {load['gb_per_s']:.2f} GB/s "
               f"({load['gb_per_s'] / r['read_gb_per_s']:.2f}x a plain read into fresh memory "
               f"at {r['read_gb_per_s']:.2f} GB/s); peak extra RSS beyond the buffer "
