@@ -137,16 +137,42 @@ class RateLimiter:
             return False
         return self.inserts * self.samples_per_insert - (self.samples + n) >= self.min_diff
 
+    def check_insert_size(self, n: int) -> None:
+        """Raise ``ValueError`` if an insert of ``n`` items, held back, could never go
+        ahead beside samples as large as the largest seen."""
+        window = self.max_diff - self.min_diff
+        if n * self.samples_per_insert + self._largest_sample > window:
+            raise ValueError(
+                f"an insert of {n} items at {self.samples_per_insert} samples per insert "
+                f"needs a window of {n * self.samples_per_insert + self._largest_sample} "
+                f"beside samples of {self._largest_sample}; {self!r} has {window}: it "
+                "would wait forever")
+
+    def check_sample_size(self, n: int) -> None:
+        """Raise ``ValueError`` if a sample of ``n`` items, held back, could never go
+        ahead beside inserts as large as the largest seen."""
+        window = self.max_diff - self.min_diff
+        if n + self._largest_insert * self.samples_per_insert > window:
+            raise ValueError(
+                f"a sample of {n} items needs a window of "
+                f"{n + self._largest_insert * self.samples_per_insert} beside inserts of "
+                f"{self._largest_insert}; {self!r} has {window}: it would wait forever")
+
+    def check_capacity(self, capacity: int) -> None:
+        """Raise ``ValueError`` if a buffer of ``capacity`` items could never hold
+        ``min_size_to_sample``."""
+        if self.min_size_to_sample > capacity:
+            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) is more than "
+                             f"the buffer can hold ({capacity}): no sample could ever go "
+                             "ahead")
+
     # ----------------------------------------------------------------- attaching
     def attach(self, lock: Any, capacity: int) -> None:
         """Bind to a buffer's lock (waits happen on it) and check it can fill up."""
         if self._condition is not None:
             raise ValueError(f"{self!r} is attached to a buffer already: give each buffer "
                              "a limiter of its own")
-        if self.min_size_to_sample > capacity:
-            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) is more than "
-                             f"the buffer can hold ({capacity}): no sample could ever go "
-                             "ahead")
+        self.check_capacity(capacity)
         self._condition = threading.Condition(lock)
 
     def detach(self) -> None:
@@ -164,13 +190,7 @@ class RateLimiter:
         """
         if self.can_insert(n, size()):
             return True
-        window = self.max_diff - self.min_diff
-        if n * self.samples_per_insert + self._largest_sample > window:
-            raise ValueError(
-                f"an insert of {n} items at {self.samples_per_insert} samples per insert "
-                f"needs a window of {n * self.samples_per_insert + self._largest_sample} "
-                f"beside samples of {self._largest_sample}; {self!r} has {window}: it "
-                "would wait forever")
+        self.check_insert_size(n)
         return self._wait(lambda: self.can_insert(n, size()), "insert", n, timeout, block,
                           size)
 
@@ -180,12 +200,7 @@ class RateLimiter:
         :meth:`await_insert` otherwise."""
         if self.can_sample(n, size()):
             return True
-        window = self.max_diff - self.min_diff
-        if n + self._largest_insert * self.samples_per_insert > window:
-            raise ValueError(
-                f"a sample of {n} items needs a window of "
-                f"{n + self._largest_insert * self.samples_per_insert} beside inserts of "
-                f"{self._largest_insert}; {self!r} has {window}: it would wait forever")
+        self.check_sample_size(n)
         return self._wait(lambda: self.can_sample(n, size()), "sample", n, timeout, block,
                           size)
 

@@ -561,26 +561,8 @@ class ReplayBuffer:
     def _package(self, leaves: list[Any], ids: np.ndarray, info: dict[str, np.ndarray],
                  sample_batch_size: int | None, num_steps: int | None,
                  time_stacked: bool) -> tuple[Any, BufferInfo]:
-        to_backend = self._storage.from_numpy
-        probabilities, weights = info["probabilities"], info.get("weights")
-        if sample_batch_size is None:
-            leaves = [leaf[0] for leaf in leaves]
-            ids, probabilities = ids[0], probabilities[0]
-            weights = None if weights is None else weights[0]
-        if weights is not None:
-            weights = to_backend(np.asarray(weights))
-        if num_steps is not None and not time_stacked:
-            axis_t = 0 if sample_batch_size is None else 1
-            items = tuple(self._structure.unflatten([_take_step(leaf, t, axis_t)
-                                                     for leaf in leaves])
-                          for t in range(num_steps))
-            ids_out: Any = tuple(to_backend(np.array(_take_step(ids, t, axis_t)))
-                                 for t in range(num_steps))
-            return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)), weights)
-        if to_backend is identity:
-            return self._structure.unflatten(leaves), BufferInfo(ids, probabilities, weights)
-        return self._structure.unflatten(leaves), BufferInfo(
-            to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)), weights)
+        return package(self._structure, self._storage.from_numpy, leaves, ids, info,
+                       sample_batch_size, num_steps, time_stacked)
 
     def gather_all(self) -> Any:
         """Every retained step, ``[batch_size, items_per_row, D]`` per leaf.
@@ -846,6 +828,33 @@ class ReplayBuffer:
                 self._episodes.load(np.asarray(state.get("episode_starts", []), np.int64))
             if self._codec is not None:
                 self._codec.load_state_dict(state["frames"])
+
+
+def package(structure: Any, to_backend: Callable[[np.ndarray], Any], leaves: list[Any],
+            ids: np.ndarray, info: dict[str, np.ndarray], sample_batch_size: int | None,
+            num_steps: int | None, time_stacked: bool) -> tuple[Any, BufferInfo]:
+    """Gathered leaves (``[S, ...]`` or ``[S, T, ...]``) and their ids and ``info``
+    (``probabilities``, maybe ``weights``) as ``get_next`` returns them: the outer
+    ``S`` dropped when ``sample_batch_size`` is None, a T-tuple of steps when not
+    ``time_stacked``, arrays in the storage's backend (``to_backend``)."""
+    probabilities, weights = info["probabilities"], info.get("weights")
+    if sample_batch_size is None:
+        leaves = [leaf[0] for leaf in leaves]
+        ids, probabilities = ids[0], probabilities[0]
+        weights = None if weights is None else weights[0]
+    if weights is not None:
+        weights = to_backend(np.asarray(weights))
+    if num_steps is not None and not time_stacked:
+        axis_t = 0 if sample_batch_size is None else 1
+        items = tuple(structure.unflatten([_take_step(leaf, t, axis_t) for leaf in leaves])
+                      for t in range(num_steps))
+        ids_out: Any = tuple(to_backend(np.array(_take_step(ids, t, axis_t)))
+                             for t in range(num_steps))
+        return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)), weights)
+    if to_backend is identity:
+        return structure.unflatten(leaves), BufferInfo(ids, probabilities, weights)
+    return structure.unflatten(leaves), BufferInfo(
+        to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)), weights)
 
 
 def _take_step(array: Any, t: int, axis: int) -> Any:

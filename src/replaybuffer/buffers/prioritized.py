@@ -13,6 +13,43 @@ from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.storage.base import to_numpy
 
 
+def checked_priorities(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """``update_priorities``' arguments checked: ``(ids [S] int64, priorities [S]
+    float64, the largest priority or None when there are none)``; ids of windows
+    (``[S, T]`` or a T-tuple) give their first step's.
+
+    Raises:
+        ValueError: mismatched shapes, or a NaN, infinite or negative priority (naming
+            the first and its id).
+    """
+    unstacked = isinstance(ids, tuple) and len(ids) > 0 and np.ndim(ids[0]) == 1
+    ids_arr, values = _as_numpy(ids[0] if unstacked else ids, np.int64), \
+        _as_numpy(priorities, np.float64)
+    if ids_arr.ndim == 2:
+        ids_arr = ids_arr[:, 0]
+    if ids_arr.ndim != 1 or values.shape != ids_arr.shape:
+        raise ValueError(f"update_priorities: expected ids [S] (or [S, T]) and "
+                         f"priorities [S] of the same S, got ids of shape "
+                         f"{np.shape(ids)} and priorities of shape {values.shape}")
+    largest = None
+    if values.size:
+        # One reduction checks the usual all-good batch and finds its largest value:
+        # as unsigned integers, finite floats >= 0 are ordered as floats and lie below
+        # the bits of inf, while NaN, inf and negative numbers (sign bit set) do not.
+        top = values.view(np.uint64).max()
+        if top < _INF_BITS:
+            largest = float(top.view(np.float64))
+        else:  # something is bad, or a -0.0 (allowed) is among them
+            bad = ~np.isfinite(values) | (values < 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(
+                    f"update_priorities: priorities must be finite and >= 0; "
+                    f"priorities[{i}] is {float(values[i])} (for id {int(ids_arr[i])}); "
+                    f"{int(bad.sum())} bad value(s), nothing was updated")
+    return ids_arr, values, largest
+
+
 class PrioritizedMixin:
     """Priorities for a buffer whose sampler is a
     :class:`~replaybuffer.sampling.prioritized.PrioritizedSampler`: item ids in
@@ -56,31 +93,7 @@ class PrioritizedMixin:
             ValueError: mismatched shapes, or a NaN, infinite or negative priority.
                 Nothing is changed then.
         """
-        unstacked = isinstance(ids, tuple) and len(ids) > 0 and np.ndim(ids[0]) == 1
-        ids_arr, values = _as_numpy(ids[0] if unstacked else ids, np.int64), \
-            _as_numpy(priorities, np.float64)
-        if ids_arr.ndim == 2:
-            ids_arr = ids_arr[:, 0]
-        if ids_arr.ndim != 1 or values.shape != ids_arr.shape:
-            raise ValueError(f"update_priorities: expected ids [S] (or [S, T]) and "
-                             f"priorities [S] of the same S, got ids of shape "
-                             f"{np.shape(ids)} and priorities of shape {values.shape}")
-        largest = None
-        if values.size:
-            # One reduction checks the usual all-good batch and finds its largest value:
-            # as unsigned integers, finite floats >= 0 are ordered as floats and lie below
-            # the bits of inf, while NaN, inf and negative numbers (sign bit set) do not.
-            top = values.view(np.uint64).max()
-            if top < _INF_BITS:
-                largest = float(top.view(np.float64))
-            else:  # something is bad, or a -0.0 (allowed) is among them
-                bad = ~np.isfinite(values) | (values < 0)
-                if bad.any():
-                    i = int(np.flatnonzero(bad)[0])
-                    raise ValueError(
-                        f"update_priorities: priorities must be finite and >= 0; "
-                        f"priorities[{i}] is {float(values[i])} (for id {int(ids_arr[i])}); "
-                        f"{int(bad.sum())} bad value(s), nothing was updated")
+        ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
 

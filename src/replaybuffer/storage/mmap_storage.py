@@ -44,6 +44,28 @@ journal brings; how many times the buffer was cleared (a state saved before a cl
 stale)."""
 
 
+def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool) -> np.memmap:
+    """A ``.npy`` file mapped read-write: created zeroed, or opened and checked.
+
+    Raises:
+        CheckpointError: (opening) the file is missing, unreadable, or of another shape
+            or dtype.
+    """
+    if create:
+        return np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape)
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing: the mapped buffer in {file.parent.parent} "
+                              "is incomplete")
+    try:
+        array = np.lib.format.open_memmap(file, mode="r+")
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"{file} is not a readable .npy file: {exc}") from exc
+    if array.shape != shape or array.dtype != dtype:
+        raise CheckpointError(f"{file}: expected shape {shape} dtype {dtype}, found "
+                              f"shape {array.shape} dtype {array.dtype}")
+    return array
+
+
 class Reopening(os.PathLike):
     """A path handed to a buffer's constructor by :func:`replaybuffer.reopen`: the
     storage attaches to the files there instead of refusing a non-empty directory."""
@@ -105,20 +127,7 @@ class MmapStorage(NumpyStorage):
 
     # ------------------------------------------------------------------- files
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        file = self.data / f"{name}.npy"
-        if self.reopening:
-            if not file.is_file():
-                raise CheckpointError(f"{file} is missing: the mmap buffer in {self.path} is "
-                                      "incomplete")
-            try:
-                array = np.lib.format.open_memmap(file, mode="r+")
-            except (ValueError, OSError) as exc:
-                raise CheckpointError(f"{file} is not a readable .npy file: {exc}") from exc
-            if array.shape != shape or array.dtype != dtype:
-                raise CheckpointError(f"{file}: expected shape {shape} dtype {dtype}, found "
-                                      f"shape {array.shape} dtype {array.dtype}")
-        else:
-            array = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape)
+        array = map_npy(self.data / f"{name}.npy", shape, dtype, create=not self.reopening)
         self._maps[name] = array
         # Plain ndarray views of the mapping: a memmap's slices and takes are memmaps
         # too, each paying for __array_finalize__ (about 5 us a get_next).

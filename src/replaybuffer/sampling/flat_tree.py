@@ -1,0 +1,72 @@
+"""Sum and min trees in one flat float64 array, as pure functions.
+
+:class:`~replaybuffer.sampling.segment_tree.SumTree` keeps bookkeeping in Python
+attributes (lazily recomputed levels), so it cannot be shared between processes. These
+functions keep *everything* in the array they are given, which may live in memory
+shared by processes (:mod:`replaybuffer.distributed.shared`); callers serialise updates
+and reads with a lock of their own.
+
+Layout: for ``capacity`` leaves, ``P`` is the next power of two (at least 2); the array has ``2 * P``
+nodes, the root at 1 (node 0 unused), node ``k``'s children at ``2k`` and ``2k + 1``,
+leaf ``i`` at ``P + i``. Leaves past ``capacity`` hold the operation's identity (0 for
+sums, +inf for minima).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def tree_nodes(capacity: int) -> int:
+    """Length of the flat array for ``capacity`` leaves: twice the next power of two."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+    return 2 * max(2, 1 << (int(capacity) - 1).bit_length())  # a root above the leaves
+
+
+def fill(tree: np.ndarray, identity: float) -> None:
+    """Every node to ``identity`` (0.0 for a sum tree, ``inf`` for a min tree)."""
+    tree[...] = identity
+
+
+def update(tree: np.ndarray, leaves: np.ndarray, values: np.ndarray,
+           combine: np.ufunc = np.add) -> None:
+    """Set ``leaves`` (int64 ``[n]``) to ``values`` (float64 ``[n]``) and recompute their
+    ancestors with ``combine`` (``np.add`` or ``np.minimum``). A leaf given twice takes
+    its last value."""
+    half = len(tree) // 2
+    leaves = np.asarray(leaves, np.int64).ravel()
+    if not len(leaves):
+        return
+    tree[half + leaves] = values  # numpy assigns repeated indices in order: last wins
+    nodes = np.unique((half + leaves) >> 1)
+    while True:
+        tree[nodes] = combine(tree[2 * nodes], tree[2 * nodes + 1])
+        if nodes[0] == 1:
+            return
+        nodes = np.unique(nodes >> 1)
+
+
+def leaves_of(tree: np.ndarray, leaves: np.ndarray) -> np.ndarray:
+    """The values of ``leaves`` (int64, any shape), float64."""
+    return tree[len(tree) // 2 + np.asarray(leaves, np.int64)]
+
+
+def find_prefix(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """For each ``target`` in ``[0, total)`` (float64 ``[n]``), the leaf ``i`` whose
+    prefix sum interval ``[sum(leaves[:i]), sum(leaves[:i + 1]))`` holds it: a draw with
+    probability proportional to the leaves when the targets are uniform. Int64 ``[n]``.
+
+    Rounding may land a target near the total on a zero leaf; callers check the drawn
+    leaves' values and redraw those (a zero leaf is never a valid draw)."""
+    half = len(tree) // 2
+    node = np.ones(len(targets), np.int64)
+    left_target = np.asarray(targets, np.float64).copy()
+    while half > 1:
+        node <<= 1
+        left = tree[node]
+        right = left_target >= left
+        left_target -= np.where(right, left, 0.0)
+        node += right
+        half >>= 1
+    return node - len(tree) // 2
