@@ -16,7 +16,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"replaybuffer demo needs the demo extra "
                          f"(pip install 'replaybuffer[demo]'): {exc}") from exc
     dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress,
-             prioritized=args.prioritized)
+             prioritized=args.prioritized, actors=args.actors)
     return 0
 
 
@@ -40,6 +40,15 @@ def _bench(args: argparse.Namespace) -> int:
 
         return checkpoint.main(["--size-gb", str(0.2 if args.quick else args.size_gb)]
                                + (["--json", args.json] if args.json else []))
+    if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
+        from replaybuffer.bench import processes
+
+        argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
+        if args.quick:
+            argv += ["--writers", "1,2", "--no-reverb"]
+        if args.soak is not None:
+            argv += ["--soak", str(args.soak)]
+        return processes.main(argv + (["--json", args.json] if args.json else []))
     from replaybuffer.bench import run_and_report
 
     return run_and_report(args)
@@ -126,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="directory for learning_curve.png and result.json")
     demo.add_argument("--prioritized", action="store_true",
                       help="prioritized replay (PrioritizedReplayBuffer) instead of uniform")
+    demo.add_argument("--actors", type=int, default=0, metavar="N",
+                      help="collect with N actor processes writing into a shared buffer "
+                           "(SharedReplayBuffer), the learner in this process")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
 
@@ -156,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "extra memory")
     bench.add_argument("--size-gb", type=float, default=4.0,
                        help="with --checkpoint: the buffer's size (default 4)")
+    bench.add_argument("--processes", action="store_true",
+                       help="writer processes and a sampler on one SharedReplayBuffer "
+                            "(1, 2, 4 writers), one process alone, and Reverb where "
+                            "benchmarks/setup_reverb.sh installed it")
+    bench.add_argument("--seconds", type=float, default=5.0,
+                       help="with --processes: seconds per configuration (default 5)")
+    bench.add_argument("--soak", type=float, default=None, metavar="SECONDS",
+                       help="with --processes: the stress run (writers killed, every "
+                            "sample checked) for SECONDS instead")
     bench.set_defaults(func=_bench)
 
     inspect = sub.add_parser("inspect", help="describe a checkpoint and verify its checksums "

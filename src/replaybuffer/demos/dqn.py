@@ -129,7 +129,6 @@ def train(config: DQNConfig, progress: bool = True,
     """Train a DQN; returns the result and the selected Q-network."""
     import gymnasium as gym
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(config.seed)
     torch.set_num_threads(1)  # small networks: threads cost more than they give
@@ -177,42 +176,18 @@ def train(config: DQNConfig, progress: bool = True,
                         num_steps=config.collect_steps, seed=config.seed)
     iterator = iter(buffer.as_dataset(sample_batch_size=config.sample_batch_size, num_steps=2))
 
-    def train_step() -> float:
+    def train_step() -> None:
         trajectories, info = next(iterator)
-        current, following, valid = to_transition(trajectories)
-        obs = torch.as_tensor(current.observation[:, 0], dtype=torch.float32)
-        action = torch.as_tensor(current.action[:, 0], dtype=torch.int64)
-        reward = torch.as_tensor(current.reward[:, 0])
-        discount = torch.as_tensor(current.discount[:, 0])
-        next_obs = torch.as_tensor(following.observation[:, 0], dtype=torch.float32)
-        mask = torch.as_tensor(valid[:, 0], dtype=torch.float32)
-        with torch.no_grad():  # double DQN: the online net picks, the target net values
-            next_action = q_net(next_obs).argmax(1, keepdim=True)
-            next_value = target_net(next_obs).gather(1, next_action).squeeze(1)
-            target = reward + config.gamma * discount * next_value
-        q = q_net(obs).gather(1, action[:, None]).squeeze(1)
-        if info.weights is not None:  # prioritized: correct the sampling bias
-            mask = mask * torch.as_tensor(info.weights)
-        loss = (F.smooth_l1_loss(q, target, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(q_net.parameters(), 10.0)
-        optimizer.step()
+        td = gradient_step(q_net, target_net, optimizer, trajectories, info, config.gamma)
         if config.prioritized:
-            td = (q - target).detach().abs() * torch.as_tensor(valid[:, 0])  # 0 at boundaries
-            buffer.update_priorities(info.ids, td.numpy() + config.priority_epsilon)
-        return loss.item()
+            buffer.update_priorities(info.ids, td + config.priority_epsilon)
 
     bar = _progress(config.steps, progress)
     start = time.perf_counter()
     curve: list[tuple[int, float]] = []
-    evaluations: list[tuple[int, float]] = []
-    best = (-np.inf, 0, copy.deepcopy(q_net.state_dict()))
+    selection = Selection(config, on_eval)
     gradient_steps = 0
-    next_eval = config.eval_every
-    solved_in_a_row = 0
-    stopped_early = False
-    while env_steps.result() < config.steps and not stopped_early:
+    while env_steps.result() < config.steps and not selection.stopped_early:
         before = env_steps.result()
         driver.run()
         bar.update(env_steps.result() - before)
@@ -225,27 +200,82 @@ def train(config: DQNConfig, progress: bool = True,
                     target_net.load_state_dict(q_net.state_dict())
         if not np.isnan(average_return.result()):
             curve.append((env_steps.result(), average_return.result()))
-        if env_steps.result() >= next_eval or env_steps.result() >= config.steps:
-            next_eval += config.eval_every
-            score = greedy_return(q_net, config.eval_episodes, seed=config.seed * 1000)
-            evaluations.append((env_steps.result(), score))
-            if on_eval is not None:
-                on_eval(env_steps.result(), score)
-            if score >= best[0]:
-                best = (score, env_steps.result(), copy.deepcopy(q_net.state_dict()))
-            solved_in_a_row = solved_in_a_row + 1 if score >= config.stop_at else 0
-            stopped_early = config.stop_after > 0 and solved_in_a_row >= config.stop_after
+        selection.after(q_net, env_steps.result())
         bar.set_postfix(ret=f"{average_return.result():6.1f}", eps=f"{epsilon():.2f}",
-                        best=f"{best[0]:.0f}")
+                        best=f"{selection.best[0]:.0f}")
     bar.close()
-    last_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
-    q_net.load_state_dict(best[2])
-    final_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
     env.close()
-    result = DQNResult(config, final_return, last_return, best[1],
-                       time.perf_counter() - start, env_steps.result(), stopped_early, curve,
-                       evaluations)
-    return result, q_net
+    return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve)
+
+
+def gradient_step(q_net: Any, target_net: Any, optimizer: Any, trajectories: Any,
+                  info: rb.BufferInfo, gamma: float) -> np.ndarray:
+    """One double-DQN update (Huber loss, gradients clipped at norm 10) on a sample of
+    two-step windows; importance ``weights`` scale the loss when the sample has them.
+    Returns float32 ``[S]`` |TD errors|, 0 for windows that start at a boundary."""
+    import torch
+    import torch.nn.functional as F
+
+    current, following, valid = to_transition(trajectories)
+    obs = torch.as_tensor(current.observation[:, 0], dtype=torch.float32)
+    action = torch.as_tensor(current.action[:, 0], dtype=torch.int64)
+    reward = torch.as_tensor(current.reward[:, 0])
+    discount = torch.as_tensor(current.discount[:, 0])
+    next_obs = torch.as_tensor(following.observation[:, 0], dtype=torch.float32)
+    mask = torch.as_tensor(valid[:, 0], dtype=torch.float32)
+    with torch.no_grad():  # double DQN: the online net picks, the target net values
+        next_action = q_net(next_obs).argmax(1, keepdim=True)
+        next_value = target_net(next_obs).gather(1, next_action).squeeze(1)
+        target = reward + gamma * discount * next_value
+    q = q_net(obs).gather(1, action[:, None]).squeeze(1)
+    if info.weights is not None:  # prioritized: correct the sampling bias
+        mask = mask * torch.as_tensor(info.weights)
+    loss = (F.smooth_l1_loss(q, target, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(q_net.parameters(), 10.0)
+    optimizer.step()
+    return ((q - target).detach().abs() * torch.as_tensor(valid[:, 0])).numpy()
+
+
+class Selection:
+    """Greedy evaluations every ``eval_every`` steps, the best snapshot, and the early
+    stop (``stop_after`` evaluations in a row at ``stop_at`` or more)."""
+
+    def __init__(self, config: DQNConfig, on_eval: Callable[[int, float], None] | None):
+        self.config, self.on_eval = config, on_eval
+        self.evaluations: list[tuple[int, float]] = []
+        self.best: tuple[float, int, Any] = (-np.inf, 0, None)
+        self.next_eval = config.eval_every
+        self.in_a_row = 0
+        self.stopped_early = False
+
+    def after(self, q_net: Any, steps: int) -> None:
+        """Evaluate ``q_net`` if ``steps`` reached the next evaluation (or the end)."""
+        config = self.config
+        if steps < self.next_eval and steps < config.steps:
+            return
+        self.next_eval += config.eval_every
+        score = greedy_return(q_net, config.eval_episodes, seed=config.seed * 1000)
+        self.evaluations.append((steps, score))
+        if self.on_eval is not None:
+            self.on_eval(steps, score)
+        if score >= self.best[0]:
+            self.best = (score, steps, copy.deepcopy(q_net.state_dict()))
+        self.in_a_row = self.in_a_row + 1 if score >= config.stop_at else 0
+        self.stopped_early = config.stop_after > 0 and self.in_a_row >= config.stop_after
+
+    def result(self, q_net: Any, steps: int, seconds: float,
+               curve: list[tuple[int, float]]) -> tuple[DQNResult, Any]:
+        """Final evaluations of the last network and of the best snapshot (which
+        ``q_net`` holds afterwards)."""
+        config = self.config
+        last_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
+        if self.best[2] is not None:
+            q_net.load_state_dict(self.best[2])
+        final_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
+        return DQNResult(config, final_return, last_return, self.best[1], seconds, steps,
+                         self.stopped_early, curve, self.evaluations), q_net
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -283,13 +313,22 @@ def plot(result: DQNResult, path: Path) -> None:
 
 
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
-         progress: bool = True, prioritized: bool = False,
+         progress: bool = True, prioritized: bool = False, actors: int = 0,
          echo: Callable[[str], None] = print) -> DQNResult:
-    """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``."""
+    """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``.
+    With ``actors``, collect with that many processes into a shared buffer
+    (:mod:`replaybuffer.demos.dqn_actors`)."""
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
-    result, _ = train(config, progress=progress)
+    if actors:
+        if prioritized:
+            raise ValueError("--actors runs uniform replay (drop --prioritized)")
+        from replaybuffer.demos.dqn_actors import train_actors
+
+        result, _ = train_actors(config, actors, progress=progress)
+    else:
+        result, _ = train(config, progress=progress)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(result, out_dir / "learning_curve.png")

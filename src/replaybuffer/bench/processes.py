@@ -1,0 +1,206 @@
+"""``replaybuffer bench --processes``: many writer processes and one sampler process on
+one :class:`~replaybuffer.distributed.SharedReplayBuffer`, beside one process alone and
+beside Reverb on the same workload.
+
+Per workload (control, frames) and writer count (1, 2, 4): a uniform shared buffer
+(100k control items, 20k frames items) under ``MinSize(1000)``, prefilled with 1000
+items; every process maps it, then all start together and run for ``--seconds``:
+each writer adds one item per ``add_batch`` (an actor with one env), the sampler draws
+``get_next(256)``. Inserts/s sum the writers' items; samples/s count sampled items.
+The single-process row times ``add_batch`` of one item alone, then ``get_next(256)``
+alone, on an in-process :class:`~replaybuffer.UniformReplayBuffer`.
+
+Reverb runs in its own venv (``bash benchmarks/setup_reverb.sh``) through
+``benchmarks/reverb_processes.py`` with the same workloads, writer counts and time: a
+server on localhost, writers with one item per step, a sampler of batches of 256; it is
+reported as not runnable where that venv is missing.
+
+``--soak SECONDS`` runs the stress run of the test suite for longer instead
+(:func:`replaybuffer.distributed.stress.run_stress`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaybuffer.bench.workloads import control_spec, frames_spec, random_items
+from replaybuffer.buffers.uniform import UniformReplayBuffer
+from replaybuffer.distributed.shared import SharedReplayBuffer
+from replaybuffer.rate_limiter import MinSize
+
+WORKLOADS = {"control": (control_spec, 100_000), "frames": (frames_spec, 20_000)}
+PREFILL = 1000
+SAMPLE = 256
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _batches(spec: Any, seed: int, count: int = 64) -> list[Any]:
+    rng = np.random.default_rng(seed)
+    return [random_items(spec, (1,), rng) for _ in range(count)]
+
+
+def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds: float,
+            out: Any) -> None:
+    batches = _batches(buffer.data_spec, seed)
+    buffer.add_batch(batches[0])  # claims the row and warms up; not counted
+    ready.put(1)
+    go.wait()
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for batch in batches[:16]:
+            buffer.add_batch(batch)
+        done += 16
+    out.put(("inserts", done - 0))
+
+
+def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
+             out: Any) -> None:
+    buffer.get_next(SAMPLE)
+    ready.put(1)
+    go.wait()
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        buffer.get_next(SAMPLE)
+        done += SAMPLE
+    out.put(("samples", done))
+
+
+def run_shared(workload: str, writers: int, seconds: float) -> dict[str, Any]:
+    """Writers and one sampler on a shared buffer for ``seconds`` (see the module)."""
+    make_spec, capacity = WORKLOADS[workload]
+    spec = make_spec()
+    rows = writers + 1  # one for the prefill
+    ctx = mp.get_context("spawn")
+    with SharedReplayBuffer(spec, rows, capacity // rows, rate_limiter=MinSize(PREFILL),
+                            seed=0) as buffer:
+        prefill = random_items(spec, (1, PREFILL), np.random.default_rng(0))
+        buffer.extend(prefill)
+        ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_writer, args=(buffer, k, ready, go, seconds, out))
+                 for k in range(writers)]
+        procs.append(ctx.Process(target=_sampler, args=(buffer, ready, go, seconds, out)))
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=120)
+        go.set()
+        totals = {"inserts": 0, "samples": 0}
+        for _ in procs:
+            kind, count = out.get(timeout=seconds + 60)
+            totals[kind] += count
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return {"peer": "replaybuffer[shared]", "workload": workload, "writers": writers,
+            "inserts_per_s": totals["inserts"] / seconds,
+            "samples_per_s": totals["samples"] / seconds, "seconds": seconds}
+
+
+def run_single(workload: str, seconds: float) -> dict[str, Any]:
+    """One process: ``add_batch`` of one item for ``seconds / 2``, then ``get_next(256)``."""
+    make_spec, capacity = WORKLOADS[workload]
+    spec = make_spec()
+    buffer = UniformReplayBuffer(spec, 1, capacity, seed=0)
+    buffer.extend(random_items(spec, (1, PREFILL), np.random.default_rng(0)))
+    batches = _batches(spec, 1)
+    rates = []
+    for op in ("insert", "sample"):
+        done, deadline = 0, time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline:
+            if op == "insert":
+                for batch in batches[:16]:
+                    buffer.add_batch(batch)
+                done += 16
+            else:
+                buffer.get_next(SAMPLE)
+                done += SAMPLE
+        rates.append(done / (seconds / 2))
+    return {"peer": "replaybuffer[one process]", "workload": workload, "writers": 0,
+            "inserts_per_s": rates[0], "samples_per_s": rates[1], "seconds": seconds}
+
+
+def run_reverb(workloads: list[str], writers: list[int], seconds: float
+               ) -> list[dict[str, Any]]:
+    """Reverb's rows from its own venv, or one row per workload saying why not."""
+    python = ROOT / ".venv-reverb" / "bin" / "python"
+    script = ROOT / "benchmarks" / "reverb_processes.py"
+    if not python.exists() or not script.exists():
+        return [{"peer": "reverb", "workload": w, "writers": None,
+                 "unsupported": "not runnable here: no .venv-reverb (run bash "
+                                "benchmarks/setup_reverb.sh)"} for w in workloads]
+    command = [str(python), str(script), "--writers", ",".join(map(str, writers)),
+               "--seconds", str(seconds), "--workload", ",".join(workloads)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True,
+                              timeout=60 + 30 * len(workloads) * len(writers) * seconds)
+    except subprocess.TimeoutExpired:
+        return [{"peer": "reverb", "workload": w, "writers": None,
+                 "unsupported": "timed out"} for w in workloads]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        return [{"peer": "reverb", "workload": w, "writers": None,
+                 "unsupported": f"failed (exit {done.returncode}): "
+                                f"{done.stderr.strip().splitlines()[-1:]}"} for w in workloads]
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workload | peer | writers | inserts/s | samples/s |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "unsupported" in r:
+            lines.append(f"| {r['workload']} | {r['peer']} | | {r['unsupported']} | |")
+            continue
+        writers = "one process" if not r["writers"] else r["writers"]
+        lines.append(f"| {r['workload']} | {r['peer']} | {writers} | "
+                     f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="replaybuffer bench --processes")
+    parser.add_argument("--workloads", default="control,frames")
+    parser.add_argument("--writers", default="1,2,4")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--no-reverb", action="store_true")
+    parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
+                        help="run the stress run for SECONDS instead")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    if args.soak is not None:
+        from replaybuffer.distributed.stress import run_stress
+
+        report = run_stress(seconds=args.soak)
+        print(report)
+        return 0 if report.torn == 0 and not report.hung else 1
+    workloads = [w for w in args.workloads.split(",") if w]
+    writers = [int(w) for w in args.writers.split(",") if w]
+    rows = []
+    for workload in workloads:
+        rows.append(run_single(workload, args.seconds))
+        print(json.dumps(rows[-1]), flush=True)
+        for count in writers:
+            rows.append(run_shared(workload, count, args.seconds))
+            print(json.dumps(rows[-1]), flush=True)
+    if not args.no_reverb:
+        for row in run_reverb(workloads, writers, args.seconds):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print(format_rows(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The DQN demo with N actor processes: ``replaybuffer demo --actors N``.
+
+Each actor (:class:`~replaybuffer.collect.actors.ActorPool`) steps its own CartPole
+with an epsilon-greedy policy and writes its trajectories straight into a
+:class:`~replaybuffer.distributed.SharedReplayBuffer` (one row per actor); the learner,
+in the main process, samples two-step windows from it and trains as
+:func:`replaybuffer.demos.dqn.train` does. A :class:`~replaybuffer.SampleToInsertRatio`
+keeps the single-process demo's ratio (``gradient_steps * sample_batch_size /
+collect_steps`` sampled items per inserted step), so actors wait for the learner
+instead of filling the buffer with stale-policy data, and the learner waits for data.
+
+Actors act with a numpy copy of the Q-network (:class:`PolicyWeights`: the learner
+publishes its parameters to shared memory after every ``target_update`` gradient
+steps; an actor picks up a new version between steps, never half of one). Epsilon
+follows the whole run's inserted steps, read from the buffer's shared counters.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from replaybuffer.collect import StepDriver
+from replaybuffer.collect.actors import ActorPool
+from replaybuffer.demos.dqn import (ENV_ID, DQNConfig, DQNResult, Selection, _progress,
+                                    build_q_network, gradient_step)
+from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.rate_limiter import RateLimitedError, SampleToInsertRatio
+from replaybuffer.storage.mmap_storage import map_npy
+
+
+class PolicyWeights:
+    """An MLP's parameters in shared memory, published whole and read whole.
+
+    ``version`` is odd while the learner writes; a reader copies the parameters and
+    keeps the copy only if the version was even and unchanged around it.
+
+    Args:
+        directory: where the two ``.npy`` files are (the shared buffer's directory).
+        shapes: the parameters' shapes, in ``q_net.parameters()`` order.
+        create: make the files (the learner) or map them (actors).
+    """
+
+    def __init__(self, directory: str | os.PathLike, shapes: list[tuple[int, ...]],
+                 create: bool):
+        self._args = (str(directory), shapes)
+        size = int(sum(np.prod(s) for s in shapes))
+        self._vector = map_npy(Path(directory) / "policy.npy", (size,), np.dtype(np.float32),
+                               create).view(np.ndarray)
+        self._version = map_npy(Path(directory) / "policy_version.npy", (1,),
+                                np.dtype(np.int64), create).view(np.ndarray)
+        self._shapes = shapes
+        self._seen = -1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PolicyWeights, self._args + (False,)
+
+    def publish(self, parameters: list[np.ndarray]) -> None:
+        self._version[0] += 1
+        self._vector[:] = np.concatenate([p.ravel() for p in parameters])
+        self._version[0] += 1
+
+    def read(self) -> list[np.ndarray] | None:
+        """The parameters if a version newer than the last read is whole, else None."""
+        version = int(self._version[0])
+        if version % 2 or version == self._seen:
+            return None
+        vector = self._vector.copy()
+        if int(self._version[0]) != version:
+            return None
+        self._seen = version
+        out, offset = [], 0
+        for shape in self._shapes:
+            size = int(np.prod(shape))
+            out.append(vector[offset:offset + size].reshape(shape))
+            offset += size
+        return out
+
+
+class EpsilonGreedyMLP:
+    """An actor's policy: ``argmax`` of a numpy ReLU MLP (``torch.nn.Linear`` layers'
+    ``[weight, bias]`` pairs), random actions with the run's epsilon.
+
+    Observations ``[num_envs, obs_dim]`` float32 to int64 actions ``[num_envs]``.
+    """
+
+    def __init__(self, weights: PolicyWeights, buffer: SharedReplayBuffer,
+                 config: DQNConfig, num_actions: int, index: int):
+        self.weights, self.buffer, self.config = weights, buffer, config
+        self.num_actions = num_actions
+        self.rng = np.random.default_rng([config.seed, index])
+        self.layers: list[np.ndarray] = []
+        while not self.layers:  # the learner publishes before starting actors
+            self.layers = weights.read() or []
+
+    def epsilon(self) -> float:
+        config = self.config
+        stats = self.buffer.stats()
+        steps = 0 if stats is None else stats.inserts
+        frac = min(1.0, steps / max(1, int(config.epsilon_fraction * config.steps)))
+        return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        fresh = self.weights.read()
+        if fresh is not None:
+            self.layers = fresh
+        h = np.asarray(obs, np.float32)
+        for k in range(0, len(self.layers), 2):
+            h = h @ self.layers[k].T + self.layers[k + 1]
+            if k + 2 < len(self.layers):
+                np.maximum(h, 0, out=h)
+        greedy = h.argmax(1)
+        explore = self.rng.random(len(h)) < self.epsilon()
+        return np.where(explore, self.rng.integers(0, self.num_actions, len(h)), greedy)
+
+
+def make_env() -> Any:
+    import gymnasium as gym
+
+    return gym.make_vec(ENV_ID, num_envs=1, vectorization_mode="sync")
+
+
+def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
+                 on_eval: Callable[[int, float], None] | None = None
+                 ) -> tuple[DQNResult, Any]:
+    """Train a DQN from ``num_actors`` actor processes; returns the result (``curve``
+    empty: returns are seen by the actors) and the selected Q-network."""
+    import torch
+
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(1)
+    probe_env = make_env()
+    spec = StepDriver(probe_env, lambda obs: np.zeros(len(obs), np.int64)).data_spec
+    num_actions = int(probe_env.single_action_space.n)
+    obs_dim = probe_env.single_observation_space.shape[0]
+    probe_env.close()
+    q_net = build_q_network(obs_dim, num_actions, config.hidden)
+    target_net = copy.deepcopy(q_net)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
+    ratio = config.gradient_steps * config.sample_batch_size / config.collect_steps
+    limiter = SampleToInsertRatio(ratio, config.learning_starts,
+                                  error_buffer=ratio * config.collect_steps)
+    buffer = SharedReplayBuffer(spec, num_actors, config.buffer_length // num_actors,
+                                rate_limiter=limiter, seed=config.seed)
+    weights = PolicyWeights(buffer.path, [tuple(p.shape) for p in q_net.parameters()],
+                            create=True)
+
+    def publish() -> None:
+        weights.publish([p.detach().numpy() for p in q_net.parameters()])
+
+    publish()
+    bar = _progress(config.steps, progress)
+    start = time.perf_counter()
+    selection = Selection(config, on_eval)
+    gradient_steps = 0
+    inserted = 0
+    pool = ActorPool(buffer, make_env, partial(EpsilonGreedyMLP, weights, buffer, config, num_actions),
+                     num_actors, seed=config.seed)
+    try:
+        with pool:
+            while inserted < config.steps and not selection.stopped_early:
+                try:
+                    trajectories, info = buffer.get_next(config.sample_batch_size, 2,
+                                                         timeout=0.5)
+                except RateLimitedError:
+                    pool.check()
+                else:
+                    gradient_step(q_net, target_net, optimizer, trajectories, info,
+                                  config.gamma)
+                    gradient_steps += 1
+                    if gradient_steps % config.target_update == 0:
+                        target_net.load_state_dict(q_net.state_dict())
+                        publish()
+                        done = min(1.0, inserted / config.steps)
+                        for group in optimizer.param_groups:
+                            group["lr"] = config.learning_rate * (
+                                1 - done * (1 - config.lr_final_fraction))
+                stats = buffer.stats()
+                assert stats is not None
+                bar.update(stats.inserts - inserted)
+                inserted = stats.inserts
+                selection.after(q_net, inserted)
+                bar.set_postfix(best=f"{selection.best[0]:.0f}", grad=gradient_steps)
+        bar.close()
+        return selection.result(q_net, inserted, time.perf_counter() - start, [])
+    finally:
+        buffer.close()
