@@ -1,6 +1,15 @@
 """Replay beyond one process: :class:`SharedReplayBuffer` (processes on one machine,
-shared memory; standard library and numpy only)."""
+shared memory; standard library and numpy only) and :class:`RayReplayBuffer` (shards
+as Ray actors; imports ray, the ``ray`` extra)."""
 
 from replaybuffer.distributed.shared import BufferClosedError, SharedReplayBuffer
 
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
+
+
+def __getattr__(name: str):  # Ray is imported only when its classes are asked for
+    if name in ("RayReplayBuffer", "ShardLoss", "ShardsUnavailableError", "ShardStartError"):
+        from replaybuffer.distributed import ray_shards
+
+        return getattr(ray_shards, name)
+    raise AttributeError(f"module 'replaybuffer.distributed' has no attribute {name!r}")

@@ -194,6 +194,19 @@ class PrioritizedSampler:
         self._floor = 0.0
 
     # ---------------------------------------------------------------- sampling
+    def valid_mass(self, ring: Ring, num_steps: int) -> float:
+        """The summed ``priority ** alpha`` of the steps that may start a window of
+        ``num_steps`` now (what one draw is proportional to); 0.0 when there are none."""
+        if self._pending:
+            self._flush()
+        if ring.last_id + 1 < num_steps:
+            return 0.0
+        hi = ring.valid_start_range(num_steps)[1]
+        outside = (ring.last_id + 1 - hi) * ring.batch_size
+        excluded = _cyclic_sum(self._sum._slots, (hi % ring.max_length) * ring.batch_size,
+                               outside, ring.capacity) if outside else 0.0
+        return max(0.0, self._sum.total() - excluded)
+
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None

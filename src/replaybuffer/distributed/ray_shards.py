@@ -1,0 +1,603 @@
+"""Replay sharded over Ray actors: :class:`RayReplayBuffer`.
+
+Each shard is a Ray actor holding a buffer of its own, made by ``buffer_factory()``
+(any class: uniform, prioritized, transitions, with a rate limiter). The client has
+the buffer's API:
+
+- writes (``add_batch``, ``extend``, ``add``) go to one shard each, round-robin (or
+  ``shard=``), asynchronously with at most ``max_in_flight`` outstanding; ``flush()``
+  waits for them. ``add_batch``/``extend`` items are checked against the spec in the
+  caller's process first, so bad input raises there and reaches no shard.
+- reads (``get_next``, ``sample``) split the batch over the shards that are up by a
+  multinomial draw in proportion to each shard's sampling mass (windows it holds for
+  uniform buffers, its priority total for prioritized ones), as one buffer holding all
+  the shards' items would draw; probabilities (and importance weights) are rescaled to
+  the whole. The masses are those each shard reported with its last answer (to a
+  draw, a write once settled, or a priority update): a shard's writes still in flight
+  are not counted yet.
+- ``update_priorities`` routes each id to its shard. Ids carry the shard and the
+  shard's incarnation (``incarnation << 48 | local_id * num_shards + shard``): an id
+  from before a shard's restart is stale and ignored, as an overwritten one is.
+
+Fault tolerance. With ``checkpoint_dir``, each shard saves a checkpoint
+(``buffer.save``, ``keep=2``) every ``checkpoint_every`` inserted steps. A shard actor
+that dies (``ray.kill``, a crash) is restarted by Ray (``max_restarts``) from its last
+checkpoint; meanwhile the client samples from the others. When the shard answers
+again the client records a :class:`ShardLoss`: how many steps the shard had that its
+checkpoint did not (writes in flight to it when it died are counted too).
+
+Batches travel through Ray's object store as numpy arrays (pickle protocol 5, out of
+band): a shard's sample is written once into the store, and ``ray.get`` maps it
+without a copy; the client then concatenates the shards' parts (one copy).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import ray
+from ray.exceptions import RayError, RayTaskError
+
+from replaybuffer import nest
+from replaybuffer.buffers.base import BufferInfo, ReplayBuffer, _positive_or_none
+from replaybuffer.dataset import RandomStream
+from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
+from replaybuffer.sampling.sampler import make_rng
+from replaybuffer.storage.numpy_storage import NumpyStorage
+
+__all__ = ["RayReplayBuffer", "ShardLoss", "ShardsUnavailableError", "ShardStartError"]
+
+INCARNATION_SHIFT = 48
+LOCAL_MASK = (1 << INCARNATION_SHIFT) - 1
+
+
+class ShardsUnavailableError(ReplayBufferError, RuntimeError):
+    """Every shard is down (restarting, or out of restarts)."""
+
+
+class ShardStartError(ReplayBufferError, RuntimeError):
+    """A shard could not start: its factory raised, or its actor died starting."""
+
+
+@dataclass
+class ShardLoss:
+    """Steps a shard lost when it died: those written after its last checkpoint.
+
+    Attributes:
+        shard: its index.
+        steps_lost: ``last_id`` before the failure minus the restored ``last_id``
+            (every step when there was no checkpoint).
+        restored_last_id: the ``last_id`` it came back with (-1: empty).
+        incarnation: its new incarnation.
+        at: ``time.time()`` when the client saw it back.
+    """
+
+    shard: int
+    steps_lost: int
+    restored_last_id: int
+    incarnation: int
+    at: float
+
+
+def _mass(buffer: Any, num_steps: int) -> float:
+    """How much a buffer weighs in a draw of windows of ``num_steps``: its priority
+    total (prioritized), else the number of windows it holds."""
+    ring, sampler = buffer._ring, buffer._sampler
+    valid_mass = getattr(sampler, "valid_mass", None)
+    if valid_mass is not None:
+        return float(valid_mass(ring, num_steps))
+    return float(ring.batch_size * max(0, ring.items_per_row - num_steps + 1))
+
+
+class _Shard:
+    """One shard's actor (wrapped by ``ray.remote`` in :class:`RayReplayBuffer`)."""
+
+    def __init__(self, factory: Callable[[], Any], index: int, root: str | None,
+                 checkpoint_every: int | None):
+        from replaybuffer.persist import checkpoints, load
+
+        self.index = index
+        self.home = None if root is None else Path(root) / f"shard-{index:03d}"
+        self.root = None if self.home is None else self.home / "checkpoints"
+        self.checkpoint_every = checkpoint_every
+        buffer = factory()
+        if not isinstance(buffer, ReplayBuffer):
+            raise TypeError(f"buffer_factory returned {type(buffer).__name__}, not a "
+                            "replaybuffer buffer")
+        self.incarnation = self._next_incarnation()
+        self.restored_last_id = -1
+        if self.root is not None and self.root.is_dir() and checkpoints(self.root):
+            restored = load(self.root)
+            limiter = buffer.rate_limiter
+            buffer.rate_limiter = None
+            restored.rate_limiter = limiter  # limiters are not saved: the factory's
+            buffer = restored
+            self.restored_last_id = buffer.last_id
+        self.buffer = buffer
+        self.saved_last_id = buffer.last_id
+
+    def _next_incarnation(self) -> int:
+        """1, 2, 3, ... per start when the shard has a checkpoint directory (a counter
+        file there; after 32767 it wraps to 1); a random number in [1, 32767] otherwise.
+        Ids carry it in their top 15 bits."""
+        if self.home is None:
+            return (int.from_bytes(os.urandom(2), "little") & 0x7FFF) or 1
+        self.home.mkdir(parents=True, exist_ok=True)
+        counter = self.home / "incarnation"
+        value = int(counter.read_text()) + 1 if counter.exists() else 1
+        tmp = counter.with_suffix(".tmp")
+        tmp.write_text(str(value))
+        os.replace(tmp, counter)
+        return (value - 1) % 0x7FFF + 1
+
+    def describe(self, num_steps: int = 1) -> dict[str, Any]:
+        b = self.buffer
+        return {"index": self.index, "incarnation": self.incarnation, "last_id": b.last_id,
+                "size": b.num_frames(), "mass": _mass(b, num_steps),
+                "restored_last_id": self.restored_last_id, "class": type(b).__name__,
+                "data_spec": b.data_spec, "beta": getattr(b, "beta", None),
+                "saved_last_id": self.saved_last_id}
+
+    def masses(self, keys: list[int | None]) -> dict[int | None, float]:
+        return {k: _mass(self.buffer, k or 1) for k in keys}
+
+    def write(self, method: str, args: tuple, kwargs: dict, keys: list[int | None]
+              ) -> tuple[int, dict[int | None, float]]:
+        getattr(self.buffer, method)(*args, **kwargs)
+        last_id = self.buffer.last_id
+        if self.root is not None and self.checkpoint_every and \
+                last_id - self.saved_last_id >= self.checkpoint_every:
+            self.save()
+        return last_id, self.masses(keys)
+
+    def draw(self, method: str, count: int, num_steps: int | None) -> tuple[Any, ...]:
+        if method == "get_next":
+            items, info = self.buffer.get_next(count, num_steps)
+        else:
+            items, info = self.buffer.sample(count)
+        return (items, np.asarray(info.ids), np.asarray(info.probabilities),
+                _mass(self.buffer, num_steps or 1), self.incarnation)
+
+    def update_priorities(self, ids: np.ndarray, priorities: np.ndarray,
+                          keys: list[int | None]) -> tuple[int, dict[int | None, float]]:
+        return self.buffer.update_priorities(ids, priorities), self.masses(keys)
+
+    def save(self) -> int:
+        if self.root is None:
+            return self.saved_last_id
+        self.buffer.save(self.root, keep=2)
+        self.saved_last_id = self.buffer.last_id
+        return self.saved_last_id
+
+
+class RayReplayBuffer:
+    """A buffer whose items live in ``num_shards`` Ray actors (see the module docstring).
+
+    Args:
+        buffer_factory: makes one shard's buffer (it runs in the shard's process; it
+            must pickle: a module-level function or ``functools.partial``).
+        num_shards: shards (actors).
+        checkpoint_dir: where shards save (``shard-NNN/checkpoints`` each, beside an
+            ``incarnation`` counter); ``None``: no saves, a
+            restarted shard starts empty.
+        checkpoint_every: inserted steps between a shard's saves.
+        max_restarts: restarts Ray gives each shard actor.
+        max_in_flight: writes outstanding before a write waits for the oldest.
+        seed: seeds the client's split of samples over shards.
+        actor_options: extra ``ray.remote`` options for the shards (``num_cpus``...).
+
+    Raises:
+        ShardStartError: a shard could not start (the cause named).
+        SpecError: the shards' data specs differ.
+    """
+
+    def __init__(self, buffer_factory: Callable[[], Any], num_shards: int, *,
+                 checkpoint_dir: str | os.PathLike | None = None,
+                 checkpoint_every: int | None = None, max_restarts: int = 3,
+                 max_in_flight: int = 8, seed: int | None = None,
+                 actor_options: dict[str, Any] | None = None):
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int)
+                                             or checkpoint_every < 1):
+            raise ValueError(f"checkpoint_every must be a positive int or None, got "
+                             f"{checkpoint_every!r}")
+        if checkpoint_every is not None and checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs a checkpoint_dir")
+        options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0}
+        options.update(actor_options or {})
+        shard_class = ray.remote(_Shard).options(**options)
+        root = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
+        self.num_shards = num_shards
+        self._actors = [shard_class.remote(buffer_factory, i, root, checkpoint_every)
+                        for i in range(num_shards)]
+        self._rng = make_rng(seed)
+        self._max_in_flight = max_in_flight
+        self._pending: deque[tuple[int, Any]] = deque()
+        self._next_shard = 0
+        self._up = [True] * num_shards
+        self._last_ping = [0.0] * num_shards
+        self._pings: dict[int, Any] = {}
+        self._error: BaseException | None = None
+        self._probe_lock = threading.Lock()
+        self.losses: list[ShardLoss] = []
+        described = []
+        for i, actor in enumerate(self._actors):
+            try:
+                described.append(ray.get(actor.describe.remote()))
+            except RayError as exc:
+                self.close()
+                raise ShardStartError(f"shard {i} could not start: {_cause(exc)}") from exc
+        specs = [d["data_spec"] for d in described]
+        for i, spec in enumerate(specs[1:], 1):
+            if nest.flatten(spec)[1] != nest.flatten(specs[0])[1] or \
+                    nest.flatten(spec)[0] != nest.flatten(specs[0])[0]:
+                self.close()
+                raise SpecError(f"shard {i}'s data_spec differs from shard 0's: "
+                                f"{spec} vs {specs[0]}")
+        self._data_spec = specs[0]
+        leaf_specs, self._structure = nest.flatten(self._data_spec)
+        self._paths = nest.leaf_paths(self._data_spec)
+        self._checker = NumpyStorage(leaf_specs, 1, pack=False)
+        self._incarnation = [d["incarnation"] for d in described]
+        self._last_id = [d["last_id"] for d in described]
+        self._mass: dict[int | None, np.ndarray] = {}
+        self._beta = described[0]["beta"]
+        self.buffer_class = described[0]["class"]
+
+    # -------------------------------------------------------------- properties
+    @property
+    def data_spec(self) -> Any:
+        return self._data_spec
+
+    @property
+    def rate_limiter(self) -> None:
+        """Rate limiters live in the shards (the factory's buffers)."""
+        return None
+
+    def shards_up(self) -> list[bool]:
+        """Which shards answered last (a restarted one is up once it answers again)."""
+        self._probe()
+        return list(self._up)
+
+    def describe(self) -> list[dict[str, Any] | None]:
+        """Each shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``mass`` (None
+        for a shard that is down)."""
+        out: list[dict[str, Any] | None] = []
+        for i, actor in enumerate(self._actors):
+            try:
+                info = ray.get(actor.describe.remote())
+                info.pop("data_spec")
+                out.append(info)
+            except RayError:
+                self._down(i)
+                out.append(None)
+        return out
+
+    def __len__(self) -> int:
+        return sum(d["size"] for d in self.describe() if d is not None)
+
+    # ----------------------------------------------------------------- writing
+    def _check(self, items: Any, outer: int, method: str) -> None:
+        leaves, structure = nest.flatten(items)
+        if structure != self._structure:
+            raise SpecError(f"{method}: items do not match the data_spec structure: "
+                            f"expected {nest.describe(self._structure)}, got "
+                            f"{nest.describe(structure)}")
+        shape = np.shape(leaves[0])[:outer]
+        self._checker.convert(leaves, self._paths, tuple(shape),
+                              f"[{', '.join(map(str, shape))}]")
+
+    def add_batch(self, items: Any, *, shard: int | None = None) -> None:
+        """Append one step to every row of one shard (round-robin, or ``shard``).
+        Checked here against the spec; written asynchronously (see :meth:`flush`)."""
+        self._check(items, 1, "add_batch")
+        self._write("add_batch", (items,), {}, shard)
+
+    def extend(self, items: Any, *, shard: int | None = None) -> None:
+        """``extend`` on one shard (leaves ``[batch_size, T, ...]``), as :meth:`add_batch`."""
+        self._check(items, 2, "extend")
+        self._write("extend", (items,), {}, shard)
+
+    def add(self, *args: Any, shard: int | None = None, **kwargs: Any) -> None:
+        """``add`` on one shard (transition buffers); its errors surface at the next
+        call or :meth:`flush`."""
+        self._write("add", args, kwargs, shard)
+
+    def _write(self, method: str, args: tuple, kwargs: dict, shard: int | None) -> None:
+        self._raise_pending_error()
+        self._probe()
+        if shard is None:
+            shard = self._pick_writer()
+        elif not 0 <= shard < self.num_shards:
+            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
+        self._pending.append((shard, self._actors[shard].write.remote(
+            method, args, kwargs, list(self._mass))))
+        while len(self._pending) > self._max_in_flight:
+            self._settle()
+        self._raise_pending_error()
+
+    def _pick_writer(self) -> int:
+        for _ in range(self.num_shards):
+            shard = self._next_shard
+            self._next_shard = (self._next_shard + 1) % self.num_shards
+            if self._up[shard]:
+                return shard
+        raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
+
+    def _settle(self) -> None:
+        shard, ref = self._pending.popleft()
+        try:
+            last_id, masses = ray.get(ref)
+            self._last_id[shard] = max(self._last_id[shard], last_id)
+            self._set_masses(shard, masses)
+        except RayTaskError as exc:
+            self._error = exc.as_instanceof_cause()
+        except RayError:
+            self._down(shard)
+
+    def _raise_pending_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def flush(self) -> None:
+        """Wait for every write in flight; raise the first error one of them met."""
+        while self._pending:
+            self._settle()
+        self._raise_pending_error()
+
+    # ---------------------------------------------------------------- reading
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True) -> tuple[Any, BufferInfo]:
+        """``get_next`` over all shards (shapes as the shards' buffers give)."""
+        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = _positive_or_none(num_steps, "num_steps")
+        return self._sample(sample_batch_size, num_steps, time_stacked)
+
+    def sample(self, batch_size: int) -> tuple[Any, BufferInfo]:
+        """``sample`` over all shards (transition buffers)."""
+        return self._draw("sample", int(batch_size), None, self._rng)
+
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None,
+                block: bool = True) -> tuple[Any, BufferInfo]:
+        if within_episodes:
+            raise ValueError("within_episodes is not supported across shards")
+        if not time_stacked:
+            raise ValueError("time_stacked=False is not supported across shards")
+        items, info = self._draw("get_next", sample_batch_size or 1, num_steps,
+                                 rng or self._rng)
+        if sample_batch_size is None:
+            items = _map(lambda a: a[0], items)
+            info = BufferInfo(info.ids[0], info.probabilities[0],
+                              None if info.weights is None else info.weights[0])
+        return items, info
+
+    def _draw(self, method: str, count: int, num_steps: int | None,
+              rng: np.random.Generator) -> tuple[Any, BufferInfo]:
+        self._raise_pending_error()
+        self._probe()
+        key = num_steps
+        if key not in self._mass:
+            self._mass[key] = self._masses(num_steps)
+        parts: dict[int, tuple[Any, ...]] = {}
+        todo = count
+        while todo:
+            mass = self._mass[key] * np.array(self._up)
+            if not mass.sum() > 0:
+                if not any(self._up):
+                    raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
+                self._mass[key] = mass = self._masses(num_steps) * np.array(self._up)
+                if not mass.sum() > 0:
+                    raise EmptyBufferError(f"{method}: no shard holds a sample of "
+                                           f"{num_steps or 1} step(s)")
+            split = rng.multinomial(todo, mass / mass.sum())
+            refs = {i: self._actors[i].draw.remote(method, int(n), num_steps)
+                    for i, n in enumerate(split) if n}
+            todo = 0
+            for i, ref in refs.items():
+                try:
+                    got = ray.get(ref)
+                except RayTaskError as exc:
+                    cause = exc.as_instanceof_cause()
+                    if isinstance(cause, EmptyBufferError):  # its mass was stale
+                        self._mass[key][i] = 0.0
+                        todo += int(split[i])
+                        continue
+                    raise cause from None
+                except RayError:
+                    self._down(i)
+                    todo += int(split[i])
+                    continue
+                self._mass[key][i] = got[3]
+                self._incarnation[i] = got[4]
+                if i in parts:  # a second round for a shard: append
+                    parts[i] = tuple(_concat([a, b]) if k < 3 else b
+                                     for k, (a, b) in enumerate(zip(parts[i], got)))
+                else:
+                    parts[i] = got
+        return self._combine(parts, num_steps, rng)
+
+    def _masses(self, num_steps: int | None) -> np.ndarray:
+        mass = np.zeros(self.num_shards)
+        refs = {i: a.describe.remote(num_steps or 1) for i, a in enumerate(self._actors)
+                if self._up[i]}
+        for i, ref in refs.items():
+            try:
+                info = ray.get(ref)
+            except RayError:
+                self._down(i)
+                continue
+            mass[i] = info["mass"]
+            self._incarnation[i] = info["incarnation"]
+        return mass
+
+    def _combine(self, parts: dict[int, tuple[Any, ...]], num_steps: int | None,
+                 rng: np.random.Generator) -> tuple[Any, BufferInfo]:
+        mass = self._mass[num_steps]
+        total = float(sum(mass[i] for i in parts))
+        shards = sorted(parts)
+        items = _concat([parts[i][0] for i in shards])
+        ids = np.concatenate([(self._incarnation[i] << INCARNATION_SHIFT)
+                              | (parts[i][1] * self.num_shards + i) for i in shards])
+        probabilities = np.concatenate([parts[i][2] * (mass[i] / total) for i in shards]
+                                       ).astype(np.float32)
+        order = rng.permutation(len(probabilities))  # shard parts interleaved
+        items = _map(lambda a: a[order], items)
+        ids, probabilities = ids[order], probabilities[order]
+        weights = None
+        if self._beta is not None:  # prioritized: (P_min / P) ** beta over the batch
+            p = probabilities.astype(np.float64)
+            weights = np.power(p.min() / p, self._beta).astype(np.float32)
+        return items, BufferInfo(ids, probabilities, weights)
+
+    def update_priorities(self, ids: Any, priorities: Any) -> int:
+        """Route each id's priority to its shard; returns how many were applied (ids of
+        a shard's earlier incarnation, and overwritten steps, are ignored)."""
+        from replaybuffer.buffers.prioritized import checked_priorities
+
+        self._raise_pending_error()
+        id_array, values, _ = checked_priorities(ids, priorities)
+        incarnations = id_array >> INCARNATION_SHIFT
+        local = id_array & LOCAL_MASK
+        local_ids, shards = np.divmod(local, self.num_shards)
+        refs = {}
+        for i in np.unique(shards):
+            mine = (shards == i) & (incarnations == self._incarnation[int(i)])
+            if mine.any() and self._up[int(i)]:
+                refs[int(i)] = self._actors[int(i)].update_priorities.remote(
+                    local_ids[mine], values[mine], list(self._mass))
+        applied = 0
+        for i, ref in refs.items():
+            try:
+                count, masses = ray.get(ref)
+                applied += count
+                self._set_masses(i, masses)
+            except RayTaskError as exc:
+                raise exc.as_instanceof_cause() from None
+            except RayError:
+                self._down(i)
+        return applied
+
+    def _set_masses(self, shard: int, masses: dict[int | None, float]) -> None:
+        """A shard's sampling masses as it reported them with an answer."""
+        for key, value in masses.items():
+            cached = self._mass.get(key)
+            if cached is not None:
+                cached[shard] = value
+
+    # -------------------------------------------------------------- failures
+    def _down(self, shard: int) -> None:
+        if self._up[shard]:
+            self._up[shard] = False
+            self._last_ping[shard] = time.monotonic()
+
+    def _probe(self, interval: float = 0.2) -> None:
+        """Ping down shards (at most every ``interval`` s, without waiting); one that
+        answers is up again, and its loss is recorded."""
+        if all(self._up) and not self._pings:
+            return
+        with self._probe_lock:  # prefetch threads probe too
+            self._probe_locked(interval)
+
+    def _probe_locked(self, interval: float) -> None:
+        now = time.monotonic()
+        for i in range(self.num_shards):
+            if self._up[i]:
+                continue
+            ref = self._pings.get(i)
+            if ref is None:
+                if now - self._last_ping[i] >= interval:
+                    self._pings[i] = self._actors[i].describe.remote()
+                    self._last_ping[i] = now
+                continue
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            del self._pings[i]
+            try:
+                info = ray.get(ref)
+            except RayError:
+                continue  # still restarting (or gone): ping again later
+            self._up[i] = True
+            self._mass.clear()
+            if info["incarnation"] != self._incarnation[i]:
+                self.losses.append(ShardLoss(i, max(0, self._last_id[i] -
+                                                    info["restored_last_id"]),
+                                             info["restored_last_id"],
+                                             info["incarnation"], time.time()))
+                self._incarnation[i] = info["incarnation"]
+                self._last_id[i] = info["last_id"]
+
+    def wait_for_shards(self, timeout: float = 60.0) -> None:
+        """Block until every shard answers (after restarts), or raise
+        :class:`ShardsUnavailableError` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not all(self._up) and time.monotonic() < deadline:
+            self._probe(interval=0.1)
+            time.sleep(0.05)
+        if not all(self._up):
+            down = [i for i, up in enumerate(self._up) if not up]
+            raise ShardsUnavailableError(f"shards {down} did not come back in {timeout} s")
+
+    def checkpoint(self) -> list[int]:
+        """Save every shard now; the ``last_id`` each saved (down shards: skipped)."""
+        self.flush()
+        refs = {i: a.save.remote() for i, a in enumerate(self._actors) if self._up[i]}
+        return [ray.get(ref) for ref in refs.values()]
+
+    # -------------------------------------------------------------- iteration
+    def _spawn_rng(self) -> np.random.Generator:
+        return make_rng(np.random.SeedSequence(self._rng.integers(0, 2**63 - 1)))
+
+    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                   num_parallel_calls: int | None = None,
+                   prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
+        """An endless stream of ``get_next`` elements, prefetched from the shards by
+        ``num_parallel_calls`` threads (see :class:`~replaybuffer.dataset.RandomStream`)."""
+        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = _positive_or_none(num_steps, "num_steps")
+        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
+
+    def close(self) -> None:
+        """Kill the shard actors (their checkpoints stay)."""
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        self._actors = []
+
+    def __enter__(self) -> "RayReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong in a shard, in one line: the original exception of a task
+    error, or the last line of an actor's death report (its creation's exception)."""
+    if isinstance(exc, RayTaskError):
+        cause = exc.as_instanceof_cause()
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _concat(parts: list[Any]) -> Any:
+    """Concatenate nests of arrays along their first axis."""
+    structure = nest.flatten(parts[0])[1]
+    leaves = [nest.flatten(part)[0] for part in parts]
+    return structure.unflatten([np.concatenate(group) for group in zip(*leaves)])
+
+
+def _map(fn: Callable[[np.ndarray], np.ndarray], items: Any) -> Any:
+    leaves, structure = nest.flatten(items)
+    return structure.unflatten([fn(leaf) for leaf in leaves])

@@ -1,0 +1,182 @@
+"""RayReplayBuffer on a local Ray cluster (num_cpus=2): routing, distribution, stale
+ids, shard restart from checkpoints, bad input."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import replaybuffer as rb  # noqa: E402
+from replaybuffer.distributed import (RayReplayBuffer, ShardsUnavailableError,  # noqa: E402
+                                      ShardStartError)
+from replaybuffer.errors import SpecError  # noqa: E402
+
+SPEC = {"x": rb.ArraySpec((), np.int64)}
+
+
+def make_buffer(kind: str = "uniform", max_length: int = 100, batch_size: int = 1):
+    if kind == "prioritized":
+        return rb.PrioritizedReplayBuffer(SPEC, batch_size, max_length, alpha=1.0, seed=0)
+    if kind == "transitions":
+        return rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32),
+                                         rb.ArraySpec((), np.int64), capacity=max_length,
+                                         seed=0)
+    return rb.UniformReplayBuffer(SPEC, batch_size, max_length, seed=0)
+
+
+def failing_factory():
+    raise MemoryError("no room for this shard")
+
+
+def alternating_factory(counter: str):
+    """Shard 0 gets int64 items, later shards float32: mismatched specs."""
+    path = Path(counter)
+    n = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(n + 1))
+    return rb.UniformReplayBuffer({"x": rb.ArraySpec((), np.int64 if n == 0 else np.float32)},
+                                  1, 10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Shard processes import this module's factories by name.
+    here = str(Path(__file__).resolve().parent)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": here}})
+    yield
+    ray.shutdown()
+
+
+def chi_square_passes(counts: np.ndarray, expected: np.ndarray) -> bool:
+    k = len(counts) - 1
+    critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
+    return float(((counts - expected) ** 2 / expected).sum()) < critical
+
+
+def fill(buffer: RayReplayBuffer, values, shard=None) -> None:
+    for v in values:
+        buffer.add_batch({"x": np.array([v])}, shard=shard)
+    buffer.flush()
+
+
+def test_round_robin_writes_and_uniform_draws_over_all_shards():
+    with RayReplayBuffer(make_buffer, 3, seed=0) as buffer:
+        fill(buffer, range(30))  # 10 per shard, round-robin
+        assert [d["size"] for d in buffer.describe()] == [10, 10, 10]
+        fill(buffer, range(30, 50), shard=2)  # shard 2 now holds 30 of 50 items
+        items, info = buffer.get_next(25_000)
+        counts = np.bincount(items["x"], minlength=50)
+        assert chi_square_passes(counts, np.full(50, 500.0))
+        np.testing.assert_allclose(info.probabilities, 1 / 50, rtol=1e-6)
+        single, single_info = buffer.get_next()
+        assert single["x"].shape == () and np.ndim(single_info.ids) == 0
+
+
+def test_prioritized_draws_follow_priorities_across_shards_and_route_updates():
+    with RayReplayBuffer(functools.partial(make_buffer, "prioritized"), 2, seed=1) as buffer:
+        fill(buffer, range(8))  # x even on shard 0, odd on shard 1
+        items, info = buffer.get_next(8 * 64)
+        by_x = {int(x): int(i) for x, i in zip(items["x"], info.ids)}
+        assert sorted(by_x) == list(range(8))
+        ids = np.array([by_x[x] for x in range(8)])
+        assert buffer.update_priorities(ids, np.arange(1.0, 9.0)) == 8
+        items, info = buffer.get_next(36_000)
+        counts = np.bincount(items["x"], minlength=8)
+        assert chi_square_passes(counts, np.arange(1.0, 9.0) * 1000)
+        np.testing.assert_allclose(info.probabilities, (items["x"] + 1) / 36, rtol=1e-5)
+        assert info.weights.max() == 1.0
+        with pytest.raises(ValueError, match="priorities"):
+            buffer.update_priorities(ids[:2], np.array([1.0, np.nan]))
+
+
+def test_transition_buffers_shard_too():
+    with RayReplayBuffer(functools.partial(make_buffer, "transitions"), 2, seed=2) as buffer:
+        for t in range(10):
+            buffer.add(np.full((1, 2), t, np.float32), np.array([t]), np.array([1.0]),
+                       np.full((1, 2), t + 1, np.float32), np.array([False]))
+        buffer.flush()
+        batch, info = buffer.sample(64)
+        np.testing.assert_array_equal(batch.next_observations[:, 0], batch.observations[:, 0] + 1)
+        assert set(batch.actions.tolist()) <= set(range(10))
+
+
+def test_a_killed_shard_restarts_from_its_checkpoint_and_reports_the_loss(tmp_path):
+    with RayReplayBuffer(make_buffer, 2, checkpoint_dir=tmp_path, checkpoint_every=10,
+                         seed=3) as buffer:
+        fill(buffer, range(50))  # 25 steps each; shard 0 saved at last_id 9 and 19
+        ray.kill(buffer._actors[0], no_restart=False)
+        time.sleep(0.2)
+        # Meanwhile the client samples from shard 1 alone (odd x), then shard 0 is back.
+        seen_alone = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not buffer.losses:
+            items, _ = buffer.get_next(32)
+            if not buffer._up[0]:
+                assert (items["x"] % 2 == 1).all()
+                seen_alone = True
+            time.sleep(0.05)
+        assert seen_alone and buffer.losses
+        loss = buffer.losses[0]
+        assert (loss.shard, loss.steps_lost, loss.restored_last_id) == (0, 5, 19)
+        buffer.wait_for_shards()
+        items, _ = buffer.get_next(4000)
+        assert set(items["x"].tolist()) == set(range(0, 40, 2)) | set(range(1, 50, 2))
+
+
+def test_stale_ids_from_an_earlier_incarnation_are_ignored(tmp_path):
+    factory = functools.partial(make_buffer, "prioritized")
+    with RayReplayBuffer(factory, 2, checkpoint_dir=tmp_path, checkpoint_every=5,
+                         seed=4) as buffer:
+        fill(buffer, range(20))
+        _, info = buffer.get_next(64)
+        shard0 = (info.ids & ((1 << 48) - 1)) % 2 == 0
+        ray.kill(buffer._actors[0], no_restart=False)
+        time.sleep(0.5)
+        buffer.wait_for_shards()
+        applied = buffer.update_priorities(info.ids, np.full(64, 5.0))
+        assert applied == int((~shard0).sum())  # shard 0's are from its old incarnation
+
+
+def test_bad_input_and_failures_give_clear_errors(tmp_path):
+    with pytest.raises(ShardStartError, match="shard 0 could not start: MemoryError: no room"):
+        RayReplayBuffer(failing_factory, 2)
+    with pytest.raises(SpecError, match="shard 1's data_spec differs"):
+        RayReplayBuffer(functools.partial(alternating_factory, str(tmp_path / "n")), 2)
+    with RayReplayBuffer(make_buffer, 2) as buffer:
+        fill(buffer, range(4))
+        with pytest.raises(SpecError, match="structure"):
+            buffer.add_batch({"y": np.array([1])})
+        with pytest.raises(SpecError, match="x"):
+            buffer.add_batch({"x": np.array([[1, 2]])})
+        assert [d["size"] for d in buffer.describe()] == [2, 2]  # nothing reached a shard
+        for actor in buffer._actors:
+            ray.kill(actor, no_restart=True)
+        with pytest.raises(ShardsUnavailableError, match="all 2 shards are down"):
+            for _ in range(3):
+                buffer.get_next(4)
+    with pytest.raises(ValueError, match="num_shards"):
+        RayReplayBuffer(make_buffer, 0)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        RayReplayBuffer(make_buffer, 1, checkpoint_every=5)
+
+
+def test_as_dataset_prefetches_from_shards():
+    with RayReplayBuffer(functools.partial(make_buffer, batch_size=2), 2, seed=5) as buffer:
+        for t in range(10):  # each shard its own sequence: windows stay in one
+            buffer.add_batch({"x": np.array([t, 100 + t])}, shard=0)
+            buffer.add_batch({"x": np.array([1000 + t, 1100 + t])}, shard=1)
+        buffer.flush()
+        stream = iter(buffer.as_dataset(16, 2, num_parallel_calls=2))
+        for _ in range(4):
+            items, info = next(stream)
+            assert items["x"].shape == (16, 2)
+            np.testing.assert_array_equal(np.diff(items["x"], axis=1), 1)
+        stream.close()
