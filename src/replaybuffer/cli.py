@@ -16,7 +16,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"replaybuffer demo needs the demo extra "
                          f"(pip install 'replaybuffer[demo]'): {exc}") from exc
     dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress,
-             prioritized=args.prioritized, actors=args.actors)
+             prioritized=args.prioritized, actors=args.actors, ray=args.ray)
     return 0
 
 
@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--actors", type=int, default=0, metavar="N",
                       help="collect with N actor processes writing into a shared buffer "
                            "(SharedReplayBuffer), the learner in this process")
+    demo.add_argument("--ray", action="store_true",
+                      help="collect with Ray actors (--actors of them, default 2) into a "
+                           "RayReplayBuffer of as many shards")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
 

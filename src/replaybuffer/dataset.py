@@ -163,7 +163,8 @@ def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
     buffer = stream.buffer
     # A rate limiter may hold a sample back for as long as the inserts take: wait in
     # short rounds, so that closing the iterator stops the worker.
-    wait = None if buffer.rate_limiter is None else 0.1
+    wait = None if buffer.rate_limiter is None and not getattr(buffer, "paced", False) \
+        else 0.1
     while not stop.is_set():
         try:
             item: tuple[bool, Any] = (True, buffer._sample(stream.sample_batch_size,

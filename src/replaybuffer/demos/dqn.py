@@ -265,6 +265,13 @@ class Selection:
         self.in_a_row = self.in_a_row + 1 if score >= config.stop_at else 0
         self.stopped_early = config.stop_after > 0 and self.in_a_row >= config.stop_after
 
+    def finish(self, q_net: Any, steps: int) -> None:
+        """Evaluate at ``steps`` unless the last evaluation was there (a run that ended
+        between evaluations)."""
+        if not self.evaluations or self.evaluations[-1][0] != steps:
+            self.next_eval = steps
+            self.after(q_net, steps)
+
     def result(self, q_net: Any, steps: int, seconds: float,
                curve: list[tuple[int, float]]) -> tuple[DQNResult, Any]:
         """Final evaluations of the last network and of the best snapshot (which
@@ -314,16 +321,21 @@ def plot(result: DQNResult, path: Path) -> None:
 
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
          progress: bool = True, prioritized: bool = False, actors: int = 0,
-         echo: Callable[[str], None] = print) -> DQNResult:
+         ray: bool = False, echo: Callable[[str], None] = print) -> DQNResult:
     """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``.
     With ``actors``, collect with that many processes into a shared buffer
-    (:mod:`replaybuffer.demos.dqn_actors`)."""
+    (:mod:`replaybuffer.demos.dqn_actors`); with ``ray``, with that many (default 2)
+    Ray collector actors into as many shards (:mod:`replaybuffer.demos.dqn_ray`)."""
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
-    if actors:
-        if prioritized:
-            raise ValueError("--actors runs uniform replay (drop --prioritized)")
+    if (actors or ray) and prioritized:
+        raise ValueError("--actors and --ray run uniform replay (drop --prioritized)")
+    if ray:
+        from replaybuffer.demos.dqn_ray import train_ray
+
+        result, _ = train_ray(config, actors or 2, progress=progress)
+    elif actors:
         from replaybuffer.demos.dqn_actors import train_actors
 
         result, _ = train_actors(config, actors, progress=progress)

@@ -85,14 +85,15 @@ class PolicyWeights:
 
 class EpsilonGreedyMLP:
     """An actor's policy: ``argmax`` of a numpy ReLU MLP (``torch.nn.Linear`` layers'
-    ``[weight, bias]`` pairs), random actions with the run's epsilon.
+    ``[weight, bias]`` pairs, from ``weights.read()``, which gives a newer list or
+    None), random actions with the epsilon of the run's ``steps()`` so far.
 
     Observations ``[num_envs, obs_dim]`` float32 to int64 actions ``[num_envs]``.
     """
 
-    def __init__(self, weights: PolicyWeights, buffer: SharedReplayBuffer,
-                 config: DQNConfig, num_actions: int, index: int):
-        self.weights, self.buffer, self.config = weights, buffer, config
+    def __init__(self, weights: Any, steps: Callable[[], int], config: DQNConfig,
+                 num_actions: int, index: int):
+        self.weights, self.steps, self.config = weights, steps, config
         self.num_actions = num_actions
         self.rng = np.random.default_rng([config.seed, index])
         self.layers: list[np.ndarray] = []
@@ -101,9 +102,7 @@ class EpsilonGreedyMLP:
 
     def epsilon(self) -> float:
         config = self.config
-        stats = self.buffer.stats()
-        steps = 0 if stats is None else stats.inserts
-        frac = min(1.0, steps / max(1, int(config.epsilon_fraction * config.steps)))
+        frac = min(1.0, self.steps() / max(1, int(config.epsilon_fraction * config.steps)))
         return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
@@ -118,6 +117,12 @@ class EpsilonGreedyMLP:
         greedy = h.argmax(1)
         explore = self.rng.random(len(h)) < self.epsilon()
         return np.where(explore, self.rng.integers(0, self.num_actions, len(h)), greedy)
+
+
+def inserted_steps(buffer: SharedReplayBuffer) -> int:
+    """Steps every actor inserted so far (the buffer's shared limiter counters)."""
+    stats = buffer.stats()
+    return 0 if stats is None else stats.inserts
 
 
 def make_env() -> Any:
@@ -160,8 +165,9 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
     selection = Selection(config, on_eval)
     gradient_steps = 0
     inserted = 0
-    pool = ActorPool(buffer, make_env, partial(EpsilonGreedyMLP, weights, buffer, config, num_actions),
-                     num_actors, seed=config.seed)
+    policy = partial(EpsilonGreedyMLP, weights, partial(inserted_steps, buffer), config,
+                     num_actions)
+    pool = ActorPool(buffer, make_env, policy, num_actors, seed=config.seed)
     try:
         with pool:
             while inserted < config.steps and not selection.stopped_early:

@@ -8,7 +8,8 @@ __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
 def __getattr__(name: str):  # Ray is imported only when its classes are asked for
-    if name in ("RayReplayBuffer", "ShardLoss", "ShardsUnavailableError", "ShardStartError"):
+    if name in ("RayReplayBuffer", "ShardWriter", "ShardLoss", "ShardsUnavailableError",
+                "ShardStartError"):
         from replaybuffer.distributed import ray_shards
 
         return getattr(ray_shards, name)

@@ -49,12 +49,19 @@ from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo, ReplayBuffer, _positive_or_none
 from replaybuffer.dataset import RandomStream
 from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
+from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
-__all__ = ["RayReplayBuffer", "ShardLoss", "ShardsUnavailableError", "ShardStartError"]
+__all__ = ["RayReplayBuffer", "ShardWriter", "ShardLoss", "ShardsUnavailableError",
+           "ShardStartError"]
 
 INCARNATION_SHIFT = 48
+GAP_S = 5.0
+SHARD_WAIT_S = 0.2
+"""How long a shard's rate limiter may hold a part of a sample back before the client
+draws that part from the other shards (or, all held back, asks again)."""
+"""How long a shard holds a writer's early writes for a missing earlier one."""
 LOCAL_MASK = (1 << INCARNATION_SHIFT) - 1
 
 
@@ -122,6 +129,9 @@ class _Shard:
             self.restored_last_id = buffer.last_id
         self.buffer = buffer
         self.saved_last_id = buffer.last_id
+        self.next_seq: dict[str, int] = {}
+        self.held: dict[str, dict[int, tuple]] = {}
+        self.hold_since: dict[str, float] = {}
 
     def _next_incarnation(self) -> int:
         """1, 2, 3, ... per start when the shard has a checkpoint directory (a counter
@@ -148,20 +158,40 @@ class _Shard:
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
         return {k: _mass(self.buffer, k or 1) for k in keys}
 
-    def write(self, method: str, args: tuple, kwargs: dict, keys: list[int | None]
-              ) -> tuple[int, dict[int | None, float]]:
-        getattr(self.buffer, method)(*args, **kwargs)
+    @ray.method(concurrency_group="writes")
+    def write(self, method: str, args: tuple, kwargs: dict, keys: list[int | None],
+              writer: str, seq: int) -> tuple[int, dict[int | None, float]]:
+        """Apply writer ``writer``'s write number ``seq`` in its order: a threaded
+        actor may receive calls out of order, so a write that arrives early is held
+        until the ones before it came. A writer's numbers start at 0; if the write a
+        held one waits for has not come within :data:`GAP_S` (it went to this shard's
+        previous incarnation and was lost), the held ones are applied from the
+        lowest."""
+        held = self.held.setdefault(writer, {})
+        held[seq] = (method, args, kwargs)
+        expected = self.next_seq.get(writer, 0)
+        if held and expected not in held:
+            since = self.hold_since.setdefault(writer, time.monotonic())
+            if time.monotonic() - since > GAP_S or min(held) < expected:
+                expected = min(held)
+        while expected in held:
+            name, call_args, call_kwargs = held.pop(expected)
+            getattr(self.buffer, name)(*call_args, **call_kwargs)
+            expected += 1
+            self.hold_since.pop(writer, None)
+        self.next_seq[writer] = expected
         last_id = self.buffer.last_id
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             self.save()
         return last_id, self.masses(keys)
 
-    def draw(self, method: str, count: int, num_steps: int | None) -> tuple[Any, ...]:
+    def draw(self, method: str, count: int, num_steps: int | None,
+             timeout: float) -> tuple[Any, ...]:
         if method == "get_next":
-            items, info = self.buffer.get_next(count, num_steps)
+            items, info = self.buffer.get_next(count, num_steps, timeout=timeout)
         else:
-            items, info = self.buffer.sample(count)
+            items, info = self.buffer.sample(count, timeout=timeout)
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
                 _mass(self.buffer, num_steps or 1), self.incarnation)
 
@@ -169,12 +199,111 @@ class _Shard:
                           keys: list[int | None]) -> tuple[int, dict[int | None, float]]:
         return self.buffer.update_priorities(ids, priorities), self.masses(keys)
 
+    @ray.method(concurrency_group="writes")
     def save(self) -> int:
         if self.root is None:
             return self.saved_last_id
         self.buffer.save(self.root, keep=2)
         self.saved_last_id = self.buffer.last_id
         return self.saved_last_id
+
+
+class _Outbox:
+    """Writes in flight to shards: items checked against the spec before they leave,
+    at most ``max_in_flight`` outstanding, answers handed to ``settled(shard, answer)``
+    (``None`` when the shard died), the first error a shard raised kept for the
+    caller's next call."""
+
+    def __init__(self, data_spec: Any, max_in_flight: int,
+                 settled: Callable[[int, Any], None]):
+        leaf_specs, self._structure = nest.flatten(data_spec)
+        self._paths = nest.leaf_paths(data_spec)
+        self._checker = NumpyStorage(leaf_specs, 1, pack=False)
+        self._max = max_in_flight
+        self._settled = settled
+        self._pending: deque[tuple[int, Any]] = deque()
+        self._error: BaseException | None = None
+        self._writer = os.urandom(8).hex()  # this outbox's name in the shards
+        self._seq: dict[int, int] = {}
+
+    def check(self, items: Any, outer: int, method: str) -> None:
+        """Raise :class:`SpecError` (naming the leaf) unless ``items`` match the spec
+        with ``outer`` leading dimensions."""
+        leaves, structure = nest.flatten(items)
+        if structure != self._structure:
+            raise SpecError(f"{method}: items do not match the data_spec structure: "
+                            f"expected {nest.describe(self._structure)}, got "
+                            f"{nest.describe(structure)}")
+        shape = np.shape(leaves[0])[:outer]
+        self._checker.convert(leaves, self._paths, tuple(shape),
+                              f"[{', '.join(map(str, shape))}]")
+
+    def send(self, shard: int, actor: Any, method: str, args: tuple, kwargs: dict,
+             keys: list[int | None]) -> None:
+        """Call ``method`` on ``shard``'s buffer, numbered so the shard applies this
+        outbox's writes in the order sent."""
+        seq = self._seq.get(shard, 0)
+        self._seq[shard] = seq + 1
+        ref = actor.write.remote(method, args, kwargs, keys, self._writer, seq)
+        self._pending.append((shard, ref))
+        while len(self._pending) > self._max:
+            self._settle()
+        self.raise_error()
+
+    def _settle(self) -> None:
+        shard, ref = self._pending.popleft()
+        try:
+            answer = ray.get(ref)
+        except RayTaskError as exc:
+            self._error = self._error or exc.as_instanceof_cause()
+            return
+        except RayError:
+            answer = None
+        self._settled(shard, answer)
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def flush(self) -> None:
+        while self._pending:
+            self._settle()
+        self.raise_error()
+
+
+class ShardWriter:
+    """Writes to one shard (from :meth:`RayReplayBuffer.writer`): ``add_batch``,
+    ``extend``, ``add``, ``flush`` as the buffer's, asynchronously, checked against the
+    spec first. Pickles (the actor handle, the shard and the spec), so a collector
+    actor can hold one. A write to a shard that died is dropped (the shard's loss)."""
+
+    def __init__(self, actor: Any, shard: int, data_spec: Any, max_in_flight: int = 8):
+        self._actor, self.shard, self._data_spec = actor, shard, data_spec
+        self._max_in_flight = max_in_flight
+        self._outbox = _Outbox(data_spec, max_in_flight, self._written)
+        self.dropped = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ShardWriter, (self._actor, self.shard, self._data_spec, self._max_in_flight)
+
+    def _written(self, shard: int, answer: Any) -> None:
+        if answer is None:
+            self.dropped += 1
+
+    def add_batch(self, items: Any) -> None:
+        self._outbox.check(items, 1, "add_batch")
+        self._outbox.send(self.shard, self._actor, "add_batch", (items,), {}, [])
+
+    def extend(self, items: Any) -> None:
+        self._outbox.check(items, 2, "extend")
+        self._outbox.send(self.shard, self._actor, "extend", (items,), {}, [])
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        self._outbox.send(self.shard, self._actor, "add", args, kwargs, [])
+
+    def flush(self) -> None:
+        self._outbox.flush()
 
 
 class RayReplayBuffer:
@@ -211,21 +340,23 @@ class RayReplayBuffer:
                              f"{checkpoint_every!r}")
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
-        options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0}
+        # Threaded shards: writes (and saves) run one at a time in the order sent, in
+        # their own thread, so a write held back by the shard's rate limiter waits
+        # while samples go on in the others.
+        options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0,
+                   "max_concurrency": 4}
         options.update(actor_options or {})
-        shard_class = ray.remote(_Shard).options(**options)
+        shard_class = ray.remote(concurrency_groups={"writes": 1})(_Shard).options(**options)
         root = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
         self.num_shards = num_shards
         self._actors = [shard_class.remote(buffer_factory, i, root, checkpoint_every)
                         for i in range(num_shards)]
         self._rng = make_rng(seed)
         self._max_in_flight = max_in_flight
-        self._pending: deque[tuple[int, Any]] = deque()
         self._next_shard = 0
         self._up = [True] * num_shards
         self._last_ping = [0.0] * num_shards
         self._pings: dict[int, Any] = {}
-        self._error: BaseException | None = None
         self._probe_lock = threading.Lock()
         self.losses: list[ShardLoss] = []
         described = []
@@ -243,9 +374,7 @@ class RayReplayBuffer:
                 raise SpecError(f"shard {i}'s data_spec differs from shard 0's: "
                                 f"{spec} vs {specs[0]}")
         self._data_spec = specs[0]
-        leaf_specs, self._structure = nest.flatten(self._data_spec)
-        self._paths = nest.leaf_paths(self._data_spec)
-        self._checker = NumpyStorage(leaf_specs, 1, pack=False)
+        self._outbox = _Outbox(self._data_spec, max_in_flight, self._written)
         self._incarnation = [d["incarnation"] for d in described]
         self._last_id = [d["last_id"] for d in described]
         self._mass: dict[int | None, np.ndarray] = {}
@@ -261,6 +390,9 @@ class RayReplayBuffer:
     def rate_limiter(self) -> None:
         """Rate limiters live in the shards (the factory's buffers)."""
         return None
+
+    paced = True
+    """Prefetch threads sample in short rounds: a shard's limiter may hold them back."""
 
     def shards_up(self) -> list[bool]:
         """Which shards answered last (a restarted one is up once it answers again)."""
@@ -285,25 +417,19 @@ class RayReplayBuffer:
         return sum(d["size"] for d in self.describe() if d is not None)
 
     # ----------------------------------------------------------------- writing
-    def _check(self, items: Any, outer: int, method: str) -> None:
-        leaves, structure = nest.flatten(items)
-        if structure != self._structure:
-            raise SpecError(f"{method}: items do not match the data_spec structure: "
-                            f"expected {nest.describe(self._structure)}, got "
-                            f"{nest.describe(structure)}")
-        shape = np.shape(leaves[0])[:outer]
-        self._checker.convert(leaves, self._paths, tuple(shape),
-                              f"[{', '.join(map(str, shape))}]")
-
     def add_batch(self, items: Any, *, shard: int | None = None) -> None:
         """Append one step to every row of one shard (round-robin, or ``shard``).
-        Checked here against the spec; written asynchronously (see :meth:`flush`)."""
-        self._check(items, 1, "add_batch")
+        Checked here against the spec; written asynchronously (see :meth:`flush`).
+
+        Round-robin suits items whole on their own (transitions); steps that form
+        windows (``get_next(num_steps=T)``) must go to one shard per writer:
+        ``shard=`` or a :meth:`writer`."""
+        self._outbox.check(items, 1, "add_batch")
         self._write("add_batch", (items,), {}, shard)
 
     def extend(self, items: Any, *, shard: int | None = None) -> None:
         """``extend`` on one shard (leaves ``[batch_size, T, ...]``), as :meth:`add_batch`."""
-        self._check(items, 2, "extend")
+        self._outbox.check(items, 2, "extend")
         self._write("extend", (items,), {}, shard)
 
     def add(self, *args: Any, shard: int | None = None, **kwargs: Any) -> None:
@@ -312,17 +438,13 @@ class RayReplayBuffer:
         self._write("add", args, kwargs, shard)
 
     def _write(self, method: str, args: tuple, kwargs: dict, shard: int | None) -> None:
-        self._raise_pending_error()
+        self._outbox.raise_error()
         self._probe()
         if shard is None:
             shard = self._pick_writer()
         elif not 0 <= shard < self.num_shards:
             raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
-        self._pending.append((shard, self._actors[shard].write.remote(
-            method, args, kwargs, list(self._mass))))
-        while len(self._pending) > self._max_in_flight:
-            self._settle()
-        self._raise_pending_error()
+        self._outbox.send(shard, self._actors[shard], method, args, kwargs, list(self._mass))
 
     def _pick_writer(self) -> int:
         for _ in range(self.num_shards):
@@ -332,39 +454,44 @@ class RayReplayBuffer:
                 return shard
         raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
 
-    def _settle(self) -> None:
-        shard, ref = self._pending.popleft()
-        try:
-            last_id, masses = ray.get(ref)
-            self._last_id[shard] = max(self._last_id[shard], last_id)
-            self._set_masses(shard, masses)
-        except RayTaskError as exc:
-            self._error = exc.as_instanceof_cause()
-        except RayError:
+    def _written(self, shard: int, answer: tuple[int, dict[int | None, float]] | None
+                 ) -> None:
+        """A write settled: its shard's ``last_id`` and masses (``None``: shard down)."""
+        if answer is None:
             self._down(shard)
-
-    def _raise_pending_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+            return
+        last_id, masses = answer
+        self._last_id[shard] = max(self._last_id[shard], last_id)
+        self._set_masses(shard, masses)
 
     def flush(self) -> None:
         """Wait for every write in flight; raise the first error one of them met."""
-        while self._pending:
-            self._settle()
-        self._raise_pending_error()
+        self._outbox.flush()
+
+    def writer(self, shard: int) -> "ShardWriter":
+        """A writer to ``shard`` alone, which pickles: hand it to a collector (a Ray
+        actor, a process) so its steps stay one sequence in one shard."""
+        if not 0 <= shard < self.num_shards:
+            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
+        return ShardWriter(self._actors[shard], shard, self._data_spec, self._max_in_flight)
 
     # ---------------------------------------------------------------- reading
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True) -> tuple[Any, BufferInfo]:
-        """``get_next`` over all shards (shapes as the shards' buffers give)."""
+                 time_stacked: bool = True, *, timeout: float | None = None
+                 ) -> tuple[Any, BufferInfo]:
+        """``get_next`` over all shards (shapes as the shards' buffers give).
+
+        A shard whose rate limiter holds its part back for :data:`SHARD_WAIT_S` has
+        that part drawn from the others; when every shard holds back, the draw waits
+        (up to ``timeout`` seconds, then :class:`~replaybuffer.RateLimitedError`)."""
         sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = _positive_or_none(num_steps, "num_steps")
-        return self._sample(sample_batch_size, num_steps, time_stacked)
+        return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout)
 
-    def sample(self, batch_size: int) -> tuple[Any, BufferInfo]:
-        """``sample`` over all shards (transition buffers)."""
-        return self._draw("sample", int(batch_size), None, self._rng)
+    def sample(self, batch_size: int, *, timeout: float | None = None
+               ) -> tuple[Any, BufferInfo]:
+        """``sample`` over all shards (transition buffers), paced as :meth:`get_next`."""
+        return self._draw("sample", int(batch_size), None, self._rng, timeout)
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None,
                 time_stacked: bool = True, rng: np.random.Generator | None = None,
@@ -375,7 +502,7 @@ class RayReplayBuffer:
         if not time_stacked:
             raise ValueError("time_stacked=False is not supported across shards")
         items, info = self._draw("get_next", sample_batch_size or 1, num_steps,
-                                 rng or self._rng)
+                                 rng or self._rng, timeout)
         if sample_batch_size is None:
             items = _map(lambda a: a[0], items)
             info = BufferInfo(info.ids[0], info.probabilities[0],
@@ -383,16 +510,24 @@ class RayReplayBuffer:
         return items, info
 
     def _draw(self, method: str, count: int, num_steps: int | None,
-              rng: np.random.Generator) -> tuple[Any, BufferInfo]:
-        self._raise_pending_error()
+              rng: np.random.Generator, timeout: float | None = None
+              ) -> tuple[Any, BufferInfo]:
+        self._outbox.raise_error()
         self._probe()
         key = num_steps
         if key not in self._mass:
             self._mass[key] = self._masses(num_steps)
         parts: dict[int, tuple[Any, ...]] = {}
         todo = count
+        held = np.zeros(self.num_shards, bool)  # shards whose rate limiter held a part back
+        deadline = None if timeout is None else time.monotonic() + timeout
         while todo:
-            mass = self._mass[key] * np.array(self._up)
+            if held.all() or (held.any() and not (self._mass[key] * ~held).sum() > 0):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RateLimitedError(f"{method}: every shard's rate limiter held the "
+                                           f"sample back for {timeout} s")
+                held[:] = False
+            mass = self._mass[key] * np.array(self._up) * ~held
             if not mass.sum() > 0:
                 if not any(self._up):
                     raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
@@ -401,7 +536,7 @@ class RayReplayBuffer:
                     raise EmptyBufferError(f"{method}: no shard holds a sample of "
                                            f"{num_steps or 1} step(s)")
             split = rng.multinomial(todo, mass / mass.sum())
-            refs = {i: self._actors[i].draw.remote(method, int(n), num_steps)
+            refs = {i: self._actors[i].draw.remote(method, int(n), num_steps, SHARD_WAIT_S)
                     for i, n in enumerate(split) if n}
             todo = 0
             for i, ref in refs.items():
@@ -411,6 +546,10 @@ class RayReplayBuffer:
                     cause = exc.as_instanceof_cause()
                     if isinstance(cause, EmptyBufferError):  # its mass was stale
                         self._mass[key][i] = 0.0
+                        todo += int(split[i])
+                        continue
+                    if isinstance(cause, RateLimitedError):  # the others take its part
+                        held[i] = True
                         todo += int(split[i])
                         continue
                     raise cause from None
@@ -465,7 +604,7 @@ class RayReplayBuffer:
         a shard's earlier incarnation, and overwritten steps, are ignored)."""
         from replaybuffer.buffers.prioritized import checked_priorities
 
-        self._raise_pending_error()
+        self._outbox.raise_error()
         id_array, values, _ = checked_priorities(ids, priorities)
         incarnations = id_array >> INCARNATION_SHIFT
         local = id_array & LOCAL_MASK
