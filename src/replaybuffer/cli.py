@@ -40,6 +40,13 @@ def _bench(args: argparse.Namespace) -> int:
 
         return checkpoint.main(["--size-gb", str(0.2 if args.quick else args.size_gb)]
                                + (["--json", args.json] if args.json else []))
+    if args.ray:  # shards as Ray actors, collectors as Ray tasks
+        from replaybuffer.bench import ray_bench
+
+        argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
+        if args.quick:
+            argv += ["--shards", "1,2"]
+        return ray_bench.main(argv + (["--json", args.json] if args.json else []))
     if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
         from replaybuffer.bench import processes
 
@@ -175,8 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="writer processes and a sampler on one SharedReplayBuffer "
                             "(1, 2, 4 writers), one process alone, and Reverb where "
                             "benchmarks/setup_reverb.sh installed it")
+    bench.add_argument("--ray", action="store_true",
+                       help="a RayReplayBuffer with 1, 2, 4 shards and 4 collector tasks "
+                            "on a local Ray cluster, beside one process alone")
     bench.add_argument("--seconds", type=float, default=5.0,
-                       help="with --processes: seconds per configuration (default 5)")
+                       help="with --processes or --ray: seconds per configuration "
+                            "(default 5)")
     bench.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                        help="with --processes: the stress run (writers killed, every "
                             "sample checked) for SECONDS instead")

@@ -1,0 +1,130 @@
+"""``replaybuffer bench --ray``: a :class:`~replaybuffer.distributed.RayReplayBuffer`
+with 1, 2 and 4 shards fed by 4 collector tasks, sampled by the learner (this process).
+
+Per workload (control, frames) and shard count: a local Ray cluster (``num_cpus=2``),
+uniform shards holding 100k control (20k frames) items between them, prefilled with
+1000 items each; 4 collector tasks (collector ``k`` writes to shard ``k % shards``
+through a :class:`~replaybuffer.distributed.ShardWriter`, ``extend`` of 32 steps at a
+time) run for ``--seconds`` while the learner calls ``get_next(256)``. Inserts/s sum
+the collectors' steps; samples/s count sampled items.
+
+Bytes per sampled batch: a shard gathers its part into Ray's object store (one copy),
+``ray.get`` maps it read-only without a copy (checked: the arrays are not writeable
+and their memory is the store's), the client concatenates the parts (one copy). The
+row reports the batch's bytes and the copies made of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from replaybuffer.bench.processes import WORKLOADS, run_single
+from replaybuffer.bench.workloads import random_items
+
+SAMPLE = 256
+CHUNK = 32
+
+
+def shard_buffer(spec: Any, max_length: int) -> Any:
+    import replaybuffer as rb
+
+    return rb.UniformReplayBuffer(spec, 1, max_length, seed=0)
+
+
+def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    chunks = [random_items(spec, (1, CHUNK), rng) for _ in range(4)]
+    deadline = time.perf_counter() + seconds
+    steps = 0
+    while time.perf_counter() < deadline:
+        writer.extend(chunks[steps // CHUNK % 4])
+        steps += CHUNK
+    writer.flush()
+    return steps
+
+
+def run_ray(workload: str, shards: int, collectors: int, seconds: float) -> dict[str, Any]:
+    import ray
+
+    from replaybuffer.distributed import RayReplayBuffer
+
+    make_spec, capacity = WORKLOADS[workload]
+    spec = make_spec()
+    factory = functools.partial(shard_buffer, spec, capacity // shards)
+    with RayReplayBuffer(factory, shards, seed=0, max_in_flight=16) as buffer:
+        prefill = random_items(spec, (1, 1000), np.random.default_rng(0))
+        for shard in range(shards):
+            buffer.extend(prefill, shard=shard)
+        buffer.flush()
+        items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
+        part = ray.get(buffer._actors[0].draw.remote("get_next", SAMPLE, None, 0.0))[0]
+        zero_copy = all(not leaf.flags.writeable for leaf in part.values())
+        batch_bytes = sum(leaf.nbytes for leaf in items.values())
+        task = ray.remote(num_cpus=0)(_collect)
+        start = time.perf_counter()
+        runs = [task.remote(buffer.writer(k % shards), spec, seconds, k)
+                for k in range(collectors)]
+        sampled = 0
+        while time.perf_counter() - start < seconds:
+            buffer.get_next(SAMPLE)
+            sampled += SAMPLE
+        sample_seconds = time.perf_counter() - start
+        inserted = sum(ray.get(runs))
+        insert_seconds = time.perf_counter() - start
+    return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
+            "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
+            "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
+            "copies_per_batch": 2 if zero_copy else 3, "get_is_zero_copy": zero_copy,
+            "seconds": seconds}
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workload | buffer | shards | inserts/s | samples/s | batch bytes, copies |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["peer"] == "replaybuffer[ray]":
+            lines.append(f"| {r['workload']} | {r['peer']} | {r['shards']} | "
+                         f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} | "
+                         f"{r['batch_bytes']:,}, {r['copies_per_batch']} |")
+        else:
+            lines.append(f"| {r['workload']} | {r['peer']} | | {r['inserts_per_s']:,.0f} | "
+                         f"{r['samples_per_s']:,.0f} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    import ray
+
+    parser = argparse.ArgumentParser(prog="replaybuffer bench --ray")
+    parser.add_argument("--workloads", default="control,frames")
+    parser.add_argument("--shards", default="1,2,4")
+    parser.add_argument("--collectors", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        for workload in [w for w in args.workloads.split(",") if w]:
+            rows.append(run_single(workload, args.seconds))
+            print(json.dumps(rows[-1]), flush=True)
+            for shards in [int(s) for s in args.shards.split(",") if s]:
+                rows.append(run_ray(workload, shards, args.collectors, args.seconds))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        ray.shutdown()
+    print()
+    print(format_rows(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
