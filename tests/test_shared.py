@@ -337,3 +337,26 @@ def test_stress_writers_samplers_updater_and_killed_writers():
     assert stats.inserts >= report.inserted  # killed writers' inserts count too
     low, high = report.window
     assert low <= stats.diff <= high
+
+
+def _send_wrong_spec(buffer: SharedReplayBuffer, out) -> None:
+    try:
+        buffer.add_batch({"row": np.zeros(1, np.int64), "step": np.zeros(1, np.int64),
+                          "obs": np.zeros((1, 5), np.float32)})
+    except SpecError as exc:
+        out.put(str(exc))
+    else:
+        out.put("no error")
+
+
+def test_a_writer_with_a_wrong_spec_fails_in_its_own_process(buffer):
+    write_steps(buffer, 1, 3)
+    before = (buffer.steps_written().tolist(), buffer._version.copy())
+    out = SPAWN.Queue()
+    in_process(_send_wrong_spec, buffer, out)
+    message = out.get(timeout=5)
+    assert message.startswith("leaf ['obs']: expected shape (1, 3)") and "got (1, 5)" in message
+    assert buffer.steps_written().tolist() == before[0]
+    np.testing.assert_array_equal(buffer._version, before[1])
+    write_steps(buffer, 1, 1)  # this process goes on writing
+    assert len(buffer) == 4
