@@ -360,3 +360,15 @@ def test_a_writer_with_a_wrong_spec_fails_in_its_own_process(buffer):
     np.testing.assert_array_equal(buffer._version, before[1])
     write_steps(buffer, 1, 1)  # this process goes on writing
     assert len(buffer) == 4
+
+
+def test_min_size_counts_inserts_at_commit_and_holds_samples_back():
+    """MinSize never holds an insert back: inserts are counted where they commit."""
+    with SharedReplayBuffer(SPEC, 2, 10, rate_limiter=MinSize(4), seed=5) as buffer:
+        write_steps(buffer, 1, 3)
+        assert buffer.get_next(1, block=False) is None
+        in_process(write_steps, buffer, 1, 2)  # another process: 5 in all
+        stats = buffer.stats()
+        assert (stats.inserts, stats.samples, stats.inserts_blocked) == (5, 0, 0)
+        buffer.get_next(3)
+        assert buffer.stats().samples == 3

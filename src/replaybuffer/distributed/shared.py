@@ -221,6 +221,11 @@ class SharedReplayBuffer:
                 self._max_priority[0] = 1.0
         self._alpha, self._beta = config["alpha"], config["beta"]
         self._limiter: RateLimiter | None = config["rate_limiter"]
+        # A limiter that can never hold an insert back (max_diff = inf, as MinSize)
+        # needs no admission: inserts are counted in the commit's critical section.
+        self._counts_at_commit = self._limiter is not None and \
+            self._limiter.max_diff == float("inf")
+        self._admits_inserts = self._limiter is not None and not self._counts_at_commit
         self._rows: tuple[int, int] | None = None  # (first row, count) this process owns
         self._owner_pid = -1
         self._rng_pid = -1
@@ -390,7 +395,7 @@ class SharedReplayBuffer:
         arrays = self._storage.convert(leaves, self._leaf_paths, (count,),
                                        f"[batch={count}]")
         first, _ = self.claim_rows(count)
-        if self._limiter is not None and not self._admit(True, count, timeout, block):
+        if self._admits_inserts and not self._admit(True, count, timeout, block):
             return False
         self._write_step(first, count, arrays)
         return True
@@ -405,8 +410,7 @@ class SharedReplayBuffer:
         arrays = self._storage.convert(leaves, self._leaf_paths, (count, steps),
                                        f"[batch={count}, steps={steps}]")
         first, _ = self.claim_rows(count)
-        if self._limiter is not None and not self._admit(True, count * steps, timeout,
-                                                         block):
+        if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
             return False
         for t in range(steps):
             self._write_step(first, count, [a[:, t] for a in arrays])
@@ -428,6 +432,10 @@ class SharedReplayBuffer:
         with self._lock:
             self._version[span] = 2 * step + 2
             self._next_id[first:first + count] = step + 1
+            if self._counts_at_commit:
+                self._control[INSERTS] += count
+                self._control[LARGEST_INSERT] = max(int(self._control[LARGEST_INSERT]),
+                                                    count)
             if self._prioritized:
                 flat_tree.update(self._tree, np.arange(start, start + count),
                                  np.full(count, self._max_priority[0] ** self._alpha))
