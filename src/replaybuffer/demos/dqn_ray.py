@@ -8,8 +8,7 @@ Q-network, and writes its trajectories, 32 steps per ``extend``, into one shard 
 shard holds whole sequences). Each shard's buffer carries a
 :class:`~replaybuffer.SampleToInsertRatio` at the single-process demo's ratio, so the
 collectors wait for the learner and the learner for data. The learner (this process)
-samples two-step windows across the shards with a prefetching ``as_dataset`` and
-trains as :func:`replaybuffer.demos.dqn.train` does; it publishes its parameters to a
+samples two-step windows across the shards and trains as :func:`replaybuffer.demos.dqn.train` does; it publishes its parameters to a
 small :class:`ParameterStore` actor after every ``target_update`` gradient steps, and
 collectors pick them up every 32 steps.
 """
@@ -27,6 +26,7 @@ from replaybuffer.collect import StepDriver
 from replaybuffer.demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
     build_q_network, gradient_step
 from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, make_env
+from replaybuffer.rate_limiter import RateLimitedError
 
 CHUNK = 32
 """Steps a collector sends per ``extend`` (and between parameter checks)."""
@@ -167,15 +167,19 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
     start = time.perf_counter()
     selection = Selection(config, on_eval)
     gradient_steps = inserted = 0
-    stream: Any = None
     try:
         while inserted < config.learning_starts:  # the shards' limiters fill first
             time.sleep(0.1)
             inserted = sum(d["last_id"] + 1 for d in buffer.describe() if d is not None)
         bar.update(inserted)
-        stream = iter(buffer.as_dataset(config.sample_batch_size, 2, num_parallel_calls=2))
         while inserted < config.steps and not selection.stopped_early:
-            trajectories, info = next(stream)
+            if not ray.wait(runs, num_returns=len(runs), timeout=0)[1]:
+                break  # every collector finished its share
+            try:  # short waits: the loop must see collectors end
+                trajectories, info = buffer.get_next(config.sample_batch_size, 2,
+                                                     timeout=1.0)
+            except RateLimitedError:
+                continue
             gradient_step(q_net, target_net, optimizer, trajectories, info, config.gamma)
             gradient_steps += 1
             if gradient_steps % config.target_update == 0:
@@ -190,16 +194,12 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
                 inserted = now
                 selection.after(q_net, inserted)
                 bar.set_postfix(best=f"{selection.best[0]:.0f}", grad=gradient_steps)
-            if not ray.wait(runs, num_returns=len(runs), timeout=0)[1]:
-                break  # every collector finished its share
         inserted = sum(d["last_id"] + 1 for d in buffer.describe() if d is not None)
         if not selection.stopped_early:
             selection.finish(q_net, inserted)
         bar.close()
         return selection.result(q_net, inserted, time.perf_counter() - start, [])
     finally:
-        if stream is not None:
-            stream.close()
         ray.get(store.stop.remote())
         # A collector may wait on its shard's rate limiter now that nobody samples.
         ray.wait(runs, num_returns=len(runs), timeout=10)

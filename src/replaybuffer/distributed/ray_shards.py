@@ -13,8 +13,9 @@ the buffer's API:
   uniform buffers, its priority total for prioritized ones), as one buffer holding all
   the shards' items would draw; probabilities (and importance weights) are rescaled to
   the whole. The masses are those each shard reported with its last answer (to a
-  draw, a write once settled, or a priority update): a shard's writes still in flight
-  are not counted yet.
+  draw, a write once settled, or a priority update), and all are asked again every
+  :data:`MASS_REFRESH_S`: writes in flight, or from other writers since, are not
+  counted yet.
 - ``update_priorities`` routes each id to its shard. Ids carry the shard and the
   shard's incarnation (``incarnation << 48 | local_id * num_shards + shard``): an id
   from before a shard's restart is stale and ignored, as an overwritten one is.
@@ -58,6 +59,9 @@ __all__ = ["RayReplayBuffer", "ShardWriter", "ShardLoss", "ShardsUnavailableErro
 
 INCARNATION_SHIFT = 48
 GAP_S = 5.0
+MASS_REFRESH_S = 1.0
+"""Each shard's sampling mass is asked again at least this often (collectors writing
+through their own ShardWriters change it without the client seeing their answers)."""
 SHARD_WAIT_S = 0.2
 """How long a shard's rate limiter may hold a part of a sample back before the client
 draws that part from the other shards (or, all held back, asks again)."""
@@ -378,6 +382,7 @@ class RayReplayBuffer:
         self._incarnation = [d["incarnation"] for d in described]
         self._last_id = [d["last_id"] for d in described]
         self._mass: dict[int | None, np.ndarray] = {}
+        self._mass_at: dict[int | None, float] = {}
         self._beta = described[0]["beta"]
         self.buffer_class = described[0]["class"]
 
@@ -515,17 +520,21 @@ class RayReplayBuffer:
         self._outbox.raise_error()
         self._probe()
         key = num_steps
-        if key not in self._mass:
-            self._mass[key] = self._masses(num_steps)
+        if key not in self._mass or \
+                time.monotonic() - self._mass_at.get(key, 0.0) > MASS_REFRESH_S:
+            self._refresh(key)
         parts: dict[int, tuple[Any, ...]] = {}
         todo = count
         held = np.zeros(self.num_shards, bool)  # shards whose rate limiter held a part back
         deadline = None if timeout is None else time.monotonic() + timeout
         while todo:
-            if held.all() or (held.any() and not (self._mass[key] * ~held).sum() > 0):
+            if held.any() and not (self._mass[key] * np.array(self._up) * ~held).sum() > 0:
+                # Every shard with mass held its part back: ask all again, with fresh
+                # masses (writers elsewhere may have filled the others meanwhile).
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RateLimitedError(f"{method}: every shard's rate limiter held the "
                                            f"sample back for {timeout} s")
+                self._refresh(key)
                 held[:] = False
             mass = self._mass[key] * np.array(self._up) * ~held
             if not mass.sum() > 0:
@@ -565,6 +574,10 @@ class RayReplayBuffer:
                 else:
                     parts[i] = got
         return self._combine(parts, num_steps, rng)
+
+    def _refresh(self, key: int | None) -> None:
+        self._mass[key] = self._masses(key)
+        self._mass_at[key] = time.monotonic()
 
     def _masses(self, num_steps: int | None) -> np.ndarray:
         mass = np.zeros(self.num_shards)
