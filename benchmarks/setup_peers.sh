@@ -34,6 +34,7 @@ PEERS=(
   "tensordict==0.14.3"
   "tianshou==2.0.1"
   "gymnasium==1.4.0"
+  "ray==2.60.0"        # benchmarks/torchrl_ray.py: TorchRL's Ray-backed buffer
 )
 
 log() { echo "setup_peers: $*" >&2; }

@@ -1,7 +1,6 @@
 """TorchRL's Ray-backed replay buffer as a peer of ``replaybuffer bench --ray``.
 
-    bash benchmarks/setup_peers.sh                 # .venv-bench: torch, torchrl, ...
-    .venv-bench/bin/python -m pip install "ray==2.60.0"
+    bash benchmarks/setup_peers.sh                 # .venv-bench: torch, torchrl, ray, ...
     .venv-bench/bin/python benchmarks/torchrl_ray.py [--seconds 5] [--workload control,frames]
 
 Standalone (no replaybuffer import). The same workload as our Ray bench: a local
