@@ -507,6 +507,10 @@ class SharedReplayBuffer:
                      ).all(1) & (p > 0)
             if leaves is None:  # the first round fills every slot, whole or not
                 leaves = got
+                if whole.all():  # the usual case: nothing to draw again
+                    ids = step_ids * rows_total + rows[:, None]
+                    chance = p
+                    break
             else:
                 for out, new in zip(leaves, got):
                     out[todo[whole]] = new[whole]
