@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean release-check
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray]'
+	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,8 +28,21 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
+# The release as a user gets it: sdist and wheel built and checked, the wheel
+# installed into a fresh venv (away from this checkout) and its demo run there.
+RELEASE_VENV := build/release-venv
+release-check: $(STAMP)
+	rm -rf dist $(RELEASE_VENV) build/release-demo
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+	$(PYTHON) -m venv $(RELEASE_VENV)
+	$(RELEASE_VENV)/bin/pip install -q --upgrade pip
+	$(RELEASE_VENV)/bin/pip install -q $(TORCH_PIN)
+	$(RELEASE_VENV)/bin/pip install -q "$$(ls dist/*.whl)[demo]"
+	cd build && release-venv/bin/python -I ../.ci/release_smoke.py
+
 bench: $(STAMP)
 	$(VENV)/bin/replaybuffer bench
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis
