@@ -96,3 +96,31 @@ def test_bench_peers_quick_reports_every_peer(tmp_path, capsys):
                                                                 "unsupported"))
                for r in rows)
     assert "x ours" in capsys.readouterr().out
+
+
+def test_bench_scale_smoke(tmp_path, capsys):
+    from replaybuffer.bench import scale
+
+    out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    assert scale.main(["--capacities", "1000,4000", "--min-time", "0.005", "--plot",
+                       str(png), "--json", str(out)]) == 0
+    points = json.loads(out.read_text())
+    assert {(p["kind"], p["capacity"]) for p in points} == {
+        (k, c) for k in ("uniform", "prioritized", "episodes") for c in (1000, 4000)}
+    assert all(p["seconds"] > 0 and p["limit_seconds"] > 0 for p in points)
+    assert png.stat().st_size > 0
+    assert "| numpy limit |" in capsys.readouterr().out
+
+
+def test_bench_scale_buffers_are_full_and_prioritized_everywhere():
+    from replaybuffer.bench import scale
+
+    rng = np.random.default_rng(0)
+    per = scale.filled("prioritized", 3000, rng)
+    assert len(per) == 3000
+    priorities = per.priorities(np.arange(3000))
+    assert np.isfinite(priorities).all() and len(np.unique(priorities)) == 3000
+    episodes = scale.filled("episodes", 3000, rng)
+    items, _ = episodes.get_next(64, num_steps=20, within_episodes=True)
+    # A window inside one episode holds at most one FIRST, and only at its start.
+    assert (items["step_type"][:, 1:] != rb.StepType.FIRST).all()

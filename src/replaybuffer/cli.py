@@ -35,6 +35,13 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             argv += ["--json", args.json]
         return peers.main(argv)
+    if args.scale or args.plot:  # sample cost against capacity, and its plot
+        from replaybuffer.bench import scale
+
+        argv = ["--capacities", "10000,100000"] if args.quick else []
+        if args.plot:
+            argv += ["--plot", args.plot]
+        return scale.main(argv + (["--json", args.json] if args.json else []))
     if args.checkpoint:  # saving and loading a large buffer while it is in use
         from replaybuffer.bench import checkpoint
 
@@ -172,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer-workloads",
                        default="control,frames,prioritized,prioritized-skewed",
                        help="with --peers: comma-separated workloads")
+    bench.add_argument("--scale", action="store_true",
+                       help="sample cost at capacities 10k, 100k, 1M, 10M (uniform, "
+                            "prioritized, within episodes) against the numpy limit")
+    bench.add_argument("--plot", nargs="?", const="bench-results/scale.png", default=None,
+                       metavar="PNG", help="--scale, and plot it (default "
+                       "bench-results/scale.png)")
     bench.add_argument("--checkpoint", action="store_true",
                        help="save a large buffer while a collector adds to it, then load it: "
                             "GB/s against a plain file copy, the longest add stall, peak "
