@@ -204,3 +204,36 @@ def test_prioritized_within_episodes_when_little_mass_is_valid():
     items, info = buf.get_next(64, num_steps=3, within_episodes=True)
     expected = {s for s, _ in valid_windows(types, 1, 50, 3)}
     assert set(items["value"][:, 0].tolist()) <= expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch_size=st.integers(1, 3), max_length=st.integers(1, 12),
+       num_steps=st.integers(1, 4),
+       chunks=st.lists(st.lists(st.lists(st.booleans(), min_size=3, max_size=3),
+                                min_size=1, max_size=5), min_size=1, max_size=12))
+def test_index_matches_brute_force_as_steps_arrive(batch_size, max_length, num_steps,
+                                                   chunks):
+    """The index is asked after every write, so its caches (interior segments, window
+    counts) must follow each add and each eviction; a brute force recomputes from the
+    step types every time. Windows are numbered row by row, then by start id."""
+    ring, index = Ring(batch_size, max_length), EpisodeIndex()
+    starts_of: list[list[bool]] = []  # per id: whether each row's step is FIRST
+    for chunk in chunks:
+        first_id = ring.last_id + 1
+        starts = np.array([step[:batch_size] for step in chunk], bool)
+        ring.last_id += len(chunk)
+        starts_of += [list(step[:batch_size]) for step in chunk]
+        index.record(first_id, starts, ring.oldest_id)
+        oldest, last = ring.oldest_id, ring.last_id
+        expected = [(s, b) for b in range(batch_size)
+                    for s in range(oldest, last - num_steps + 2)
+                    if not any(starts_of[i][b] for i in range(s + 1, s + num_steps))]
+        assert index.count(ring, num_steps) == len(expected)
+        ids, rows = index.sample(ring, num_steps, np.arange(len(expected), dtype=np.int64))
+        assert list(zip(ids.tolist(), rows.tolist())) == expected
+        every = [(s, b) for b in range(batch_size) for s in range(oldest, last + 1)]
+        within = index.within(ring, np.array([s for s, _ in every], np.int64),
+                              np.array([b for _, b in every], np.int64), num_steps)
+        assert [w for w, sb in zip(within.tolist(), every) if w] == \
+            [True] * len(expected)
+        assert [sb for w, sb in zip(within.tolist(), every) if w] == expected

@@ -8,9 +8,14 @@ after its first step. A boundary step (``LAST -> FIRST``) belongs to the episode
 ends, so the window ``[last real step, boundary]`` is valid and carries the true
 final observation, while any window reaching into the next episode is not.
 
-Everything is integer arithmetic over the starts held, ``E`` of them: building the
-segments costs ``O(E log E)`` once per change of the buffer (cached), sampling
-``O(K log E)``; neither depends on the capacity.
+Everything is integer arithmetic over the starts held, ``E`` of them. A row's
+segments are its *interior* ones (from one start to the next: fixed while no start is
+added or evicted) and two at its ends (from the oldest step to the first start, and
+from the last start to the write head), which every add moves. The interior ones and
+their window counts are cached and rebuilt (``O(E log E)``) only when starts come or
+go, about once per episode; the end segments are recomputed per call (``O(B)``). So a
+training loop that adds a step and samples ``K`` windows pays ``O(B + K log E)``;
+nothing depends on the capacity.
 """
 
 from __future__ import annotations
@@ -23,14 +28,93 @@ from replaybuffer.sampling.ring import Ring
 _ROW = np.int64(1) << 40  # key = row * _ROW + id orders starts by row, then id
 
 
+class _Interior:
+    """What depends on the retained starts alone (cached until they change).
+
+    For ``B`` rows: ``keys`` (sorted int64 ``row * _ROW + id``), per row whether it has
+    a start, its first and last start id (int64 ``[B]``), and the interior segments
+    (from a start to the row's next start): ``firsts``, ``lengths``, ``rows``
+    (int64 ``[M]``), with window counts per ``num_steps`` in ``windows``.
+    """
+
+    def __init__(self, keys: np.ndarray, batch_size: int):
+        self.keys = keys
+        rows, ids = keys // _ROW, keys % _ROW
+        self.has_start = np.zeros(batch_size, bool)
+        self.has_start[rows] = True
+        self.first_start = np.zeros(batch_size, np.int64)
+        self.last_start = np.zeros(batch_size, np.int64)
+        # keys are sorted, so the last write per row wins for last and the reversed
+        # order's last write wins for first.
+        self.last_start[rows] = ids
+        self.first_start[rows[::-1]] = ids[::-1]
+        inner = rows[1:] == rows[:-1]  # a start followed by one in the same row
+        self.firsts = ids[:-1][inner]
+        self.lengths = ids[1:][inner] - self.firsts
+        self.rows = rows[:-1][inner]
+        self.batch_size = batch_size
+        self.windows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.layouts: dict[tuple[int, int, int], _Layout] = {}
+
+    def counts(self, num_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(per_segment, cumulative, per_row, row_base)``: int64 window counts of the
+        interior segments, their running sum, their total per row ``[B]``, and the
+        interior windows of the rows before each row ``[B]``."""
+        cached = self.windows.get(num_steps)
+        if cached is None:
+            per_segment = np.maximum(self.lengths - num_steps + 1, 0)
+            per_row = np.bincount(self.rows, weights=per_segment,
+                                  minlength=self.batch_size).astype(np.int64)
+            cached = (per_segment, np.cumsum(per_segment), per_row,
+                      np.cumsum(per_row) - per_row)
+            self.windows[num_steps] = cached
+        return cached
+
+
+class _Layout:
+    """How windows of ``num_steps`` are numbered for one ring state: row by row, and
+    within a row its head segment (oldest step to first start), its interior
+    segments, then its tail segment (last start to the write head).
+
+    All int64 ``[B]``: ``head`` and ``per_row`` (windows in the head and the interior
+    segments of each row), ``interior_start`` (the number of each row's first
+    interior window), ``row_ends`` (running sum of the rows' window counts),
+    ``row_base`` (interior windows of the rows before), ``last_start``; and over the
+    interior segments, ``cumulative`` (running window count) and ``offset`` (first
+    id minus the windows before it, with a trailing sentinel).
+    """
+
+    def __init__(self, ring: Ring, num_steps: int, interior: _Interior):
+        oldest, end = ring.oldest_id, ring.last_id + 1
+        per_segment, self.cumulative, self.per_row, self.row_base = \
+            interior.counts(num_steps)
+        self.offset = np.append(interior.firsts - (self.cumulative - per_segment), 0)
+        self.oldest = oldest
+        self.last_start = interior.last_start
+        if end <= oldest:  # empty
+            self.head = np.zeros(interior.batch_size, np.int64)
+            self.row_ends = self.interior_start = self.head
+            self.total = 0
+            return
+        head_end = np.where(interior.has_start, interior.first_start, end)
+        self.head = np.maximum(head_end - oldest - num_steps + 1, 0)
+        tail = np.where(interior.has_start,
+                        np.maximum(end - interior.last_start - num_steps + 1, 0), 0)
+        totals = self.head + self.per_row + tail
+        self.row_ends = np.cumsum(totals)
+        self.interior_start = self.row_ends - totals + self.head
+        self.total = int(self.row_ends[-1])
+
+
 class EpisodeIndex:
     """Episode starts of every row, and the windows that stay within one episode."""
 
     def __init__(self) -> None:
         self._keys = np.zeros(0, np.int64)   # row * _ROW + id of recorded starts, any order
         self._new: list[np.ndarray] = []
-        self._cache: tuple | None = None
-        self._cache_key: tuple | None = None
+        self._interior: _Interior | None = None
+        self._segments: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._segments_key: tuple[int, int, int] | None = None
 
     def record(self, first_id: int, starts: np.ndarray, oldest_id: int) -> None:
         """Steps ``first_id + t`` were written; ``starts`` (bool ``[T, B]``) marks FIRST ones.
@@ -42,7 +126,7 @@ class EpisodeIndex:
         t, rows = np.nonzero(starts)
         if len(t):
             self._new.append(rows.astype(np.int64) * _ROW + first_id + t)
-            self._cache = None
+            self._interior = None
         if len(self._new) >= 256:
             keys = np.concatenate([self._keys, *self._new])
             self._new.clear()
@@ -51,59 +135,103 @@ class EpisodeIndex:
     def clear(self) -> None:
         self._keys = np.zeros(0, np.int64)
         self._new.clear()
-        self._cache = None
+        self._interior = None
+        self._segments = None
 
     def state(self, ring: Ring) -> np.ndarray:
         """The retained episode starts as int64 keys, for saving."""
-        self.segments(ring)
-        return self._keys.copy()
+        return self._current(ring).keys.copy()
 
     def load(self, keys: np.ndarray) -> None:
         self.clear()
         self._keys = np.asarray(keys, np.int64)
 
-    def segments(self, ring: Ring) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(first_ids, lengths, rows)`` of every segment, ordered by row then id."""
-        key = (ring.oldest_id, ring.last_id, ring.batch_size)
-        if self._cache is not None and self._cache_key == key:
-            return self._cache
+    def _current(self, ring: Ring) -> _Interior:
+        """The interior segments for the starts ``ring`` retains: starts after its
+        oldest step (one at the oldest step begins the row's first segment anyway)."""
+        interior = self._interior
+        if interior is not None and interior.batch_size == ring.batch_size:
+            # Still valid unless the oldest step has reached a row's first start.
+            oldest = ring.oldest_id
+            if not (interior.has_start & (interior.first_start <= oldest)).any():
+                return interior
         if self._new:
             self._keys = np.concatenate([self._keys, *self._new])
             self._new.clear()
-        oldest, last, batch = ring.oldest_id, ring.last_id, ring.batch_size
         ids = self._keys % _ROW
-        self._keys = np.sort(self._keys[(ids > oldest) & (ids <= last)])  # forget the evicted
+        self._keys = np.sort(self._keys[(ids > ring.oldest_id) & (ids <= ring.last_id)])
+        self._interior = _Interior(self._keys, ring.batch_size)
+        return self._interior
+
+    def _layout(self, ring: Ring, num_steps: int) -> _Layout:
+        """The window numbering for ``ring`` now (cached until the ring moves)."""
+        interior = self._current(ring)
+        key = (ring.oldest_id, ring.last_id, num_steps)
+        layout = interior.layouts.get(key)
+        if layout is None:
+            if len(interior.layouts) > 8:  # the ring moved on: old keys are dead
+                interior.layouts.clear()
+            layout = interior.layouts[key] = _Layout(ring, num_steps, interior)
+        return layout
+
+    def segments(self, ring: Ring) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(first_ids, lengths, rows)`` of every segment, ordered by row then id."""
+        key = (ring.oldest_id, ring.last_id, ring.batch_size)
+        interior = self._current(ring)
+        if self._segments is not None and self._segments_key == key:
+            return self._segments
+        oldest, last, batch = ring.oldest_id, ring.last_id, ring.batch_size
         heads = np.arange(batch, dtype=np.int64) * _ROW + oldest  # each row's oldest step
-        keys = np.sort(np.concatenate([self._keys, heads]))
+        keys = np.sort(np.concatenate([interior.keys, heads]))
         rows, firsts = keys // _ROW, keys % _ROW
         same_row_next = np.append(rows[1:] == rows[:-1], False)
         ends = np.where(same_row_next, np.append(firsts[1:], 0), last + 1)
-        self._cache, self._cache_key = (firsts, ends - firsts, rows), key
-        return self._cache
+        self._segments, self._segments_key = (firsts, ends - firsts, rows), key
+        return self._segments
 
     def count(self, ring: Ring, num_steps: int) -> int:
         """Windows of ``num_steps`` that stay within one episode."""
-        _, lengths, _ = self.segments(ring)
-        return int(np.maximum(lengths - num_steps + 1, 0).sum())
+        return self._layout(ring, num_steps).total
 
     def sample(self, ring: Ring, num_steps: int, draws: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         """Map uniform integer ``draws`` in ``[0, count)`` to ``(start_ids, rows)``.
 
-        ``count`` is :meth:`count` for the same ring and ``num_steps``.
+        ``count`` is :meth:`count` for the same ring and ``num_steps``. Windows are
+        numbered row by row, and by start id within a row.
         """
-        firsts, lengths, rows = self.segments(ring)
-        per_segment = np.maximum(lengths - num_steps + 1, 0)
-        cumulative = np.cumsum(per_segment)
-        j = np.searchsorted(cumulative, draws, side="right")
-        return firsts[j] + draws - (cumulative[j] - per_segment[j]), rows[j]
+        layout = self._layout(ring, num_steps)
+        if len(layout.row_ends) == 1:
+            rows = np.zeros(len(draws), np.int64)
+            past_head = draws - layout.interior_start[0]  # < 0: in the head segment
+            interior = past_head  # row_base is 0
+            per_row = layout.per_row[0]
+        else:
+            rows = np.searchsorted(layout.row_ends, draws, side="right")
+            past_head = draws - layout.interior_start[rows]
+            interior = past_head + layout.row_base[rows]
+            per_row = layout.per_row[rows]
+        ids = layout.offset[np.searchsorted(layout.cumulative, interior, side="right")]
+        ids += interior
+        head = past_head < 0
+        if head.any():
+            ids[head] = (layout.oldest + layout.head[rows[head]]) + past_head[head]
+        tail = past_head >= per_row
+        if tail.any():
+            r = rows[tail]
+            ids[tail] = layout.last_start[r] + past_head[tail] - layout.per_row[r]
+        return ids, rows
 
     def within(self, ring: Ring, start_ids: np.ndarray, rows: np.ndarray,
                num_steps: int) -> np.ndarray:
-        """Bool ``[K]``: whether each window ``[start, start + num_steps)`` stays in one segment."""
-        firsts, lengths, seg_rows = self.segments(ring)
-        j = np.searchsorted(seg_rows * _ROW + firsts, rows * _ROW + start_ids, side="right") - 1
-        return start_ids + num_steps <= firsts[j] + lengths[j]
+        """Bool ``[K]``: whether each window ``[start, start + num_steps)`` stays in one
+        segment (no episode starts after its first step, and it ends by the write head)."""
+        keys = self._current(ring).keys
+        k = np.searchsorted(keys, rows * _ROW + start_ids, side="right")
+        following = keys[np.minimum(k, len(keys) - 1)] if len(keys) else np.zeros_like(k)
+        same_row = (k < len(keys)) & (following // _ROW == rows)
+        end = np.where(same_row, following % _ROW, ring.last_id + 1)
+        return start_ids + num_steps <= end
 
     def outside(self, ring: Ring, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, rows)`` of stored steps that cannot start a window within an episode:
