@@ -9,6 +9,11 @@ the subtree roots), and the wide root's running sums summed by a Python loop. A 
 tree must match it bit for bit. Most properties run at several root widths: 1 (a
 plain binary tree), 2 and 4 (forests of binary subtrees at these small capacities)
 and the default (all wide root, for capacities up to 1024).
+
+Every test runs twice: with the numpy loops and with the compiled ones
+(:mod:`replaybuffer.sampling.tree_kernels`, numba is a test dependency), which must
+give the same bits. Tests of the numpy loops' own bookkeeping (stale levels, rows)
+build their trees with ``compiled=False``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.segment_tree import (
     DEFAULT_ROOT_WIDTH,
     TOTAL_WIDTH,
@@ -28,6 +34,17 @@ from replaybuffer.sampling.segment_tree import (
 )
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def loops(request, monkeypatch):
+    """Trees built with the default ``compiled=None`` take this test's loops."""
+    if request.param == "compiled":
+        assert tree_kernels.numba is not None, "numba is a test dependency (the fast extra)"
+        monkeypatch.setattr(tree_kernels, "AVAILABLE", True)
+    else:
+        monkeypatch.setattr(tree_kernels, "AVAILABLE", False)
+    return request.param
 
 TINY = 5e-324  # the smallest subnormal
 WIDTHS = [1, 2, 4, DEFAULT_ROOT_WIDTH]
@@ -361,7 +378,7 @@ def test_large_min_tree_matches_brute_force(case, width):
 def test_upper_levels_wait_until_read():
     """An update recomputes up to the total level; the rest, once, when read."""
     capacity = 4 * TOTAL_WIDTH  # leaves at height 0, the total level at height 2
-    tree = SumTree(capacity, root_width=64)
+    tree = SumTree(capacity, root_width=64, compiled=False)
     assert len(tree._total_level) == TOTAL_WIDTH and tree._total_lo == TOTAL_WIDTH
     model = np.arange(capacity, dtype=np.float64) % 7
     tree.update(np.arange(capacity), model)
@@ -380,7 +397,7 @@ def test_upper_levels_wait_until_read():
 def test_row_heights_and_stale_levels_between_them(capacity, row_heights):
     rng = np.random.default_rng(7)
     model = rng.random(capacity)
-    sums, mins = SumTree(capacity), MinTree(capacity)
+    sums, mins = SumTree(capacity, compiled=False), MinTree(capacity, compiled=False)
     sums.update(np.arange(capacity), model)
     mins.update(np.arange(capacity), model)
     assert sums._chunk_top == row_heights[-1] and mins._chunk_top == row_heights[-1]
@@ -706,3 +723,4 @@ def test_root_width_must_be_a_power_of_two(width):
     for cls in (SumTree, MinTree):
         with pytest.raises(ValueError, match=r"root_width must be a power of two >= 1, got"):
             cls(8, root_width=width)
+

@@ -77,6 +77,8 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.sampling import tree_kernels
+
 #: Default fan-out of the wide root. The root costs one running sum over ``width``
 #: floats per search after an update (about 4 us for 1024 here) and saves
 #: ``log2(width)`` binary levels (about 3 us each per search). 512, 1024 and 2048
@@ -109,12 +111,23 @@ class SegmentTree:
             The root gets ``min(size, root_width)`` children (module docstring).
             1 gives a plain binary tree. Results hold at any width, and only
             speed and the order of the sums change with it.
+        compiled: walk paths with the compiled loops of
+            :mod:`~replaybuffer.sampling.tree_kernels` (bit-for-bit the same tree and
+            results); ``None``: when numba is installed.
     """
 
     _combine: np.ufunc
     _identity: float
+    _recompute_kernel: Any  # tree_kernels.recompute_sum or recompute_min
 
-    def __init__(self, capacity: int, *, root_width: int = DEFAULT_ROOT_WIDTH):
+    def __init__(self, capacity: int, *, root_width: int = DEFAULT_ROOT_WIDTH,
+                 compiled: bool | None = None):
+        if compiled and not tree_kernels.AVAILABLE:
+            raise ValueError("compiled=True needs numba (pip install 'replaybuffer[fast]') "
+                             "and REPLAYBUFFER_NUMBA not set to 0")
+        #: Whether paths are walked by compiled loops (updates then keep every binary
+        #: level current, and only the wide root goes stale).
+        self.compiled = tree_kernels.AVAILABLE if compiled is None else bool(compiled)
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
                 or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
@@ -352,7 +365,9 @@ class SegmentTree:
         row heights are recomputed from rows (:meth:`_recompute_rows`) and the levels
         between them are left stale, and recorded, until a read brings them up to date.
         """
-        if self._synced or not self._chunk_top or len(slots) > _ROWS_MAX:
+        if self.compiled:  # every binary level, along the paths, in one loop
+            type(self)._recompute_kernel(self._nodes, slots + self._size, self.root_width)
+        elif self._synced or not self._chunk_top or len(slots) > _ROWS_MAX:
             self._recompute_paths(slots + self._size, self._size >> 1, self._total_lo)
         else:
             self._recompute_rows(slots)
@@ -416,6 +431,10 @@ class SegmentTree:
         """Bring the levels between row heights, those above the total level and the
         wide root up to date."""
         if self._synced:
+            return
+        if self.compiled:  # compiled updates left only the wide root stale
+            self._combine_roots()
+            self._synced = True
             return
         if self._stale:
             # The two levels above each row height but the top one, from that row height.
@@ -498,6 +517,7 @@ class SumTree(SegmentTree):
     _combine = np.add
     _identity = 0.0
     _what_overflows = "total priority"
+    _recompute_kernel = staticmethod(tree_kernels.recompute_sum)
 
     def _init_root(self) -> None:
         # The wide root: running sums of the subtree roots behind a leading 0, so
@@ -615,20 +635,30 @@ class SumTree(SegmentTree):
         # its branches and the gathers below run through memory in order, which saves
         # more than the sort costs (measured: ~20% at 1e5-1e6 slots). Indexing copies,
         # so the descent can consume t.
-        order = targets.argsort()
-        t = targets[order]
-        past = None
-        if t[-1] >= total:
-            # Past the rounded total the exact answer depends on how the sums rounded;
-            # these targets all get the last slot with a priority > 0. They descend
-            # from 0 meanwhile, which keeps them inside the tree.
-            past = t >= total
-            t[past] = 0.0
-        node = self._descend(t)
-        if past is not None:
-            node[past] = self._last_positive_leaf()
-        found = np.empty_like(node)
-        found[order] = node
+        if self.compiled:  # one compiled walk per target: no sort needed
+            t = targets.copy()
+            past = t >= total if t.max() >= total else None
+            if past is not None:
+                t[past] = 0.0
+            found = tree_kernels.descend(self._nodes, self._upto, self._runs,
+                                         self.root_width, self._height, t)
+            if past is not None:
+                found[past] = self._last_positive_leaf()
+        else:
+            order = targets.argsort()
+            t = targets[order]
+            past = None
+            if t[-1] >= total:
+                # Past the rounded total the exact answer depends on how the sums
+                # rounded; these targets all get the last slot with a priority > 0.
+                # They descend from 0 meanwhile, which keeps them inside the tree.
+                past = t >= total
+                t[past] = 0.0
+            node = self._descend(t)
+            if past is not None:
+                node[past] = self._last_positive_leaf()
+            found = np.empty_like(node)
+            found[order] = node
         values = self._nodes[found]
         if not values.all():
             # Rounding can leave a target at or past the sum of the subtree it is in (the
@@ -740,6 +770,7 @@ class MinTree(SegmentTree):
 
     _combine = np.minimum
     _identity = np.inf
+    _recompute_kernel = staticmethod(tree_kernels.recompute_min)
 
     def _init_root(self) -> None:
         self._min = math.inf  # the minimum over the total level; no wide root

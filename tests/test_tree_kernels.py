@@ -1,0 +1,78 @@
+"""The compiled tree loops (numba) against the numpy loops: the same bits, the same
+draws, and a package that works without numba. (tests/test_segment_tree.py runs every
+tree property under both loops too.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.segment_tree import MinTree, SumTree
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and bool((a.view(np.uint64) == b.view(np.uint64)).all())
+
+
+def test_numba_is_installed_for_the_tests():
+    assert tree_kernels.numba is not None and tree_kernels.AVAILABLE
+
+
+@pytest.mark.parametrize("capacity,width", [(1, 1024), (5, 1), (1000, 4), (70_000, 1024),
+                                            (1 << 17, 64)])
+def test_compiled_loops_give_the_numpy_trees_bits_and_draws(capacity, width):
+    """The same updates and searches through both loops: every node, the total, the
+    minimum and every slot found are identical (heavy-tailed values, zeros, repeated
+    indices, targets at and past the total)."""
+    rng = np.random.default_rng(capacity)
+    trees = {mode: (SumTree(capacity, root_width=width, compiled=mode),
+                    MinTree(capacity, root_width=width, compiled=mode))
+             for mode in (False, True)}
+    for step in range(25):
+        count = int(rng.integers(1, 700))
+        slots = rng.integers(0, capacity, count)
+        values = rng.lognormal(0.0, 2.0, count) * (rng.random(count) < 0.8)
+        if step == 7:
+            values[: count // 2] = -0.0  # signed zeros: np.minimum keeps the right one
+        for sums, mins in trees.values():
+            sums.update(slots, values)
+            mins.update(slots, values)
+        (a, am), (b, bm) = trees[False], trees[True]
+        assert same_bits(a.total(), b.total()) and same_bits(am.min(), bm.min())
+        if a.total() > 0:
+            targets = rng.random(300) * a.total()
+            targets[:3] = [0.0, a.total(), np.nextafter(a.total(), 0.0)]
+            assert np.array_equal(a.find_prefix(targets), b.find_prefix(targets))
+        assert same_bits(a.nodes, b.nodes) and same_bits(am.nodes, bm.nodes)
+        assert same_bits(a._upto, b._upto)
+
+
+def test_compiled_needs_numba(monkeypatch):
+    monkeypatch.setattr(tree_kernels, "AVAILABLE", False)
+    with pytest.raises(ValueError, match="numba"):
+        SumTree(8, compiled=True)
+    assert SumTree(8).compiled is False
+
+
+def test_import_and_sampling_without_numba():
+    """With numba switched off the package imports, the trees use numpy, and a
+    prioritized buffer samples (the fallback when the fast extra is not installed)."""
+    code = ("import numpy as np, replaybuffer as rb\n"
+            "from replaybuffer.sampling import tree_kernels\n"
+            "assert not tree_kernels.AVAILABLE\n"
+            "b = rb.PrioritizedReplayBuffer(rb.ArraySpec((2,), np.float32), 1, 100, seed=0)\n"
+            "for i in range(50): b.add_batch(np.full((1, 2), i, np.float32))\n"
+            "b.update_priorities(np.arange(50), np.arange(50) + 1.0)\n"
+            "assert b._sampler._sum.compiled is False\n"
+            "print(b.get_next(8)[1].ids.shape)\n")
+    env = dict(os.environ, REPLAYBUFFER_NUMBA="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(8,)"
