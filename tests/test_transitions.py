@@ -14,6 +14,7 @@ from replaybuffer import nest
 
 OBS = rb.ArraySpec((2,), np.float32)
 ACT = rb.BoundedArraySpec((), np.int64, 0, 3)
+BOX = rb.ArraySpec((2,), np.float32)  # a continuous action
 
 
 class Log:
@@ -246,6 +247,8 @@ def run_few(buffers, log, steps, rng, split, dtype, p_end, p_jump):
     for _ in range(steps):
         nxt = rng.choice(FEW, (B, 3))
         action = rng.integers(0, 4, B)
+        if buffers[0]._specs[buffers[0]._action_leaves[0]].dtype == np.float32:
+            action = rng.normal(size=(B, 2)).astype(np.float32)
         reward = rng.normal(size=B).astype(np.float32)
         end = rng.random(B) < p_end
         terminated = end & (rng.random(B) < 0.5)
@@ -279,9 +282,9 @@ def assert_nests_equal(a, b):
 @given(num_envs=st.integers(1, 3), per_row=st.integers(1, 6), steps=st.integers(1, 20),
        split=st.booleans(), float64=st.booleans(), p_end=st.sampled_from([0.0, 0.3]),
        p_jump=st.sampled_from([0.0, 0.5]), storage=st.sampled_from(["numpy", "torch"]),
-       seed=st.integers(0, 1000), clear_at=st.integers(0, 25))
+       seed=st.integers(0, 1000), clear_at=st.integers(0, 25), box_action=st.booleans())
 def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, float64, p_end,
-                                             p_jump, storage, seed, clear_at):
+                                             p_jump, storage, seed, clear_at, box_action):
     """n_step=1 reads (no return windows) and adds whose observation follows on from the
     last next observation (one bytes comparison for all envs) are the fast paths: pin
     them against a log of every transition, against the windowed read, and against
@@ -290,9 +293,15 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
     B, gamma = num_envs, 0.9
     kw = dict(num_envs=B, gamma=gamma, seed=seed, storage=storage)
     spec = SPLIT_SPEC if split else rb.ArraySpec((3,), np.float32)
-    fast = rb.TransitionReplayBuffer(spec, ACT, per_row * B, **kw)
-    rows = rb.TransitionReplayBuffer(spec, ACT, per_row * B, **kw)
+    act = BOX if box_action else ACT
+    fast = rb.TransitionReplayBuffer(spec, act, per_row * B, **kw)
+    rows = rb.TransitionReplayBuffer(spec, act, per_row * B, **kw)
     rows._follows_on = lambda host: False  # decide row by row, as for out-of-sequence adds
+    rows._exact_add = False  # and never take add's shortcut (fast takes it where it can)
+    assert fast._exact_add == (storage == "numpy" and not split)
+    taken = []
+    shortcut = fast._add_exact
+    fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
     dtype = np.float64 if float64 else np.float32  # float64 is cast: rows decide
     log = Log(B)
     if clear_at < steps:  # what went before a clear must not leak into what follows
@@ -302,6 +311,8 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
         log, steps = Log(B), steps - clear_at
     run_few([fast, rows], log, steps, rng, split, dtype, p_end, p_jump)
 
+    if fast._exact_add and not float64 and p_end == 0.0 and p_jump == 0.0 and steps > 1:
+        assert any(taken)  # the usual step took the shortcut
     # Every retained transition, oldest first, read with and without the newest step
     # (whose next observation the buffer keeps aside).
     held = min(steps, per_row)

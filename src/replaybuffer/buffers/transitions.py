@@ -171,6 +171,21 @@ class TransitionReplayBuffer(ReplayBuffer):
         # A whole add's rows are tested with one bytes comparison against these.
         self._no_ends = bytes(num_envs)  # bool [num_envs], all false
         self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
+        self._no_truncation = np.zeros(num_envs, np.bool_)
+        self._no_truncation.flags.writeable = False
+        # add's shortcut (:meth:`_add_exact`): one observation leaf that is compared as
+        # a copy, numpy storage written by the fused writer, no frame codec and no
+        # integer ranges to check.
+        self._exact_add = (self._host and self._obs_is_leaf and self._codec is None
+                           and self._add_order is not None
+                           and self._write_exact is not None
+                           and self._head_next[0].nbytes <= _COPY_COMPARE_MAX)
+        # Discrete actions: their range as Python ints, checked on one value without
+        # numpy calls when the leaf holds one value (one env, a scalar action).
+        self._scalar_ranges = [(i, int(s.minimum), int(s.maximum)) for i, s in self._int_checks
+                               if np.ndim(s.minimum) == 0 and np.ndim(s.maximum) == 0]
+        if len(self._scalar_ranges) != len(self._int_checks):
+            self._exact_add = False
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "TransitionReplayBuffer":
@@ -209,7 +224,10 @@ class TransitionReplayBuffer(ReplayBuffer):
             RateLimitedError: ``timeout`` passed with the insert held back.
         """
         if truncated is None:
-            truncated = np.zeros(self.num_envs, np.bool_)
+            truncated = self._no_truncation
+        if self._exact_add and self._limiter is None and self._add_exact(
+                observation, action, reward, next_observation, terminated, truncated):
+            return True
         if self._add_order is not None:
             leaves = self._add_order((observation, action, reward, terminated, truncated))
         else:
@@ -226,6 +244,56 @@ class TransitionReplayBuffer(ReplayBuffer):
             self._write_transition(arrays, host, next_obs, ended)
             if self._limiter is not None:
                 self._limiter.inserted(self.num_envs)
+        return True
+
+    def _add_exact(self, observation: Any, action: Any, reward: Any,
+                   next_observation: Any, terminated: Any, truncated: Any) -> bool:
+        """:meth:`add` of the usual step, or ``False`` having written nothing.
+
+        The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
+        the observation the previous step's next observation (byte for byte), no
+        episode ending, the overwritten step owning no side observation, and a
+        discrete action (if any) a single value inside its range. Then an
+        add is the fused writer's call, a copy of the next observation and a handful
+        of bytes comparisons: the general path's checks and branches, decided at once.
+        Anything else returns ``False`` for the general path to handle (or reject).
+        """
+        head = self._head_next[0]
+        # The fused writer checks every stored leaf's dtype and shape; the bytes
+        # comparisons only need arrays (a flag of another dtype that compares equal
+        # is then refused by the writer, before it writes anything).
+        if type(observation) is not np.ndarray or type(next_observation) is not np.ndarray \
+                or next_observation.dtype is not head.dtype \
+                or next_observation.shape != head.shape \
+                or type(terminated) is not np.ndarray or type(truncated) is not np.ndarray:
+            return False
+        no_ends = self._no_ends
+        if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
+            return False
+        ring = self._ring
+        with self._lock:
+            write_exact = self._write_exact  # None while a checkpoint's snapshot is open
+            step_id = ring.last_id + 1
+            if write_exact is None or (step_id and observation.tobytes() != head.tobytes()):
+                return False
+            start = (step_id % ring.max_length) * ring.batch_size
+            if self._side_ref[start:start + ring.batch_size].tobytes() != self._unowned:
+                return False
+            leaves = self._add_order((observation, action, reward, terminated, truncated))
+            for i, low, high in self._scalar_ranges:
+                values = leaves[i]
+                if type(values) is not np.ndarray or values.dtype.kind not in "iu":
+                    return False  # the general path converts or refuses
+                if values.size == 1:
+                    if not low <= values.item() <= high:
+                        return False  # the general path refuses, naming the leaf
+                elif values.min() < low or values.max() > high:
+                    return False
+            if not write_exact(start, leaves):
+                return False
+            head[...] = next_observation
+            ring.last_id = step_id
+            self._sampler.on_add(ring, step_id, 1)
         return True
 
     def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
