@@ -11,6 +11,7 @@ from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec, check_leaf
 from replaybuffer.storage.base import LeafChecker, leaf_nbytes
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
+from replaybuffer.storage.numpy_storage import NumpyStorage
 
 _TORCH_TO_NUMPY = {
     getattr(torch, name): np.dtype(name)
@@ -36,9 +37,14 @@ class TorchStorage:
     they are detached from autograd and copied to ``device``. Gathers run on
     ``device`` and return tensors there.
 
-    On the CPU, writes and gathers go through numpy views of the tensors (the same
-    memory), which is several times faster for small steps; set the class attribute
-    ``numpy_views = False`` to use torch operations there too.
+    On the CPU the memory is laid out as :class:`~replaybuffer.storage.numpy_storage.
+    NumpyStorage` lays it out (small leaves packed into one record per position) and
+    the tensors are views of it (``torch.from_numpy``; a packed leaf's tensor is
+    strided). Writes and gathers go through numpy, so a gather reads each position
+    with one ``take``: the numpy storage's speed, with tensors out (packed leaves come
+    back as strided views of one gathered block, not contiguous: ``.contiguous()``
+    where a consumer insists). Set the class attribute ``numpy_views = False`` for one
+    contiguous tensor per leaf and torch operations there too.
 
     On CUDA, the buffer's lock orders work on the host only, so every write and
     gather is also ordered on the GPU: a gather waits (on its stream) for the last
@@ -60,8 +66,14 @@ class TorchStorage:
         self.capacity = int(capacity)
         self._dtypes = [torch_dtype(s.dtype) for s in self.specs]
         requested = torch.device(device if device is not None else "cpu")
-        self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d, device=requested)
-                       for s, d in zip(self.specs, self._dtypes)]
+        # The record layout of numpy storage, with tensor views of it (CPU only).
+        self._records: NumpyStorage | None = None
+        if requested.type == "cpu" and self.numpy_views:
+            self._records = NumpyStorage(self.specs, self.capacity)
+            self.arrays = [torch.from_numpy(a) for a in self._records.arrays]
+        else:
+            self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d, device=requested)
+                           for s, d in zip(self.specs, self._dtypes)]
         # A tensor's device carries the index ("cuda" becomes "cuda:0"), so indices and
         # info land on the storage's GPU whatever the calling thread's current device.
         self.device = self.arrays[0].device
@@ -74,8 +86,7 @@ class TorchStorage:
                                 f"{spec.dtype.name}: {exc}") from exc
         self._shapes = [s.shape for s in self.specs]
         self._checker = LeafChecker(self.specs)
-        self._host = ([a.numpy() for a in self.arrays]
-                      if self.device.type == "cpu" and self.numpy_views else None)
+        self._host = self._records.arrays if self._records is not None else None
         self._cuda = self.device.type == "cuda"
         self._write_event: Any = None
         self._read_events: dict[Any, Any] = {}
@@ -148,9 +159,11 @@ class TorchStorage:
     def gather(self, positions: np.ndarray, which: Sequence[int] | None = None
                ) -> list[torch.Tensor]:
         indices = range(len(self.arrays)) if which is None else which
-        if self._host is not None:  # np.asarray: take() gives numpy scalars for 0-d reads
-            return [torch.from_numpy(np.asarray(self._host[i].take(positions, 0, mode="wrap")))
-                    for i in indices]
+        if self._records is not None:  # one take of the records, tensor views of it
+            gathered = self._records.gather(positions, which)
+            if not np.ndim(positions):  # take() gives numpy scalars for 0-d reads
+                gathered = [np.asarray(a) for a in gathered]
+            return [torch.from_numpy(a) for a in gathered]
         flat = torch.from_numpy(np.remainder(positions, self.capacity, dtype=np.int64)
                                 .reshape(-1))
         flat = flat.to(self.device, non_blocking=True)
@@ -176,6 +189,8 @@ class TorchStorage:
         array = np.asarray(array)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         if not array.flags.c_contiguous or not array.flags.writeable:
             array = array.copy()
+        if self._records is not None:  # on the CPU already (.to would cost a call)
+            return torch.from_numpy(array)
         return torch.from_numpy(array).to(self.device)
 
     def zero(self) -> None:
