@@ -29,8 +29,8 @@ class EpisodeIndex:
     def __init__(self) -> None:
         self._keys = np.zeros(0, np.int64)   # row * _ROW + id of recorded starts, any order
         self._new: list[np.ndarray] = []
-        self._cache: tuple | None = None
-        self._cache_key: tuple | None = None
+        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._cache_key: tuple[int, int, int] | None = None
 
     def record(self, first_id: int, starts: np.ndarray, oldest_id: int) -> None:
         """Steps ``first_id + t`` were written; ``starts`` (bool ``[T, B]``) marks FIRST ones.
@@ -56,7 +56,8 @@ class EpisodeIndex:
     def state(self, ring: Ring) -> np.ndarray:
         """The retained episode starts as int64 keys, for saving."""
         self.segments(ring)
-        return self._keys.copy()
+        keys: np.ndarray = self._keys.copy()
+        return keys
 
     def load(self, keys: np.ndarray) -> None:
         self.clear()
@@ -103,7 +104,8 @@ class EpisodeIndex:
         """Bool ``[K]``: whether each window ``[start, start + num_steps)`` stays in one segment."""
         firsts, lengths, seg_rows = self.segments(ring)
         j = np.searchsorted(seg_rows * _ROW + firsts, rows * _ROW + start_ids, side="right") - 1
-        return start_ids + num_steps <= firsts[j] + lengths[j]
+        inside: np.ndarray = start_ids + num_steps <= firsts[j] + lengths[j]
+        return inside
 
     def outside(self, ring: Ring, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, rows)`` of stored steps that cannot start a window within an episode:
