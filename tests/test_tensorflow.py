@@ -142,6 +142,24 @@ def test_extend_inside_tf_function_with_unknown_length():
     np.testing.assert_array_equal(to_np(buf.gather_all()), [[3, 4, 5], [103, 104, 105]])
 
 
+def test_extend_with_unknown_length_casts_numpy_leaves():
+    # A numpy leaf beside a tensor of unknown length takes its length from its own shape,
+    # and is cast like any other (float64 into a float32 leaf). It was refused with
+    # "expected shape (2, None)" whenever its dtype was not the stored one.
+    spec = {"a": rb.ArraySpec((), np.int64), "b": rb.ArraySpec((), np.float32)}
+    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow", seed=0)
+
+    @tf.function(input_signature=[tf.TensorSpec([2, None], tf.int64)])
+    def extend(a):
+        buf.extend({"a": a, "b": np.array([[0.5, 1.5], [2.5, 3.5]])})  # float64
+
+    extend(tf.constant([[0, 1], [100, 101]], tf.int64))
+    items = buf.gather_all()
+    np.testing.assert_array_equal(to_np(items["a"]), [[0, 1], [100, 101]])
+    np.testing.assert_array_equal(to_np(items["b"]), [[0.5, 1.5], [2.5, 3.5]])
+    assert items["b"].dtype == tf.float32
+
+
 def test_bad_items_fail_when_traced_and_change_nothing():
     buf = counter(batch_size=2, max_length=4, adds=5)
     before = to_np(buf.gather_all())

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -116,14 +116,15 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mmap_files(path: Path, manifest: dict) -> tuple[list[int], dict[str, tuple]]:
+def _mmap_files(path: Path, manifest: dict[str, Any]
+                ) -> tuple[list[int], dict[str, tuple[tuple[int, ...], str, int]]]:
     """The header and the data files (shape, dtype, bytes) of an mmap buffer, each
     file's header read and checked."""
     import numpy as np
 
     from replaybuffer.errors import CheckpointError
 
-    sizes = {}
+    sizes: dict[str, tuple[tuple[int, ...], str, int]] = {}
     for file in sorted((path / "data").glob("*.npy")):
         try:
             array = np.load(file, mmap_mode="r", allow_pickle=False)
@@ -132,7 +133,8 @@ def _mmap_files(path: Path, manifest: dict) -> tuple[list[int], dict[str, tuple]
         sizes[file.name] = (array.shape, array.dtype.name, file.stat().st_size)
     if "header.npy" not in sizes:
         raise CheckpointError(f"{path / 'data' / 'header.npy'} is missing")
-    return np.load(path / "data" / "header.npy").tolist(), sizes
+    header: list[int] = np.load(path / "data" / "header.npy").tolist()
+    return header, sizes
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import numpy as np
 
@@ -20,13 +20,32 @@ from replaybuffer.sampling.sampler import make_rng
 
 if TYPE_CHECKING:
     from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+    from replaybuffer.rate_limiter import RateLimiter
 
 Element = tuple[Any, "BufferInfo"]
+_Produced = tuple[bool, Any]
+"""What a prefetch worker queues: ``(True, element)``, or ``(False, the exception)``."""
 
 # Prefetch workers still running at interpreter exit are stopped and joined first:
 # a daemon thread inside numpy or torch while they tear down can abort the process.
 _LIVE_STOPS: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
 _LIVE_WORKERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+class SampleSource(Protocol):
+    """What a :class:`RandomStream` samples: a :class:`~replaybuffer.ReplayBuffer`,
+    :class:`~replaybuffer.distributed.SharedReplayBuffer` or
+    :class:`~replaybuffer.distributed.RayReplayBuffer`."""
+
+    @property
+    def rate_limiter(self) -> RateLimiter | None: ...
+
+    def _spawn_rng(self) -> np.random.Generator: ...
+
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None
+                ) -> Element: ...
 
 
 @atexit.register
@@ -50,7 +69,7 @@ class RandomStream:
         prefetch: elements buffered ahead in total (default ``2 * num_parallel_calls``).
     """
 
-    def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
+    def __init__(self, buffer: SampleSource, sample_batch_size: int | None,
                  num_steps: int | None, num_parallel_calls: int | None = None,
                  prefetch: int | None = None, within_episodes: bool = False):
         if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
@@ -107,7 +126,8 @@ class _PrefetchIterator:
     def _start(self) -> None:
         stream, k = self._stream, self._stream.workers
         per_worker = max(1, -(-stream.prefetch // k))
-        self._queues: list[queue.Queue] = [queue.Queue(per_worker) for _ in range(k)]
+        self._queues: list[queue.Queue[_Produced]] = [queue.Queue(per_worker)
+                                                      for _ in range(k)]
         self._stop = threading.Event()
         self._next = 0
         self._threads = []
@@ -144,7 +164,8 @@ class _PrefetchIterator:
             self._threads = []
             raise value
         self._next += 1
-        return value
+        element: Element = value
+        return element
 
     def close(self) -> None:
         """Stop the worker threads (also done when the iterator is garbage collected)."""
@@ -158,7 +179,7 @@ class _PrefetchIterator:
         self.close()
 
 
-def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
+def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue[_Produced],
              stop: threading.Event) -> None:
     buffer = stream.buffer
     # A rate limiter may hold a sample back for as long as the inserts take: wait in
@@ -167,9 +188,9 @@ def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue,
         else 0.1
     while not stop.is_set():
         try:
-            item: tuple[bool, Any] = (True, buffer._sample(stream.sample_batch_size,
-                                                           stream.num_steps, True, rng,
-                                                           stream.within_episodes, wait))
+            item: _Produced = (True, buffer._sample(stream.sample_batch_size,
+                                                    stream.num_steps, True, rng,
+                                                    stream.within_episodes, wait))
         except RateLimitedError:
             continue
         except BaseException as exc:  # handed to the consumer, which re-raises it
@@ -228,7 +249,7 @@ def to_torch(dataset: Any) -> Any:
     if _TORCH_DATASET_CLASS is None:
         from torch.utils.data import IterableDataset
 
-        class ReplayIterableDataset(IterableDataset):
+        class ReplayIterableDataset(IterableDataset[Element]):
             """A replaybuffer dataset seen by torch's data loading."""
 
             def __init__(self, source: Any):

@@ -66,7 +66,7 @@ def contains_lists(nest: Any) -> bool:
     return any(contains_lists(child) for child in children)
 
 
-def fast_flattener(nest: Any) -> Callable[[Any], list[Any] | None] | None:
+def fast_flattener(nest: Any) -> Callable[[Any], Sequence[Any] | None] | None:
     """A flatten shortcut for a one-level nest (a dict, tuple or namedtuple of leaves).
 
     The returned function gives the leaves of a nest with exactly the same keys or
@@ -97,7 +97,7 @@ def fast_flattener(nest: Any) -> Callable[[Any], list[Any] | None] | None:
                 return None
         return from_dict
     if issubclass(top, tuple):
-        def from_tuple(items: Any) -> list[Any] | None:
+        def from_tuple(items: Any) -> Sequence[Any] | None:
             return items if type(items) is top and len(items) == size else None
         return from_tuple
     return None

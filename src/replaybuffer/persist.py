@@ -48,7 +48,7 @@ import threading
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -58,6 +58,9 @@ from replaybuffer.errors import CheckpointError
 from replaybuffer.sampling.ring import items_per_row
 from replaybuffer.specs import ArraySpec, spec_from_dict
 from replaybuffer.storage.frozen import FrozenRows, static_rows
+
+if TYPE_CHECKING:
+    from replaybuffer.storage.mmap_storage import MmapStorage
 
 FORMAT = "replaybuffer"
 VERSION = 2
@@ -136,7 +139,7 @@ _SAVING: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDiction
 _SAVING_LOCK = threading.Lock()
 
 
-def save(buffer: ReplayBuffer, path: str | os.PathLike, keep: int = 1,
+def save(buffer: ReplayBuffer, path: str | os.PathLike[str], keep: int = 1,
          metadata: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``buffer`` under ``path`` (see the module docstring) and
     keep the newest ``keep``; return the new checkpoint's directory. ``metadata`` (a
@@ -170,7 +173,7 @@ def save_state(buffer: ReplayBuffer) -> Path:
     """The state of a buffer on mmap storage (no data: the files are the data), saved
     as a one-checkpoint series under ``path/state`` after the files are ``msync``-ed,
     both under the buffer's lock (see :meth:`ReplayBuffer.flush`)."""
-    storage = buffer._storage
+    storage = cast("MmapStorage", buffer._storage)  # or a copy-on-write wrapper of one
     # The bulk of the msync first, without the lock (adds go on); under the lock it then
     # only writes what those adds dirtied, and the state matches the files exactly.
     storage.flush()
@@ -274,7 +277,7 @@ def _write_stream(directory: Path, name: str, rows: FrozenRows, lock: Any
 
 
 @contextlib.contextmanager
-def _naming(path: str | os.PathLike) -> Iterator[None]:
+def _naming(path: str | os.PathLike[str]) -> Iterator[None]:
     """Give an ``OSError`` raised while writing ``path`` the file's name (a failed
     ``write`` or ``fsync`` names none), so the error says which file failed."""
     try:
@@ -288,7 +291,7 @@ def _naming(path: str | os.PathLike) -> Iterator[None]:
 def _bytes_of(array: np.ndarray, dtype: np.dtype) -> memoryview:
     """The bytes of ``array`` in ``dtype``, C order, without a copy where it already is."""
     array = np.ascontiguousarray(array, dtype=dtype)
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def _publish(tmp: Path, root: Path) -> Path:
@@ -364,7 +367,7 @@ def _sequence(entry: Path) -> int:
     return 0
 
 
-def checkpoints(path: str | os.PathLike) -> list[Path]:
+def checkpoints(path: str | os.PathLike[str]) -> list[Path]:
     """The complete checkpoints under ``path``, oldest first (``[]`` if there are none)."""
     root = Path(path)
     if not root.is_dir():
@@ -379,7 +382,7 @@ def _is_checkpoint_root(root: Path) -> bool:
         or (root / MANIFEST).is_file()
 
 
-def resolve(path: str | os.PathLike) -> Path:
+def resolve(path: str | os.PathLike[str]) -> Path:
     """The checkpoint directory that ``path`` names: the newest complete checkpoint of a
     series, or ``path`` itself when it holds a manifest (one checkpoint, or a format-1
     save). Raises :class:`CheckpointError` when there is none."""
@@ -473,7 +476,7 @@ def _entries_ok(entries: Any) -> bool:
         for e in entries)
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed, checked manifest of a checkpoint (``path`` as :func:`resolve` takes it).
 
     Raises:
@@ -514,10 +517,11 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     _require(isinstance(streams, dict) and all(_entries_ok(e) for e in streams.values()),
              path, "streams must map names to lists of {file, crc32, ...} objects")
     manifest["directory"] = str(directory)
-    return manifest
+    checked: dict[str, Any] = manifest
+    return checked
 
 
-def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = None,
+def load(path: str | os.PathLike[str], *, storage: str | None = None, device: Any = None,
          data_spec: Any = None, buffer_class: type | None = None) -> ReplayBuffer:
     """Restore a buffer from ``buffer.save(path)``: the newest checkpoint under ``path``
     (or the checkpoint directory ``path`` names).
@@ -580,7 +584,7 @@ def load(path: str | os.PathLike, *, storage: str | None = None, device: Any = N
     return buffer
 
 
-def reopen(path: str | os.PathLike) -> ReplayBuffer:
+def reopen(path: str | os.PathLike[str]) -> ReplayBuffer:
     """The buffer on mmap storage at ``path`` (``storage="mmap", path=path``), as it was:
     the state of its last :meth:`~ReplayBuffer.flush` (or ``close``), then every step
     its files committed after that (a step a crash interrupted is kept if its commit
@@ -614,9 +618,10 @@ def reopen(path: str | os.PathLike) -> ReplayBuffer:
                                 None, {**manifest["config"], "path": Reopening(root)})
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
-    last_id = buffer._storage.recover()
+    storage = cast("MmapStorage", buffer._storage)
+    last_id = storage.recover()
     buffer._restore(_internalise_arrays(manifest["state"], directory), None)
-    stale = manifest["metadata"].get("mmap_epoch") != buffer._storage.epoch
+    stale = manifest["metadata"].get("mmap_epoch") != storage.epoch
     buffer._catch_up(last_id, stale)
     return buffer
 
@@ -651,7 +656,7 @@ def _read_stream(directory: Path, entries: list[dict[str, Any]], specs: Sequence
             n = min(step, count - start)
             chunk = [b[:n] for b in buffers]
             for k, (fh, arr) in enumerate(zip(handles, chunk)):
-                data = memoryview(arr.reshape(-1).view(np.uint8))
+                data = arr.reshape(-1).view(np.uint8).data
                 if fh.readinto(data) != len(data):  # the size was checked: a file changed
                     raise CheckpointError(f"{_where(entries[k], directory)} is truncated")
                 crcs[k] = zlib.crc32(data, crcs[k])
@@ -703,7 +708,7 @@ def _open_npy(directory: Path, entry: dict[str, Any], spec: ArraySpec, count: in
         yield fh
 
 
-def verify(path: str | os.PathLike) -> dict[str, Any]:
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check every file of a checkpoint without building a buffer; its manifest.
 
     Raises:

@@ -54,7 +54,7 @@ class ArraySpec:
         if dt.byteorder not in "=|":  # stored data is always native byte order
             dt = dt.newbyteorder("=")
         self._shape = shape_t
-        self._dtype = dt
+        self._dtype: np.dtype = dt
         self._name = name
 
     @property
@@ -80,7 +80,7 @@ class ArraySpec:
 
     def replace(self, **changes: Any) -> "ArraySpec":
         """A copy with some of ``shape``, ``dtype``, ``name`` changed."""
-        kwargs = {"shape": self._shape, "dtype": self._dtype, "name": self._name}
+        kwargs: dict[str, Any] = {"shape": self._shape, "dtype": self._dtype, "name": self._name}
         kwargs.update(changes)
         return ArraySpec(**kwargs)
 
@@ -123,8 +123,8 @@ class BoundedArraySpec(ArraySpec):
             raise SpecError(f"BoundedArraySpec minimum {minimum!r} exceeds maximum {maximum!r}")
         lo.flags.writeable = False
         hi.flags.writeable = False
-        self._minimum = lo
-        self._maximum = hi
+        self._minimum: np.ndarray = lo
+        self._maximum: np.ndarray = hi
 
     @property
     def minimum(self) -> np.ndarray:
@@ -135,8 +135,8 @@ class BoundedArraySpec(ArraySpec):
         return self._maximum
 
     def replace(self, **changes: Any) -> "BoundedArraySpec":
-        kwargs = {"shape": self.shape, "dtype": self.dtype, "name": self.name,
-                  "minimum": self._minimum, "maximum": self._maximum}
+        kwargs: dict[str, Any] = {"shape": self.shape, "dtype": self.dtype, "name": self.name,
+                                  "minimum": self._minimum, "maximum": self._maximum}
         kwargs.update(changes)
         return BoundedArraySpec(**kwargs)
 
@@ -146,7 +146,8 @@ class BoundedArraySpec(ArraySpec):
         return d
 
     def __eq__(self, other: object) -> bool:
-        return (super().__eq__(other) and np.array_equal(other.minimum, self._minimum)
+        return (super().__eq__(other) and isinstance(other, BoundedArraySpec)
+                and np.array_equal(other.minimum, self._minimum)
                 and np.array_equal(other.maximum, self._maximum))
 
     def __hash__(self) -> int:
@@ -183,8 +184,8 @@ def spec_from_space(space: Any) -> Any:
     if isinstance(space, spaces.Box):
         return BoundedArraySpec(space.shape, space.dtype, space.low, space.high)
     if isinstance(space, spaces.Discrete):
-        start = int(space.start)
-        return BoundedArraySpec((), space.dtype, start, start + int(space.n) - 1)
+        first = int(space.start)
+        return BoundedArraySpec((), space.dtype, first, first + int(space.n) - 1)
     if isinstance(space, spaces.MultiDiscrete):
         start = np.asarray(space.start)
         return BoundedArraySpec(space.shape, space.dtype, start, start + space.nvec - 1)
@@ -201,13 +202,16 @@ def spec_from_space(space: Any) -> Any:
 
 def numpy_dtype(dtype: Any) -> np.dtype:
     """The numpy dtype of a numpy, TensorFlow or torch dtype."""
+    result: np.dtype
     if hasattr(dtype, "as_numpy_dtype"):  # tf.DType
-        return np.dtype(dtype.as_numpy_dtype)
-    if type(dtype).__module__ == "torch":
+        result = np.dtype(dtype.as_numpy_dtype)
+    elif type(dtype).__module__ == "torch":
         import torch  # only reached when the caller already uses torch
 
-        return torch.empty((), dtype=dtype).numpy().dtype
-    return np.dtype(dtype)
+        result = torch.empty((), dtype=dtype).numpy().dtype
+    else:
+        result = np.dtype(dtype)
+    return result
 
 
 def spec_from_tensor_spec(obj: Any, name: str | None = None) -> ArraySpec:
@@ -297,14 +301,15 @@ def can_store(value_dtype: np.dtype, spec_dtype: np.dtype) -> bool:
 
 
 def check_leaf(path: str, shape: tuple[int, ...], dtype: np.dtype, spec: ArraySpec,
-               outer_shape: tuple[int, ...], outer_names: str) -> None:
+               outer_shape: tuple[int | None, ...], outer_names: str) -> None:
     """Raise :class:`SpecError` unless a value of ``shape``/``dtype`` fits ``spec``.
 
     Args:
         path: the leaf's path in the nest, for the message.
         shape, dtype: of the value offered.
         spec: the leaf's spec.
-        outer_shape: leading dimensions expected before ``spec.shape``.
+        outer_shape: leading dimensions expected before ``spec.shape`` (``None``: one not
+            known, which no value matches).
         outer_names: what those dimensions are, for the message (``"[batch_size=32]"``).
     """
     expected = outer_shape + spec.shape

@@ -51,13 +51,16 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
 from replaybuffer.bench.timing import compare
 from replaybuffer.bench.workloads import fill, host_arrays, random_items
 from replaybuffer.specs import ArraySpec
+
+_Rows = Generator[dict[str, Any], None, None]
+"""What a peer's run function yields: one result row per op."""
 
 __all__ = ["WORKLOADS", "PEERS", "Sizes", "run_peers", "format_rows", "format_markdown", "main"]
 
@@ -182,7 +185,8 @@ def _cycle(values: list[Any]) -> Callable[[], Any]:
 
 def _data(spec: dict[str, ArraySpec], outer: tuple[int, ...], seed: int = 0
           ) -> dict[str, np.ndarray]:
-    return random_items(spec, outer, np.random.default_rng(seed))
+    items: dict[str, np.ndarray] = random_items(spec, outer, np.random.default_rng(seed))
+    return items
 
 
 def _control_spec() -> dict[str, ArraySpec]:
@@ -259,7 +263,7 @@ def _frame_stream(length: int = FILL_CHUNK, seed: int = 4) -> np.ndarray:
     return np.stack([frames[t:t + k] for t in range(length)])
 
 
-def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[str, Any]]:
+def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> _Rows:
     """This project's buffers (numpy storage); next observations via ``num_steps=2``.
 
     ``UniformReplayBuffer`` (``PrioritizedReplayBuffer`` for PER) with one row, so a
@@ -287,8 +291,8 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
                 raise RuntimeError(f"update_priorities applied {applied} of {len(ids)}")
         prios = _priority_pool(workload)
         next_prio = _cycle(prios)
-        ids = [buf.get_next(256, 2)[1].ids for _ in range(len(prios))]
-        pairs = _cycle(list(zip(ids, prios)))
+        sampled_ids = [buf.get_next(256, 2)[1].ids for _ in range(len(prios))]
+        pairs = _cycle(list(zip(sampled_ids, prios)))
 
         def sample_update() -> None:
             _, info = buf.get_next(256, 2)  # info.weights: importance weights
@@ -325,7 +329,7 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
         fill(buf, rng)
         obs = max(a.nbytes for a in host_arrays(buf))
         yield mem.row(obs, "one obs array; next obs is the next slot")
-        add1: Callable[[], None] = lambda: buf.add_batch(step)  # noqa: E731
+        add1: Callable[[], object] = lambda: buf.add_batch(step)  # noqa: E731
     else:
         stream = _frame_stream()
         chunk = random_items(spec, (1, len(stream)), rng)
@@ -344,7 +348,7 @@ def _ours(workload: str, sizes: Sizes, layout: str = "plain") -> Iterator[dict[s
                        "sample(256)+next": (lambda: buf.get_next(256, 2), 256)}, sizes)
 
 
-def _ours_transitions(sizes: Sizes) -> Iterator[dict[str, Any]]:
+def _ours_transitions(sizes: Sizes) -> _Rows:
     """The control workload through ``TransitionReplayBuffer``, the SB3-style API:
     ``add(obs, action, reward, next_obs, terminated)`` of one env (of 256 envs for
     ``add(256)``), fed a consistent stream (each observation is the previous next
@@ -386,7 +390,7 @@ def _ours_transitions(sizes: Sizes) -> Iterator[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- cpprb
 def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
-                 ) -> Iterator[dict[str, Any]]:
+                 ) -> _Rows:
     """The plain-numpy limit: the same bytes moved by numpy alone, no bookkeeping.
 
     ``plain``: one contiguous array per field (observations once: the next observation
@@ -421,7 +425,7 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
     def adder(batch: int) -> Callable[[], None]:
         return add_limit(arrays, [v[0] for v in random_items(spec, (1, batch), rng).values()])
 
-    def sampler(size: int) -> Callable[[], None]:  # every field, plus the next observation
+    def sampler(size: int) -> Callable[[], object]:  # every field, plus the next observation
         starts = position_sets(rng, capacity - 1, (size,))
         if layout == "records":  # every gathered array at (step, next step) pairs
             take_pairs = gather_limit(gathered, [np.stack([p, p + 1], 1) for p in starts])
@@ -459,7 +463,7 @@ def _cpprb_fill(rb: Any, chunk: dict[str, np.ndarray], capacity: int) -> None:
         rb.add(**{k: v[:n] for k, v in chunk.items()})
 
 
-def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> Iterator[dict[str, Any]]:
+def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> _Rows:
     """cpprb ReplayBuffer / PrioritizedReplayBuffer, next_obs via ``next_of='obs'``.
 
     ``layout``: ``next_of`` (default), ``stack`` (next_of + stack_compress='obs'; cpprb
@@ -531,7 +535,7 @@ def _cpprb(workload: str, sizes: Sizes, layout: str = "next_of") -> Iterator[dic
 
 
 # ----------------------------------------------------------------------- SB3
-def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[str, Any]]:
+def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> _Rows:
     """stable_baselines3.common.buffers.ReplayBuffer (samples come back as torch tensors).
 
     ``layout``: ``default`` (next observations in their own array) or ``optimize_memory``
@@ -547,6 +551,7 @@ def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[
     from stable_baselines3.common.buffers import ReplayBuffer
 
     optimize = layout == "optimize_memory"
+    obs_space: Any
     if workload == "control":
         obs_space = spaces.Box(-np.inf, np.inf, (17,), np.float32)
         act_space: Any = spaces.Box(-1.0, 1.0, (6,), np.float32)
@@ -563,7 +568,7 @@ def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[
         nxt = d["next_obs"].reshape(obs.shape)
         act = d["act"].reshape(n_envs, -1)
         rew, done = d["rew"].reshape(n_envs), d["done"].reshape(n_envs)
-        infos = [{} for _ in range(n_envs)]
+        infos: list[dict[str, Any]] = [{} for _ in range(n_envs)]
         return lambda: rb.add(obs, nxt, act, rew, done, infos)
 
     def fill_sb3(rb: Any, chunk: dict[str, np.ndarray], capacity: int, n_envs: int) -> None:
@@ -581,7 +586,7 @@ def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[
         add1 = adder(rb, {k: v[None] for k, v in data["one"].items()}, 1)
         yield from _timed({"add(1)": (add1, 1),
                            "sample(256)+next": (lambda: rb.sample(256), 256)}, sizes)
-        rb = add1 = None  # freed before the next buffer is built
+        del rb, add1  # freed before the next buffer is built
         _release()
         wide = make(capacity, n_envs=256)
         fill_sb3(wide, data["chunk"], capacity, 256)
@@ -607,7 +612,7 @@ def _sb3(workload: str, sizes: Sizes, layout: str = "default") -> Iterator[dict[
 
 
 # ------------------------------------------------------------------------- TorchRL
-def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[str, Any]]:
+def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> _Rows:
     """TorchRL replay buffers over LazyTensorStorage (PrioritizedSampler for PER).
 
     ``layout``: ``td`` is TensorDictReplayBuffer with TorchRL's transition layout
@@ -699,7 +704,7 @@ def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> Iterator[dict[s
 
 # ------------------------------------------------------------------------ Tianshou
 def _tianshou(workload: str, sizes: Sizes, layout: str = "default"
-              ) -> Iterator[dict[str, Any]]:
+              ) -> _Rows:
     """Tianshou ReplayBuffer / VectorReplayBuffer / PrioritizedReplayBuffer (numpy Batch).
 
     ``layout`` (frames): ``default`` stores obs_next (memory only), ``ignore_obs_next``
@@ -802,7 +807,7 @@ class Peer:
     label: str
     family: str  # the name --peers selects
     modules: tuple[str, ...]  # imported first: ImportError means "not installed"
-    run: Callable[..., Iterator[dict[str, Any]]]
+    run: Callable[..., _Rows]
     layout: str
     workloads: tuple[str, ...]
     memory_only: bool = False
@@ -862,9 +867,10 @@ def _version(peer: Peer) -> str | None:
 
 def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]]:
     """Rows for every op ``peer`` owes ``workload``, whatever happens."""
-    base = {"workload": workload, "peer": peer.label, "seconds_per_call": None,
-            "items_per_call": None, "status": "ok", "bytes_per_transition": None,
-            "obs_bytes_per_transition": None, "others_cores": None, "detail": ""}
+    base: dict[str, Any] = {
+        "workload": workload, "peer": peer.label, "seconds_per_call": None,
+        "items_per_call": None, "status": "ok", "bytes_per_transition": None,
+        "obs_bytes_per_transition": None, "others_cores": None, "detail": ""}
     expected = list(peer.ops(workload))
     status = None
     try:

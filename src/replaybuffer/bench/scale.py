@@ -22,6 +22,7 @@ import gc
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -86,7 +87,8 @@ def filled(kind: str, capacity: int, rng: np.random.Generator) -> ReplayBuffer:
     return buffer
 
 
-def limit(capacity: int, rng: np.random.Generator):
+def limit(capacity: int, rng: np.random.Generator
+          ) -> tuple[Callable[[], None], list[np.ndarray]]:
     """The numpy limit: ``take`` per leaf of a fresh set of 256 random positions."""
     arrays = [np.ones((capacity,) + s.shape, s.dtype) for s in control_spec().values()]
     out = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
@@ -102,7 +104,7 @@ def limit(capacity: int, rng: np.random.Generator):
 
 
 def measure(capacities: tuple[int, ...], kinds: tuple[str, ...], min_time: float,
-            echo=print) -> list[ScalePoint]:
+            echo: Callable[[str], None] = print) -> list[ScalePoint]:
     rng = np.random.default_rng(0)
     points = []
     for capacity in capacities:
@@ -110,9 +112,10 @@ def measure(capacities: tuple[int, ...], kinds: tuple[str, ...], min_time: float
         for kind in kinds:
             buffer = filled(kind, capacity, rng)
             within = kind == "episodes"
-            timed = compare({"ours": lambda b=buffer, w=within:
-                             b.get_next(BATCH, within_episodes=w), "limit": gather},
-                            min_time=min_time, repeats=5)
+
+            def ours(b: ReplayBuffer = buffer, w: bool = within) -> None:
+                b.get_next(BATCH, within_episodes=w)
+            timed = compare({"ours": ours, "limit": gather}, min_time=min_time, repeats=5)
             point = ScalePoint(kind, capacity, timed["ours"], timed["limit"])
             points.append(point)
             echo(f"  {kind:<12} {capacity:>12,}  {point.seconds * 1e6:9.1f} us  "

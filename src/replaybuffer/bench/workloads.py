@@ -221,7 +221,8 @@ def _run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage:
     # The learner's read path: a dataset sampling ahead on two parallel calls (worker
     # threads for numpy and torch storage, tf.data for tensorflow storage).
     size = sample_sizes[-1]
-    iterator = iter(buffer.as_dataset(size, num_steps=2, num_parallel_calls=2))
+    # A prefetching iterator (worker threads, or tf.data): it has close().
+    iterator: Any = iter(buffer.as_dataset(size, num_steps=2, num_parallel_calls=2))
     sets = position_sets(rng, buffer.capacity, (size, 2))
     try:
         t = compare({"ours": warmed(functools.partial(next, iterator)),

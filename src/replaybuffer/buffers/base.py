@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal, NamedTuple,
+                    Sequence, cast, overload)
 
 import numpy as np
 
@@ -25,6 +26,11 @@ from replaybuffer.storage import make_storage
 from replaybuffer.storage.base import LeafChecker, identity, to_numpy
 from replaybuffer.storage.frames import FrameStackCodec
 from replaybuffer.storage.frozen import CopyOnWriteStorage, FrozenRows, storage_rows
+
+if TYPE_CHECKING:
+    from replaybuffer.sampling.deterministic import Index
+    from replaybuffer.storage.exact_writer import ExactWriter
+    from replaybuffer.storage.mmap_storage import MmapStorage
 
 
 class BufferInfo(NamedTuple):
@@ -96,7 +102,7 @@ class ReplayBuffer:
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, sampler: Sampler,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 stack_axis: int = 0, path: str | os.PathLike | None = None):
+                 stack_axis: int = 0, path: str | os.PathLike[str] | None = None):
         self._data_spec = as_data_spec(data_spec)
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
@@ -120,7 +126,7 @@ class ReplayBuffer:
             stored_specs[index] = self._codec.ref_spec  # storage holds frame references
         self._storage = make_storage(storage, stored_specs, self._ring.capacity, device, path)
         # Storage on files stages each write and applies it at commit (crash safety).
-        self._commit = getattr(self._storage, "commit", None)
+        self._commit: Callable[[int], None] | None = getattr(self._storage, "commit", None)
         self._sampler = sampler
         self._episodes: EpisodeIndex | None = None
         if track_episodes:
@@ -137,7 +143,7 @@ class ReplayBuffer:
             self._stack_shape = self._outer + self._specs[self._codec_leaf].shape
         # add_batch of arrays already in the stored dtype and shape: check and write in
         # one call (episode tracking takes the general path).
-        self._write_exact = None
+        self._write_exact: ExactWriter | None = None
         if self._episodes is None and self._fast_flatten is not None:
             self._write_exact = self._storage.exact_writer(self._outer)
 
@@ -203,7 +209,7 @@ class ReplayBuffer:
                 f"frames={self.num_frames()}/{self.capacity})")
 
     # ----------------------------------------------------------------- write path
-    def _flatten_items(self, items: Any, method: str) -> list[Any]:
+    def _flatten_items(self, items: Any, method: str) -> Sequence[Any]:
         if self._fast_flatten is not None:
             leaves = self._fast_flatten(items)
             if leaves is not None:
@@ -261,10 +267,12 @@ class ReplayBuffer:
                     return False
                 last_id = ring.last_id + 1
                 position = (last_id % ring.max_length) * ring.batch_size
-                if self._codec is None:
+                codec = self._codec
+                if codec is None:
                     written = write_exact(position, leaves)
                 else:
-                    written = self._write_exact_stacks(position, last_id, leaves)
+                    written = self._write_exact_stacks(codec, write_exact, position, last_id,
+                                                       leaves)
                 if written:
                     ring.last_id = last_id
                     self._sampler.on_add(ring, last_id, 1)
@@ -293,20 +301,22 @@ class ReplayBuffer:
                 self._limiter.inserted(ring.batch_size)
         return True
 
-    def _write_exact_stacks(self, position: int, step_id: int, leaves: list[Any]) -> bool:
-        """``write_exact`` of one step whose stacked frames are deduplicated: exact
-        stacks become frame references, then every leaf is written (or nothing is)."""
+    def _write_exact_stacks(self, codec: FrameStackCodec, write_exact: ExactWriter,
+                            position: int, step_id: int, leaves: Sequence[Any]) -> bool:
+        """``write_exact`` of one step whose stacked frames are deduplicated (by ``codec``,
+        the buffer's): exact stacks become frame references, then every leaf is written
+        (or nothing is)."""
         i = self._codec_leaf
         stacks = leaves[i]
         if type(stacks) is not np.ndarray or stacks.dtype is not self._specs[i].dtype \
                 or stacks.shape != self._stack_shape:
             return False
-        refs, frame_writes = self._codec.encode(step_id, stacks)  # changes nothing yet
+        refs, frame_writes = codec.encode(step_id, stacks)  # changes nothing yet
         leaves = list(leaves)  # the caller's list stays as it was, for the general path
         leaves[i] = refs
-        if not self._write_exact(position, leaves):
+        if not write_exact(position, leaves):
             return False
-        self._codec.commit(frame_writes, step_id, 1)
+        codec.commit(frame_writes, step_id, 1)
         return True
 
     def extend(self, items: Any, *, timeout: float | None = None, block: bool = True
@@ -342,7 +352,7 @@ class ReplayBuffer:
         arrays[i] = frames
         return arrays
 
-    def _leading_dim(self, leaves: list[Any], axis: int, method: str, names: str) -> int:
+    def _leading_dim(self, leaves: Sequence[Any], axis: int, method: str, names: str) -> int:
         """Size of dimension ``axis`` of the first leaf (the others are checked against it)."""
         shape = tuple(np.shape(leaves[0]))
         if len(shape) <= axis:
@@ -425,11 +435,15 @@ class ReplayBuffer:
 
     def _admit(self, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items in (the caller holds the lock)."""
-        return self._limiter.await_insert(n, self.__len__, timeout, block)
+        limiter = self._limiter
+        assert limiter is not None  # callers check first
+        return limiter.await_insert(n, self.__len__, timeout, block)
 
     def _admit_sample(self, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items be sampled (lock held)."""
-        return self._limiter.await_sample(n, self.__len__, timeout, block)
+        limiter = self._limiter
+        assert limiter is not None  # callers check first
+        return limiter.await_sample(n, self.__len__, timeout, block)
 
     def _untracked_error(self) -> ValueError:
         return ValueError(f"within_episodes=True needs a buffer built with "
@@ -437,8 +451,10 @@ class ReplayBuffer:
 
     def _record_episodes(self, first_id: int, step_types: Any, num_steps: int) -> None:
         """Note the FIRST steps among ``num_steps`` new steps (``[num_steps * B]`` step types)."""
+        episodes = self._episodes
+        assert episodes is not None  # callers check first
         starts = to_numpy(step_types).reshape(num_steps, self.batch_size) == 0  # FIRST
-        self._episodes.record(first_id, starts, self._ring.oldest_id)
+        episodes.record(first_id, starts, self._ring.oldest_id)
 
     # ------------------------------------------------------------------ read path
     def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
@@ -504,6 +520,18 @@ class ReplayBuffer:
         """The ``BufferInfo.ids`` of sampled window starts: their logical add ids."""
         return start_ids
 
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None, block: Literal[True] = True
+                 ) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None, block: bool = True
+                 ) -> tuple[Any, BufferInfo] | None: ...
+
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                  time_stacked: bool = True, *, within_episodes: bool = False,
                  timeout: float | None = None, block: bool = True
@@ -541,6 +569,18 @@ class ReplayBuffer:
         num_steps = _positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked,
                             within_episodes=within_episodes, timeout=timeout, block=block)
+
+    @overload
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None,
+                block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None,
+                block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None,
                 time_stacked: bool = True, rng: np.random.Generator | None = None,
@@ -660,7 +700,7 @@ class ReplayBuffer:
 
     def _deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
                             shift: int | None, drop_remainder: bool
-                            ) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+                            ) -> Iterable[tuple[Index, Index]]:
         from replaybuffer.sampling.deterministic import plan
 
         ring = self._ring
@@ -671,12 +711,15 @@ class ReplayBuffer:
         return plan(first, n, ring.batch_size, sample_batch_size, num_steps, shift,
                     drop_remainder)
 
-    def _read_block(self, ids: np.ndarray, rows: np.ndarray) -> tuple[Any, BufferInfo]:
+    def _read_block(self, ids: Index, rows: Index) -> tuple[Any, BufferInfo]:
         """Gather one deterministic-pass element."""
         ring = self._ring
+        # An element with neither a batch nor a time dimension has scalar ids and rows:
+        # its position is a numpy integer, which storages index as a 0-d array.
+        ids_array = cast(np.ndarray, ids)
         with self._lock:
-            leaves = self._gather(ring.positions(ids, rows))
-        physical = np.broadcast_to(table_rows(ids, rows, ring.max_length),
+            leaves = self._gather(ring.positions(ids_array, rows))
+        physical = np.broadcast_to(table_rows(ids_array, rows, ring.max_length),
                                    np.broadcast_shapes(np.shape(ids), np.shape(rows)))
         info = BufferInfo(self._storage.from_numpy(np.array(physical)), ())
         return self._structure.unflatten(leaves), info
@@ -700,7 +743,7 @@ class ReplayBuffer:
         self.flush()
         if self._storage.kind == "mmap":
             with self._lock:
-                self._storage.release()
+                cast("MmapStorage", self._storage).release()
 
     def __enter__(self) -> "ReplayBuffer":
         return self
@@ -711,7 +754,7 @@ class ReplayBuffer:
     def _files_ready(self) -> None:
         """The end of a constructor that takes ``path``: a new mmap buffer writes its
         state at once, so that even a process killed before any flush can be reopened."""
-        if self._storage.kind == "mmap" and not self._storage.reopening:
+        if self._storage.kind == "mmap" and not cast("MmapStorage", self._storage).reopening:
             self.flush()
 
     def _catch_up(self, last_id: int, stale: bool) -> None:
@@ -739,7 +782,7 @@ class ReplayBuffer:
                 self._record_episodes(first, step_types, len(ids))
 
     # ---------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike, keep: int = 1, *,
+    def save(self, path: str | os.PathLike[str], keep: int = 1, *,
              metadata: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint of the buffer (data, ids, write position, sampler state,
         everything a later call's result depends on) under ``path``; return its directory.

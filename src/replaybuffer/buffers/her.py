@@ -30,17 +30,21 @@ the reset step is not a transition and must not be added.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, overload
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer
+from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage.base import to_numpy
+from replaybuffer.storage.frozen import FrozenRows
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 FINAL, FUTURE, EPISODE = "final", "future", "episode"
 STRATEGIES = (FINAL, FUTURE, EPISODE)
@@ -100,7 +104,8 @@ def compute_reward_of(env: Any) -> Callable[[Any, Any, Any], Any]:
         raise ValueError(f"{type(target).__name__} has no compute_reward(achieved_goal, "
                          "desired_goal, info): HER needs a goal-conditioned env, or pass "
                          "compute_reward=")
-    return fn
+    compute_reward: Callable[[Any, Any, Any], Any] = fn
+    return compute_reward
 
 
 class HERBuffer(TransitionReplayBuffer):
@@ -159,7 +164,7 @@ class HERBuffer(TransitionReplayBuffer):
         self._current_start = np.zeros(self.num_envs, np.int64)
 
     @classmethod
-    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "HERBuffer":
+    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
         """A buffer shaped by a goal-conditioned env or vector env, with its
         ``compute_reward`` (unless given)."""
         if kwargs.get("compute_reward") is None:
@@ -194,6 +199,15 @@ class HERBuffer(TransitionReplayBuffer):
     def _completed_per_row(self) -> np.ndarray:
         # A row's steps from its current episode's start on are in progress: a suffix.
         return np.maximum(self._current_start - self._ring.oldest_id, 0)
+
+    # Samples are HERTransitions (Transitions plus ``relabelled``), not Transitions.
+    @overload  # type: ignore[override]
+    def sample(self, batch_size: int, *, timeout: float | None = None,
+               block: Literal[True] = True) -> tuple[HERTransitions, BufferInfo]: ...
+
+    @overload
+    def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
+               ) -> tuple[HERTransitions, BufferInfo] | None: ...
 
     def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
                ) -> tuple[HERTransitions, BufferInfo] | None:
@@ -236,7 +250,7 @@ class HERBuffer(TransitionReplayBuffer):
             rows = np.searchsorted(cumulative, draws, side="right")
             ids = ring.oldest_id + draws - (cumulative[rows] - counts[rows])
             positions = ring.positions(ids, rows)
-            batch = self._read(ids, positions)
+            stored = self._read(ids, positions)
             goals = None
             if k:
                 goal_ids = self._goal_ids(ids[:k], positions[:k])
@@ -244,23 +258,25 @@ class HERBuffer(TransitionReplayBuffer):
                                                           goal_ids)[self._achieved])
             if self._limiter is not None:
                 self._limiter.sampled(int(batch_size))
-        batch = self._relabel(batch, k, goals)
+        batch = self._relabel(stored, k, goals)
         probabilities = np.full(batch_size, 1.0 / n, np.float32)
         to_backend = self._storage.from_numpy
         return batch, BufferInfo(to_backend(ids), to_backend(probabilities))
 
     def _goal_ids(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Step ids whose next achieved goal relabels the transitions at ``ids``."""
-        ends = self._episode_end[positions]
+        ends: np.ndarray = self._episode_end[positions]
         if self.goal_selection_strategy == FINAL:
             return ends
         if self.goal_selection_strategy == FUTURE:
             lo = ids
         else:  # EPISODE: the episode's retained steps only
             lo = np.maximum(self._episode_start[positions], self._ring.oldest_id)
-        return self._rng.integers(lo, ends + 1)
+        goal_ids: np.ndarray = self._rng.integers(lo, ends + 1)
+        return goal_ids
 
-    def _relabel(self, batch: Any, k: int, goals: np.ndarray | None) -> HERTransitions:
+    def _relabel(self, batch: Transitions, k: int, goals: np.ndarray | None
+                 ) -> HERTransitions:
         """Put ``goals`` in the first ``k`` transitions and recompute their rewards."""
         size = len(to_numpy(batch.rewards))
         to_backend = self._storage.from_numpy
@@ -268,14 +284,16 @@ class HERBuffer(TransitionReplayBuffer):
         if not k:
             return HERTransitions(*batch, relabelled=relabelled)
         achieved = to_numpy(batch.next_observations["achieved_goal"])[:k]
-        rewards = np.asarray(self.compute_reward(achieved, goals, {}), np.float32)
+        compute_reward = self.compute_reward
+        assert compute_reward is not None  # sample() checked
+        rewards = np.asarray(compute_reward(achieved, goals, {}), np.float32)
         if rewards.size != k:
             raise ValueError(f"compute_reward returned {rewards.size} rewards for a batch of "
                              f"{k} goals; it must be vectorised over the leading axis")
         all_rewards = to_numpy(batch.rewards).copy()
         all_rewards[:k] = rewards.reshape(k)
 
-        def with_goal(obs: dict) -> dict:
+        def with_goal(obs: dict[str, Any]) -> dict[str, Any]:
             desired = to_numpy(obs["desired_goal"]).copy()
             desired[:k] = goals
             return {**obs, "desired_goal": to_backend(desired)}
@@ -314,7 +332,7 @@ class HERBuffer(TransitionReplayBuffer):
         self._current_start[:] = 0
 
     # ---------------------------------------------------------------- persistence
-    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         state, arrays = super()._snapshot()
         state["her"] = {"episode_start": self._episode_start.copy(),
                         "episode_end": self._episode_end.copy(),
@@ -322,7 +340,7 @@ class HERBuffer(TransitionReplayBuffer):
                         "rng": self._rng.bit_generator.state}
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         super()._restore(state, arrays)
         her = state["her"]
         with self._lock:

@@ -133,12 +133,14 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
             (see :mod:`replaybuffer.sampling.prioritized`).
     """
 
+    _sampler: PrioritizedSampler
+
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
                  seed: int | None = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0,
-                 normalize: str = "batch", path: str | os.PathLike | None = None):
+                 normalize: str = "batch", path: str | os.PathLike[str] | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)

@@ -21,9 +21,11 @@ class FIFOReplayBuffer(ReplayBuffer):
     ``as_dataset`` reads on pull: prefetch workers would consume windows out of order.
     """
 
+    _sampler: FIFOSampler
+
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None,
-                 path: str | os.PathLike | None = None):
+                 path: str | os.PathLike[str] | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=FIFOSampler(), path=path)
         self._files_ready()
@@ -50,9 +52,11 @@ class ShuffledReplayBuffer(ReplayBuffer):
         seed: seeds the shuffles.
     """
 
+    _sampler: ShuffledSampler
+
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
-                 path: str | os.PathLike | None = None):
+                 path: str | os.PathLike[str] | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=ShuffledSampler(seed), path=path)
         self._seed = seed

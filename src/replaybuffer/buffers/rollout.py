@@ -28,15 +28,17 @@ same storage, validation, ring and persistence as every other buffer.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, overload
 
 import numpy as np
 
+from replaybuffer.buffers.base import BufferInfo
 from replaybuffer.buffers.transitions import ACTION, TransitionReplayBuffer
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
 from replaybuffer.storage.base import to_numpy
+from replaybuffer.storage.frozen import FrozenRows
 
 VALUE, LOG_PROB = "value", "log_prob"
 
@@ -109,8 +111,10 @@ class RolloutBuffer(TransitionReplayBuffer):
         return super().nbytes + self._returns.nbytes + self._advantages.nbytes
 
     # ---------------------------------------------------------------- writing
-    def add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-            terminated: Any, truncated: Any = None, value: Any = None,
+    # Not a drop-in for TransitionReplayBuffer.add: it takes value and log_prob, and
+    # a rollout is collected without a rate limiter (no timeout or block).
+    def add(self, observation: Any, action: Any, reward: Any,  # type: ignore[override]
+            next_observation: Any, terminated: Any, truncated: Any = None, value: Any = None,
             log_prob: Any = None) -> None:
         """Add one transition per environment.
 
@@ -216,6 +220,7 @@ class RolloutBuffer(TransitionReplayBuffer):
         next_values[:, :-1] = values[:, 1:]
         next_values[:, -1] = last_values
         if final_obs is not None:  # user code runs outside the lock
+            assert value_fn is not None  # checked when final_obs was gathered
             boot = to_numpy(value_fn(final_obs)).astype(np.float64)
             if boot.size != int(bootstrap.sum()):
                 raise ValueError(f"value_fn returned {boot.size} values for "
@@ -302,7 +307,9 @@ class RolloutBuffer(TransitionReplayBuffer):
                     batch = self._read(ids[chosen], positions[chosen])
                 yield batch
 
-    def _read(self, ids: np.ndarray, positions: np.ndarray) -> RolloutBatch:
+    # Reads return RolloutBatch, not Transitions (see the readers declared below).
+    def _read(self, ids: np.ndarray,  # type: ignore[override]
+              positions: np.ndarray) -> RolloutBatch:
         t = super()._read(ids, positions)
         policy = t.actions
         returns = advantages = None
@@ -314,6 +321,23 @@ class RolloutBuffer(TransitionReplayBuffer):
                             t.terminated, t.truncated, t.dones, policy[VALUE],
                             policy[LOG_PROB], returns, advantages)
 
+    if TYPE_CHECKING:
+        # The readers inherited from TransitionReplayBuffer return _read's RolloutBatch.
+        @overload  # type: ignore[override]
+        def sample(self, batch_size: int, *, timeout: float | None = None,
+                   block: Literal[True] = True) -> tuple[RolloutBatch, BufferInfo]: ...
+
+        @overload
+        def sample(self, batch_size: int, *, timeout: float | None = None,
+                   block: bool = True) -> tuple[RolloutBatch, BufferInfo] | None: ...
+
+        def sample(self, batch_size: int, *, timeout: float | None = None,
+                   block: bool = True) -> tuple[RolloutBatch, BufferInfo] | None: ...
+
+        def last(self, count: int) -> RolloutBatch: ...  # type: ignore[override]
+
+        def all(self) -> RolloutBatch: ...  # type: ignore[override]
+
     def reset(self) -> None:
         """Empty the buffer for the next rollout (``clear()``)."""
         self.clear()
@@ -324,13 +348,13 @@ class RolloutBuffer(TransitionReplayBuffer):
         self._version += 1
 
     # ---------------------------------------------------------------- persistence
-    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         state, arrays = super()._snapshot()
         state.update(returns=self._returns.copy(), advantages=self._advantages.copy(),
                      gae_ready=self._gae_ready)
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         super()._restore(state, arrays)
         with self._lock:
             self._returns[:] = state["returns"]

@@ -25,7 +25,7 @@ return that ends by time limit or by the ``n_step`` horizon, 0 after termination
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, overload
 
 import numpy as np
 
@@ -37,8 +37,12 @@ from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
 from replaybuffer.storage.base import identity, to_numpy
+from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.side_store import SideStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class Transitions(NamedTuple):
@@ -188,7 +192,7 @@ class TransitionReplayBuffer(ReplayBuffer):
             self._exact_add = False
 
     @classmethod
-    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> "TransitionReplayBuffer":
+    def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
         """A buffer shaped by a gymnasium env or vector env (``num_envs`` from it)."""
         import gymnasium as gym
 
@@ -279,6 +283,7 @@ class TransitionReplayBuffer(ReplayBuffer):
             start = (step_id % ring.max_length) * ring.batch_size
             if self._side_ref[start:start + ring.batch_size].tobytes() != self._unowned:
                 return False
+            assert self._add_order is not None  # _exact_add needs it
             leaves = self._add_order((observation, action, reward, terminated, truncated))
             for i, low, high in self._scalar_ranges:
                 values = leaves[i]
@@ -401,13 +406,22 @@ class TransitionReplayBuffer(ReplayBuffer):
             leaves[j] = refs
         return self._side.put(leaves)
 
-    def add_batch(self, items: Any) -> None:
+    def add_batch(self, items: Any, *, timeout: float | None = None,
+                  block: bool = True) -> NoReturn:
         raise TypeError(f"{type(self).__name__} takes transitions through add(observation, "
                         "action, reward, next_observation, terminated, truncated)")
 
     extend = add_batch
 
     # ---------------------------------------------------------------- reading
+    @overload
+    def sample(self, batch_size: int, *, timeout: float | None = None,
+               block: Literal[True] = True) -> tuple[Transitions, BufferInfo]: ...
+
+    @overload
+    def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
+               ) -> tuple[Transitions, BufferInfo] | None: ...
+
     def sample(self, batch_size: int, *, timeout: float | None = None, block: bool = True
                ) -> tuple[Transitions, BufferInfo] | None:
         """``batch_size`` transitions, uniformly (or by priority) over those stored.
@@ -583,14 +597,14 @@ class TransitionReplayBuffer(ReplayBuffer):
             decode_spec(config.pop("action_spec"))
         return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
 
-    def _snapshot(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         state, arrays = super()._snapshot()
         state["side"] = self._side.state_dict()
         state["side_ref"] = self._side_ref.copy()
         state["head_next"] = [h.copy() for h in self._head_next]
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         super()._restore(state, arrays)
         with self._lock:
             self._side.load_state_dict(state["side"])
@@ -602,6 +616,8 @@ class TransitionReplayBuffer(ReplayBuffer):
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
     """:class:`TransitionReplayBuffer` sampled by priority; ``update_priorities`` as for
     :class:`~replaybuffer.PrioritizedReplayBuffer` (ids from ``BufferInfo.ids``)."""
+
+    _sampler: PrioritizedSampler
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
@@ -627,4 +643,6 @@ def _rows_differ(new: np.ndarray, head: np.ndarray) -> np.ndarray:
     itself, so a next observation read from the following step is the one added."""
     new = np.ascontiguousarray(new, head.dtype)
     rows = len(head)
-    return (new.view(np.uint8).reshape(rows, -1) != head.view(np.uint8).reshape(rows, -1)).any(1)
+    differ: np.ndarray = (new.view(np.uint8).reshape(rows, -1)
+                          != head.view(np.uint8).reshape(rows, -1)).any(1)
+    return differ

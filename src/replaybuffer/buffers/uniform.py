@@ -59,7 +59,7 @@ class UniformReplayBuffer(ReplayBuffer):
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 stack_axis: int = 0, path: str | os.PathLike | None = None):
+                 stack_axis: int = 0, path: str | os.PathLike[str] | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=UniformSampler(seed), track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path)
@@ -88,5 +88,6 @@ class _TFUniformReplayBufferStandIn:
                                                 device, config)
 
 
+# Not a ReplayBuffer: a restore only calls the registered class's _construct.
 ReplayBuffer._registry.setdefault("TFUniformReplayBuffer",
                                   _TFUniformReplayBufferStandIn)  # type: ignore[arg-type]

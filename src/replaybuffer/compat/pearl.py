@@ -216,7 +216,8 @@ class BaseBuffer(ABC):
             them as such; ``dones`` is a float32 copy).
     """
 
-    _core_class: Any = TransitionReplayBuffer
+    _core_class: type[TransitionReplayBuffer] = TransitionReplayBuffer
+    core: TransitionReplayBuffer
     _observation_path = "['observation']"
     _action_path = "['action']"
     _output_keys: tuple[str, ...] | None = None  # HER: Pearl's keys of dict observations
@@ -261,7 +262,7 @@ class BaseBuffer(ABC):
                                     memory=memory, **core_kwargs)
 
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
-                   **kwargs: Any) -> Any:
+                   **kwargs: Any) -> TransitionReplayBuffer:
         """Build the buffer that stores everything (override to choose another)."""
         return self._core_class(observation_spec, action_spec, capacity, **kwargs)
 
@@ -351,7 +352,7 @@ class BaseBuffer(ABC):
         """Every stored transition."""
 
     # ------------------------------------------------------------- persistence
-    def save(self, directory: str | os.PathLike, keep: int = 1) -> Path:
+    def save(self, directory: str | os.PathLike[str], keep: int = 1) -> Path:
         """Write the buffer to ``directory`` (Pearl had no saves); return the checkpoint.
 
         The core's save (:meth:`replaybuffer.ReplayBuffer.save`: a series of checkpoints,
@@ -366,7 +367,7 @@ class BaseBuffer(ABC):
         return self.core.save(directory, keep, metadata={"pearl": state})
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, env: Any = None, device: Any = "auto", *,
+    def load(cls, directory: str | os.PathLike[str], env: Any = None, device: Any = "auto", *,
              observation_space: Any = None, action_space: Any = None,
              **kwargs: Any) -> "BaseBuffer":
         """The buffer saved in ``directory`` by :meth:`save` (its newest checkpoint, or
@@ -402,7 +403,7 @@ class BaseBuffer(ABC):
         buffer = cls(env, buffer_size, device=device, observation_space=observation_space,
                      action_space=action_space, num_envs=num_envs if vector else None,
                      _core=core, **kwargs)
-        saved = core._config_values
+        saved = buffer.core._config_values  # core itself
         if (buffer.num_envs, buffer.vector) != (num_envs, vector) or \
                 spec_from_space(buffer.observation_space) != saved["observation_spec"] or \
                 spec_from_space(buffer.action_space) != saved["action_spec"]:
@@ -506,7 +507,7 @@ class BaseBuffer(ABC):
         outer = 2 if env_axis and self.vector else 1
         flatten = flatten_env and outer == 2
 
-        def pearl(leaf: Any) -> np.ndarray:
+        def pearl(leaf: Any) -> Tensor:  # a numpy array or a torch tensor
             arr = to_numpy(leaf)
             if arr.ndim == outer:  # Pearl's scalar fields have a trailing axis of 1
                 arr = arr[..., None]
@@ -561,20 +562,25 @@ class ReplayBuffer(BaseBuffer):
         (each draw a step, all envs), or ``[batch_size, ...]`` over every (step, env)
         pair with ``flatten_env=True``.
         """
+        out: Trajectories
         if self.vector and not flatten_env:
-            return self._output(self._read_steps(self._draw_steps(batch_size)), False, dtype)
+            out = self._output(self._read_steps(self._draw_steps(batch_size)), False, dtype)
+            return out
         batch, _ = self.core.sample(batch_size)
-        return self._output(batch, flatten_env, dtype, env_axis=False)
+        out = self._output(batch, flatten_env, dtype, env_axis=False)
+        return out
 
     def last(self, batch_size: int, flatten_env: bool = False,
              dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
         """The ``batch_size`` most recent transitions (of each env), oldest first."""
-        return self._last(batch_size, flatten_env, dtype)
+        out: Trajectories = self._last(batch_size, flatten_env, dtype)
+        return out
 
     def all(self, flatten_env: bool = False,
             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
         """Every stored transition, oldest first."""
-        return self._all(flatten_env, dtype)
+        out: Trajectories = self._all(flatten_env, dtype)
+        return out
 
 
 class RolloutBuffer(BaseBuffer):
@@ -585,6 +591,7 @@ class RolloutBuffer(BaseBuffer):
     """
 
     _core_class = _RolloutCore
+    core: _RolloutCore
     _action_path = "['action']['action']"
 
     def reset(self) -> None:
@@ -617,17 +624,20 @@ class RolloutBuffer(BaseBuffer):
         batch = self._read_steps(np.arange(start, start + steps, dtype=np.int64))
         if not self.vector:
             batch = nest.map_structure(lambda x: x[0], batch)
-        return self._output(batch, flatten_env, dtype, keep=count)
+        out: Trajectories = self._output(batch, flatten_env, dtype, keep=count)
+        return out
 
     def last(self, batch_size: int, flatten_env: bool = False,
              dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
         """The ``batch_size`` most recent transitions (of each env), oldest first."""
-        return self._last(batch_size, flatten_env, dtype)
+        out: Trajectories = self._last(batch_size, flatten_env, dtype)
+        return out
 
     def all(self, flatten_env: bool = False,
             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
         """Every stored transition, oldest first."""
-        return self._all(flatten_env, dtype)
+        out: Trajectories = self._all(flatten_env, dtype)
+        return out
 
 
 class HERBuffer(BaseBuffer):
@@ -645,6 +655,7 @@ class HERBuffer(BaseBuffer):
     """
 
     _core_class = _HERCore
+    core: _HERCore
     _observation_path = "['observation']['observation']"
     _output_keys = ("observation", "desired_goal")
 
@@ -706,18 +717,22 @@ class HERBuffer(BaseBuffer):
         ``int(batch_size * her_ratio)`` with relabelled goals and rewards:
         ``[batch_size, ...]`` over every env (``flatten_env`` is ignored, as in Pearl)."""
         batch, _ = self.core.sample(_count(batch_size, "batch_size"))
-        return self._output(batch, False, dtype, env_axis=False)
+        out: DictTrajectories = self._output(batch, False, dtype, env_axis=False)
+        return out
 
     def last(self, batch_size: int, flatten_env: bool = False,
              dtype: Union[str, TrajectoryType] = "torch") -> DictTrajectories:
         """The last ``batch_size`` transitions of each env's most recent completed
         episodes, as stored."""
-        return self._last(batch_size, flatten_env, dtype, read=self.core.last_completed)
+        out: DictTrajectories = self._last(batch_size, flatten_env, dtype,
+                                           read=self.core.last_completed)
+        return out
 
     def all(self, flatten_env: bool = False,
             dtype: Union[str, TrajectoryType] = "torch") -> DictTrajectories:
         """Every stored transition, oldest first, as stored."""
-        return self._all(flatten_env, dtype)
+        out: DictTrajectories = self._all(flatten_env, dtype)
+        return out
 
 
 def _count(value: Any, name: str) -> int:

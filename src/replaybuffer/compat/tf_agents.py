@@ -91,7 +91,8 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
                    device: Any, config: dict[str, Any]) -> "PyUniformReplayBuffer":
         return cls(data_spec, max_length, storage=storage, device=device, **config)
 
-    def add_batch(self, items: Any) -> None:
+    # TF-Agents' signature: any number of items, nothing returned (no timeout or block).
+    def add_batch(self, items: Any) -> None:  # type: ignore[override]
         """Append ``n`` items given with a leading dimension ``n`` (any ``n >= 0``)."""
         leaves = self._flatten_items(items, "add_batch")
         n = self._leading_dim(leaves, 0, "add_batch", "[n]")

@@ -135,8 +135,11 @@ def train(config: DQNConfig, progress: bool = True,
     rng = np.random.default_rng(config.seed)
     env = gym.make_vec(ENV_ID, num_envs=config.num_envs, vectorization_mode="sync")
     env.action_space.seed(config.seed)
-    num_actions = int(env.single_action_space.n)
-    q_net = build_q_network(env.single_observation_space.shape[0], num_actions, config.hidden)
+    action_space, observation_space = env.single_action_space, env.single_observation_space
+    assert isinstance(action_space, gym.spaces.Discrete)  # CartPole's spaces
+    assert isinstance(observation_space, gym.spaces.Box)
+    num_actions = int(action_space.n)
+    q_net = build_q_network(observation_space.shape[0], num_actions, config.hidden)
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
 
@@ -160,9 +163,11 @@ def train(config: DQNConfig, progress: bool = True,
 
     # The tutorial's flow: a driver whose observers include the buffer's add_batch.
     probe = StepDriver(env, collect_policy)
+    buffer: rb.ReplayBuffer
+    prioritized: rb.PrioritizedReplayBuffer | None = None
     if config.prioritized:
         gradient_total = (config.steps // config.collect_steps) * config.gradient_steps
-        buffer: rb.ReplayBuffer = rb.PrioritizedReplayBuffer(
+        buffer = prioritized = rb.PrioritizedReplayBuffer(
             probe.data_spec, batch_size=config.num_envs, max_length=config.buffer_length,
             alpha=config.alpha, beta=config.beta, beta_final=1.0, beta_steps=gradient_total,
             storage=config.storage, seed=config.seed)
@@ -179,8 +184,8 @@ def train(config: DQNConfig, progress: bool = True,
     def train_step() -> None:
         trajectories, info = next(iterator)
         td = gradient_step(q_net, target_net, optimizer, trajectories, info, config.gamma)
-        if config.prioritized:
-            buffer.update_priorities(info.ids, td + config.priority_epsilon)
+        if prioritized is not None:  # config.prioritized
+            prioritized.update_priorities(info.ids, td + config.priority_epsilon)
 
     bar = _progress(config.steps, progress)
     start = time.perf_counter()
@@ -235,7 +240,8 @@ def gradient_step(q_net: Any, target_net: Any, optimizer: Any, trajectories: Any
     loss.backward()
     torch.nn.utils.clip_grad_norm_(q_net.parameters(), 10.0)
     optimizer.step()
-    return ((q - target).detach().abs() * torch.as_tensor(valid[:, 0])).numpy()
+    td: np.ndarray = ((q - target).detach().abs() * torch.as_tensor(valid[:, 0])).numpy()
+    return td
 
 
 class Selection:

@@ -47,7 +47,7 @@ class PolicyWeights:
         create: make the files (the learner) or map them (actors).
     """
 
-    def __init__(self, directory: str | os.PathLike, shapes: list[tuple[int, ...]],
+    def __init__(self, directory: str | os.PathLike[str], shapes: list[tuple[int, ...]],
                  create: bool):
         self._args = (str(directory), shapes)
         size = int(sum(np.prod(s) for s in shapes))

@@ -36,7 +36,8 @@ class ParameterStore:
     """The learner's latest parameters, versioned (a Ray actor)."""
 
     def __init__(self) -> None:
-        self.version, self.parameters = 0, None
+        self.version = 0
+        self.parameters: list[np.ndarray] | None = None
         self.stopped = False
 
     def publish(self, version: int, parameters: list[np.ndarray]) -> None:
@@ -68,7 +69,8 @@ class _RemoteWeights:
         version, parameters, self.stopped = ray.get(self.store.newer.remote(self.version))
         if parameters is not None:
             self.version = version
-        return parameters
+        fresh: list[np.ndarray] | None = parameters
+        return fresh
 
 
 class Collector:
@@ -84,7 +86,8 @@ class Collector:
         num_actions = int(self.env.single_action_space.n)
         self.num_collectors = num_collectors
         policy = EpsilonGreedyMLP(self.weights, self._run_steps, config, num_actions, index)
-        self.writer, self.nest, self.chunk = writer, nest, []
+        self.writer, self.nest = writer, nest
+        self.chunk: list[Any] = []
         self.driver = StepDriver(self.env, policy, [self._observe], num_steps=CHUNK,
                                  seed=config.seed * 100 + index)
 
@@ -148,7 +151,8 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
                                 ratio, max(1, config.learning_starts // num_collectors),
                                 ratio * config.collect_steps)
     buffer = RayReplayBuffer(factory, num_collectors, seed=config.seed)
-    store = ray.remote(num_cpus=0)(ParameterStore).remote()
+    # Actor handles: their methods are looked up remotely (ray types them loosely).
+    store: Any = ray.remote(num_cpus=0)(ParameterStore).remote()
     version = 0
 
     def publish() -> None:
@@ -158,7 +162,7 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
                                                for p in q_net.parameters()]))
 
     publish()
-    collector_class = ray.remote(num_cpus=0)(Collector)
+    collector_class: Any = ray.remote(num_cpus=0)(Collector)
     collectors = [collector_class.remote(buffer.writer(i), store, config, num_collectors, i)
                   for i in range(num_collectors)]
     share = -(-config.steps // num_collectors)

@@ -2,12 +2,14 @@
 shared memory; standard library and numpy only) and :class:`RayReplayBuffer` (shards
 as Ray actors; imports ray, the ``ray`` extra)."""
 
+from typing import Any
+
 from replaybuffer.distributed.shared import BufferClosedError, SharedReplayBuffer
 
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
-def __getattr__(name: str):  # Ray is imported only when its classes are asked for
+def __getattr__(name: str) -> Any:  # Ray is imported only when its classes are asked for
     if name in ("RayReplayBuffer", "ShardWriter", "ShardLoss", "ShardsUnavailableError",
                 "ShardStartError"):
         from replaybuffer.distributed import ray_shards

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import numpy as np
 import ray
@@ -53,6 +53,10 @@ from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.storage.numpy_storage import NumpyStorage
+
+if TYPE_CHECKING:
+    from replaybuffer.buffers.prioritized import PrioritizedMixin
+    from replaybuffer.buffers.transitions import TransitionReplayBuffer
 
 __all__ = ["RayReplayBuffer", "ShardWriter", "ShardLoss", "ShardsUnavailableError",
            "ShardStartError"]
@@ -134,7 +138,7 @@ class _Shard:
         self.buffer = buffer
         self.saved_last_id = buffer.last_id
         self.next_seq: dict[str, int] = {}
-        self.held: dict[str, dict[int, tuple]] = {}
+        self.held: dict[str, dict[int, tuple[str, tuple[Any, ...], dict[str, Any]]]] = {}
         self.hold_since: dict[str, float] = {}
 
     def _next_incarnation(self) -> int:
@@ -163,8 +167,9 @@ class _Shard:
         return {k: _mass(self.buffer, k or 1) for k in keys}
 
     @ray.method(concurrency_group="writes")
-    def write(self, method: str, args: tuple, kwargs: dict, keys: list[int | None],
-              writer: str, seq: int) -> tuple[int, dict[int | None, float]]:
+    def write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+              keys: list[int | None], writer: str, seq: int
+              ) -> tuple[int, dict[int | None, float]]:
         """Apply writer ``writer``'s write number ``seq`` in its order: a threaded
         actor may receive calls out of order, so a write that arrives early is held
         until the ones before it came. A writer's numbers start at 0; if the write a
@@ -187,21 +192,24 @@ class _Shard:
         last_id = self.buffer.last_id
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
-            self.save()
+            # ray.method types save as a remote method; in the actor it is a plain one.
+            self.save()  # type: ignore[operator]
         return last_id, self.masses(keys)
 
     def draw(self, method: str, count: int, num_steps: int | None,
              timeout: float) -> tuple[Any, ...]:
         if method == "get_next":
             items, info = self.buffer.get_next(count, num_steps, timeout=timeout)
-        else:
-            items, info = self.buffer.sample(count, timeout=timeout)
+        else:  # asked of transition buffers only
+            items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
+                                                                             timeout=timeout)
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
                 _mass(self.buffer, num_steps or 1), self.incarnation)
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray,
                           keys: list[int | None]) -> tuple[int, dict[int | None, float]]:
-        return self.buffer.update_priorities(ids, priorities), self.masses(keys)
+        prioritized = cast("PrioritizedMixin", self.buffer)  # asked of prioritized ones only
+        return prioritized.update_priorities(ids, priorities), self.masses(keys)
 
     @ray.method(concurrency_group="writes")
     def save(self) -> int:
@@ -242,8 +250,8 @@ class _Outbox:
         self._checker.convert(leaves, self._paths, tuple(shape),
                               f"[{', '.join(map(str, shape))}]")
 
-    def send(self, shard: int, actor: Any, method: str, args: tuple, kwargs: dict,
-             keys: list[int | None]) -> None:
+    def send(self, shard: int, actor: Any, method: str, args: tuple[Any, ...],
+             kwargs: dict[str, Any], keys: list[int | None]) -> None:
         """Call ``method`` on ``shard``'s buffer, numbered so the shard applies this
         outbox's writes in the order sent."""
         seq = self._seq.get(shard, 0)
@@ -332,7 +340,7 @@ class RayReplayBuffer:
     """
 
     def __init__(self, buffer_factory: Callable[[], Any], num_shards: int, *,
-                 checkpoint_dir: str | os.PathLike | None = None,
+                 checkpoint_dir: str | os.PathLike[str] | None = None,
                  checkpoint_every: int | None = None, max_restarts: int = 3,
                  max_in_flight: int = 8, seed: int | None = None,
                  actor_options: dict[str, Any] | None = None):
@@ -350,7 +358,9 @@ class RayReplayBuffer:
         options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0,
                    "max_concurrency": 4}
         options.update(actor_options or {})
-        shard_class = ray.remote(concurrency_groups={"writes": 1})(_Shard).options(**options)
+        # ray.remote's overloads list task options only; concurrency_groups is an actor's.
+        shard_class = ray.remote(  # type: ignore[call-overload]
+            concurrency_groups={"writes": 1})(_Shard).options(**options)
         root = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
         self.num_shards = num_shards
         self._actors = [shard_class.remote(buffer_factory, i, root, checkpoint_every)
@@ -442,7 +452,8 @@ class RayReplayBuffer:
         call or :meth:`flush`."""
         self._write("add", args, kwargs, shard)
 
-    def _write(self, method: str, args: tuple, kwargs: dict, shard: int | None) -> None:
+    def _write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+               shard: int | None) -> None:
         self._outbox.raise_error()
         self._probe()
         if shard is None:

@@ -44,7 +44,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal, Sequence, overload
 
 import numpy as np
 
@@ -161,14 +161,14 @@ class SharedReplayBuffer:
     def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
-                 path: str | os.PathLike | None = None, seed: int | None = None):
+                 path: str | os.PathLike[str] | None = None, seed: int | None = None):
         for name, value in (("num_rows", num_rows), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
                     or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name, value in (("alpha", alpha), ("beta", beta)):
-            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name, number in (("alpha", alpha), ("beta", beta)):
+            if not (isinstance(number, (int, float)) and np.isfinite(number) and number >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {number!r}")
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
                 raise ValueError(f"rate_limiter must be a RateLimiter, got "
@@ -185,11 +185,11 @@ class SharedReplayBuffer:
             if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
                 raise ValueError(f"{directory} is not a new or empty directory")
             directory.mkdir(parents=True, exist_ok=True)
-        self._config = {"data_spec": as_data_spec(data_spec), "num_rows": int(num_rows),
-                        "max_length": int(max_length), "prioritized": bool(prioritized),
-                        "alpha": float(alpha), "beta": float(beta),
-                        "rate_limiter": rate_limiter, "seed": seed,
-                        "path": str(directory)}
+        self._config: dict[str, Any] = {
+            "data_spec": as_data_spec(data_spec), "num_rows": int(num_rows),
+            "max_length": int(max_length), "prioritized": bool(prioritized),
+            "alpha": float(alpha), "beta": float(beta), "rate_limiter": rate_limiter,
+            "seed": seed, "path": str(directory)}
         self._map(create=True)
         self._creator = os.getpid()
         self._remover = (weakref.finalize(self, _remove, str(directory), os.getpid())
@@ -203,7 +203,8 @@ class SharedReplayBuffer:
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
         self._leaf_paths = nest.leaf_paths(self._data_spec)
         self._fast_flatten = nest.fast_flattener(self._data_spec)
-        self._rows_total, self._length = config["num_rows"], config["max_length"]
+        self._rows_total: int = config["num_rows"]
+        self._length: int = config["max_length"]
         capacity = self._rows_total * self._length
         self.path = Path(config["path"])
         self._storage = SharedStorage(self._specs, capacity, self.path, create)
@@ -296,7 +297,7 @@ class SharedReplayBuffer:
             raise BufferClosedError(f"the shared buffer in {self.path} was closed by the "
                                     "process that made it")
 
-    def _leaves(self, items: Any, method: str) -> list[Any]:
+    def _leaves(self, items: Any, method: str) -> Sequence[Any]:
         leaves = None if self._fast_flatten is None else self._fast_flatten(items)
         if leaves is not None:
             return leaves
@@ -307,7 +308,7 @@ class SharedReplayBuffer:
                             f"{nest.describe(structure)}")
         return leaves
 
-    def _outer_size(self, leaves: list[Any], method: str, axes: int) -> tuple[int, ...]:
+    def _outer_size(self, leaves: Sequence[Any], method: str, axes: int) -> tuple[int, ...]:
         shape = np.shape(leaves[0])
         spec = self._specs[0]
         if len(shape) != axes + len(spec.shape):
@@ -318,7 +319,8 @@ class SharedReplayBuffer:
     def steps_written(self) -> np.ndarray:
         """Steps written so far to each row, int64 ``[num_rows]`` (a copy): the next
         step of a row gets this id."""
-        return self._next_id.copy()
+        steps: np.ndarray = self._next_id.copy()
+        return steps
 
     def claim_rows(self, count: int) -> tuple[int, int]:
         """The rows this process writes, ``(first, count)``: claimed by its first add
@@ -441,6 +443,16 @@ class SharedReplayBuffer:
                                  np.full(count, self._max_priority[0] ** self._alpha))
 
     # ---------------------------------------------------------------- sampling
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, timeout: float | None = None,
+                 block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, timeout: float | None = None,
+                 block: bool = True) -> tuple[Any, BufferInfo] | None: ...
+
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                  time_stacked: bool = True, *, timeout: float | None = None,
                  block: bool = True) -> tuple[Any, BufferInfo] | None:
@@ -462,6 +474,18 @@ class SharedReplayBuffer:
         num_steps = _positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout,
                             block=block)
+
+    @overload
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None,
+                block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
+                time_stacked: bool = True, rng: np.random.Generator | None = None,
+                within_episodes: bool = False, timeout: float | None = None,
+                block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None,
                 time_stacked: bool = True, rng: np.random.Generator | None = None,
@@ -642,6 +666,7 @@ class SharedReplayBuffer:
                     control[INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS] += \
                         time.monotonic_ns() - started
                 stats = self.stats()
+                assert stats is not None  # there is a limiter
                 raise RateLimitedError(
                     f"{'insert' if insert else 'sample'} of {n} items held back by "
                     f"{limiter!r} for {timeout} s: {stats.inserts} inserts, "

@@ -39,7 +39,8 @@ def stress_spec(payload_bytes: int) -> dict[str, ArraySpec]:
 
 def item_value(row: np.ndarray, step: np.ndarray) -> np.ndarray:
     """The byte an item's payload is made of, from its row and step (uint8)."""
-    return ((row * 7919 + step * 104729) % 251).astype(np.uint8)
+    value: np.ndarray = ((row * 7919 + step * 104729) % 251).astype(np.uint8)
+    return value
 
 
 def torn_items(items: dict[str, np.ndarray], ids: np.ndarray, num_rows: int) -> int:
@@ -152,11 +153,11 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
             victim = ctx.Process(target=_writer, args=(buffer, seconds, out))
             victim.start()
             time.sleep(float(rng.uniform(0.3, kill_every)))
-            if victim.is_alive():
-                os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            if victim.is_alive() and victim.pid is not None:  # (a started one has a pid)
+                os.kill(victim.pid, signal.SIGKILL)
                 report.killed += 1
             victim.join()
-        results = []
+        results: list[tuple[str, Any, Any]] = []
         for p in procs:
             p.join(timeout=max(0.0, end - time.monotonic()) + 20.0)
             if p.is_alive():

@@ -158,13 +158,13 @@ class TensorDictReplayBuffer:
                        in items.items(include_nested=True, leaves_only=True)}
         if self._device is None:
             self._device = items.device if items.device is not None else torch.device("cpu")
-        common = dict(batch_size=1, max_length=self._capacity, storage="torch",
-                      device=self._device, seed=self._seed)
         if self._prioritized:
-            self._buffer = PrioritizedReplayBuffer(spec, alpha=self._alpha, beta=self._beta,
-                                                   **common)
+            self._buffer = PrioritizedReplayBuffer(
+                spec, 1, self._capacity, alpha=self._alpha, beta=self._beta,
+                storage="torch", device=self._device, seed=self._seed)
         else:
-            self._buffer = UniformReplayBuffer(spec, **common)
+            self._buffer = UniformReplayBuffer(spec, 1, self._capacity, storage="torch",
+                                               device=self._device, seed=self._seed)
         return self._buffer
 
     def _check(self, items: TensorDictBase) -> None:
@@ -273,13 +273,13 @@ class TensorDictReplayBuffer:
             self._buffer.clear()
         self._writes = 0
 
-    def dumps(self, path: str | os.PathLike) -> Path:
+    def dumps(self, path: str | os.PathLike[str]) -> Path:
         """Checkpoint under ``path`` (our checkpoint series: CRC-checked, no pickle)."""
         if self._buffer is None:
             raise EmptyBufferError("dumps: nothing to save (nothing was extended yet)")
         return self._buffer.save(path, metadata={"write_count": self._writes})
 
-    def loads(self, path: str | os.PathLike) -> None:
+    def loads(self, path: str | os.PathLike[str]) -> None:
         """Replace the contents with the newest checkpoint under ``path``."""
         from replaybuffer.persist import read_manifest
 

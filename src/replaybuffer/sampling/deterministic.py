@@ -17,9 +17,13 @@ step is visited exactly once when ``shift == T``.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Union
 
 import numpy as np
+
+Index = Union[np.ndarray, np.int64]
+"""The ids or rows of a block: int64 arrays, or numpy int64 scalars where an element has
+no batch (rows) or no time (ids) dimension."""
 
 
 def check_not_all_dropped(batch_size: int, max_length: int, sample_batch_size: int | None,
@@ -55,7 +59,7 @@ def window_starts(num_frames: int, num_steps: int, shift: int,
 
 def plan(first_id: int, num_frames: int, batch_size: int, sample_batch_size: int | None,
          num_steps: int | None, shift: int | None = None, drop_remainder: bool = False
-         ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+         ) -> Iterator[tuple[Index, Index]]:
     """Yield ``(ids, rows)`` per element; the arrays broadcast to the element shape.
 
     Args:
@@ -69,15 +73,16 @@ def plan(first_id: int, num_frames: int, batch_size: int, sample_batch_size: int
     """
     if shift is None:
         shift = num_steps or 1
+    groups: list[Index]
     if sample_batch_size is None:
         groups = [np.int64(b) for b in range(batch_size)]
     else:
         groups = []
         for g in range(0, batch_size, sample_batch_size):
-            rows = np.arange(g, min(g + sample_batch_size, batch_size), dtype=np.int64)
-            if len(rows) < sample_batch_size and drop_remainder:
+            group = np.arange(g, min(g + sample_batch_size, batch_size), dtype=np.int64)
+            if len(group) < sample_batch_size and drop_remainder:
                 continue
-            groups.append(rows)
+            groups.append(group)
     if num_steps is None:
         ids = np.arange(first_id, first_id + num_frames, dtype=np.int64)
         for rows in groups:
@@ -86,6 +91,6 @@ def plan(first_id: int, num_frames: int, batch_size: int, sample_batch_size: int
         return
     windows = window_starts(num_frames, num_steps, shift, drop_remainder)
     for rows in groups:
-        col_rows = rows[:, None] if np.ndim(rows) else rows
+        col_rows = rows[:, None] if isinstance(rows, np.ndarray) else rows
         for start, length in windows:
             yield np.arange(first_id + start, first_id + start + length, dtype=np.int64), col_rows

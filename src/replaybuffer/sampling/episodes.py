@@ -140,7 +140,8 @@ class EpisodeIndex:
 
     def state(self, ring: Ring) -> np.ndarray:
         """The retained episode starts as int64 keys, for saving."""
-        return self._current(ring).keys.copy()
+        keys: np.ndarray = self._current(ring).keys.copy()
+        return keys
 
     def load(self, keys: np.ndarray) -> None:
         self.clear()

@@ -273,8 +273,9 @@ class PrioritizedSampler:
             if segments is None and excluded * rest < 0.05 * total:
                 segments = _WHOLE  # targets in the whole tree, the few outside redrawn
             more = self._draw_descending(ring, rest, rng, first, span, hi, segments)
-            drawn = more if drawn is None else tuple(np.concatenate(pair)
-                                                     for pair in zip(drawn, more))
+            drawn = more if drawn is None else (np.concatenate((drawn[0], more[0])),
+                                                np.concatenate((drawn[1], more[1])),
+                                                np.concatenate((drawn[2], more[2])))
         return (*drawn, valid_mass)
 
     def _draw_rejecting(self, ring: Ring, rng: np.random.Generator, count: int, lo: int,
@@ -331,7 +332,8 @@ class PrioritizedSampler:
                 break
         if len(kept) == 1:
             return kept[0]
-        return tuple(np.concatenate(parts) for parts in zip(*kept))  # type: ignore[return-value]
+        positions, ids_kept, values = zip(*kept)
+        return np.concatenate(positions), np.concatenate(ids_kept), np.concatenate(values)
 
     def _segments(self, first: int, span: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, masses)``, float64 ``[S]``: the prefix sum before each of the
@@ -357,21 +359,23 @@ class PrioritizedSampler:
 
         Returns ``(positions, ids, values)`` (int64, int64, float64 ``[count]``).
         """
+        spans: tuple[np.ndarray, np.ndarray] | None  # (starts, masses)
         if segments is _WHOLE:  # the whole tree: exact too, since starts outside it are
-            starts = masses = None  # redrawn below, but rarely worth a prefix sum
+            spans = None  # redrawn below, but rarely worth a prefix sum
             mass = self._sum.total()
         else:
-            starts, masses = segments if segments is not None else \
+            spans = segments if segments is not None else \
                 self._segments(first, span, ring.capacity)
-            mass = float(masses.sum())
+            mass = float(spans[1].sum())
         u = rng.random(count) * mass
         # Rounding can land a target a hair outside the range: redraw those (rare).
         for _ in range(100):
-            if starts is None:
+            if spans is None:
                 targets = u
-            elif len(starts) == 1:
-                targets = starts[0] + u
+            elif len(spans[0]) == 1:
+                targets = spans[0][0] + u
             else:
+                starts, masses = spans
                 targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
             positions, values = self._sum._find(targets)
             ids = self._ids_of(ring, positions)
@@ -447,7 +451,9 @@ class PrioritizedSampler:
         return ``ids`` itself (one row, no clear yet: the item ids are the ids)."""
         if ring.batch_size == 1:
             return ids + self.key_base if self.key_base else ids
-        return (self.key_base + ids) * ring.batch_size + positions % ring.batch_size
+        item_ids: np.ndarray = (self.key_base + ids) * ring.batch_size \
+            + positions % ring.batch_size
+        return item_ids
 
     def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
                           largest: float | None = None) -> int:

@@ -15,8 +15,11 @@ Everything here is pure integer arithmetic on numpy arrays or Python ints.
 from __future__ import annotations
 
 import functools
+from typing import Any, Union, overload
 
 import numpy as np
+
+_Scalar = Union[int, np.integer[Any]]
 
 
 def items_per_row(last_id: int, max_length: int) -> int:
@@ -41,7 +44,7 @@ def valid_start_range(last_id: int, max_length: int, num_steps: int) -> tuple[in
     return lo, max(lo, last_id + 2 - num_steps)
 
 
-def positions(ids: np.ndarray, rows: np.ndarray | int, max_length: int,
+def positions(ids: np.ndarray, rows: np.ndarray | _Scalar, max_length: int,
               batch_size: int) -> np.ndarray:
     """Storage positions of (id, row) pairs; ``ids`` and ``rows`` broadcast."""
     return (ids % max_length) * batch_size + rows
@@ -76,7 +79,7 @@ def window_positions(start_positions: np.ndarray, num_steps: int, max_length: in
     return windows(start_positions, num_steps, batch_size) % (max_length * batch_size)
 
 
-def table_rows(ids: np.ndarray, rows: np.ndarray | int, max_length: int) -> np.ndarray:
+def table_rows(ids: np.ndarray, rows: np.ndarray | _Scalar, max_length: int) -> np.ndarray:
     """TF-Agents' physical row index ``row * max_length + id % max_length``.
 
     This is what TF-Agents reports as ``BufferInfo.ids`` in a deterministic pass.
@@ -123,5 +126,12 @@ class Ring:
     def valid_start_range(self, num_steps: int) -> tuple[int, int]:
         return valid_start_range(self.last_id, self.max_length, num_steps)
 
-    def positions(self, ids: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
+    @overload
+    def positions(self, ids: np.ndarray, rows: np.ndarray | _Scalar) -> np.ndarray: ...
+
+    @overload
+    def positions(self, ids: _Scalar, rows: np.ndarray) -> np.ndarray: ...
+
+    def positions(self, ids: Any, rows: Any) -> np.ndarray:
+        """Storage positions of (id, row) pairs; ``ids`` and ``rows`` broadcast."""
         return positions(ids, rows, self.max_length, self.batch_size)

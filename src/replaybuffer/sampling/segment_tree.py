@@ -73,9 +73,10 @@ per item, plus a few whole-batch calls for the wide root.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from replaybuffer.sampling import tree_kernels
 
@@ -174,7 +175,7 @@ class SegmentTree:
         self._synced = True  # whether the levels above it and the wide root are current
         # Slots (int64 arrays) whose ancestors between row heights are stale, or True
         # when too many are to list: all of those levels are.
-        self._stale: list[np.ndarray] | bool = []
+        self._stale: list[np.ndarray] | Literal[True] = []
         self._stale_count = 0
         self._stale_max = max(_ROWS_MAX, self._size >> 6)
         self._init_root()
@@ -193,7 +194,7 @@ class SegmentTree:
         Reading it brings every level up to date first (module docstring).
         """
         self._sync()
-        view = self._nodes.view()
+        view: npt.NDArray[np.float64] = self._nodes.view()
         view.flags.writeable = False
         return view
 
@@ -460,7 +461,8 @@ class SegmentTree:
             combine(pair.real, pair.imag, out=nodes[lo:2 * lo])
             lo >>= 1
 
-    def _as_indices(self, indices: Any, where: str, upper: int | None = None) -> np.ndarray:
+    def _as_indices(self, indices: Any, where: str, upper: int | None = None
+                    ) -> npt.NDArray[np.int64]:
         """``indices`` as int64, after checking they are ints in ``[0, upper)``.
 
         ``upper`` defaults to ``capacity``.
@@ -496,7 +498,7 @@ class SegmentTree:
         return vals
 
 
-def _aligned_full(length: int, value: float) -> np.ndarray:
+def _aligned_full(length: int, value: float) -> npt.NDArray[np.float64]:
     """``np.full(length, value)``, float64, starting on a 64-byte boundary: a row of 8
     nodes is then one cache line (numpy only promises 16 bytes)."""
     spare = np.full(length + 7, value, np.float64)
@@ -571,7 +573,8 @@ class SumTree(SegmentTree):
         # The leaf node just past the range; a full range (capacity == size) would step
         # past the array, and takes the total instead.
         node = np.where(full, self._size, ends + self._size)
-        acc = self._runs[(node >> self._height) - self.root_width]  # subtrees before
+        # The subtrees before each end.
+        acc: npt.NDArray[np.float64] = self._runs[(node >> self._height) - self.root_width]
         if self._height:
             # On each binary level a right child adds its left sibling, the sum of the run
             # just before it: one [height, E] gather for all levels, summed level by level

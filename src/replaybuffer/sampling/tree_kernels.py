@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+numba: Any
 try:  # optional: pip install 'replaybuffer[fast]'
     import numba
 except ImportError:  # pragma: no cover - depends on the installed extras
@@ -43,7 +44,8 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
     # cache: compiled once per machine, not per process (a few hundred ms each);
     # nogil: a sampling thread does not hold up a collecting one.
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+    return compiled
 
 
 @_compile

@@ -25,13 +25,19 @@ class Storage(Protocol):
     """One spec per leaf, in nest flatten order."""
     capacity: int
     """Number of positions."""
+    _checker: LeafChecker
+    """Validates numpy leaves against ``specs`` (buffers check related leaves with it)."""
+
+    @property
+    def arrays(self) -> Sequence[Any]:
+        """The backend arrays, one per leaf, ``[capacity, *spec.shape]`` each."""
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (allocated up front)."""
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
-                outer_shape: tuple[int, ...], outer_names: str) -> list[Any]:
+                outer_shape: tuple[int, ...], outer_names: str) -> Sequence[Any]:
         """Validate leaves against the specs (with ``outer_shape`` leading dims) and
         return them as backend arrays. Raises ``SpecError`` naming the leaf path."""
 
@@ -84,9 +90,11 @@ class LeafChecker:
             shapes = self._full_shapes[outer_shape] = [outer_shape + s.shape for s in self.specs]
         return shapes
 
-    def numpy_leaf(self, i: int, leaf: Any, full_shape: tuple[int, ...], path: str,
-                   outer_shape: tuple[int, ...], outer_names: str) -> np.ndarray:
-        """Leaf ``i`` as a validated numpy array; ``SpecError`` naming ``path`` if it is not."""
+    def numpy_leaf(self, i: int, leaf: Any, full_shape: tuple[int | None, ...], path: str,
+                   outer_shape: tuple[int | None, ...], outer_names: str) -> np.ndarray:
+        """Leaf ``i`` as a validated numpy array; ``SpecError`` naming ``path`` if it is not.
+
+        A ``None`` dimension (not known to the caller) matches no array."""
         arr = leaf if type(leaf) is np.ndarray else as_leaf_array(leaf, path)
         if arr.dtype is not self.dtypes[i] or arr.shape != full_shape:
             check_leaf(path, arr.shape, arr.dtype, self.specs[i], outer_shape, outer_names)
@@ -99,7 +107,8 @@ def to_numpy(array: Any) -> np.ndarray:
     Torch tensors are detached and copied to the host first.
     """
     if hasattr(array, "detach"):
-        return array.detach().cpu().numpy()
+        host: np.ndarray = array.detach().cpu().numpy()
+        return host
     return np.asarray(array)
 
 

@@ -65,4 +65,5 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
         "    return True",
     ])
     exec(compile(source, f"<exact_writer {len(checks)} leaves>", "exec"), bound)
-    return bound["write"]
+    write: ExactWriter = bound["write"]
+    return write

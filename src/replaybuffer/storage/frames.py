@@ -36,7 +36,7 @@ that reads it. Side frames are never shared between steps.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -48,6 +48,13 @@ _Last = tuple[memoryview, tuple[int, ...], bool]
 """A row's newest step as :meth:`FrameStackCodec.encode` left it: the bytes of its last
 ``K - 1`` frames, its references, and whether those past the first are all ring or
 zero references (side frames have one owner, so they are never shifted on)."""
+
+_Extra = tuple[int, int, int, np.ndarray]
+"""A side frame to store: ``(owner step id, row, side frame number, frame)``."""
+
+_Writes = tuple[np.ndarray, Sequence[_Extra], Sequence[Optional[_Last]]]
+"""What :meth:`FrameStackCodec.encode` leaves for :meth:`FrameStackCodec.commit`: the
+stacks as frames ``[T * B, K, *frame]``, the side frames, and each row's newest step."""
 
 
 class FrameStackCodec:
@@ -88,7 +95,7 @@ class FrameStackCodec:
         self.next_extra = 0
         # The newest step of each row, for the one-comparison sliding-window match.
         self._last_id = -1
-        self._last: list[_Last | None] = [None] * batch_size
+        self._last: Sequence[_Last | None] = [None] * batch_size
         self._one_ref = np.zeros((1, self.stack), np.int64)  # what encode returns for one step
         # While a save streams the frame ring, overwritten frames are preserved first.
         self.guard: FrozenRows | None = None
@@ -108,7 +115,7 @@ class FrameStackCodec:
             stacks = np.asarray(stacks, self._dtype)
         return stacks if self.axis == 0 else np.moveaxis(stacks, self.axis + 1, 1)
 
-    def encode(self, first_id: int, stacks: np.ndarray) -> tuple[np.ndarray, tuple]:
+    def encode(self, first_id: int, stacks: np.ndarray) -> tuple[np.ndarray, _Writes]:
         """References int64 ``[T * B, K]`` for time-major stacks ``[T * B, *spec.shape]`` of
         steps ``first_id ..``, and the writes to apply with :meth:`commit` once stored.
 
@@ -127,9 +134,9 @@ class FrameStackCodec:
                 self._one_ref[0] = step_refs  # no allocation: storage copies it right away
                 return self._one_ref, (frames, (), [(memoryview(data)[F:], step_refs, True)])
         # Each row's previous step, if it is the step just before first_id.
-        last = list(self._last) if follows else [None] * B
+        last: list[_Last | None] = list(self._last) if follows else [None] * B
         added: list[bytes] = []  # every stack's bytes, for matches within this call
-        extras: list[tuple[int, int, int, np.ndarray]] = []  # (step id, row, n, frame)
+        extras: list[_Extra] = []  # (step id, row, n, frame)
         refs = []
         for i in range(len(frames)):
             step_id, row = first_id + i // B, i % B
@@ -146,7 +153,7 @@ class FrameStackCodec:
         return np.array(refs, np.int64), (frames, extras, last)
 
     def encode_side(self, owner_ids: np.ndarray, rows: np.ndarray, stacks: np.ndarray
-                    ) -> tuple[np.ndarray, list]:
+                    ) -> tuple[np.ndarray, list[_Extra]]:
         """References int64 ``[N, K]`` for stacks ``[N, *spec.shape]`` that come after the
         stored steps ``owner_ids`` ``[N]`` of ``rows`` ``[N]`` without being stored as
         steps themselves (the true final observation of an episode, whose step's slot
@@ -158,15 +165,15 @@ class FrameStackCodec:
         with :meth:`commit_side`; the owners must be written (committed) already.
         """
         frames = self._as_frames(stacks)
-        extras: list[tuple[int, int, int, np.ndarray]] = []
-        refs = [self._match(frames[i].tobytes(), frames[i], int(owner) + 1, int(row), None, None,
+        extras: list[_Extra] = []
+        refs = [self._match(frames[i].tobytes(), frames[i], int(owner) + 1, int(row), None, [],
                             extras, owner=int(owner))
                 for i, (owner, row) in enumerate(zip(owner_ids, rows))]
         return np.array(refs, np.int64).reshape(len(frames), self.stack), extras
 
     def _match(self, data: bytes, frames: np.ndarray, step_id: int, row: int,
-               first_id: int | None, added: list[bytes] | None,
-               extras: list[tuple[int, int, int, np.ndarray]], owner: int | None = None
+               first_id: int | None, added: list[bytes],
+               extras: list[_Extra], owner: int | None = None
                ) -> tuple[int, ...]:
         """References of one stack (bytes ``data``, frames ``[K, *frame]``) of step
         ``step_id``, frame by frame. Steps from ``first_id`` on are this call's
@@ -206,7 +213,7 @@ class FrameStackCodec:
             refs[k] = -2 - n
         return tuple(refs)
 
-    def commit(self, writes: tuple, first_id: int, num_steps: int) -> None:
+    def commit(self, writes: _Writes, first_id: int, num_steps: int) -> None:
         """Apply the writes returned by :meth:`encode` for steps ``first_id ..``."""
         frames, extras, last = writes
         B, L, S, K = self.batch_size, self.max_length, self.slots, self.stack
@@ -241,12 +248,11 @@ class FrameStackCodec:
             self._commit_extras(extras, kept_from)
         self._last, self._last_id = last, end - 1
 
-    def commit_side(self, extras: list) -> None:
+    def commit_side(self, extras: list[_Extra]) -> None:
         """Apply the side frames returned by :meth:`encode_side`."""
         self._commit_extras(extras, -1)
 
-    def _commit_extras(self, extras: list[tuple[int, int, int, np.ndarray]], kept_from: int
-                       ) -> None:
+    def _commit_extras(self, extras: Sequence[_Extra], kept_from: int) -> None:
         L, B = self.max_length, self.batch_size
         for step_id, row, n, frame in extras:
             self.next_extra = max(self.next_extra, n + 1)
@@ -283,7 +289,8 @@ class FrameStackCodec:
         so without it a restored buffer would store other, equally valid references and
         its saves would drift from the original's."""
         owners = [(owner, n) for owner, ns in self.extra_owner.items() for n in ns]
-        held = self._last_id >= 0 and all(last is not None for last in self._last)
+        lasts = [last for last in self._last if last is not None]
+        held = self._last_id >= 0 and len(lasts) == len(self._last)
         tail = (self.stack - 1) * self.frame_bytes
         return {"frame_ids": self.frame_ids.copy(),
                 "extra_ids": np.array([n for _, n in owners], np.int64),
@@ -292,11 +299,11 @@ class FrameStackCodec:
                 else np.zeros((0,) + self.frame_shape, self.spec.dtype),
                 "next_extra": self.next_extra,
                 "last_id": self._last_id if held else -1,
-                "last_tails": np.array([np.frombuffer(last[0], np.uint8) for last in self._last]
+                "last_tails": np.array([np.frombuffer(last[0], np.uint8) for last in lasts]
                                        if held else np.zeros((0, tail), np.uint8), np.uint8),
-                "last_refs": np.array([last[1] for last in self._last] if held
+                "last_refs": np.array([last[1] for last in lasts] if held
                                       else np.zeros((0, self.stack)), np.int64),
-                "last_slides": np.array([last[2] for last in self._last] if held else [],
+                "last_slides": np.array([last[2] for last in lasts] if held else [],
                                         np.bool_)}
 
     @property

@@ -66,11 +66,11 @@ def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool) -
     return array
 
 
-class Reopening(os.PathLike):
+class Reopening(os.PathLike[str]):
     """A path handed to a buffer's constructor by :func:`replaybuffer.reopen`: the
     storage attaches to the files there instead of refusing a non-empty directory."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
     def __fspath__(self) -> str:
@@ -92,7 +92,7 @@ class MmapStorage(NumpyStorage):
 
     kind = "mmap"
 
-    def __init__(self, specs: Sequence[ArraySpec], capacity: int, path: str | os.PathLike):
+    def __init__(self, specs: Sequence[ArraySpec], capacity: int, path: str | os.PathLike[str]):
         self.reopening = isinstance(path, Reopening)
         self.path = Path(path)
         self.data = self.path / "data"
@@ -113,13 +113,13 @@ class MmapStorage(NumpyStorage):
             self._lock_file.close()
             raise CheckpointError(f"{self.path} is in use by another buffer (closed buffers "
                                   "and ended processes release it)") from None
-        self._maps: dict[str, np.ndarray] = {}
+        self._maps: dict[str, np.memmap] = {}
         super().__init__(specs, capacity)
         self.header = self._allocate("header", (6,), np.dtype(np.int64))
         if not self.reopening:
             self.header[LAST_ID] = -1
         self._journal: dict[str, np.ndarray] = {}
-        self._journal_maps: dict[str, np.ndarray] = {}  # the memmaps, for flush()
+        self._journal_maps: dict[str, np.memmap] = {}  # the memmaps, for flush()
         self._journal_rows = 0
         self._staged: list[tuple[int, int, int]] = []  # (start, count, journal row)
         if self.reopening:

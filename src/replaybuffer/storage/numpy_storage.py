@@ -74,6 +74,7 @@ class NumpyStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self.packed = packed_leaves(self.specs) if pack else ()
+        # Placeholders, every one replaced below.
         self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
         self._records: np.ndarray | None = None
         self._field: dict[int, str] = {}  # packed leaf index -> its record field
@@ -118,7 +119,7 @@ class NumpyStorage:
         return [check(i, leaf, shape, paths[i], outer_shape, outer_names)
                 for i, (leaf, shape) in enumerate(zip(leaves, shapes))]
 
-    def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter:
+    def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter | None:
         return exact_writer(self.arrays, self._checker, outer_shape)
 
     def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:

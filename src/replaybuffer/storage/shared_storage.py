@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.mmap_storage import map_npy
@@ -40,7 +41,7 @@ class SharedStorage(NumpyStorage):
     kind = "shared"
 
     def __init__(self, specs: Sequence[ArraySpec], capacity: int,
-                 directory: str | os.PathLike, create: bool):
+                 directory: str | os.PathLike[str], create: bool):
         self.directory = Path(directory)
         self._create = create
         super().__init__(specs, capacity)
@@ -48,7 +49,7 @@ class SharedStorage(NumpyStorage):
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self.map(name, shape, dtype)
 
-    def map(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def map(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """Another array in the directory (``name.npy``), created or attached as the
         storage's own; a plain ndarray view of the mapping (memmap slices are slower)."""
         return map_npy(self.directory / f"{name}.npy", shape, np.dtype(dtype),

@@ -13,7 +13,7 @@ from replaybuffer.storage.base import LeafChecker, leaf_nbytes
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
-_TORCH_TO_NUMPY = {
+_TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     getattr(torch, name): np.dtype(name)
     for name in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32",
                  "float64", "complex64", "complex128", "uint16", "uint32", "uint64")
@@ -142,7 +142,9 @@ class TorchStorage:
             return None
         return exact_writer(self._host, self._checker, outer_shape)
 
-    def write(self, start: int, leaves: Sequence[torch.Tensor | np.ndarray]) -> None:
+    def write(self, start: int, leaves: Sequence[Any]) -> None:
+        # ``leaves`` as convert() gives them: tensors on a device; on the CPU, numpy
+        # arrays or tensors (written through the host views).
         stop = start + len(leaves[0])
         if self._cuda:
             self._wait_for_reads()

@@ -49,15 +49,16 @@ def _plain_errors(method: F) -> F:
     must reach the caller as a ``SpecError``. The buffer's methods hold no Python
     control flow on tensors, so AutoGraph has nothing to convert in them.
     """
-    @tf.autograph.experimental.do_not_convert
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
         except (ReplayBufferError, ValueError) as exc:
-            exc.ag_pass_through = True  # type: ignore[attr-defined]
+            exc.ag_pass_through = True  # type: ignore[union-attr]  # AutoGraph's marker
             raise
-    return wrapper  # type: ignore[return-value]
+    # do_not_convert (untyped, like all of TensorFlow) keeps method's signature.
+    unconverted: F = tf.autograph.experimental.do_not_convert(wrapper)
+    return unconverted
 
 
 class TFUniformReplayBuffer(UniformReplayBuffer):
@@ -100,6 +101,10 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         >>> items.shape, info.probabilities.numpy().tolist()
         (TensorShape([4, 3]), [0.5, 0.5, 0.5, 0.5])
     """
+
+    _storage: TFStorage
+    # Draws in TF ops, not the numpy Sampler protocol: every method using it is this class's.
+    _sampler: TFUniformSampler  # type: ignore[assignment]
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000,
                  scope: str = "TFUniformReplayBuffer", device: Any = None,
@@ -207,8 +212,10 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return (*self._storage.arrays, self._last_id, self._sampler.generator.state)
 
     # ----------------------------------------------------------------- write path
+    # add_batch, extend and get_next run in TF graphs: no rate limiter (timeout, block),
+    # and nothing to report (a bool) or hold back (None).
     @_plain_errors
-    def add_batch(self, items: Any) -> None:
+    def add_batch(self, items: Any) -> None:  # type: ignore[override]
         """Append one step to every row (eagerly or inside ``tf.function``).
 
         Args:
@@ -226,7 +233,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         self._add_fn(values)
 
     @_plain_errors
-    def extend(self, items: Any) -> None:
+    def extend(self, items: Any) -> None:  # type: ignore[override]
         """Append ``num_steps`` consecutive steps to every row in one call.
 
         Args:
@@ -298,7 +305,8 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return tf.where(last_id < 0, tf.constant(empty), short)
 
     @_plain_errors
-    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+    def get_next(self,  # type: ignore[override]
+                 sample_batch_size: int | None = None, num_steps: int | None = None,
                  time_stacked: bool = True, *, within_episodes: bool = False
                  ) -> tuple[Any, BufferInfo]:
         """Sample items (with replacement) and return ``(items, BufferInfo)`` of tensors.
@@ -319,7 +327,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         if within_episodes:
             raise self._untracked_error()
         if (num_steps or 1) > self._L:
-            raise self._empty_error(num_steps)
+            raise self._empty_error(num_steps or 1)
         fn = self._sample_function(sample_batch_size, num_steps, bool(time_stacked), False)
         if not tf.executing_eagerly():
             return self._unflatten_sample(fn(), num_steps, time_stacked)
@@ -401,7 +409,8 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             ids = tf.range(first, first + ring.items_per_row(last_id, L), dtype=INT)
             rows = tf.range(B, dtype=INT)
             return self._storage.take(ring.positions(ids[None, :], rows[:, None], L, B))
-        return self._cs.execute(body)
+        leaves: list[tf.Tensor] = self._cs.execute(body)
+        return leaves
 
     @_plain_errors
     def clear(self, zero_storage: bool = False) -> None:
@@ -525,7 +534,8 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             check = tf.debugging.Assert(last_id >= 0, [tf.constant(message)])
             with tf.control_dependencies([check]):
                 return ring.oldest_id(last_id, self._L), ring.items_per_row(last_id, self._L)
-        return self._cs.execute(body)
+        oldest_and_count: tuple[tf.Tensor, tf.Tensor] = self._cs.execute(body)
+        return oldest_and_count
 
     def _deterministic_dataset(self, sample_batch_size: int | None, num_steps: int | None,
                                shift: int | None, drop_remainder: bool) -> tf.data.Dataset:

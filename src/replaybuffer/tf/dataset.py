@@ -30,7 +30,7 @@ def translate_error(exc: BaseException) -> EmptyBufferError | None:
     return EmptyBufferError(match.group(1)) if match else None
 
 
-class ReplayDataset(tf.data.Dataset):
+class ReplayDataset(tf.data.Dataset):  # type: ignore[misc]  # TensorFlow is untyped (Any)
     """A buffer's dataset: elements ``(items, BufferInfo)``.
 
     Args:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
@@ -118,18 +118,23 @@ class TFStorage:
         """
         out: list[Any] = []
         known = None not in outer_shape
-        shapes = self._checker.full_shapes(outer_shape) if known else None
+        shapes: Sequence[tuple[int | None, ...]] | None = \
+            self._checker.full_shapes(cast("tuple[int, ...]", outer_shape)) if known else None
         for i, leaf in enumerate(leaves):
             spec = self.specs[i]
             if is_tensor(leaf):
                 out.append(self._convert_tensor(i, leaf, paths[i], outer_shape, outer_names))
                 continue
-            shape = shapes[i] if known else outer_shape + spec.shape
-            if not known:  # numpy data has every dimension: fill in what the caller lacks
+            leaf_outer = outer_shape
+            if shapes is not None:
+                shape = shapes[i]
+            else:  # numpy data has every dimension: fill in what the caller lacks
+                shape = outer_shape + spec.shape
                 arr = np.shape(leaf)
-                shape = tuple(a if s is None else s for s, a in zip(shape, arr)) \
-                    if len(arr) == len(shape) else shape
-            arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], outer_shape, outer_names)
+                if len(arr) == len(shape):
+                    shape = tuple(a if s is None else s for s, a in zip(shape, arr))
+                    leaf_outer = shape[:len(outer_shape)]
+            arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], leaf_outer, outer_names)
             if arr.dtype != spec.dtype:  # safe casts, and big-endian data to native order
                 arr = arr.astype(spec.dtype)
             out.append(arr)
