@@ -460,13 +460,18 @@ def test_her_with_dqn_on_bit_flipping_relabels_and_round_trips(tmp_path):
     # "final": a relabelled goal is what some episode achieved last.
     finals = _all_final_goals(buffer)
     assert all(tuple(g) in finals for g in goals[:150])
+    # One more step in both envs, so that both have an episode in progress.
+    obs = {k: v[:, 0] for k, v in buffer.core.last(1).next_observations.items()}
+    buffer.add(obs, obs, np.zeros(2, np.int64), np.zeros(2, np.float32), np.zeros(2, bool),
+               [{}, {}])
     model.save_replay_buffer(tmp_path / "her.pkl")
     model.load_replay_buffer(tmp_path / "her.pkl", truncate_last_traj=False)
     again = model.replay_buffer
     assert again is not buffer and again.env is model.env
     assert again.core.completed() == buffer.core.completed()
-    with pytest.warns(UserWarning, match="episodes in progress"):
+    with pytest.warns(UserWarning, match=r"episodes in progress in 2 env\(s\) were ended"):
         model.load_replay_buffer(tmp_path / "her.pkl")  # truncate_last_traj=True
+    assert model.replay_buffer.core.completed() >= buffer.core.completed() + 2
     model.learn(100, reset_num_timesteps=False)
     assert model.replay_buffer.sample(8).rewards.shape == (8, 1)
 

@@ -108,6 +108,9 @@ from replaybuffer.errors import SpecError
 from replaybuffer.persist import load as _load_checkpoint
 from replaybuffer.specs import ArraySpec, BoundedArraySpec
 
+_HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
+"""Whether this SB3's samples carry n-step discounts (2.7 on); before, algorithms use gamma."""
+
 __all__ = ["HerReplayBuffer", "PrioritizedDQN", "PrioritizedReplayBuffer",
            "PrioritizedReplayBufferSamples", "ReplayBuffer"]
 
@@ -191,6 +194,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = bool(handle_timeout_termination)
+        if n_steps != 1 and not _HAS_DISCOUNTS:
+            raise ValueError(f"n_steps={n_steps!r} needs stable-baselines3>=2.7, whose "
+                             "algorithms read samples.discounts; this one has none")
         self.n_steps, self.gamma = n_steps, gamma
         if seed is None:  # numpy's global generator is what the algorithm's seed= seeds
             seed = int(np.random.randint(2**31 - 1))
@@ -286,8 +292,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
             actions=self._tensor(batch.actions),
             next_observations=self._tensors(self._normalize_obs(batch.next_observations, env)),
             dones=self._tensor(np.asarray(batch.terminated, np.float32).reshape(-1, 1)),
-            rewards=self._tensor(self._normalize_reward(rewards, env)),
-            discounts=discounts)
+            rewards=self._tensor(self._normalize_reward(rewards, env)))
+        if _HAS_DISCOUNTS:  # stable-baselines3 >= 2.7
+            fields["discounts"] = discounts
         if isinstance(fields["observations"], dict):
             return DictReplayBufferSamples(**fields)
         return ReplayBufferSamples(**fields)
@@ -377,9 +384,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """``batch_size`` transitions drawn in proportion to ``priority ** alpha``."""
         batch, info = self.core.sample(batch_size)
         weights = np.asarray(info.weights, np.float32).reshape(-1, 1)
-        return PrioritizedReplayBufferSamples(*self._samples(batch, env),
-                                              weights=self._tensor(weights),
-                                              indices=np.asarray(info.ids, np.int64))
+        samples = self._samples(batch, env)
+        return PrioritizedReplayBufferSamples(
+            samples.observations, samples.actions, samples.next_observations, samples.dones,
+            samples.rewards, getattr(samples, "discounts", None), weights=self._tensor(weights),
+            indices=np.asarray(info.ids, np.int64))
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Set the priorities (``[B]`` finite, >= 0: e.g. ``|td_error| + eps``) of the
