@@ -51,12 +51,15 @@ Where these differ from SB3's buffers:
   observation is stored once and every next observation is exactly the ``next_obs``
   that was added: episode ends (terminated or truncated) keep theirs beside the ring.
   That halves SB3's memory; ``optimize_memory_usage=True`` is refused as pointless.
+  (Both buffers take the final observation from the ``next_obs`` SB3's algorithm hands
+  them, patched from ``infos[i]["terminal_observation"]``; a VecEnv that does not report
+  it leaves the next episode's first observation there for both.)
 * **Stacked frames.** ``frame_stack=True`` (an image observation of stacked frames,
   e.g. uint8 ``[4, 84, 84]`` after ``VecFrameStack``; ``stack_axis`` names the stacking
   axis of the observation the buffer sees, 0 after SB3's channel-first transpose) stores
   one frame per transition and rebuilds stacks byte-exact, next observations at
-  episode ends included: about 1/8 of SB3's default buffer, 1/4 of its
-  ``optimize_memory_usage``.
+  episode ends included: for 4-frame stacks about 1/8 of SB3's default buffer and 1/4
+  of its ``optimize_memory_usage``.
 * **terminated vs truncated** are stored apart; ``dones`` in samples is ``terminated``,
   as SB3's is with ``handle_timeout_termination=True``.
 * **Adds that do not follow on** (``learn()`` resets the env at every call, with no
@@ -70,10 +73,20 @@ Where these differ from SB3's buffers:
 * **Randomness.** Sampling uses the core's own generator (``seed=``); left ``None``, its
   seed is drawn from numpy's global generator when the buffer is built, which the
   algorithm's ``seed=`` seeds, so seeded runs repeat.
-* **n-step returns.** ``discounts`` is ``gamma ** m`` (``m`` the steps summed), 0 where
-  ``dones`` is 1 (SB3 has ``gamma ** m`` there; ``(1 - dones) * discounts`` is the same).
-  ``VecNormalize`` scales the summed return: the same as SB3's per-step scaling except
-  where ``clip_reward`` clips.
+* **n-step returns** (SB3 >= 2.7, whose samples have ``discounts``; ``gamma`` in the
+  kwargs must be the algorithm's). ``discounts`` is ``gamma ** m`` (``m`` the steps
+  summed), 0 where ``dones`` is 1 (SB3 has ``gamma ** m`` there; ``(1 - dones) *
+  discounts`` is the same). ``VecNormalize`` scales the summed return: the same as
+  SB3's per-step scaling except where ``clip_reward`` clips.
+* **HER.** Rewards of relabelled goals come from the env's ``compute_reward`` as SB3
+  computes them, with empty info dicts: ``copy_info_dict=True`` is refused (no infos
+  are stored). Sampling before any episode completed raises
+  :class:`~replaybuffer.EmptyBufferError` (SB3's: ``RuntimeError``). Once the ring
+  overwrites the start of a completed episode, SB3 stops sampling the whole episode;
+  here its retained steps stay samplable (their goals are later steps, which are
+  retained; ``"episode"`` draws from the retained ones). ``truncate_last_trajectory``
+  (called by ``load_replay_buffer``) ends the episodes in progress without marking
+  their last step done; SB3 marks it done and timed out, which bootstraps the same.
 * **Not kept:** SB3's raw arrays (``observations``, ``next_observations``, ``dones``,
   ``timeouts``...) and ``_get_samples(batch_inds)``; read ``core.all()``/``core.last(k)``
   instead. Storage is host RAM (numpy); samples are moved to ``device``.
@@ -458,8 +471,8 @@ class PrioritizedDQN(DQN):
 
 class HerReplayBuffer(ReplayBuffer, _SB3HerReplayBuffer):
     """Hindsight experience replay in place of SB3's ``HerReplayBuffer``, backed by a
-    :class:`~replaybuffer.HERBuffer` (a subclass of SB3's, so algorithms hand it the
-    env and ``load_replay_buffer`` calls ``set_env``).
+    :class:`~replaybuffer.HERBuffer`. A subclass of SB3's: algorithms hand it the env,
+    and ``load_replay_buffer`` calls ``set_env`` and ``truncate_last_trajectory``.
 
     Samples are SB3's ``DictReplayBufferSamples``; the first ``int(batch_size *
     her_ratio)`` carry a goal achieved later in the same episode (``"future"``, inclusive
