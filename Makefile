@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release,fast]'
+	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release,fast,sb3]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -272,3 +272,40 @@ def test_torch_storage():
     want = distance_reward(to_np(batch.next_observations["achieved_goal"])[:8],
                            to_np(batch.observations["desired_goal"])[:8], {})
     np.testing.assert_allclose(to_np(batch.rewards)[:8], want, rtol=1e-6)
+
+
+def test_an_unreported_reset_ends_the_episode_and_end_episodes_ends_the_rest():
+    """Row 0 jumps from observation 3 to 10 with no end reported (an SB3 learn() call
+    resets its env): steps 0-1 form a completed episode whose goals stay inside it."""
+    def obs(values):
+        v = np.asarray(values, np.float32)[:, None]
+        return {"observation": v, "achieved_goal": np.repeat(v, 2, 1),
+                "desired_goal": np.zeros((2, 2), np.float32)}
+
+    buffer = rb.HERBuffer(OBS, ACT, 40, num_envs=2, compute_reward=distance_reward,
+                          goal_selection_strategy="future", n_sampled_goal=4, seed=0)
+    stream = [((1, 101), (2, 102)), ((2, 102), (3, 103)), ((10, 103), (11, 104)),
+              ((11, 104), (12, 105))]
+    no = np.zeros(2, bool)
+    for o, n in stream:
+        buffer.add(obs(o), np.zeros(2, np.int64), np.zeros(2), obs(n), no, no)
+    assert buffer.completed() == 2
+    batch, _ = buffer.sample(200)
+    assert set(batch.observations["observation"][:, 0].tolist()) == {1.0, 2.0}
+    k = int(200 * 0.8)
+    goals = set(batch.observations["desired_goal"][:k, 0].tolist())
+    assert goals <= {2.0, 3.0} and len(goals) == 2  # never 11 or 12: those are later
+    following = batch.next_observations["observation"][:, 0] - batch.observations[
+        "observation"][:, 0]
+    np.testing.assert_array_equal(following, 1.0)  # step 1's next observation is exact
+    assert not batch.terminated.any() and not batch.truncated.any()
+    assert buffer.end_episodes() == 2
+    assert buffer.completed() == 8 and buffer.end_episodes() == 0
+    batch, _ = buffer.sample(400)
+    seen = batch.observations["observation"][:, 0]
+    assert set(seen.tolist()) == {1.0, 2.0, 10.0, 11.0, 101.0, 102.0, 103.0, 104.0}
+    goals = batch.observations["desired_goal"][:int(400 * 0.8), 0]
+    later = {1.0: {2, 3}, 2.0: {3}, 10.0: {11, 12}, 11.0: {12}, 101.0: {102, 103, 104, 105},
+             102.0: {103, 104, 105}, 103.0: {104, 105}, 104.0: {105}}
+    for o, g in zip(seen[:len(goals)], goals):
+        assert g in later[o], (o, g)

@@ -21,7 +21,10 @@ Only transitions of *completed* episodes are sampled, so the goals always exist 
 always come from the transition's own episode, whatever the ring has overwritten (the
 steps from ``t`` to the episode's end are newer than ``t``, so they are retained).
 Each env row keeps its own episode bookkeeping (two int64 per stored step and one per
-env), so vector envs work. Vector envs must report each episode's true final
+env), so vector envs work. An add whose observation is not its row's previous next
+observation (an env reset that no ``terminated``/``truncated`` reported) ends the
+episode in progress there at the previous step; :meth:`HERBuffer.end_episodes` ends
+them all on request. Vector envs must report each episode's true final
 observation as the ``next_observation`` of its last step (gymnasium's
 ``AutoresetMode.SAME_STEP`` with ``info["final_obs"]``): with ``NEXT_STEP`` autoreset,
 the reset step is not a transition and must not be added.
@@ -36,7 +39,7 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions
+from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions, _rows_differ
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
@@ -178,17 +181,46 @@ class HERBuffer(TransitionReplayBuffer):
     # ---------------------------------------------------------------- writing
     def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
                           next_obs: list[np.ndarray], ended: np.ndarray) -> None:
-        super()._write_transition(arrays, host, next_obs, ended)
         ring, B = self._ring, self.num_envs
+        if ring.last_id >= 0 and not self._follows_on(host):
+            # A row whose observation is not its previous next observation starts a new
+            # episode (a reset that was not reported: a new learn() call, a reloaded
+            # buffer): close the one in progress there, so no goal crosses into it.
+            cut = np.zeros(B, bool)
+            for i, head in zip(self._obs_leaves, self._head_next):
+                cut |= _rows_differ(host[i], head)
+            self._close_episodes(cut & (self._current_start <= ring.last_id))
+        super()._write_transition(arrays, host, next_obs, ended)
         step = ring.last_id
         positions = ring.positions(step, np.arange(B, dtype=np.int64))
         self._episode_start[positions] = self._current_start
         self._episode_end[positions] = -1
-        for row in np.flatnonzero(ended):  # mark the retained steps of each ended episode
+        self._close_episodes(ended)
+
+    def _close_episodes(self, rows: np.ndarray) -> None:
+        """End at the newest step the episodes in progress in ``rows`` (bool
+        ``[num_envs]``): their retained steps become samplable."""
+        ring = self._ring
+        step = ring.last_id
+        for row in np.flatnonzero(rows):  # mark the retained steps of each ended episode
             first = max(int(self._current_start[row]), ring.oldest_id)
             ids = np.arange(first, step + 1, dtype=np.int64)
             self._episode_end[ring.positions(ids, row)] = step
-        self._current_start[ended] = step + 1
+        self._current_start[rows] = step + 1
+
+    def end_episodes(self) -> int:
+        """End every env's episode in progress at its newest step, as if it had been
+        truncated there (stored ``terminated``/``truncated`` flags are left as added, so
+        its last transition still bootstraps from its exact next observation). Its
+        steps can then be sampled and relabelled; the next add starts a new episode.
+
+        Returns:
+            How many envs had an episode in progress.
+        """
+        with self._lock:
+            in_progress = self._current_start <= self._ring.last_id
+            self._close_episodes(in_progress)
+            return int(np.count_nonzero(in_progress))
 
     # ---------------------------------------------------------------- reading
     def completed(self) -> int:

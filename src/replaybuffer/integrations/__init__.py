@@ -1,6 +1,10 @@
-"""Adapters that put our buffers inside other frameworks' training loops.
+"""replaybuffer inside other RL libraries: classes those libraries accept in place of
+their own buffers. Each module imports its library and is imported only when used.
 
-Each module imports its framework and is imported only by those who use it:
-:mod:`replaybuffer.integrations.torchrl` (a ``TensorDict`` interface for TorchRL's
-collectors and loss modules).
+* :mod:`replaybuffer.integrations.sb3`: Stable-Baselines3's ``replay_buffer_class``
+  (``ReplayBuffer``, ``PrioritizedReplayBuffer`` with ``PrioritizedDQN``,
+  ``HerReplayBuffer``); ``pip install 'replaybuffer[sb3]'``.
+* :mod:`replaybuffer.integrations.torchrl`: ``TensorDictReplayBuffer``, a
+  ``TensorDict`` interface for TorchRL's collectors and loss modules;
+  ``pip install 'replaybuffer[torchrl]'``.
 """
