@@ -124,3 +124,15 @@ def test_bench_scale_buffers_are_full_and_prioritized_everywhere():
     items, _ = episodes.get_next(64, num_steps=20, within_episodes=True)
     # A window inside one episode holds at most one FIRST, and only at its start.
     assert (items["step_type"][:, 1:] != rb.StepType.FIRST).all()
+
+
+def test_bench_sb3_smoke(tmp_path):
+    """The SB3 comparison runs and checks that both buffers computed the same
+    advantages (it raises otherwise)."""
+    out = tmp_path / "sb3.json"
+    assert main(["bench", "--sb3", "--quick", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["workload"], r["op"].split(" ")[0]) for r in rows} == {
+        ("rollout", "add"), ("rollout", "GAE"), ("rollout", "one"), ("her", "add"),
+        ("her", "sample(256)")}
+    assert all(r["sb3_us"] > 0 and r["ours_us"] > 0 for r in rows)

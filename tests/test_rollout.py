@@ -235,3 +235,56 @@ def test_a_vector_env_with_time_limits():
     assert called == [int(everything.truncated.sum())]  # one call, truncated steps only
     for f in finals:
         assert any(np.array_equal(f, n) for n in everything.next_observations[ended])
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(1, 6), steps=st.integers(1, 16),
+       p_end=st.sampled_from([0.0, 0.3]), p_jump=st.sampled_from([0.0, 0.4]),
+       storage=st.sampled_from(["numpy", "torch"]), tensors=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_add_shortcut_stores_what_the_general_path_stores(num_envs, per_row, steps, p_end,
+                                                          p_jump, storage, tensors, seed):
+    """Adds of the usual step take a shortcut straight to the fused writer; a twin
+    buffer that never takes it must hold, read and compute the same, with episode ends
+    and out-of-sequence adds (which leave the shortcut) mixed in."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    B = num_envs
+    fast = rb.RolloutBuffer(OBS, ACT, per_row * B, num_envs=B, storage=storage, seed=seed)
+    slow = rb.RolloutBuffer(OBS, ACT, per_row * B, num_envs=B, storage=storage, seed=seed)
+    slow._exact_add = False
+    assert fast._exact_add
+    taken = []
+    shortcut = fast._add_exact
+    fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
+    obs = rng.normal(size=(B, 1)).astype(np.float32)
+    for _ in range(steps):
+        nxt = rng.normal(size=(B, 1)).astype(np.float32)
+        end = rng.random(B) < p_end
+        term, trunc = end & (rng.random(B) < 0.5), end & (rng.random(B) >= 0.5)
+        action = rng.integers(0, 4, B)
+        reward = rng.normal(size=B).astype(np.float32)
+        value = rng.normal(size=(B, 1)).astype(np.float32)
+        log_prob = rng.normal(size=B).astype(np.float32)
+        if tensors:  # a critic's outputs
+            value, log_prob = torch.from_numpy(value), torch.from_numpy(log_prob)
+        for buffer in (fast, slow):
+            buffer.add(obs, action, reward, nxt, term, trunc, value=value, log_prob=log_prob)
+        jump = end | (rng.random(B) < p_jump)
+        obs = np.where(jump[:, None], rng.normal(size=(B, 1)).astype(np.float32), nxt)
+    if p_end == 0.0 and p_jump == 0.0 and steps > 1:
+        assert any(taken)
+    a, b = fast.all(), slow.all()
+    for field in a._fields:
+        x, y = getattr(a, field), getattr(b, field)
+        if x is None:
+            assert y is None
+            continue
+        np.testing.assert_array_equal(to_np(x), to_np(y), err_msg=field)
+    np.testing.assert_array_equal(fast._side_ref, slow._side_ref)
+    last = rng.normal(size=B).astype(np.float32)
+    for got, want in zip(fast.compute_returns_and_advantages(last, 0.9, 0.8, value_of),
+                         slow.compute_returns_and_advantages(last, 0.9, 0.8, value_of)):
+        np.testing.assert_array_equal(to_np(got), to_np(want))
+    assert fast._version == slow._version and fast._gae_ready and slow._gae_ready

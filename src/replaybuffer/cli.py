@@ -35,6 +35,11 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             argv += ["--json", args.json]
         return peers.main(argv)
+    if args.sb3:  # on-policy and HER buffers against Stable-Baselines3's
+        from replaybuffer.bench import sb3_buffers
+
+        argv = ["--min-time", "0.05", "--her-capacity", "5000"] if args.quick else []
+        return sb3_buffers.main(argv + (["--json", args.json] if args.json else []))
     if args.scale or args.plot:  # sample cost against capacity, and its plot
         from replaybuffer.bench import scale
 
@@ -181,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer-workloads",
                        default="control,frames,prioritized,prioritized-skewed",
                        help="with --peers: comma-separated workloads")
+    bench.add_argument("--sb3", action="store_true",
+                       help="RolloutBuffer (add, GAE, minibatch epochs) and HERBuffer (add, "
+                            "sample) against Stable-Baselines3's on the same data")
     bench.add_argument("--scale", action="store_true",
                        help="sample cost at capacities 10k, 100k, 1M, 10M (uniform, "
                             "prioritized, within episodes) against the numpy limit")

@@ -28,12 +28,15 @@ same storage, validation, ring and persistence as every other buffer.
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, overload
 
 import numpy as np
 
+from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import ACTION, TransitionReplayBuffer
+from replaybuffer.buffers.transitions import (ACTION, OBS, REWARD, TERMINATED, TRUNCATED,
+                                              TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
@@ -105,6 +108,20 @@ class RolloutBuffer(TransitionReplayBuffer):
         self._advantages = np.zeros(positions, np.float32)
         self._gae_ready = False
         self._version = 0  # bumped by every write and clear: stale readers notice
+        # add's shortcut: the policy's leaves go straight to the fused writer, in the
+        # storage's leaf order, from (observation, action, value, log_prob, reward,
+        # terminated, truncated).
+        if self._write_exact is None and self._episodes is None:
+            # The nested action leaves the base class without its fused writer (built
+            # for specs it flattens by key); the writer itself takes any leaf order.
+            self._write_exact = self._storage.exact_writer(self._outer)
+        if self._obs_is_leaf and nest.flatten(act_spec)[1].is_leaf():
+            template = {OBS: 0, ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
+                        TERMINATED: 5, TRUNCATED: 6}
+            self._exact_order = operator.itemgetter(*nest.flatten(template)[0])
+        else:
+            self._exact_order = None
+        self._exact_add = self._exact_add_possible()
 
     @property
     def nbytes(self) -> int:
@@ -132,10 +149,18 @@ class RolloutBuffer(TransitionReplayBuffer):
             SpecError: a leaf that does not fit its spec or a batch that is not
                 ``num_envs`` long. Nothing is written.
         """
-        policy = {ACTION: action, VALUE: self._per_env(value, VALUE, "add"),
-                  LOG_PROB: self._per_env(log_prob, LOG_PROB, "add")}
+        value = self._per_env(value, VALUE, "add")
+        log_prob = self._per_env(log_prob, LOG_PROB, "add")
+        if truncated is None:
+            truncated = self._no_truncation
+        if self._exact_add and self._limiter is None and self._add_exact(
+                observation, (observation, action, value, log_prob, reward, terminated,
+                              truncated), next_observation, terminated, truncated):
+            return
+        policy = {ACTION: action, VALUE: value, LOG_PROB: log_prob}
         try:
-            super().add(observation, policy, reward, next_observation, terminated, truncated)
+            self._add_general(observation, policy, reward, next_observation, terminated,
+                              truncated, None, True)
         except SpecError as exc:
             raise SpecError(_public(str(exc))) from None
 
@@ -144,6 +169,13 @@ class RolloutBuffer(TransitionReplayBuffer):
         B = self.num_envs
         if values is None:
             return np.zeros(B, np.float32)
+        # A critic's output: a float32 array or CPU tensor of B values. Read it directly
+        # (np.asarray of a tensor goes through __array__, several times slower).
+        if type(values) is not np.ndarray and hasattr(values, "detach") \
+                and hasattr(values, "numpy") and getattr(values, "is_cpu", False):
+            values = values.detach().numpy()
+        if type(values) is np.ndarray and values.dtype == np.float32 and values.size == B:
+            return values.reshape(B)
         if isinstance(values, (list, tuple)):  # plain numbers are unambiguous here
             values = np.asarray(values)
         arr = as_leaf_array(values, f"['{name}']")
@@ -152,8 +184,7 @@ class RolloutBuffer(TransitionReplayBuffer):
                             f"[num_envs={B}]), got shape {arr.shape} of {arr.dtype.name}")
         return arr.reshape(B).astype(np.float32, copy=False)
 
-    def _write_transition(self, *args: Any) -> None:
-        super()._write_transition(*args)
+    def _written(self) -> None:
         self._gae_ready = False
         self._version += 1
 
@@ -298,14 +329,20 @@ class RolloutBuffer(TransitionReplayBuffer):
         stop = count - count % batch_size if drop_last else count
         for _ in range(epochs):
             order = rng.permutation(count) if shuffle else np.arange(count)
+            # One read of the epoch's transitions in minibatch order, then each
+            # minibatch is a slice of it (a view): one gather per field per epoch
+            # instead of one per minibatch.
+            chosen = order[:stop]
+            with self._lock:
+                if self._version != version:
+                    raise _changed_during_minibatches()
+                epoch = self._read(ids[chosen], positions[chosen])
             for start in range(0, stop, batch_size):
-                chosen = order[start:start + batch_size]
                 with self._lock:
                     if self._version != version:
-                        raise RuntimeError("the buffer changed during minibatches(): "
-                                           "collect the next rollout after the update")
-                    batch = self._read(ids[chosen], positions[chosen])
-                yield batch
+                        raise _changed_during_minibatches()
+                yield RolloutBatch(*(_rows(field, start, start + batch_size)
+                                     for field in epoch))
 
     # Reads return RolloutBatch, not Transitions (see the readers declared below).
     def _read(self, ids: np.ndarray,  # type: ignore[override]
@@ -367,3 +404,17 @@ def _public(message: str) -> str:
     for internal, public in _PUBLIC_PATHS:
         message = message.replace(internal, public)
     return message
+
+
+def _rows(field: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of a batch field: an array, a tensor, a nest of them, or None."""
+    if field is None:
+        return None
+    if hasattr(field, "shape"):  # one array or tensor: a view
+        return field[start:stop]
+    return nest.map_structure(lambda x: x[start:stop], field)
+
+
+def _changed_during_minibatches() -> RuntimeError:
+    return RuntimeError("the buffer changed during minibatches(): collect the next "
+                        "rollout after the update")

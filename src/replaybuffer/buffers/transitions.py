@@ -177,19 +177,28 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
-        # add's shortcut (:meth:`_add_exact`): one observation leaf that is compared as
-        # a copy, numpy storage written by the fused writer, no frame codec and no
-        # integer ranges to check.
-        self._exact_add = (self._host and self._obs_is_leaf and self._codec is None
-                           and self._add_order is not None
-                           and self._write_exact is not None
-                           and self._head_next[0].nbytes <= _COPY_COMPARE_MAX)
         # Discrete actions: their range as Python ints, checked on one value without
         # numpy calls when the leaf holds one value (one env, a scalar action).
         self._scalar_ranges = [(i, int(s.minimum), int(s.maximum)) for i, s in self._int_checks
                                if np.ndim(s.minimum) == 0 and np.ndim(s.maximum) == 0]
-        if len(self._scalar_ranges) != len(self._int_checks):
-            self._exact_add = False
+        # The storage's leaf order from the tuple add hands _add_exact.
+        self._exact_order = self._add_order
+        self._exact_add = self._exact_add_possible()
+
+    def _exact_add_possible(self) -> bool:
+        """Whether add may take :meth:`_add_exact`: one observation leaf that is
+        compared as a copy, storage written by the fused writer (numpy, or torch on the
+        CPU), leaves in a known order (``_exact_order``), no frame codec, integer ranges
+        that are scalars, and no subclass that does more per write than :meth:`_written`
+        (HER's episode bookkeeping takes the general path)."""
+        return (self._obs_is_leaf and self._codec is None and self._exact_order is not None
+                and self._write_exact is not None
+                and self._head_next[0].nbytes <= _COPY_COMPARE_MAX
+                and len(self._scalar_ranges) == len(self._int_checks)
+                and type(self)._write_transition is TransitionReplayBuffer._write_transition)
+
+    def _written(self) -> None:
+        """Called (lock held) after every write of a step, by either path."""
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -230,8 +239,16 @@ class TransitionReplayBuffer(ReplayBuffer):
         if truncated is None:
             truncated = self._no_truncation
         if self._exact_add and self._limiter is None and self._add_exact(
-                observation, action, reward, next_observation, terminated, truncated):
+                observation, (observation, action, reward, terminated, truncated),
+                next_observation, terminated, truncated):
             return True
+        return self._add_general(observation, action, reward, next_observation, terminated,
+                                 truncated, timeout, block)
+
+    def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+                     terminated: Any, truncated: Any, timeout: float | None, block: bool
+                     ) -> bool:
+        """:meth:`add` by the path that converts, checks and handles every case."""
         if self._add_order is not None:
             leaves = self._add_order((observation, action, reward, terminated, truncated))
         else:
@@ -250,9 +267,10 @@ class TransitionReplayBuffer(ReplayBuffer):
                 self._limiter.inserted(self.num_envs)
         return True
 
-    def _add_exact(self, observation: Any, action: Any, reward: Any,
-                   next_observation: Any, terminated: Any, truncated: Any) -> bool:
-        """:meth:`add` of the usual step, or ``False`` having written nothing.
+    def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
+                   terminated: Any, truncated: Any) -> bool:
+        """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
+        are the add's arguments that ``_exact_order`` puts in the storage's leaf order.
 
         The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
         the observation the previous step's next observation (byte for byte), no
@@ -283,8 +301,8 @@ class TransitionReplayBuffer(ReplayBuffer):
             start = (step_id % ring.max_length) * ring.batch_size
             if self._side_ref[start:start + ring.batch_size].tobytes() != self._unowned:
                 return False
-            assert self._add_order is not None  # _exact_add needs it
-            leaves = self._add_order((observation, action, reward, terminated, truncated))
+            assert self._exact_order is not None  # _exact_add needs it
+            leaves = self._exact_order(parts)
             for i, low, high in self._scalar_ranges:
                 values = leaves[i]
                 if type(values) is not np.ndarray or values.dtype.kind not in "iu":
@@ -299,6 +317,7 @@ class TransitionReplayBuffer(ReplayBuffer):
             head[...] = next_observation
             ring.last_id = step_id
             self._sampler.on_add(ring, step_id, 1)
+            self._written()
         return True
 
     def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
@@ -353,6 +372,7 @@ class TransitionReplayBuffer(ReplayBuffer):
             head[...] = new
         ring.last_id = step_id
         self._sampler.on_add(ring, step_id, 1)
+        self._written()
 
     def _follows_on(self, host: list[np.ndarray]) -> bool:
         """Whether every row's observation is, byte for byte, the next observation of
