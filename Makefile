@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench docs venv clean
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray]'
+	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,6 +30,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/replaybuffer bench
+
+# The documentation site (mkdocs.yml, docs/) into site/; warnings are errors.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
