@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean release-check
+.PHONY: demo test bench docs venv clean release-check
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release,fast,sb3]'
+	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release,fast,sb3,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -44,6 +44,10 @@ release-check: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/replaybuffer bench
+
+# The documentation site (mkdocs.yml, docs/) into site/; warnings are errors.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .mypy_cache
