@@ -1,5 +1,6 @@
 """Collecting experience: trajectories, drivers and metric observers for gymnasium envs."""
 
+from replaybuffer.collect.actors import ActorPool
 from replaybuffer.collect.driver import Driver, EpisodeDriver, PolicyStep, StepDriver
 from replaybuffer.collect.metrics import AverageEpisodeLength, AverageReturn, EnvironmentSteps
 from replaybuffer.collect.trajectory import (
@@ -15,7 +16,7 @@ from replaybuffer.collect.trajectory import (
 )
 
 __all__ = [
-    "AverageEpisodeLength", "AverageReturn", "Driver", "EnvironmentSteps", "EpisodeDriver",
+    "ActorPool", "AverageEpisodeLength", "AverageReturn", "Driver", "EnvironmentSteps", "EpisodeDriver",
     "PolicyStep", "StepDriver", "StepType", "Trajectory", "boundary", "first", "last", "mid",
     "single_step", "to_transition", "trajectory_spec",
 ]
