@@ -856,8 +856,12 @@ class _FastPaths:
             leaves += [core._value, core._paths.index("['action']['log_prob']")]
         if sorted(leaves) != list(range(len(arrays))) or core._int_checks:
             return None  # another layout, or values whose range must be checked
-        obs_a, act_a, rew_a, term_a, trunc_a = (arrays[i] for i in leaves[:5])
+        obs_a, act_a, rew_a = (arrays[i] for i in leaves[:3])
         value_a, logp_a = (arrays[leaves[5]], arrays[leaves[6]]) if rollout else (None, None)
+        # Zeroed on every add: the flags (as in the packed records they lie side by side,
+        # one write of their bytes), and the rollout's value and log_prob when not given.
+        zero_flags = _zero_views(core._storage, leaves[3:5])
+        zero_policy = _zero_views(core._storage, leaves[5:7])
         B, L = ring.batch_size, ring.max_length
         head, side_ref = core._head_next[0], core._side_ref
         obs_spec, act_spec = core._specs[obs], core._specs[act]
@@ -894,11 +898,15 @@ class _FastPaths:
                     obs_a[at] = observation
                     act_a[at] = action
                     rew_a[at] = reward
-                    term_a[at] = False
-                    trunc_a[at] = False
+                    for zero in zero_flags:
+                        zero[at] = 0
                     if rollout:
-                        value_a[at] = 0.0 if value is None else value
-                        logp_a[at] = 0.0 if log_prob is None else log_prob
+                        if value is None and log_prob is None:
+                            for zero in zero_policy:
+                                zero[at] = 0
+                        else:
+                            value_a[at] = 0.0 if value is None else value
+                            logp_a[at] = 0.0 if log_prob is None else log_prob
                         core._gae_ready = False
                         core._version += 1
                     head[0] = next_observation
@@ -909,6 +917,7 @@ class _FastPaths:
 
         obs_shape, act_shape = (B,) + obs_spec.shape, (B,) + act_spec.shape
         flags_shape, no_ends, unowned = (B,), bytes(B), core._unowned
+        float_dtypes = (np.dtype(np.float32), np.dtype(np.float64))  # (others: general path)
 
         def add_envs(observation: Any, action: Any, reward: Any, next_observation: Any,
                      done: Any, truncated: Any, value: Any = None, log_prob: Any = None
@@ -920,12 +929,12 @@ class _FastPaths:
                     or next_observation.shape != obs_shape \
                     or type(action) is not ndarray or action.dtype is not act_dtype \
                     or action.shape != act_shape \
-                    or type(reward) is not ndarray or reward.dtype.kind != "f" \
+                    or type(reward) is not ndarray or reward.dtype not in float_dtypes \
                     or reward.shape != flags_shape \
-                    or type(done) is not ndarray or done.dtype != bool_ \
+                    or type(done) is not ndarray or done.dtype is not bool_ \
                     or done.shape != flags_shape or done.tobytes() != no_ends \
                     or (truncated is not None
-                        and (type(truncated) is not ndarray or truncated.dtype != bool_
+                        and (type(truncated) is not ndarray or truncated.dtype is not bool_
                              or truncated.shape != flags_shape
                              or truncated.tobytes() != no_ends)) \
                     or value is not None or log_prob is not None \
@@ -942,11 +951,11 @@ class _FastPaths:
                 obs_a[start:stop] = observation
                 act_a[start:stop] = action
                 rew_a[start:stop] = reward
-                term_a[start:stop] = False
-                trunc_a[start:stop] = False
+                for zero in zero_flags:
+                    zero[start:stop] = 0
                 if rollout:
-                    value_a[start:stop] = 0.0
-                    logp_a[start:stop] = 0.0
+                    for zero in zero_policy:
+                        zero[start:stop] = 0
                     core._gae_ready = False
                     core._version += 1
                 head[...] = next_observation
@@ -1099,6 +1108,25 @@ def _rows(array: np.ndarray, start: int, n: int, capacity: int, envs: int | None
     out = np.empty(first.shape[:1] + (first.shape[1] + second.shape[1],) + first.shape[2:],
                    array.dtype)
     return np.concatenate(parts, axis=1, out=out)
+
+
+def _zero_views(storage: NumpyStorage, leaves: list[int]) -> list[np.ndarray]:
+    """Arrays whose rows, set to 0, zero the positions of ``leaves``: byte columns of
+    the packed records (one per run of leaves that lie side by side), or the leaves'
+    own arrays. Zero bytes are 0, 0.0 and False alike."""
+    fields = [storage._field.get(i) for i in leaves]
+    if None in fields:
+        return [storage.arrays[i] for i in leaves]
+    dtype = storage._record_dtype
+    runs: list[list[int]] = []
+    for offset, size in sorted((dtype.fields[f][1], dtype.fields[f][0].itemsize)
+                               for f in fields):
+        if runs and runs[-1][1] == offset:
+            runs[-1][1] = offset + size
+        else:
+            runs.append([offset, offset + size])
+    rows = storage._records.view(np.uint8).reshape(len(storage._records), dtype.itemsize)
+    return [rows[:, start:stop] for start, stop in runs]
 
 
 def _kind_of(dtype: Any) -> TrajectoryType | None:
