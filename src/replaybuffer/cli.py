@@ -184,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "cpprb, Stable-Baselines3, TorchRL and Tianshou where installed "
                             "(benchmarks/setup_peers.sh), beside ours and the numpy limit")
     bench.add_argument("--peer-workloads",
-                       default="control,frames,prioritized,prioritized-skewed",
-                       help="with --peers: comma-separated workloads")
+                       default="control,frames,prioritized,prioritized-skewed,pearl",
+                       help="with --peers: comma-separated workloads (pearl: Pearl's own "
+                            "buffers against compat.pearl, in .venv-pearl from "
+                            "benchmarks/setup_pearl.sh)")
     bench.add_argument("--sb3", action="store_true",
                        help="RolloutBuffer (add, GAE, minibatch epochs) and HERBuffer (add, "
                             "sample) against Stable-Baselines3's on the same data")

@@ -25,6 +25,12 @@ Workloads (capacities in full mode; ``quick`` shrinks them for a smoke run):
 - ``prioritized``: float32 obs[4] (and int action, reward, next obs, done); capacity 1M,
   full, priorities randomised before timing; ``sample(256)+weights`` (alpha 0.6,
   beta 0.4), ``update(256)`` of sampled indices and ``sample+update(256)``.
+- ``pearl``: Pearl 0.4.1's own ``ReplayBuffer`` and ``RolloutBuffer`` (a seed system:
+  ``replaybuffer.compat.pearl`` reproduces its API) against ours through that module,
+  on its tutorial's workload (:mod:`replaybuffer.bench.pearl_seed`). Pearl needs gym
+  0.19 and numpy<2, so it runs in its own venv (``benchmarks/setup_pearl.sh``), with
+  ours timed beside it in the same process; without that venv the rows say
+  ``not installed``.
 
 Every buffer is filled completely before anything is timed, so reads touch real pages
 and writes overwrite (the steady state). One peer's buffer at a time exists: it is
@@ -55,6 +61,7 @@ from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
+from replaybuffer.bench import pearl_seed
 from replaybuffer.bench.timing import compare
 from replaybuffer.bench.workloads import fill, host_arrays, random_items
 from replaybuffer.specs import ArraySpec
@@ -64,7 +71,8 @@ _Rows = Generator[dict[str, Any], None, None]
 
 __all__ = ["WORKLOADS", "PEERS", "Sizes", "run_peers", "format_rows", "format_markdown", "main"]
 
-WORKLOADS = ("control", "frames", "prioritized", "prioritized-skewed")
+BUFFER_WORKLOADS = ("control", "frames", "prioritized", "prioritized-skewed")
+WORKLOADS = BUFFER_WORKLOADS + ("pearl",)
 
 OPS = {
     "control": ("add(1)", "add(256)", "sample(256)+next"),
@@ -72,6 +80,7 @@ OPS = {
     "prioritized": ("sample(256)+weights", "update(256)", "sample+update(256)"),
 }
 OPS["prioritized-skewed"] = OPS["prioritized"]
+OPS["pearl"] = pearl_seed.peer_ops()
 MEMORY_ONLY = ("bytes/transition",)
 
 ALPHA, BETA = 0.6, 0.4
@@ -97,6 +106,10 @@ QUICK = Sizes(control=20_000, frames=2_000, prioritized=20_000,
 
 class Unsupported(Exception):
     """The peer has no API for this workload (reported as ``unsupported: ...``)."""
+
+
+NotInstalled = pearl_seed.NotInstalled
+"""The peer lives in a venv of its own that is missing (``not installed (...)``)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -801,6 +814,12 @@ def _tianshou(workload: str, sizes: Sizes, layout: str = "default"
                        "sample(256)+next": (lambda: buf.sample(256), 256)}, sizes)
 
 
+def _pearl(workload: str, sizes: Sizes, layout: str = "seed") -> Iterator[dict[str, Any]]:
+    """Pearl's buffers and ours through compat.pearl, timed together in .venv-pearl:
+    rows of peer ``pearl`` and of peer ``replaybuffer`` for every op."""
+    yield from pearl_seed.peer_rows(quick=sizes is QUICK)
+
+
 # ------------------------------------------------------------------------ registry
 @dataclass(frozen=True)
 class Peer:
@@ -823,12 +842,12 @@ PEERS: tuple[Peer, ...] = (
     Peer("numpy limit", "numpy", ("numpy",), _numpy_limit, "plain", ("control", "frames")),
     Peer("numpy limit[records]", "numpy", ("numpy",), _numpy_limit, "records",
          ("control", "frames")),
-    Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, "plain", WORKLOADS),
+    Peer("replaybuffer", "replaybuffer", ("replaybuffer",), _ours, "plain", BUFFER_WORKLOADS),
     Peer("replaybuffer[transitions]", "replaybuffer", ("replaybuffer",), _ours,
          "transitions", ("control",)),
     Peer("replaybuffer[frame_stack]", "replaybuffer", ("replaybuffer",), _ours,
          "frame_stack", ("frames",)),
-    Peer("cpprb", "cpprb", ("cpprb",), _cpprb, "next_of", WORKLOADS),
+    Peer("cpprb", "cpprb", ("cpprb",), _cpprb, "next_of", BUFFER_WORKLOADS),
     Peer("cpprb[stack_compress]", "cpprb", ("cpprb",), _cpprb, "stack", ("frames",)),
     Peer("cpprb[no next_of]", "cpprb", ("cpprb",), _cpprb, "plain", ("frames",), True),
     Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
@@ -837,7 +856,8 @@ PEERS: tuple[Peer, ...] = (
          "optimize_memory", ("frames",)),
     Peer("sb3", "sb3", ("stable_baselines3", "gymnasium", "torch"), _sb3, "default",
          ("frames",), True),
-    Peer("torchrl", "torchrl", ("torchrl", "tensordict", "torch"), _torchrl, "td", WORKLOADS),
+    Peer("torchrl", "torchrl", ("torchrl", "tensordict", "torch"), _torchrl, "td",
+         BUFFER_WORKLOADS),
     Peer("torchrl[pytree]", "torchrl", ("torchrl", "torch"), _torchrl, "pytree",
          ("control", "prioritized", "prioritized-skewed")),
     Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default",
@@ -848,6 +868,7 @@ PEERS: tuple[Peer, ...] = (
          ("frames",)),
     Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default", ("frames",),
          True),
+    Peer("pearl", "pearl", ("replaybuffer",), _pearl, "seed", ("pearl",)),
 )
 
 
@@ -897,6 +918,8 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
                 yield out
         except Unsupported as err:
             status = f"unsupported: {err}"
+        except NotInstalled as err:
+            status = f"not installed ({err})"
         except (Exception, MemoryError) as err:
             status = f"failed: {_reason(err)}"
         finally:

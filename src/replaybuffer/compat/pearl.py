@@ -108,6 +108,7 @@ from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import CheckpointError, EmptyBufferError
 from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
+from replaybuffer.storage.numpy_storage import NumpyStorage
 
 __all__ = ["BaseBuffer", "DictTrajectories", "GoalSelectionStrategy", "HERBuffer",
            "Observation", "ReplayBuffer", "RolloutBuffer", "Tensor", "Trajectories",
@@ -255,11 +256,13 @@ class BaseBuffer(ABC):
         self._rng = np.random.default_rng(seed)
         if _core is not None:  # restored by load(): the core comes from the save
             self.core = _core
-            return
-        self.core = self._make_core(spec_from_space(observation_space),
-                                    spec_from_space(action_space),
-                                    self.buffer_size * num_envs, num_envs=num_envs, seed=seed,
-                                    memory=memory, **core_kwargs)
+        else:
+            self.core = self._make_core(spec_from_space(observation_space),
+                                        spec_from_space(action_space),
+                                        self.buffer_size * num_envs, num_envs=num_envs,
+                                        seed=seed, memory=memory, **core_kwargs)
+        # The common case's shortcuts (None where the core is not one they serve).
+        self._fast = _FastPaths.of(self)
 
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
                    **kwargs: Any) -> TransitionReplayBuffer:
@@ -417,6 +420,11 @@ class BaseBuffer(ABC):
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, **extra: Any) -> None:
         """Give the core one transition per env, in Pearl's input shapes."""
+        fast = self._fast
+        if fast is not None and fast.add is not None and extra.keys() <= {"value", "log_prob"} \
+                and fast.add(observation, action, reward, next_observation, done, truncated,
+                             extra.get("value"), extra.get("log_prob")):
+            return
         truncated = np.zeros(self.num_envs, np.bool_) if truncated is None else \
             self._batched(truncated, "scalar")
         self.core.add(self._batched(observation), self._batched(action, self._action_path),
@@ -464,16 +472,22 @@ class BaseBuffer(ABC):
         last_id = ring.last_id
         if last_id < 0:
             raise self.core._empty_error()
-        return self._rng.integers(max(0, last_id + 1 - ring.max_length), last_id + 1,
-                                  _count(batch_size, "batch_size"))
+        oldest = max(0, last_id + 1 - ring.max_length)
+        return oldest + _draw(self._rng, last_id + 1 - oldest, _count(batch_size, "batch_size"))
 
     def _last(self, batch_size: int, flatten_env: bool, dtype: Any, read: Any = None) -> Any:
         """The ``batch_size`` most recent transitions of each env (``read(k)`` reads
         ``k`` per env; default the core's ``last``)."""
+        fast = self._fast if read is None and (self.num_envs > 1 or not self.vector) else None
         read = read or self.core.last
         count = _count(batch_size, "batch_size")
         if len(self.core) == 0:  # Pearl sliced an empty range: no rows, right shapes
             return self._output(self._nothing(), flatten_env, dtype)
+        if fast is not None:
+            if flatten_env and self.vector:
+                return fast.output(fast.block(None, math.ceil(count / self.num_envs), True,
+                                              -count, dtype), dtype)
+            return fast.output(fast.block(None, count, False, None, dtype), dtype)
         if flatten_env and self.vector:  # count transitions: enough steps, then trim
             steps = math.ceil(count / self.num_envs)
             return self._output(read(steps), flatten_env, dtype, keep=-count)
@@ -482,6 +496,11 @@ class BaseBuffer(ABC):
     def _all(self, flatten_env: bool, dtype: Any) -> Any:
         if len(self.core) == 0:  # after reset(): on-policy loops call all() regardless
             return self._output(self._nothing(), flatten_env, dtype)
+        fast = self._fast
+        if fast is not None and (self.num_envs > 1 or not self.vector):
+            ring = self.core._ring
+            return fast.output(fast.block(ring.oldest_id, ring.items_per_row,
+                                          flatten_env and self.vector, None, dtype), dtype)
         return self._output(self.core.all(), flatten_env, dtype)
 
     def _nothing(self) -> Any:
@@ -552,7 +571,10 @@ class ReplayBuffer(BaseBuffer):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        self._add(observation, action, reward, next_observation, done, truncated)
+        fast = self._fast
+        if fast is None or fast.add is None or not fast.add(
+                observation, action, reward, next_observation, done, truncated):
+            self._add(observation, action, reward, next_observation, done, truncated)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -562,10 +584,16 @@ class ReplayBuffer(BaseBuffer):
         (each draw a step, all envs), or ``[batch_size, ...]`` over every (step, env)
         pair with ``flatten_env=True``.
         """
-        out: Trajectories
+        fast = self._fast
         if self.vector and not flatten_env:
-            out = self._output(self._read_steps(self._draw_steps(batch_size)), False, dtype)
-            return out
+            ids = self._draw_steps(batch_size)
+            if fast is not None:
+                return fast.output(fast.steps(ids), dtype)
+            return self._output(self._read_steps(ids), False, dtype)
+        if fast is not None:
+            fields = fast.sample(_count(batch_size, "batch_size"))
+            if fields is not None:
+                return fast.output(fields, dtype)
         batch, _ = self.core.sample(batch_size)
         out = self._output(batch, flatten_env, dtype, env_axis=False)
         return out
@@ -602,8 +630,12 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        self._add(observation, action, reward, next_observation, done, truncated,
-                  value=value, log_prob=log_prob)
+        fast = self._fast
+        if fast is None or fast.add is None or not fast.add(
+                observation, action, reward, next_observation, done, truncated, value,
+                log_prob):
+            self._add(observation, action, reward, next_observation, done, truncated,
+                      value=value, log_prob=log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -619,8 +651,12 @@ class RolloutBuffer(BaseBuffer):
             raise EmptyBufferError(f"Requesting {count} samples when only "
                                    f"{held * (self.num_envs if flatten_env else 1)} samples "
                                    "have been collected")
-        oldest = ring.oldest_id
-        start = int(self._rng.integers(oldest, oldest + held - steps + 1))
+        start = ring.oldest_id + _draw(self._rng, held - steps + 1)
+        fast = self._fast
+        if fast is not None:
+            flat = flatten_env and self.vector
+            return fast.output(fast.block(start, steps, flat, count if flat else None, dtype),
+                               dtype)
         batch = self._read_steps(np.arange(start, start + steps, dtype=np.int64))
         if not self.vector:
             batch = nest.map_structure(lambda x: x[0], batch)
@@ -735,6 +771,16 @@ class HERBuffer(BaseBuffer):
         return out
 
 
+def _draw(rng: np.random.Generator, n: int, size: int | None = None) -> Any:
+    """Uniform draws from ``range(n)``: an int, or int64 ``[size]``.
+
+    Raw 64-bit draws reduced modulo ``n``, as the core's samplers draw (a quarter of the
+    cost of ``Generator.integers`` for one number), with a bias below ``n / 2**64``."""
+    if size is None:
+        return rng.bit_generator.random_raw() % n
+    return (rng.bit_generator.random_raw(size) % np.uint64(n)).view(np.int64)
+
+
 def _count(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -745,3 +791,370 @@ def _index(value: Any, i: int) -> Any:
     if isinstance(value, dict):
         return {key: v[i] for key, v in value.items()}
     return value[i]
+
+
+_KINDS = {"numpy": TrajectoryType.NUMPY, "torch": TrajectoryType.TORCH}
+_FLOATS = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
+_FLAGS = (bool, np.bool_)
+
+
+class _FastPaths:
+    """The adapters' shortcuts for the common case, each giving exactly what the general
+    path gives (tests/test_compat_pearl.py compares them on random scripts).
+
+    Served: a :class:`~replaybuffer.TransitionReplayBuffer` or
+    :class:`~replaybuffer.RolloutBuffer` core (those classes exactly) in numpy storage,
+    one-step transitions, one array observation, one array action, no frame stacking.
+    Pearl's own calls cost a few numpy operations each; the general path's nest walks,
+    spec checks, conversions and per-leaf closures cost several times that, so here:
+
+    * ``add`` writes one transition straight into the storage's arrays when its inputs
+      are what an env gives (arrays of exactly the spec's dtype and shape, a float
+      reward, bool flags) and nothing about it needs the side store: the observation is
+      the previous step's next observation byte for byte, no episode ends, and the
+      overwritten step owns no side observation. Anything else (an episode end, a
+      reset, another dtype, a list, a tensor, a rate limiter, a discrete action whose
+      range must be checked) returns ``False`` before writing, and the caller takes the
+      general path, which checks and writes as ever.
+    * reads compute the storage positions of the steps asked for, gather the leaves
+      Pearl returns (one ``take`` of the packed records) and the next observations,
+      patch those that the side store or the newest step's own keep (as the core's
+      ``_next_observations`` does), and build Pearl's outputs directly.
+    """
+
+    @classmethod
+    def of(cls, buffer: BaseBuffer) -> "_FastPaths | None":
+        core = buffer.core
+        if type(core) not in (TransitionReplayBuffer, _RolloutCore) or \
+                type(core._storage) is not NumpyStorage or core._codec is not None or \
+                getattr(core, "n_step", 1) != 1 or core._episodes is not None or \
+                not core._obs_is_leaf or len(core._obs_leaves) != 1 or \
+                buffer._action_path not in core._paths:
+            return None
+        return cls(buffer)
+
+    def __init__(self, buffer: BaseBuffer):
+        core = self.core = buffer.core
+        self.buffer = buffer
+        self.ring = core._ring
+        self.lock = core._lock
+        self.storage = core._storage
+        self.B = self.ring.batch_size
+        self.vector = buffer.vector
+        self.rows = np.arange(self.B, dtype=np.int64)
+        obs, act = core._obs_leaves[0], core._paths.index(buffer._action_path)
+        self.obs_only = [obs]
+        self.read = [obs, act, core._reward, core._terminated]
+        # Packed records: numpy block reads copy them whole (see block()).
+        fields = [self.storage._field.get(i) for i in self.read]
+        self.fields = None if None in fields else fields
+        self.records = self.storage._record_bytes if self.fields is not None else None
+        self.record_dtype = self.storage._record_dtype if self.fields is not None else None
+        self.obs_scalar = core._specs[obs].shape == ()
+        self.act_scalar = core._specs[act].shape == ()
+        self.torch: Any = None  # the module and the device, at the first torch read
+        self.device: Any = None
+        self.add = self._make_add(buffer, obs, act)
+
+    # ------------------------------------------------------------------ writing
+    def _make_add(self, buffer: BaseBuffer, obs: int, act: int) -> Any:
+        """``add(observation, action, reward, next_observation, done, truncated, value,
+        log_prob) -> bool``: ``True`` when it wrote the transition, ``False`` (having
+        written nothing) when the general path must."""
+        core, ring, lock = self.core, self.ring, self.lock
+        rollout = type(core) is _RolloutCore
+        arrays = core._storage.arrays
+        leaves = [obs, act, core._reward, core._terminated, core._truncated]
+        if rollout:
+            leaves += [core._value, core._paths.index("['action']['log_prob']")]
+        if sorted(leaves) != list(range(len(arrays))) or core._int_checks:
+            return None  # another layout, or values whose range must be checked
+        obs_a, act_a, rew_a = (arrays[i] for i in leaves[:3])
+        value_a, logp_a = (arrays[leaves[5]], arrays[leaves[6]]) if rollout else (None, None)
+        # Zeroed on every add: the flags (as in the packed records they lie side by side,
+        # one write of their bytes), and the rollout's value and log_prob when not given.
+        zero_flags = _zero_views(core._storage, leaves[3:5])
+        zero_policy = _zero_views(core._storage, leaves[5:7])
+        B, L = ring.batch_size, ring.max_length
+        head, side_ref = core._head_next[0], core._side_ref
+        obs_spec, act_spec = core._specs[obs], core._specs[act]
+        obs_dtype, act_dtype = obs_spec.dtype, act_spec.dtype
+        ndarray, bool_ = np.ndarray, np.dtype(np.bool_)
+
+        if not buffer.vector:  # one env, no env axis: Python scalars, arrays of the spec
+            obs_shape, act_shape = obs_spec.shape, act_spec.shape
+
+            def add(observation: Any, action: Any, reward: Any, next_observation: Any,
+                    done: Any, truncated: Any, value: Any = None, log_prob: Any = None
+                    ) -> bool:
+                if type(observation) is not ndarray or observation.dtype is not obs_dtype \
+                        or observation.shape != obs_shape \
+                        or type(next_observation) is not ndarray \
+                        or next_observation.dtype is not obs_dtype \
+                        or next_observation.shape != obs_shape \
+                        or type(action) is not ndarray or action.dtype is not act_dtype \
+                        or action.shape != act_shape \
+                        or type(reward) not in _FLOATS or type(done) not in _FLAGS or done \
+                        or (truncated is not None
+                            and (type(truncated) not in _FLAGS or truncated)) \
+                        or (value is not None and type(value) not in _FLOATS) \
+                        or (log_prob is not None and type(log_prob) not in _FLOATS) \
+                        or core._limiter is not None:
+                    return False
+                with lock:
+                    step = ring.last_id + 1
+                    if not step or observation.tobytes() != head.tobytes():
+                        return False  # the first step, or a reset / out-of-sequence add
+                    at = step % L
+                    if side_ref[at] >= 0:  # the overwritten step owns a side observation
+                        return False
+                    obs_a[at] = observation
+                    act_a[at] = action
+                    rew_a[at] = reward
+                    for zero in zero_flags:
+                        zero[at] = 0
+                    if rollout:
+                        if value is None and log_prob is None:
+                            for zero in zero_policy:
+                                zero[at] = 0
+                        else:
+                            value_a[at] = 0.0 if value is None else value
+                            logp_a[at] = 0.0 if log_prob is None else log_prob
+                        core._gae_ready = False
+                        core._version += 1
+                    head[0] = next_observation
+                    ring.last_id = step
+                    core._sampler.on_add(ring, step, 1)
+                return True
+            return add
+
+        obs_shape, act_shape = (B,) + obs_spec.shape, (B,) + act_spec.shape
+        flags_shape, no_ends, unowned = (B,), bytes(B), core._unowned
+        float_dtypes = (np.dtype(np.float32), np.dtype(np.float64))  # (others: general path)
+
+        def add_envs(observation: Any, action: Any, reward: Any, next_observation: Any,
+                     done: Any, truncated: Any, value: Any = None, log_prob: Any = None
+                     ) -> bool:
+            if type(observation) is not ndarray or observation.dtype is not obs_dtype \
+                    or observation.shape != obs_shape \
+                    or type(next_observation) is not ndarray \
+                    or next_observation.dtype is not obs_dtype \
+                    or next_observation.shape != obs_shape \
+                    or type(action) is not ndarray or action.dtype is not act_dtype \
+                    or action.shape != act_shape \
+                    or type(reward) is not ndarray or reward.dtype not in float_dtypes \
+                    or reward.shape != flags_shape \
+                    or type(done) is not ndarray or done.dtype is not bool_ \
+                    or done.shape != flags_shape or done.tobytes() != no_ends \
+                    or (truncated is not None
+                        and (type(truncated) is not ndarray or truncated.dtype is not bool_
+                             or truncated.shape != flags_shape
+                             or truncated.tobytes() != no_ends)) \
+                    or value is not None or log_prob is not None \
+                    or core._limiter is not None:
+                return False
+            with lock:
+                step = ring.last_id + 1
+                if not step or observation.tobytes() != head.tobytes():
+                    return False
+                start = (step % L) * B
+                stop = start + B
+                if side_ref[start:stop].tobytes() != unowned:
+                    return False
+                obs_a[start:stop] = observation
+                act_a[start:stop] = action
+                rew_a[start:stop] = reward
+                for zero in zero_flags:
+                    zero[start:stop] = 0
+                if rollout:
+                    for zero in zero_policy:
+                        zero[start:stop] = 0
+                    core._gae_ready = False
+                    core._version += 1
+                head[...] = next_observation
+                ring.last_id = step
+                core._sampler.on_add(ring, step, 1)
+            return True
+        return add_envs
+
+    # ------------------------------------------------------------------ reading
+    def _gather(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Observations, actions, rewards, next observations and terminated flags of the
+        steps ``ids`` at ``positions`` (any shape; the lock held)."""
+        core = self.core
+        obs, act, rew, term = self.storage.gather(positions, self.read)
+        nxt = self.storage.gather(positions + self.B, self.obs_only)[0]  # gather wraps
+        side = core._side_ref[positions]
+        from_side = side >= 0
+        newest = ids == self.ring.last_id
+        any_side, any_newest = np.count_nonzero(from_side), np.count_nonzero(newest)
+        if any_side or any_newest:
+            nxt = nxt.copy()
+            if any_side:
+                newest &= ~from_side
+                nxt[from_side] = core._side.take(side[from_side])[0]
+            if any_newest:
+                nxt[newest] = core._head_next[0][positions[newest] % self.B]
+        return obs, act, rew, nxt, term
+
+    def sample(self, batch_size: int) -> tuple[np.ndarray, ...] | None:
+        """The core's ``sample(batch_size)`` (its sampler, drawing as it does); ``None``
+        where the core must do it (a rate limiter, or nothing stored)."""
+        core, ring = self.core, self.ring
+        with self.lock:
+            if core._limiter is not None or ring.last_id < 0:
+                return None
+            (ids, positions), _ = core._sampler.sample(ring, batch_size, 1)
+            return self._gather(ids, positions)
+
+    def steps(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Steps ``ids`` (``[K]``) of every env: ``[num_envs, K]`` (``_read_steps``)."""
+        ring = self.ring
+        positions = (ids % ring.max_length * self.B)[None, :] + self.rows[:, None]
+        with self.lock:
+            _check_held(self.core, int(ids.min()), int(ids.max()))
+            return self._gather(np.broadcast_to(ids, positions.shape), positions)
+
+    def block(self, first: int | None, steps: int, flat: bool, keep: int | None = None,
+              dtype: Any = None) -> tuple[np.ndarray, ...]:
+        """``steps`` consecutive steps from ``first`` (``None``: the newest ``steps``,
+        as the core's ``last``) of every env: ``[num_envs, steps]``, ``[steps]`` for one
+        env, or with ``flat`` ``[steps * num_envs]`` time-major, of which ``keep`` keeps
+        the first ``keep`` (negative: the last ``-keep``).
+
+        A block of steps is a contiguous run of storage positions (two at the ring's
+        end), so leaves are copied out by slicing, not gathered position by position:
+        for torch outputs (``dtype``), which must be contiguous, each leaf straight into
+        the array that becomes the tensor; for numpy, where views of a fresh copy do,
+        the packed records in one copy (the step after the block's too: next
+        observations), each leaf a field view."""
+        ring, B, core = self.ring, self.B, self.core
+        L = ring.max_length
+        cap = B * L
+        with self.lock:
+            last_id = ring.last_id
+            if first is None:
+                held = min(last_id + 1, L)
+                if steps > held:
+                    raise EmptyBufferError(f"last({steps}) asks for more transitions than "
+                                           f"each env holds ({held})")
+                first = last_id - steps + 1
+            elif first < last_id + 1 - L or first < 0 or first + steps - 1 > last_id:
+                _check_held(core, first, first + steps - 1)
+            n = steps * B
+            start = first % L * B
+            # Leaves come out of storage in their output layout: time-major as stored
+            # (one env, or flat), or env-major ([num_envs, steps]), each with one copy.
+            envs = B if self.vector and not flat else None
+            if self.fields is not None and _kind_of(dtype) is not TrajectoryType.TORCH:
+                records = _rows(self.records, start, n + B, cap).view(self.record_dtype)
+                if envs:  # [num_envs, steps + 1] views, as Pearl's swapaxes gave
+                    records = records.reshape(steps + 1, B).swapaxes(0, 1)
+                    cut, after = (slice(None), slice(None, steps)), (slice(None), slice(1, None))
+                else:
+                    cut, after = slice(None, n), slice(B, None)
+                o, a, r, t = self.fields
+                obs, act, rew, term = records[o][cut], records[a][cut], records[r][cut], \
+                    records[t][cut]
+                nxt = np.array(records[o][after], order="C")  # obs[t + 1] stays as it is
+            else:
+                arrays = self.storage.arrays
+                obs, act, rew = (_rows(arrays[i], start, n, cap, envs)
+                                 for i in self.read[:3])
+                # (a view where it can be: output's astype to float32 dones copies it)
+                term = _rows(arrays[self.read[3]], start, n, cap, envs, copy=False)
+                nxt = _rows(arrays[self.obs_only[0]], start + B, n, cap, envs)
+            side = _rows(core._side_ref, start, n, cap, envs, copy=False)
+            from_side = side >= 0
+            if np.count_nonzero(from_side):
+                nxt[from_side] = core._side.take(side[from_side])[0]
+            if first + steps - 1 == last_id:  # the newest step: its own next obs
+                last = (slice(None), -1) if envs else slice(n - B, None)
+                own = side[last] < 0
+                nxt[last][own] = core._head_next[0][own]
+        fields = (obs, act, rew, nxt, term)
+        if flat and keep is not None:  # storage order is time-major already
+            part = slice(keep, None) if keep < 0 else slice(None, keep)
+            fields = tuple(x[part] for x in fields)
+        return fields
+
+    def output(self, fields: tuple[np.ndarray, ...], dtype: Any) -> Trajectories:
+        """Pearl's trajectories of gathered fields, as ``BaseBuffer._output`` makes them."""
+        kind = _kind_of(dtype) or _trajectory_type(dtype)
+        obs, act, rew, nxt, term = fields
+        if self.obs_scalar:  # Pearl's scalar fields have a trailing axis of 1
+            obs, nxt = obs[..., None], nxt[..., None]
+        if self.act_scalar:
+            act = act[..., None]
+        rew = rew[..., None]
+        done = term.astype(np.float32, order="C")[..., None]
+        if kind is TrajectoryType.TORCH:
+            torch = self.torch
+            if torch is None:
+                import torch
+
+                device = self.buffer.device
+                self.torch, self.device = torch, None if device.type == "cpu" else device
+            tensor, contiguous, device = torch.from_numpy, np.ascontiguousarray, self.device
+            obs, act, rew, nxt, done = (tensor(contiguous(x)) for x in (obs, act, rew, nxt,
+                                                                          done))
+            if device is not None:
+                obs, act, rew, nxt, done = (x.to(device) for x in (obs, act, rew, nxt, done))
+        return Trajectories(obs, act, rew, nxt, done)
+
+
+def _rows(array: np.ndarray, start: int, n: int, capacity: int, envs: int | None = None,
+          copy: bool = True) -> np.ndarray:
+    """Rows ``start .. start + n - 1`` (modulo ``capacity``) of ``array``, a fresh
+    C-contiguous array (``copy=False``: a view where they do not wrap); with ``envs``,
+    the rows of ``n / envs`` steps laid out ``[envs, steps, ...]``."""
+    start %= capacity
+    parts = [array[start:start + n]] if start + n <= capacity else \
+        [array[start:], array[:start + n - capacity]]
+    if envs is not None:
+        parts = [p.reshape((-1, envs) + p.shape[1:]).swapaxes(0, 1) for p in parts]
+    if len(parts) == 1:
+        return np.array(parts[0], order="C") if copy else parts[0]
+    if envs is None:
+        return np.concatenate(parts)
+    first, second = parts  # (concatenate would lay the result out as its inputs are)
+    out = np.empty(first.shape[:1] + (first.shape[1] + second.shape[1],) + first.shape[2:],
+                   array.dtype)
+    return np.concatenate(parts, axis=1, out=out)
+
+
+def _zero_views(storage: NumpyStorage, leaves: list[int]) -> list[np.ndarray]:
+    """Arrays whose rows, set to 0, zero the positions of ``leaves``: byte columns of
+    the packed records (one per run of leaves that lie side by side), or the leaves'
+    own arrays. Zero bytes are 0, 0.0 and False alike."""
+    fields = [storage._field.get(i) for i in leaves]
+    if None in fields:
+        return [storage.arrays[i] for i in leaves]
+    dtype = storage._record_dtype
+    runs: list[list[int]] = []
+    for offset, size in sorted((dtype.fields[f][1], dtype.fields[f][0].itemsize)
+                               for f in fields):
+        if runs and runs[-1][1] == offset:
+            runs[-1][1] = offset + size
+        else:
+            runs.append([offset, offset + size])
+    rows = storage._records.view(np.uint8).reshape(len(storage._records), dtype.itemsize)
+    return [rows[:, start:stop] for start, stop in runs]
+
+
+def _kind_of(dtype: Any) -> TrajectoryType | None:
+    """What ``dtype`` asks for, cheaply; ``None`` where ``_trajectory_type`` decides (and
+    raises for what it refuses)."""
+    if type(dtype) is str:
+        return _KINDS.get(dtype)
+    return dtype if isinstance(dtype, TrajectoryType) else None
+
+
+def _check_held(core: Any, low: int, high: int) -> None:
+    """``EmptyBufferError`` unless steps ``low..high`` are stored (``_read_steps``'s)."""
+    ring = core._ring
+    if ring.last_id < 0:
+        raise core._empty_error()
+    if low < ring.oldest_id or high > ring.last_id:
+        raise EmptyBufferError(f"steps {low}..{high} are not stored "
+                               f"(held: {ring.oldest_id}..{ring.last_id})")

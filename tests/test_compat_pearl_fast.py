@@ -1,0 +1,268 @@
+"""compat.pearl's shortcuts (``BaseBuffer._fast``) against its general path.
+
+Two buffers built alike, one with its shortcuts and one without (``_fast = None``),
+are played the same random script of adds (in sequence, after resets, out of
+sequence, ending episodes by termination or truncation, inputs of every type the
+general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
+without ``flatten_env``, also asking for more than is held); every output must be the
+same bytes, every error the same, and so must the cores' whole state at the end.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replaybuffer.buffers.rollout import RolloutBuffer as RolloutCore
+from replaybuffer.compat import pearl
+from replaybuffer.compat.pearl import ReplayBuffer, RolloutBuffer
+from replaybuffer.errors import EmptyBufferError, SpecError
+
+OBS = spaces.Box(-5, 5, (3,), np.float32)
+ACT = spaces.Box(-1, 1, (2,), np.float32)
+
+
+def pair(cls, num_envs, buffer_size, seed, **spaces_):
+    spaces_ = spaces_ or {"observation_space": OBS, "action_space": ACT}
+    fast = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
+    slow = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
+    slow._fast = None
+    assert fast._fast is not None
+    return fast, slow
+
+
+def counting(buffer):
+    """Count the adds that the shortcut wrote itself."""
+    fast = buffer._fast
+    inner, taken = fast.add, [0]
+
+    def add(*args):
+        done = inner(*args)
+        taken[0] += done
+        return done
+    fast.add = add
+    return taken
+
+
+def flat(result):
+    out = []
+    for field in ("observations", "actions", "rewards", "next_observations", "dones"):
+        x = getattr(result, field)
+        out.append((type(x).__name__, x.numpy() if isinstance(x, torch.Tensor) else x))
+    return out
+
+
+def call(buffer, method, *args, **kwargs):
+    try:
+        return ("ok", flat(getattr(buffer, method)(*args, **kwargs)))
+    except (EmptyBufferError, ValueError, SpecError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def assert_same(a, b):
+    assert a[0] == b[0], (a, b)
+    if a[0] != "ok":
+        assert a[1] == b[1]
+        return
+    for (ta, xa), (tb, xb) in zip(a[1], b[1]):
+        assert ta == tb and xa.dtype == xb.dtype and xa.shape == xb.shape
+        assert np.ascontiguousarray(xa).tobytes() == np.ascontiguousarray(xb).tobytes()
+
+
+def assert_same_state(fast, slow):
+    a, b = fast.core, slow.core
+    assert a._ring.last_id == b._ring.last_id
+    for x, y in zip(a._storage.arrays, b._storage.arrays):
+        assert np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
+    np.testing.assert_array_equal(a._side_ref, b._side_ref)
+    for x, y in zip(a._head_next, b._head_next):
+        assert x.tobytes() == y.tobytes()
+    used = a._side_ref[a._side_ref >= 0]
+    for x, y in zip(a._side.take(used), b._side.take(b._side_ref[b._side_ref >= 0])):
+        assert x.tobytes() == y.tobytes()
+    assert fast._rng.bit_generator.state == slow._rng.bit_generator.state
+    assert a._sampler._rng.bit_generator.state == b._sampler._rng.bit_generator.state
+    if isinstance(a, RolloutCore):
+        assert (a._gae_ready, a._version) == (b._gae_ready, b._version)
+
+
+def as_input(rng, value, kind, vector):
+    """``value`` (float32 array, or float / bool per env) in one of the types callers
+    pass: the shortcut takes some, the general path the rest."""
+    if kind == "exact":
+        if vector or isinstance(value, np.ndarray):
+            return value
+        return bool(value) if isinstance(value, (bool, np.bool_)) else float(value)
+    if kind == "numpy scalar" and not vector and not isinstance(value, np.ndarray):
+        return np.bool_(value) if isinstance(value, (bool, np.bool_)) else np.float32(value)
+    if kind == "float64":
+        return np.asarray(value, np.float64) if not isinstance(value, (bool, np.bool_)) \
+            and np.asarray(value).dtype != np.bool_ else np.asarray(value)
+    if kind == "list":
+        return np.asarray(value).tolist()
+    if kind == "tensor":
+        return torch.as_tensor(np.asarray(value))
+    return value
+
+
+ADD_KINDS = ["exact", "exact", "exact", "numpy scalar", "float64", "list", "tensor"]
+
+
+def play(fast, slow, data, rng, steps, vector, rollout):
+    """Random adds and reads on both buffers; outputs compared as they come."""
+    B = fast.num_envs
+    shape = (B,) if vector else ()
+    obs = rng.standard_normal(shape + (3,), dtype=np.float32)
+    for _ in range(steps):
+        op = data.draw(st.sampled_from(["add"] * 6 + ["sample", "last", "all", "reset"]))
+        if op == "add":
+            nxt = rng.standard_normal(shape + (3,), dtype=np.float32)
+            action = rng.uniform(-1, 1, shape + (2,)).astype(np.float32)
+            reward = rng.standard_normal(shape).astype(np.float32) if vector else \
+                float(rng.standard_normal())
+            term = rng.random(shape) < 0.15 if vector else bool(rng.random() < 0.15)
+            trunc = rng.random(shape) < 0.1 if vector else bool(rng.random() < 0.1)
+            kind = data.draw(st.sampled_from(ADD_KINDS))
+            args = [as_input(rng, x, kind, vector) for x in (obs, action, reward, nxt, term)]
+            truncated = data.draw(st.sampled_from(["given", "none"]))
+            args.append(None if truncated == "none" else as_input(rng, trunc, kind, vector))
+            extra = {}
+            if rollout and data.draw(st.booleans()):
+                value = rng.standard_normal(shape).astype(np.float32) if vector else \
+                    float(rng.standard_normal())
+                extra = {"value": value, "log_prob": value}
+            results = []
+            for buffer in (fast, slow):
+                try:
+                    buffer.add_trajectory(*args, **extra)
+                    results.append("ok")
+                except (SpecError, ValueError, TypeError) as exc:
+                    results.append(f"{type(exc).__name__}: {exc}")
+            assert results[0] == results[1]
+            ended = np.asarray(term) | np.asarray(trunc)
+            follow = data.draw(st.sampled_from(["next", "next", "next", "reset", "jump"]))
+            if follow == "next":
+                obs = nxt.copy() if ended.any() and vector else nxt
+                if vector and ended.any():  # the envs that ended reset
+                    obs[ended] = rng.standard_normal((int(ended.sum()), 3), dtype=np.float32)
+                elif ended.any():
+                    obs = rng.standard_normal((3,), dtype=np.float32)
+            else:  # a reset or an out-of-sequence add: the next observation is another
+                obs = rng.standard_normal(shape + (3,), dtype=np.float32)
+        elif op == "reset":
+            fast.reset()
+            slow.reset()
+        else:
+            dtype = data.draw(st.sampled_from(["numpy", "torch", "NUMPY",
+                                               pearl.TrajectoryType.TORCH]))
+            flatten = data.draw(st.booleans())
+            if op == "all":
+                args = ()
+            else:
+                args = (data.draw(st.integers(1, 3 * fast.buffer_size)),)
+            assert_same(call(fast, op, *args, flatten, dtype),
+                        call(slow, op, *args, flatten, dtype))
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 1, 3])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1), buffer_size=st.integers(1, 9))
+def test_fast_paths_give_what_the_general_path_gives(cls, num_envs, data, seed, buffer_size):
+    fast, slow = pair(cls, num_envs, buffer_size, seed)
+    taken = counting(fast)
+    play(fast, slow, data, np.random.default_rng(seed), 60, num_envs is not None,
+         cls is RolloutBuffer)
+    assert_same_state(fast, slow)
+    assert taken[0] >= 0  # (how often depends on the script; see the test below)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 3])
+def test_an_env_loop_takes_the_fast_add_except_at_episode_ends(cls, num_envs):
+    fast, slow = pair(cls, num_envs, 16, 0)
+    taken = counting(fast)
+    rng = np.random.default_rng(0)
+    shape = (num_envs,) if num_envs else ()
+    obs = rng.standard_normal(shape + (3,), dtype=np.float32)
+    ends = 0
+    for t in range(100):
+        nxt = rng.standard_normal(shape + (3,), dtype=np.float32)
+        action = rng.uniform(-1, 1, shape + (2,)).astype(np.float32)
+        end = t % 10 == 9
+        if num_envs:
+            reward, term, trunc = rng.standard_normal(num_envs), np.full(num_envs, end), \
+                np.zeros(num_envs, bool)
+        else:
+            reward, term, trunc = float(rng.standard_normal()), end, False
+        for buffer in (fast, slow):
+            buffer.add_trajectory(obs, action, reward, nxt, term, trunc)
+        ends += end
+        obs = rng.standard_normal(shape + (3,), dtype=np.float32) if end else nxt
+    # General adds: the first, each episode's last and the one after each reset, and
+    # those overwriting a step that kept a side observation.
+    assert 100 - taken[0] <= 1 + 2 * ends + 100 // 16 + 2
+    assert taken[0] > 50
+    for op, args in (("sample", (5,)), ("last", (7,)), ("all", ())):
+        for flatten in (False, True):
+            for dtype in ("numpy", "torch"):
+                assert_same(call(fast, op, *args, flatten, dtype),
+                            call(slow, op, *args, flatten, dtype))
+    assert_same_state(fast, slow)
+
+
+def test_no_shortcuts_where_they_do_not_apply():
+    goal = spaces.Dict({"observation": OBS, "achieved_goal": ACT, "desired_goal": ACT})
+    her = pearl.HERBuffer(buffer_size=4, observation_space=goal, action_space=ACT,
+                          compute_reward=lambda a, d, i: np.zeros(len(a)))
+    assert her._fast is None
+    nested = ReplayBuffer(buffer_size=4, observation_space=goal, action_space=ACT)
+    assert nested._fast is None
+    torch_storage = ReplayBuffer(buffer_size=4, observation_space=OBS, action_space=ACT,
+                                 storage="torch")
+    assert torch_storage._fast is None
+    discrete = ReplayBuffer(buffer_size=4, observation_space=OBS,
+                            action_space=spaces.Discrete(3))
+    assert discrete._fast is not None and discrete._fast.add is None  # ranges checked
+
+
+def test_fast_reads_of_a_discrete_action_space():
+    kw = {"observation_space": OBS, "action_space": spaces.Discrete(3)}
+    fast, slow = pair(ReplayBuffer, None, 5, 3, **kw)
+    rng = np.random.default_rng(1)
+    obs = rng.standard_normal(3, dtype=np.float32)
+    for t in range(12):
+        nxt = rng.standard_normal(3, dtype=np.float32)
+        for buffer in (fast, slow):
+            buffer.add_trajectory(obs, int(t % 3), 1.0, nxt, t % 4 == 3)
+        obs = nxt
+    with pytest.raises(SpecError):
+        fast.add_trajectory(obs, 3, 1.0, obs, False)
+    for op, args in (("sample", (6,)), ("last", (4,)), ("all", ())):
+        for dtype in ("numpy", "torch"):
+            a, b = call(fast, op, *args, False, dtype), call(slow, op, *args, False, dtype)
+            assert_same(a, b)
+            assert a[1][1][1].shape[-1] == 1  # Pearl's trailing axis of discrete actions
+
+
+def test_fast_reads_are_copies_and_contiguous_tensors():
+    fast, _ = pair(ReplayBuffer, 2, 6, 0)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((2, 3), dtype=np.float32)
+    for _ in range(9):
+        nxt = rng.standard_normal((2, 3), dtype=np.float32)
+        fast.add_trajectory(obs, np.zeros((2, 2), np.float32), np.ones(2), nxt,
+                            np.zeros(2, bool))
+        obs = nxt
+    before = fast.core._storage.arrays[0].copy()
+    for batch in (fast.sample(4, dtype="numpy"), fast.last(3, dtype="numpy"),
+                  fast.all(dtype="numpy"), fast.all(flatten_env=True, dtype="numpy")):
+        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
+            getattr(batch, field)[...] = 7
+    assert np.ascontiguousarray(fast.core._storage.arrays[0]).tobytes() == \
+        np.ascontiguousarray(before).tobytes()
+    for batch in (fast.sample(4), fast.last(3), fast.all(), fast.last(5, flatten_env=True)):
+        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
+            assert getattr(batch, field).is_contiguous()
