@@ -82,6 +82,9 @@ def stream(envs: int, length: int = 4096, seed: int = 0) -> list[tuple[Any, ...]
     left = rng.integers(50, 300, shape or (1,))
     obs = rng.standard_normal(shape + OBS_SHAPE, np.float32)
     out = []
+    reward: float | np.ndarray  # one env: Python scalars; a vector env: arrays
+    terminated: bool | np.ndarray
+    truncated: bool | np.ndarray
     for t in range(length):
         left -= 1
         ends = (left == 0) | (t == length - 1)
@@ -111,14 +114,16 @@ def stream(envs: int, length: int = 4096, seed: int = 0) -> list[tuple[Any, ...]
 def _pearl_env(envs: int) -> Any:
     import gym
 
-    class ControlEnv(gym.Env):  # spaces are all Pearl's buffers read
+    # gym is Any to mypy (not installed where it runs: see pyproject's overrides).
+    class ControlEnv(gym.Env):  # type: ignore[misc]  # spaces: all Pearl's buffers read
         observation_space = gym.spaces.Box(-np.inf, np.inf, OBS_SHAPE, np.float32)
         action_space = gym.spaces.Box(-1.0, 1.0, ACTION_SHAPE, np.float32)
 
     if envs == 1:
         return ControlEnv()
 
-    class ControlVectorEnv(gym.vector.VectorEnv):  # gym 0.19 batches the spaces itself
+    class ControlVectorEnv(gym.vector.VectorEnv):  # type: ignore[misc]  # (gym is Any)
+        # gym 0.19 batches the spaces itself.
         def __init__(self) -> None:
             super().__init__(envs, ControlEnv.observation_space, ControlEnv.action_space)
 
@@ -166,14 +171,18 @@ def _buffers(cls_name: str, envs: int, buffer_size: int, seed: int) -> tuple[Any
     return pearl, mine
 
 
+def _sample(buffer: Any, kind: str) -> Callable[[], Any]:
+    """``buffer.sample(BATCH, dtype=kind)`` as a call of no arguments."""
+    return lambda: buffer.sample(BATCH, dtype=kind)
+
+
 def _ops(cls_name: str, pearl: Any, mine: Any, data: list[tuple[Any, ...]]
          ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """``{op: (Pearl's call, ours)}`` for one buffer class."""
     calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         "add_trajectory": (_adder(pearl, data, True), _adder(mine, data, False))}
     for kind in ("numpy", "torch"):
-        calls[f"sample({BATCH}) {kind}"] = (
-            lambda k=kind: pearl.sample(BATCH, dtype=k), lambda k=kind: mine.sample(BATCH, dtype=k))
+        calls[f"sample({BATCH}) {kind}"] = (_sample(pearl, kind), _sample(mine, kind))
     calls[f"last({BATCH}) torch"] = (lambda: pearl.last(BATCH), lambda: mine.last(BATCH))
     calls["all() torch"] = (lambda: pearl.all(), lambda: mine.all())
     return calls

@@ -814,7 +814,7 @@ def _tianshou(workload: str, sizes: Sizes, layout: str = "default"
                        "sample(256)+next": (lambda: buf.sample(256), 256)}, sizes)
 
 
-def _pearl(workload: str, sizes: Sizes, layout: str = "seed") -> Iterator[dict[str, Any]]:
+def _pearl(workload: str, sizes: Sizes, layout: str = "seed") -> _Rows:
     """Pearl's buffers and ours through compat.pearl, timed together in .venv-pearl:
     rows of peer ``pearl`` and of peer ``replaybuffer`` for every op."""
     yield from pearl_seed.peer_rows(quick=sizes is QUICK)

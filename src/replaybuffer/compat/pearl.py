@@ -96,7 +96,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Callable, Dict, Union, cast, overload
 
 import numpy as np
 
@@ -589,7 +589,8 @@ class ReplayBuffer(BaseBuffer):
             ids = self._draw_steps(batch_size)
             if fast is not None:
                 return fast.output(fast.steps(ids), dtype)
-            return self._output(self._read_steps(ids), False, dtype)
+            out: Trajectories = self._output(self._read_steps(ids), False, dtype)
+            return out
         if fast is not None:
             fields = fast.sample(_count(batch_size, "batch_size"))
             if fields is not None:
@@ -771,14 +772,23 @@ class HERBuffer(BaseBuffer):
         return out
 
 
-def _draw(rng: np.random.Generator, n: int, size: int | None = None) -> Any:
+@overload
+def _draw(rng: np.random.Generator, n: int, size: None = None) -> int: ...
+
+
+@overload
+def _draw(rng: np.random.Generator, n: int, size: int) -> np.ndarray: ...
+
+
+def _draw(rng: np.random.Generator, n: int, size: int | None = None) -> int | np.ndarray:
     """Uniform draws from ``range(n)``: an int, or int64 ``[size]``.
 
     Raw 64-bit draws reduced modulo ``n``, as the core's samplers draw (a quarter of the
     cost of ``Generator.integers`` for one number), with a bias below ``n / 2**64``."""
     if size is None:
         return rng.bit_generator.random_raw() % n
-    return (rng.bit_generator.random_raw(size) % np.uint64(n)).view(np.int64)
+    draws: np.ndarray = (rng.bit_generator.random_raw(size) % np.uint64(n)).view(np.int64)
+    return draws  # (numpy's stubs type the uint64 modulo as Any)
 
 
 def _count(value: Any, name: str) -> int:
@@ -824,57 +834,67 @@ class _FastPaths:
 
     @classmethod
     def of(cls, buffer: BaseBuffer) -> "_FastPaths | None":
-        core = buffer.core
+        core, storage = buffer.core, buffer.core._storage
         if type(core) not in (TransitionReplayBuffer, _RolloutCore) or \
-                type(core._storage) is not NumpyStorage or core._codec is not None or \
+                type(storage) is not NumpyStorage or core._codec is not None or \
                 getattr(core, "n_step", 1) != 1 or core._episodes is not None or \
                 not core._obs_is_leaf or len(core._obs_leaves) != 1 or \
                 buffer._action_path not in core._paths:
             return None
-        return cls(buffer)
+        return cls(buffer, storage)
 
-    def __init__(self, buffer: BaseBuffer):
+    def __init__(self, buffer: BaseBuffer, storage: NumpyStorage):
+        """``storage``: the core's, exactly a NumpyStorage (:meth:`of` checks)."""
         core = self.core = buffer.core
         self.buffer = buffer
         self.ring = core._ring
         self.lock = core._lock
-        self.storage = core._storage
+        self.storage = storage
         self.B = self.ring.batch_size
         self.vector = buffer.vector
         self.rows = np.arange(self.B, dtype=np.int64)
         obs, act = core._obs_leaves[0], core._paths.index(buffer._action_path)
         self.obs_only = [obs]
         self.read = [obs, act, core._reward, core._terminated]
-        # Packed records: numpy block reads copy them whole (see block()).
-        fields = [self.storage._field.get(i) for i in self.read]
-        self.fields = None if None in fields else fields
-        self.records = self.storage._record_bytes if self.fields is not None else None
-        self.record_dtype = self.storage._record_dtype if self.fields is not None else None
+        # Packed records: numpy block reads copy them whole (see block()). ``packed``:
+        # the records' bytes, their dtype and the fields of ``read``, where all of
+        # ``read`` are packed.
+        fields = [name for i in self.read if (name := storage._field.get(i)) is not None]
+        self.packed: tuple[np.ndarray, np.dtype[Any], list[str]] | None = \
+            (storage._record_bytes, storage._record_dtype, fields) \
+            if len(fields) == len(self.read) else None
         self.obs_scalar = core._specs[obs].shape == ()
         self.act_scalar = core._specs[act].shape == ()
         self.torch: Any = None  # the module and the device, at the first torch read
         self.device: Any = None
-        self.add = self._make_add(buffer, obs, act)
+        self.add: Callable[..., bool] | None = self._make_add(buffer, obs, act)
 
     # ------------------------------------------------------------------ writing
-    def _make_add(self, buffer: BaseBuffer, obs: int, act: int) -> Any:
+    def _make_add(self, buffer: BaseBuffer, obs: int, act: int
+                  ) -> Callable[..., bool] | None:
         """``add(observation, action, reward, next_observation, done, truncated, value,
         log_prob) -> bool``: ``True`` when it wrote the transition, ``False`` (having
         written nothing) when the general path must."""
-        core, ring, lock = self.core, self.ring, self.lock
+        core, ring, lock, storage = self.core, self.ring, self.lock, self.storage
         rollout = type(core) is _RolloutCore
-        arrays = core._storage.arrays
+        # The RolloutBuffer's own state, touched only where ``rollout`` (of() admits
+        # exactly TransitionReplayBuffer and RolloutBuffer cores).
+        roll = cast(_RolloutCore, core)
+        arrays = storage.arrays
         leaves = [obs, act, core._reward, core._terminated, core._truncated]
         if rollout:
-            leaves += [core._value, core._paths.index("['action']['log_prob']")]
+            leaves += [roll._value, core._paths.index("['action']['log_prob']")]
         if sorted(leaves) != list(range(len(arrays))) or core._int_checks:
             return None  # another layout, or values whose range must be checked
         obs_a, act_a, rew_a = (arrays[i] for i in leaves[:3])
-        value_a, logp_a = (arrays[leaves[5]], arrays[leaves[6]]) if rollout else (None, None)
+        if rollout:
+            value_a, logp_a = arrays[leaves[5]], arrays[leaves[6]]
+        else:  # no such leaves: placeholders, never written (only where ``rollout``)
+            value_a = logp_a = np.empty(0)
         # Zeroed on every add: the flags (as in the packed records they lie side by side,
         # one write of their bytes), and the rollout's value and log_prob when not given.
-        zero_flags = _zero_views(core._storage, leaves[3:5])
-        zero_policy = _zero_views(core._storage, leaves[5:7])
+        zero_flags = _zero_views(storage, leaves[3:5])
+        zero_policy = _zero_views(storage, leaves[5:7])
         B, L = ring.batch_size, ring.max_length
         head, side_ref = core._head_next[0], core._side_ref
         obs_spec, act_spec = core._specs[obs], core._specs[act]
@@ -920,8 +940,8 @@ class _FastPaths:
                         else:
                             value_a[at] = 0.0 if value is None else value
                             logp_a[at] = 0.0 if log_prob is None else log_prob
-                        core._gae_ready = False
-                        core._version += 1
+                        roll._gae_ready = False
+                        roll._version += 1
                     head[0] = next_observation
                     ring.last_id = step
                     core._sampler.on_add(ring, step, 1)
@@ -969,8 +989,8 @@ class _FastPaths:
                 if rollout:
                     for zero in zero_policy:
                         zero[start:stop] = 0
-                    core._gae_ready = False
-                    core._version += 1
+                    roll._gae_ready = False
+                    roll._version += 1
                 head[...] = next_observation
                 ring.last_id = step
                 core._sampler.on_add(ring, step, 1)
@@ -1046,14 +1066,17 @@ class _FastPaths:
             # Leaves come out of storage in their output layout: time-major as stored
             # (one env, or flat), or env-major ([num_envs, steps]), each with one copy.
             envs = B if self.vector and not flat else None
-            if self.fields is not None and _kind_of(dtype) is not TrajectoryType.TORCH:
-                records = _rows(self.records, start, n + B, cap).view(self.record_dtype)
+            packed = self.packed
+            if packed is not None and _kind_of(dtype) is not TrajectoryType.TORCH:
+                record_bytes, record_dtype, (o, a, r, t) = packed
+                records = _rows(record_bytes, start, n + B, cap).view(record_dtype)
+                cut: slice | tuple[slice, slice]
+                after: slice | tuple[slice, slice]
                 if envs:  # [num_envs, steps + 1] views, as Pearl's swapaxes gave
                     records = records.reshape(steps + 1, B).swapaxes(0, 1)
                     cut, after = (slice(None), slice(None, steps)), (slice(None), slice(1, None))
                 else:
                     cut, after = slice(None, n), slice(B, None)
-                o, a, r, t = self.fields
                 obs, act, rew, term = records[o][cut], records[a][cut], records[r][cut], \
                     records[t][cut]
                 nxt = np.array(records[o][after], order="C")  # obs[t + 1] stays as it is
@@ -1072,7 +1095,7 @@ class _FastPaths:
                 last = (slice(None), -1) if envs else slice(n - B, None)
                 own = side[last] < 0
                 nxt[last][own] = core._head_next[0][own]
-        fields = (obs, act, rew, nxt, term)
+        fields: tuple[np.ndarray, ...] = (obs, act, rew, nxt, term)
         if flat and keep is not None:  # storage order is time-major already
             part = slice(keep, None) if keep < 0 else slice(None, keep)
             fields = tuple(x[part] for x in fields)
@@ -1130,15 +1153,16 @@ def _zero_views(storage: NumpyStorage, leaves: list[int]) -> list[np.ndarray]:
     fields = [storage._field.get(i) for i in leaves]
     if None in fields:
         return [storage.arrays[i] for i in leaves]
-    dtype = storage._record_dtype
+    records, dtype = storage._records, storage._record_dtype
+    layout = dtype.fields
+    assert records is not None and layout is not None  # packed leaves: there are records
     runs: list[list[int]] = []
-    for offset, size in sorted((dtype.fields[f][1], dtype.fields[f][0].itemsize)
-                               for f in fields):
+    for offset, size in sorted((layout[f][1], layout[f][0].itemsize) for f in fields):
         if runs and runs[-1][1] == offset:
             runs[-1][1] = offset + size
         else:
             runs.append([offset, offset + size])
-    rows = storage._records.view(np.uint8).reshape(len(storage._records), dtype.itemsize)
+    rows = records.view(np.uint8).reshape(len(records), dtype.itemsize)
     return [rows[:, start:stop] for start, stop in runs]
 
 
@@ -1150,7 +1174,7 @@ def _kind_of(dtype: Any) -> TrajectoryType | None:
     return dtype if isinstance(dtype, TrajectoryType) else None
 
 
-def _check_held(core: Any, low: int, high: int) -> None:
+def _check_held(core: TransitionReplayBuffer, low: int, high: int) -> None:
     """``EmptyBufferError`` unless steps ``low..high`` are stored (``_read_steps``'s)."""
     ring = core._ring
     if ring.last_id < 0:
