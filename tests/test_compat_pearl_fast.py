@@ -266,3 +266,38 @@ def test_fast_reads_are_copies_and_contiguous_tensors():
     for batch in (fast.sample(4), fast.last(3), fast.all(), fast.last(5, flatten_env=True)):
         for field in ("observations", "actions", "rewards", "next_observations", "dones"):
             assert getattr(batch, field).is_contiguous()
+
+
+def test_adds_during_a_save_leave_the_snapshot_as_it_was():
+    """While a save streams its snapshot, writes must go through the copy-on-write
+    storage: the fast add steps aside, so the snapshot still reads what the buffer held
+    when it was taken."""
+    fast, _ = pair(ReplayBuffer, None, 8, 0)
+    taken = counting(fast)
+    rng = np.random.default_rng(1)
+    obs = rng.standard_normal(3, dtype=np.float32)
+
+    def step(obs):
+        nxt = rng.standard_normal(3, dtype=np.float32)
+        action = rng.uniform(-1, 1, 2).astype(np.float32)
+        fast.add_trajectory(obs, action, 1.0, nxt, False, False)
+        return nxt
+
+    for _ in range(12):  # wrapped: later adds overwrite what the snapshot holds
+        obs = step(obs)
+    core = fast.core
+    with core._lock:
+        _, streams = core._snapshot()
+        reference = {name: [np.array(a) for a in rows._read(np.arange(rows.count))]
+                     for name, rows in streams.items()}
+    before = taken[0]
+    for _ in range(5):
+        obs = step(obs)
+    assert taken[0] == before  # no shortcut while the snapshot is open
+    with core._lock:
+        for name, rows in streams.items():
+            for got, want in zip(rows.read(0, rows.count), reference[name]):
+                np.testing.assert_array_equal(got, want)
+        core._release_snapshot()
+    obs = step(obs)
+    assert taken[0] == before + 1  # and the shortcut again once it is closed

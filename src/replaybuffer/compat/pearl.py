@@ -922,6 +922,8 @@ class _FastPaths:
                         or core._limiter is not None:
                     return False
                 with lock:
+                    if core._storage is not storage:
+                        return False  # a save's copy-on-write snapshot is open: its path
                     step = ring.last_id + 1
                     if not step or observation.tobytes() != head.tobytes():
                         return False  # the first step, or a reset / out-of-sequence add
