@@ -275,6 +275,139 @@ def test_random_stream_sees_adds_and_empty_errors_are_typed_in_and_out_of_graphs
         first(dataset)
 
 
+# ------------------------------------------- the direct road of Python iteration
+def ordered_spec():
+    """An OrderedDict out of key order: optree keeps insertion order, tf.nest sorts keys,
+    so the flat tensors of an element come in another order than the leaves."""
+    from collections import OrderedDict
+
+    return OrderedDict([("zeta", rb.ArraySpec((2,), np.float32)),
+                        ("alpha", (rb.ArraySpec((), np.int64), rb.ArraySpec((3,), np.int32)))])
+
+
+def filled(spec, batch_size=3, max_length=6, adds=8, seed=5):
+    buf = rb.UniformReplayBuffer(spec, batch_size, max_length, storage="tensorflow", seed=seed)
+    rng = np.random.default_rng(0)
+    for _ in range(adds):
+        buf.add_batch(tf.nest.map_structure(
+            lambda s: (rng.standard_normal((batch_size,) + s.shape) * 100).astype(s.dtype),
+            spec))
+    return buf
+
+
+def same_elements(fast, generic):
+    assert type(fast[0]) is type(generic[0]) and type(fast[1]) is type(generic[1])
+    tf.nest.assert_same_structure(fast, generic)
+    for a, b in zip(tf.nest.flatten(fast), tf.nest.flatten(generic)):
+        if a is None or b is None:  # BufferInfo.weights
+            assert a is None and b is None
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"sample_batch_size": 4, "num_steps": 2}, {}, {"num_steps": 3},
+    {"sample_batch_size": 5, "num_parallel_calls": 2},
+    {"single_deterministic_pass": True, "sample_batch_size": 2, "num_steps": 2},
+    {"single_deterministic_pass": True}])
+def test_python_iteration_gives_tf_data_s_own_elements(kwargs):
+    # Two buffers built alike: one iterated by ReplayIterator's direct road, the other
+    # by TensorFlow's own iterator (the generic road) and inside tf.function.
+    fast_buf, generic_buf, graph_buf = (filled(ordered_spec()) for _ in range(3))
+    it = iter(fast_buf.as_dataset(**kwargs))
+    assert it._pull is not None
+    fast = list(itertools.islice(it, 7))
+    generic = list(itertools.islice(generic_buf.as_dataset(**kwargs)._tf_iterator(), 7))
+    assert len(fast) == len(generic) > 0
+    for a, b in zip(fast, generic):
+        same_elements(a, b)
+
+    @tf.function
+    def first_two(dataset):
+        it = iter(dataset)
+        return next(it), next(it)
+
+    for a, b in zip(fast, first_two(graph_buf.as_dataset(**kwargs))):
+        same_elements(a, b)
+
+
+def test_the_generic_road_is_taken_where_the_direct_one_is_missing(monkeypatch):
+    import replaybuffer.tf.dataset as tf_dataset
+
+    expected = list(itertools.islice(filled(ordered_spec()).as_dataset(4, 2), 3))
+    monkeypatch.setattr(tf_dataset, "_get_next_op", None)
+    it = iter(filled(ordered_spec()).as_dataset(4, 2))
+    assert it._pull is None
+    for a, b in zip(itertools.islice(it, 3), expected):
+        same_elements(a, b)
+    # Element specs with anything but dense tensors have no flat unpacker.
+    ragged = tf.data.Dataset.from_tensors(tf.ragged.constant([[1], [2, 3]]))
+    assert tf_dataset.flat_unpacker(ragged.element_spec, lambda v: v[0], 1) is None
+    dense = tf.data.Dataset.from_tensors((tf.zeros(2), tf.ones(3)))
+    assert tf_dataset.flat_unpacker(dense.element_spec, lambda v: v[0], 1) is None
+    # build takes its values in its own order; the flat tensors come in the element's.
+    unpack = tf_dataset.flat_unpacker(dense.element_spec, lambda v: (v[1], v[0]), 2)
+    assert unpack(["x", "y"]) == ("x", "y")
+
+
+def test_prefetch_keeps_the_replay_dataset_and_its_errors():
+    from replaybuffer.tf import ReplayDataset
+
+    buf = counter(batch_size=2, max_length=3)
+    dataset = buf.as_dataset(4, num_parallel_calls=2).prefetch(3)
+    assert isinstance(dataset, ReplayDataset)
+    it = iter(dataset)
+    with pytest.raises(rb.EmptyBufferError, match=EMPTY):
+        next(it)
+    buf.add_batch(np.array([5, 105]))
+    items, info = next(it)
+    assert set(to_np(items).tolist()) <= {5, 105} and info.probabilities.shape == (4,)
+
+
+def test_gather_all_matches_numpy_at_every_fill_and_wrap():
+    tf_buf = counter(batch_size=3, max_length=4)
+    np_buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), 3, 4)
+    gather_in_graph = tf.function(tf_buf.gather_all)
+    for t in range(11):
+        for got in (tf_buf.gather_all(), gather_in_graph()):
+            assert tuple(got.shape) == (3, min(t, 4))
+            np.testing.assert_array_equal(to_np(got), np_buf.gather_all())
+        step = np.arange(3, dtype=np.int64) * 100 + t
+        tf_buf.add_batch(step)
+        np_buf.add_batch(step)
+    spec = tensor_spec()  # leaves of rank 1 and 2
+    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow")
+    for t in range(5):
+        buf.add_batch(tf.nest.map_structure(lambda s, t=t: tf.fill([2] + s.shape, float(t)),
+                                            spec))
+    action, (lidar, camera) = buf.gather_all()
+    assert tuple(camera.shape) == (2, 3, 3, 2)
+    np.testing.assert_array_equal(to_np(camera)[:, :, 0, 0], [[2, 3, 4], [2, 3, 4]])
+
+
+@pytest.mark.parametrize("max_length,num_steps,adds", [(5, 3, 1), (5, 3, 2), (5, 3, 0),
+                                                       (80, 70, 1), (80, 70, 69)])
+def test_no_window_messages_are_the_numpy_buffer_s(max_length, num_steps, adds):
+    # Up to 64 steps the message comes from a table, beyond from string ops.
+    tf_buf = counter(batch_size=2, max_length=max_length, adds=adds)
+    np_buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), 2, max_length)
+    for t in range(adds):
+        np_buf.add_batch(np.arange(2, dtype=np.int64) * 100 + t)
+    with pytest.raises(rb.EmptyBufferError) as expected:
+        np_buf.get_next(3, num_steps=num_steps)
+    message = str(expected.value).replace("UniformReplayBuffer", "TFUniformReplayBuffer")
+    with pytest.raises(rb.EmptyBufferError) as got:
+        tf_buf.get_next(3, num_steps=num_steps)
+    assert str(got.value) == message
+    with pytest.raises(tf.errors.InvalidArgumentError) as in_graph:
+        tf.function(lambda: tf_buf.get_next(3, num_steps=num_steps))()
+    assert message in in_graph.value.message
+    with pytest.raises(rb.EmptyBufferError) as from_dataset:
+        next(iter(tf_buf.as_dataset(3, num_steps=num_steps)))
+    assert str(from_dataset.value) == message
+
+
 # ------------------------------------------------------------------ persistence
 def test_save_and_load_round_trip(tmp_path):  # item 24 for the TF backend
     buf = counter(batch_size=3, max_length=5, adds=12, seed=3)

@@ -258,12 +258,12 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         B, L = self._B, self._L
 
         def body() -> tf.Tensor:
-            first = self._last_id.read_value() + 1
+            # Readers take the same critical section, so the order of the increment and
+            # the writes inside it is free: incrementing first reads last_id only once.
+            first = self._last_id.assign_add(1)
             positions = ring.positions(first, tf.range(B, dtype=INT), L, B)
             writes = self._storage.scatter(positions, leaves)
             with tf.control_dependencies(writes):
-                done = self._last_id.assign_add(1, read_value=False)
-            with tf.control_dependencies([done]):
                 return tf.identity(first)
         return self._cs.execute(body)
 
@@ -295,13 +295,23 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
 
     def _no_window_message(self, last_id: tf.Tensor, num_steps: int, action: str
                            ) -> tf.Tensor:
-        """The message of the empty / no-window assertion (that of the numpy buffer)."""
+        """The message of the empty / no-window assertion (that of the numpy buffer).
+
+        A read fails only while a row holds fewer than ``num_steps`` steps (none: the
+        buffer is empty), so up to 64 steps the message is picked from a constant table
+        of those cases: two ops per read instead of formatting a string every time.
+        """
         name, L = type(self).__name__, self._L
         empty = f"{name} is empty. Make sure to add items before {action}."
-        held = tf.strings.as_string(ring.items_per_row(last_id, L))
-        short = tf.strings.join([f"{name} has no window of num_steps={num_steps}: each row "
-                                 "holds ", held, f" steps (max_length={L}). Make sure to add "
-                                 f"items before {action}."])
+        head = f"{name} has no window of num_steps={num_steps}: each row holds "
+        tail = f" steps (max_length={L}). Make sure to add items before {action}."
+        if num_steps == 1:  # only an empty buffer fails
+            return tf.constant(empty)
+        held = ring.items_per_row(last_id, L)
+        if num_steps <= 64:
+            table = [empty] + [f"{head}{k}{tail}" for k in range(1, num_steps)]
+            return tf.gather(tf.constant(table), tf.minimum(held, num_steps - 1))
+        short = tf.strings.join([head, tf.strings.as_string(held), tail])
         return tf.where(last_id < 0, tf.constant(empty), short)
 
     @_plain_errors
@@ -404,11 +414,17 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         B, L = self._B, self._L
 
         def body() -> list[tf.Tensor]:
+            # Storage is slot-major ([L, B] per leaf): roll the oldest slot to the front,
+            # keep the stored slots and swap the two axes. A gather of [B, steps]
+            # positions reads the same bytes with a stride of B steps, twice as slowly.
             last_id = self._last_id.read_value()
-            first = ring.oldest_id(last_id, L)
-            ids = tf.range(first, first + ring.items_per_row(last_id, L), dtype=INT)
-            rows = tf.range(B, dtype=INT)
-            return self._storage.take(ring.positions(ids[None, :], rows[:, None], L, B))
+            oldest, count = ring.oldest_id(last_id, L), ring.items_per_row(last_id, L)
+            out = []
+            for var, spec in zip(self._storage.arrays, self._specs):
+                table = tf.reshape(var.read_value(), (L, B) + spec.shape)
+                steps = tf.roll(table, -(oldest % L), axis=0)[:count]
+                out.append(tf.transpose(steps, [1, 0, *range(2, 2 + len(spec.shape))]))
+            return out
         leaves: list[tf.Tensor] = self._cs.execute(body)
         return leaves
 
@@ -484,7 +500,8 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                 self._dataset_window_shift
             check_not_all_dropped(self._B, self._L, sample_batch_size, num_steps, drop)
             return ReplayDataset(self._deterministic_dataset(
-                sample_batch_size, num_steps, shift, bool(drop)), restart_on_error=False)
+                sample_batch_size, num_steps, shift, bool(drop)), restart_on_error=False,
+                build=self._element_builder(()), count=len(self._specs) + 1)
         num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
         if prefetch is not None and (isinstance(prefetch, bool) or
                                      not isinstance(prefetch, (int, np.integer)) or
@@ -494,34 +511,44 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             raise self._empty_error(num_steps)
         return ReplayDataset(self._random_dataset(sample_batch_size, num_steps,
                                                   num_parallel_calls, prefetch),
-                             restart_on_error=True)
+                             restart_on_error=True, build=self._element_builder(None),
+                             count=len(self._specs) + 2)
+
+    def _element_builder(self, probabilities: Any) -> Callable[[list[Any]], Any]:
+        """Makes a dataset element ``(items, BufferInfo)`` from its tensors: the leaves in
+        flatten order, then ``ids``, then ``probabilities`` unless it is given (the
+        deterministic pass's ``()``)."""
+        unflatten, n = self._structure.unflatten, len(self._specs)
+        if probabilities is None:
+            return lambda values: (unflatten(values[:n]), BufferInfo(values[n], values[n + 1]))
+        return lambda values: (unflatten(values[:n]), BufferInfo(values[n], probabilities))
 
     def _random_dataset(self, sample_batch_size: int | None, num_steps: int | None,
                         num_parallel_calls: int | None, prefetch: int | None
                         ) -> tf.data.Dataset:
         sample = self._sample_function(sample_batch_size, num_steps, True, True)
 
-        def keys(seed: tf.Tensor) -> tf.data.Dataset:  # element i draws with key (seed, i)
-            return tf.data.Dataset.counter(dtype=INT).map(
-                lambda i: tf.random.experimental.stateless_fold_in(seed, i))
-
-        def element(key: tf.Tensor) -> Any:
+        def element(seed: tf.Tensor, i: tf.Tensor) -> Any:  # element i draws with (seed, i)
+            key = tf.random.experimental.stateless_fold_in(seed, i)
             return self._unflatten_sample(sample(key), num_steps, True)
+
+        def stream(seed: tf.Tensor) -> tf.data.Dataset:
+            counter = tf.data.Dataset.counter(dtype=INT)
+            if num_parallel_calls is None:
+                return counter.map(lambda i: element(seed, i))
+            return counter.map(lambda i: element(seed, i),
+                               num_parallel_calls=num_parallel_calls, deterministic=True)
 
         # The seed is drawn from the buffer's generator when iteration starts.
         seeds = tf.data.Dataset.from_tensors(tf.constant(0, INT)).map(
             lambda _: self._spawn_fn())
-        dataset = seeds.flat_map(keys)
-        if num_parallel_calls is None:
-            dataset = dataset.map(element)
-        else:
-            dataset = dataset.map(element, num_parallel_calls=num_parallel_calls,
-                                  deterministic=True)
+        dataset = seeds.flat_map(stream)
         ahead = prefetch if prefetch is not None else 2 * (num_parallel_calls or 0)
         if ahead:
             return dataset.prefetch(ahead)
         options = tf.data.Options()  # sample on pull: nothing may run ahead
         options.experimental_optimization.inject_prefetch = False
+        options.autotune.enabled = False  # nothing to tune: no parallelism, no buffer
         return dataset.with_options(options)
 
     def _range_graph(self) -> tuple[tf.Tensor, tf.Tensor]:
