@@ -182,12 +182,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", action="store_true",
                        help="run the control, frames and prioritized workloads through "
                             "cpprb, Stable-Baselines3, TorchRL and Tianshou where installed "
-                            "(benchmarks/setup_peers.sh), beside ours and the numpy limit")
+                            "(benchmarks/setup_peers.sh), beside ours and the numpy limit, "
+                            "and TF-Agents' own buffers on its tutorial's workload in "
+                            ".venv-tfagents (benchmarks/setup_tf_agents.sh)")
     bench.add_argument("--peer-workloads",
-                       default="control,frames,prioritized,prioritized-skewed,pearl",
+                       default="control,frames,prioritized,prioritized-skewed,pearl,"
+                               "tf-agents",
                        help="with --peers: comma-separated workloads (pearl: Pearl's own "
                             "buffers against compat.pearl, in .venv-pearl from "
-                            "benchmarks/setup_pearl.sh)")
+                            "benchmarks/setup_pearl.sh; tf-agents: TF-Agents' own buffers "
+                            "against compat.tf_agents, in .venv-tfagents from "
+                            "benchmarks/setup_tf_agents.sh)")
     bench.add_argument("--sb3", action="store_true",
                        help="RolloutBuffer (add, GAE, minibatch epochs) and HERBuffer (add, "
                             "sample) against Stable-Baselines3's on the same data")

@@ -31,6 +31,11 @@ Workloads (capacities in full mode; ``quick`` shrinks them for a smoke run):
   0.19 and numpy<2, so it runs in its own venv (``benchmarks/setup_pearl.sh``), with
   ours timed beside it in the same process; without that venv the rows say
   ``not installed``.
+- ``tf-agents``: TF-Agents 0.19's own ``TFUniformReplayBuffer`` and
+  ``PyUniformReplayBuffer`` against ``compat.tf_agents`` on its tutorial's workload, both
+  in ``.venv-tfagents`` (``benchmarks/setup_tf_agents.sh``: TensorFlow 2.15, numpy 1.26),
+  one process, interleaved; see :mod:`replaybuffer.bench.tf_agents_seed`. Without that
+  venv its rows say ``not installed``.
 
 Every buffer is filled completely before anything is timed, so reads touch real pages
 and writes overwrite (the steady state). One peer's buffer at a time exists: it is
@@ -61,7 +66,7 @@ from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
-from replaybuffer.bench import pearl_seed
+from replaybuffer.bench import pearl_seed, tf_agents_seed
 from replaybuffer.bench.timing import compare
 from replaybuffer.bench.workloads import fill, host_arrays, random_items
 from replaybuffer.specs import ArraySpec
@@ -72,7 +77,7 @@ _Rows = Generator[dict[str, Any], None, None]
 __all__ = ["WORKLOADS", "PEERS", "Sizes", "run_peers", "format_rows", "format_markdown", "main"]
 
 BUFFER_WORKLOADS = ("control", "frames", "prioritized", "prioritized-skewed")
-WORKLOADS = BUFFER_WORKLOADS + ("pearl",)
+WORKLOADS = BUFFER_WORKLOADS + ("pearl", "tf-agents")
 
 OPS = {
     "control": ("add(1)", "add(256)", "sample(256)+next"),
@@ -81,6 +86,7 @@ OPS = {
 }
 OPS["prioritized-skewed"] = OPS["prioritized"]
 OPS["pearl"] = pearl_seed.peer_ops()
+OPS["tf-agents"] = tf_agents_seed.peer_ops()
 MEMORY_ONLY = ("bytes/transition",)
 
 ALPHA, BETA = 0.6, 0.4
@@ -820,6 +826,13 @@ def _pearl(workload: str, sizes: Sizes, layout: str = "seed") -> _Rows:
     yield from pearl_seed.peer_rows(quick=sizes is QUICK)
 
 
+def _tf_agents(workload: str, sizes: Sizes, layout: str = "seed") -> _Rows:
+    """TF-Agents 0.19's TFUniformReplayBuffer and PyUniformReplayBuffer and ours through
+    compat.tf_agents, timed together in .venv-tfagents (TensorFlow 2.15): rows of peer
+    ``tf-agents`` and of peer ``replaybuffer`` for every op."""
+    yield from tf_agents_seed.peer_rows(quick=sizes is QUICK)
+
+
 # ------------------------------------------------------------------------ registry
 @dataclass(frozen=True)
 class Peer:
@@ -869,6 +882,7 @@ PEERS: tuple[Peer, ...] = (
     Peer("tianshou", "tianshou", ("tianshou", "torch"), _tianshou, "default", ("frames",),
          True),
     Peer("pearl", "pearl", ("replaybuffer",), _pearl, "seed", ("pearl",)),
+    Peer("tf-agents", "tf-agents", ("replaybuffer",), _tf_agents, "seed", ("tf-agents",)),
 )
 
 
@@ -918,7 +932,7 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
                 yield out
         except Unsupported as err:
             status = f"unsupported: {err}"
-        except NotInstalled as err:
+        except (NotInstalled, tf_agents_seed.NotInstalled) as err:
             status = f"not installed ({err})"
         except (Exception, MemoryError) as err:
             status = f"failed: {_reason(err)}"
