@@ -172,9 +172,9 @@ def _tf_ops(theirs: Any, mine: Any, max_length: int) -> dict[str, tuple[Side, Si
         return lambda: buf.add_batch(step())
 
     def add_fn(buf: Any) -> Call:
-        @tf.function
-        def fn(items: Any) -> None:  # TF-Agents returns an op, which tf.function refuses
+        def add_batch(items: Any) -> None:  # TF-Agents returns an op: tf.function refuses it
             buf.add_batch(items)
+        fn = tf.function(add_batch)
         step = _cycle(steps)
         return lambda: fn(step())
 
@@ -182,7 +182,8 @@ def _tf_ops(theirs: Any, mine: Any, max_length: int) -> dict[str, tuple[Side, Si
         return lambda: buf.get_next(sample_batch_size=SAMPLE, num_steps=STEPS)
 
     def get_next_fn(buf: Any) -> Call:
-        return tf.function(lambda: buf.get_next(sample_batch_size=SAMPLE, num_steps=STEPS))
+        fn: Call = tf.function(lambda: buf.get_next(sample_batch_size=SAMPLE, num_steps=STEPS))
+        return fn
 
     def dataset(buf: Any) -> Fresh:
         return Fresh(lambda: buf.as_dataset(sample_batch_size=SAMPLE, num_steps=STEPS))
