@@ -109,28 +109,6 @@ def test_bench_peers_reports_tf_agents_as_not_installed_without_its_venv(tmp_pat
                and ".venv-tfagents" in r["status"] for r in rows)
 
 
-def test_tf_agents_seed_runs_in_its_venv_where_there_is_one():
-    import os
-    import subprocess
-    from pathlib import Path
-
-    from replaybuffer.bench import tf_agents_seed
-
-    python = tf_agents_seed.tf_agents_python()
-    if python is None:
-        pytest.skip("no .venv-tfagents (bash benchmarks/setup_tf_agents.sh)")
-    src = Path(tf_agents_seed.__file__).resolve().parents[2]
-    done = subprocess.run([str(python), "-m", "replaybuffer.bench.tf_agents_seed", "--calls",
-                           "4", "--warmup", "1", "--block", "2", "--max-length", "40",
-                           "--json", "-"], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=str(src)))
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
-    assert [r["name"] for r in report["rows"]] == list(tf_agents_seed.peer_ops())
-    assert all(r["status"] == "ok" and r["ours_seconds"] > 0 and r["theirs_seconds"] > 0
-               for r in report["rows"]), report["rows"]
-
-
 def test_bench_scale_smoke(tmp_path, capsys):
     from replaybuffer.bench import scale
 
