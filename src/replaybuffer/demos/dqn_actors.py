@@ -22,7 +22,7 @@ import os
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -131,11 +131,22 @@ def make_env() -> Any:
     return gym.make_vec(ENV_ID, num_envs=1, vectorization_mode="sync")
 
 
-def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
-                 on_eval: Callable[[int, float], None] | None = None
-                 ) -> tuple[DQNResult, Any]:
-    """Train a DQN from ``num_actors`` actor processes; returns the result (``curve``
-    empty: returns are seen by the actors) and the selected Q-network."""
+class Learner(NamedTuple):
+    """What a learner fed by collectors elsewhere starts from (:func:`learner`)."""
+
+    data_spec: Any
+    num_actions: int
+    q_net: Any
+    target_net: Any
+    optimizer: Any
+    ratio: float
+    """Samples per inserted step, as in the single-process demo (for the rate limiter)."""
+
+
+def learner(config: DQNConfig) -> Learner:
+    """The Q-network, its target and optimizer and the collectors' data spec, with
+    torch seeded and on one thread: the start of :func:`train_actors` and
+    :func:`~replaybuffer.demos.dqn_ray.train_ray`."""
     import torch
 
     torch.manual_seed(config.seed)
@@ -149,6 +160,15 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
     ratio = config.gradient_steps * config.sample_batch_size / config.collect_steps
+    return Learner(spec, num_actions, q_net, target_net, optimizer, ratio)
+
+
+def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
+                 on_eval: Callable[[int, float], None] | None = None
+                 ) -> tuple[DQNResult, Any]:
+    """Train a DQN from ``num_actors`` actor processes; returns the result (``curve``
+    empty: returns are seen by the actors) and the selected Q-network."""
+    spec, num_actions, q_net, target_net, optimizer, ratio = learner(config)
     limiter = SampleToInsertRatio(ratio, config.learning_starts,
                                   error_buffer=ratio * config.collect_steps)
     buffer = SharedReplayBuffer(spec, num_actors, config.buffer_length // num_actors,

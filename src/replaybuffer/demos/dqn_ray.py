@@ -15,7 +15,6 @@ collectors pick them up every 32 steps.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from typing import Any, Callable
@@ -24,8 +23,8 @@ import numpy as np
 
 from replaybuffer.collect import StepDriver
 from replaybuffer.demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
-    build_q_network, gradient_step
-from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, make_env
+    gradient_step
+from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
 from replaybuffer.rate_limiter import RateLimitedError
 
 CHUNK = 32
@@ -129,24 +128,13 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
               ) -> tuple[DQNResult, Any]:
     """Train a DQN from ``num_collectors`` Ray collector actors into as many shards."""
     import ray
-    import torch
 
     from replaybuffer.distributed import RayReplayBuffer
 
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    torch.manual_seed(config.seed)
-    torch.set_num_threads(1)
-    probe_env = make_env()
-    spec = StepDriver(probe_env, lambda obs: np.zeros(len(obs), np.int64)).data_spec
-    num_actions = int(probe_env.single_action_space.n)
-    obs_dim = probe_env.single_observation_space.shape[0]
-    probe_env.close()
-    q_net = build_q_network(obs_dim, num_actions, config.hidden)
-    target_net = copy.deepcopy(q_net)
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
-    ratio = config.gradient_steps * config.sample_batch_size / config.collect_steps
+    spec, _, q_net, target_net, optimizer, ratio = learner(config)
     factory = functools.partial(shard_buffer, spec, config.buffer_length // num_collectors,
                                 ratio, max(1, config.learning_starts // num_collectors),
                                 ratio * config.collect_steps)
