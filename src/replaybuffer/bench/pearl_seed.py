@@ -40,10 +40,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -51,6 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from replaybuffer.bench.seed_venv import NotInstalled, run_report, venv_python
 
 __all__ = ["OPS", "run", "peer_rows", "pearl_python", "format_table", "main"]
 
@@ -276,17 +276,7 @@ def versions() -> dict[str, str]:
 def pearl_python() -> Path | None:
     """The interpreter of Pearl's venv: ``$VENV_PEARL`` or ``.venv-pearl`` at the root
     of this checkout; ``None`` when there is none."""
-    root = os.environ.get("VENV_PEARL")
-    if root:
-        venv = Path(root)
-    else:
-        venv = Path(__file__).resolve().parents[3] / ".venv-pearl"
-    python = venv / "bin" / "python"
-    return python if python.is_file() and os.access(python, os.X_OK) else None
-
-
-class NotInstalled(Exception):
-    """Pearl's venv is missing (reported as ``not installed (...)``)."""
+    return venv_python("VENV_PEARL", ".venv-pearl")
 
 
 def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
@@ -296,18 +286,8 @@ def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
     python = pearl_python()
     if python is None:
         raise NotInstalled(".venv-pearl: bash benchmarks/setup_pearl.sh")
-    args = [str(python), "-m", "replaybuffer.bench.pearl_seed", "--json", "-", "--quiet"]
-    if quick:
-        args += ["--calls", "50", "--warmup", "10", "--buffer-size", "2000"]
-    env = dict(os.environ)
-    src = Path(__file__).resolve().parents[2]
-    if src.name == "src":  # a checkout: this very source (an installed copy: the venv's)
-        env["PYTHONPATH"] = str(src)
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.strip().splitlines()[-1:]) or f"exit {done.returncode}"
-        raise RuntimeError(f"{python} -m replaybuffer.bench.pearl_seed: {tail}")
-    report = json.loads(done.stdout)
+    args = ["--calls", "50", "--warmup", "10", "--buffer-size", "2000"] if quick else []
+    report = run_report(python, "replaybuffer.bench.pearl_seed", args)
     v = report["versions"]
     for row in report["rows"]:
         for peer, key, what in (("pearl", "pearl_seconds", f"pearll {v['pearll']}"),

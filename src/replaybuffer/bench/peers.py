@@ -66,7 +66,7 @@ from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
-from replaybuffer.bench import pearl_seed, tf_agents_seed
+from replaybuffer.bench import pearl_seed, seed_venv, tf_agents_seed
 from replaybuffer.bench.timing import compare
 from replaybuffer.bench.workloads import fill, host_arrays, random_items
 from replaybuffer.specs import ArraySpec
@@ -114,7 +114,7 @@ class Unsupported(Exception):
     """The peer has no API for this workload (reported as ``unsupported: ...``)."""
 
 
-NotInstalled = pearl_seed.NotInstalled
+NotInstalled = seed_venv.NotInstalled
 """The peer lives in a venv of its own that is missing (``not installed (...)``)."""
 
 
@@ -932,7 +932,7 @@ def _run_one(peer: Peer, workload: str, sizes: Sizes) -> Iterator[dict[str, Any]
                 yield out
         except Unsupported as err:
             status = f"unsupported: {err}"
-        except (NotInstalled, tf_agents_seed.NotInstalled) as err:
+        except NotInstalled as err:
             status = f"not installed ({err})"
         except (Exception, MemoryError) as err:
             status = f"failed: {_reason(err)}"

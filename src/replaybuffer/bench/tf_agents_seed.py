@@ -56,13 +56,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from replaybuffer.bench.seed_venv import NotInstalled, run_report, venv_python
 
 __all__ = ["OPS", "NotInstalled", "run", "peer_rows", "tf_agents_python", "versions",
            "format_table", "main"]
@@ -112,10 +113,6 @@ class Fresh:
 
 
 Side = Call | Fresh
-
-
-class NotInstalled(Exception):
-    """The TF-Agents venv is missing (reported as ``not installed (...)``)."""
 
 
 def _pipelined(op: str) -> bool:
@@ -389,10 +386,7 @@ def run(calls: int = 500, warmup: int = 50, max_length: int = MAX_LENGTH, block:
 # -------------------------------------------------------------------------- the peer
 def tf_agents_python() -> Path | None:
     """The TF-Agents venv's Python (``VENV_TFAGENTS`` or ``<repo>/.venv-tfagents``)."""
-    root = os.environ.get("VENV_TFAGENTS")
-    venv = Path(root) if root else Path(__file__).resolve().parents[3] / ".venv-tfagents"
-    python = venv / "bin" / "python"
-    return python if python.exists() else None
+    return venv_python("VENV_TFAGENTS", ".venv-tfagents")
 
 
 def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
@@ -402,16 +396,9 @@ def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
     python = tf_agents_python()
     if python is None:
         raise NotInstalled(".venv-tfagents: bash benchmarks/setup_tf_agents.sh")
-    args = [str(python), "-m", "replaybuffer.bench.tf_agents_seed", "--json", "-", "--quiet"]
-    if quick:
-        args += ["--calls", "100", "--warmup", "10", "--max-length", "1000"]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
-               TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.strip().splitlines()[-1:]) or f"exit {done.returncode}"
-        raise RuntimeError(f"{python} -m replaybuffer.bench.tf_agents_seed: {tail}")
-    report = json.loads(done.stdout)
+    args = ["--calls", "100", "--warmup", "10", "--max-length", "1000"] if quick else []
+    report = run_report(python, "replaybuffer.bench.tf_agents_seed", args,
+                        {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     v = report["versions"]
     tf_version = v.get("tensorflow-cpu") or v.get("tensorflow", "?")
     where = f".venv-tfagents: tensorflow {tf_version}, numpy {v.get('numpy', '?')}"
