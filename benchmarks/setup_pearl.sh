@@ -41,31 +41,15 @@ PEARL_DEPS=("psutil>=5.8,<6" "cloudpickle>=1.2")
 # This project and what it needs, on numpy 1.x (optree and gymnasium 1.x both allow it).
 OURS_DEPS=("optree>=0.11" "gymnasium==1.4.0")
 
-log() { echo "setup_pearl: $*" >&2; }
-die() { echo "setup_pearl: ERROR: $*" >&2; exit 1; }
-trap 'echo "setup_pearl: ERROR: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# pip prints a warning for every configured index folder that lacks a package; drop
-# those lines only (pip's own exit status still decides, through pipefail).
-quiet_pip() {
-  "$PY" -m pip --disable-pip-version-check "$@" 2>&1 \
-    | { grep -v "^WARNING: Location '.*' is ignored" || true; }
-}
-
-for other in "$ROOT/.venv" "$ROOT/.venv-bench" "$ROOT/.venv-reverb"; do
-  [[ "$(realpath -m "$VENV")" != "$(realpath -m "$other")" ]] \
-    || die "refusing to install into $other"
-done
+TOOL=setup_pearl
+# shellcheck source=benchmarks/venv_setup.sh
+source "$ROOT/benchmarks/venv_setup.sh"   # log, die, quiet_pip, installed, make_venv
+refuse_venvs "$ROOT/.venv" "$ROOT/.venv-bench" "$ROOT/.venv-reverb"
 
 # --- 0. the virtualenv ---------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+make_venv
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
   || die "$PY is older than Python 3.10"
-installed() { "$PY" -c "from importlib.metadata import version; print(version('$1'))" 2>/dev/null; }
 
 # --- 1. torch, first and alone -------------------------------------------------------
 if [[ "$(installed torch || true)" == 2.13.0* ]]; then
@@ -135,11 +119,9 @@ for dist in ("torch", "numpy", "gym", "gymnasium", "optree", "psutil", "pearll",
              "replaybuffer"):
     print(f"setup_pearl:   {dist} {version(dist)}")
 
-
 class Env(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (17,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
-
 
 rng = np.random.default_rng(0)
 for name, cls in (("ReplayBuffer", ReplayBuffer), ("RolloutBuffer", RolloutBuffer)):

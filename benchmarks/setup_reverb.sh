@@ -29,33 +29,17 @@ TF_CPU_PIN="tensorflow-cpu==2.15.*"
 TF_PIN="tensorflow==2.15.*"
 NUMPY_PIN="numpy<2"
 
-log() { echo "setup_reverb: $*" >&2; }
-die() { echo "setup_reverb: ERROR: $*" >&2; exit 1; }
-trap 'echo "setup_reverb: ERROR: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# pip prints a warning for every configured index folder that lacks a package; drop
-# those lines only (pip's own exit status still decides, through pipefail).
-quiet_pip() {
-  "$PY" -m pip --disable-pip-version-check "$@" 2>&1 \
-    | { grep -v "^WARNING: Location '.*' is ignored" || true; }
-}
-
-for other in "$ROOT/.venv" "$ROOT/.venv-bench"; do
-  [[ "$(realpath -m "$VENV")" != "$(realpath -m "$other")" ]] \
-    || die "refusing to install into $other"
-done
+TOOL=setup_reverb
+# shellcheck source=benchmarks/venv_setup.sh
+source "$ROOT/benchmarks/venv_setup.sh"   # log, die, quiet_pip, installed, make_venv
+refuse_venvs "$ROOT/.venv" "$ROOT/.venv-bench"
 
 # --- 0. the virtualenv ---------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+make_venv
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
   || die "$PY is not Python 3.11 (dm-reverb 0.14.0 ships wheels up to cp311)"
 
 # --- 1. TensorFlow 2.15 (CPU), numpy<2 and dm-reverb ---------------------------------
-installed() { "$PY" -c "from importlib.metadata import version; print(version('$1'))" 2>/dev/null; }
 TF_DIST=""
 for dist in tensorflow-cpu tensorflow; do
   v="$(installed "$dist" || true)"

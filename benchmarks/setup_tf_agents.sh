@@ -37,32 +37,15 @@ NUMPY_PIN="numpy==1.26.*"
 # pins typing-extensions 4.5.0, which newer optree releases refuse).
 OURS_PINS=("optree>=0.11" "gymnasium>=1.0")
 
-log() { echo "setup_tf_agents: $*" >&2; }
-die() { echo "setup_tf_agents: ERROR: $*" >&2; exit 1; }
-trap 'echo "setup_tf_agents: ERROR: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# pip prints a warning for every configured index folder that lacks a package; drop
-# those lines only (pip's own exit status still decides, through pipefail).
-quiet_pip() {
-  "$PY" -m pip --disable-pip-version-check "$@" 2>&1 \
-    | { grep -v "^WARNING: Location '.*' is ignored" || true; }
-}
-
-for other in "$ROOT/.venv" "$ROOT/.venv-bench" "$ROOT/.venv-reverb"; do
-  [[ "$(realpath -m "$VENV")" != "$(realpath -m "$other")" ]] \
-    || die "refusing to install into $other"
-done
+TOOL=setup_tf_agents
+# shellcheck source=benchmarks/venv_setup.sh
+source "$ROOT/benchmarks/venv_setup.sh"   # log, die, quiet_pip, installed, make_venv
+refuse_venvs "$ROOT/.venv" "$ROOT/.venv-bench" "$ROOT/.venv-reverb"
 
 # --- 0. the virtualenv ---------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+make_venv
 "$PY" -c 'import sys; assert (3, 9) <= sys.version_info[:2] <= (3, 11), sys.version' \
   || die "$PY is not Python 3.9-3.11 (TensorFlow 2.15 ships wheels up to cp311)"
-
-installed() { "$PY" -c "from importlib.metadata import version; print(version('$1'))" 2>/dev/null; }
 
 # --- 1. TensorFlow 2.15 (CPU), numpy 1.26, tf-keras, TFP and TF-Agents ---------------
 TF_DIST=""
