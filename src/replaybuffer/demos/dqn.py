@@ -144,9 +144,7 @@ def train(config: DQNConfig, progress: bool = True,
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
 
     def set_learning_rate() -> None:
-        done = min(1.0, env_steps.result() / config.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = config.learning_rate * (1 - done * (1 - config.lr_final_fraction))
+        decay_learning_rate(optimizer, config, env_steps.result())
 
     env_steps = EnvironmentSteps()
     epsilon_steps = max(1, int(config.epsilon_fraction * config.steps))
@@ -211,6 +209,14 @@ def train(config: DQNConfig, progress: bool = True,
     bar.close()
     env.close()
     return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve)
+
+
+def decay_learning_rate(optimizer: Any, config: DQNConfig, steps: int) -> None:
+    """Set the learning rate for ``steps`` of ``config.steps`` done: linear from
+    ``learning_rate`` to ``lr_final_fraction`` of it, then flat."""
+    done = min(1.0, steps / config.steps)
+    for group in optimizer.param_groups:
+        group["lr"] = config.learning_rate * (1 - done * (1 - config.lr_final_fraction))
 
 
 def gradient_step(q_net: Any, target_net: Any, optimizer: Any, trajectories: Any,

@@ -29,7 +29,7 @@ import numpy as np
 from replaybuffer.collect import StepDriver
 from replaybuffer.collect.actors import ActorPool
 from replaybuffer.demos.dqn import (ENV_ID, DQNConfig, DQNResult, Selection, _progress,
-                                    build_q_network, gradient_step)
+                                    build_q_network, decay_learning_rate, gradient_step)
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.rate_limiter import RateLimitedError, SampleToInsertRatio
 from replaybuffer.storage.mmap_storage import map_npy
@@ -203,10 +203,7 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
                     if gradient_steps % config.target_update == 0:
                         target_net.load_state_dict(q_net.state_dict())
                         publish()
-                        done = min(1.0, inserted / config.steps)
-                        for group in optimizer.param_groups:
-                            group["lr"] = config.learning_rate * (
-                                1 - done * (1 - config.lr_final_fraction))
+                        decay_learning_rate(optimizer, config, inserted)
                 stats = buffer.stats()
                 assert stats is not None
                 bar.update(stats.inserts - inserted)

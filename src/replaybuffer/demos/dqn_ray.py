@@ -23,7 +23,7 @@ import numpy as np
 
 from replaybuffer.collect import StepDriver
 from replaybuffer.demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
-    gradient_step
+    decay_learning_rate, gradient_step
 from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
 from replaybuffer.rate_limiter import RateLimitedError
 
@@ -177,10 +177,7 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
             if gradient_steps % config.target_update == 0:
                 target_net.load_state_dict(q_net.state_dict())
                 publish()
-                done = min(1.0, inserted / config.steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = config.learning_rate * (
-                        1 - done * (1 - config.lr_final_fraction))
+                decay_learning_rate(optimizer, config, inserted)
                 now = sum(d["last_id"] + 1 for d in buffer.describe() if d is not None)
                 bar.update(now - inserted)
                 inserted = now
