@@ -37,26 +37,13 @@ PEERS=(
   "ray==2.60.0"        # benchmarks/torchrl_ray.py: TorchRL's Ray-backed buffer
 )
 
-log() { echo "setup_peers: $*" >&2; }
-die() { echo "setup_peers: ERROR: $*" >&2; exit 1; }
-trap 'echo "setup_peers: ERROR: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# pip prints a warning for every configured index folder that lacks a package; drop
-# those lines only (pip's own exit status still decides, through pipefail).
-quiet_pip() {
-  "$PY" -m pip --disable-pip-version-check "$@" 2>&1 \
-    | { grep -v "^WARNING: Location '.*' is ignored" || true; }
-}
-
-[[ "$(realpath -m "$VENV")" != "$(realpath -m "$ROOT/.venv")" ]] \
-  || die "refusing to install into $ROOT/.venv (the project's test environment)"
+TOOL=setup_peers
+# shellcheck source=benchmarks/venv_setup.sh
+source "$ROOT/benchmarks/venv_setup.sh"   # log, die, quiet_pip, installed, make_venv
+refuse_venvs "$ROOT/.venv"   # the project's test environment
 
 # --- 0. the virtualenv ---------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+make_venv
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
   || die "$PY is older than Python 3.10"
 

@@ -1,8 +1,8 @@
-# Shared by the setup scripts of the benchmark venvs that cannot share the project's
-# (setup_reverb.sh, setup_pearl.sh, setup_tf_agents.sh): sourced, not run, after the
-# script has set TOOL (its name in messages), ROOT, VENV and PYTHON. It defines the
-# messages, the quiet pip, the refusal to touch another venv and the venv's creation
-# (or reuse), which leaves its interpreter in PY.
+# Shared by the setup scripts of the benchmark venvs kept apart from the project's
+# (setup_peers.sh, setup_reverb.sh, setup_pearl.sh, setup_tf_agents.sh): sourced, not
+# run, after the script has set TOOL (its name in messages), ROOT, VENV and PYTHON. It
+# defines the messages, the quiet pip, the refusal to touch another venv and the venv's
+# creation (or reuse), which leaves its interpreter in PY.
 
 log() { echo "$TOOL: $*" >&2; }
 die() { echo "$TOOL: ERROR: $*" >&2; exit 1; }
