@@ -119,7 +119,7 @@ class SegmentTree:
 
     _combine: np.ufunc
     _identity: float
-    _recompute_kernel: Any  # tree_kernels.recompute_sum or recompute_min
+    _assign_kernel: Any  # tree_kernels.assign_sum or assign_min
 
     def __init__(self, capacity: int, *, root_width: int = DEFAULT_ROOT_WIDTH,
                  compiled: bool | None = None):
@@ -342,6 +342,11 @@ class SegmentTree:
     def _write(self, slots: np.ndarray, values: np.ndarray) -> None:
         """Write ``values`` (float64 ``[K]``) to ``slots`` (int64 ``[K]``), the last value
         winning for a repeated slot, then recompute the ancestors."""
+        if self.compiled:  # in order (the last value wins), every binary level, one loop
+            type(self)._assign_kernel(self._nodes, slots, values, self._size, self.root_width)
+            self._reduce_level()
+            self._synced = False
+            return
         leaf_level = self._leaf_level
         leaf_level[slots] = values
         # Numpy does not promise which of repeated fancy-index assignments lands. If every
@@ -366,9 +371,7 @@ class SegmentTree:
         row heights are recomputed from rows (:meth:`_recompute_rows`) and the levels
         between them are left stale, and recorded, until a read brings them up to date.
         """
-        if self.compiled:  # every binary level, along the paths, in one loop
-            type(self)._recompute_kernel(self._nodes, slots + self._size, self.root_width)
-        elif self._synced or not self._chunk_top or len(slots) > _ROWS_MAX:
+        if self._synced or not self._chunk_top or len(slots) > _ROWS_MAX:
             self._recompute_paths(slots + self._size, self._size >> 1, self._total_lo)
         else:
             self._recompute_rows(slots)
@@ -519,7 +522,7 @@ class SumTree(SegmentTree):
     _combine = np.add
     _identity = 0.0
     _what_overflows = "total priority"
-    _recompute_kernel = staticmethod(tree_kernels.recompute_sum)
+    _assign_kernel = staticmethod(tree_kernels.assign_sum)
 
     def _init_root(self) -> None:
         # The wide root: running sums of the subtree roots behind a leading 0, so
@@ -532,8 +535,10 @@ class SumTree(SegmentTree):
         self._total = float(np.add.reduce(self._total_level))
 
     def _combine_roots(self) -> None:
-        # np.cumsum is this accumulate behind a slower wrapper: the same sequential sums.
-        np.add.accumulate(self._roots, out=self._upto)
+        if self.compiled:  # the same sequential sums, without the call's fixed cost
+            tree_kernels.running_sums(self._roots, self._upto)
+        else:  # np.cumsum is this accumulate behind a slower wrapper
+            np.add.accumulate(self._roots, out=self._upto)
 
     def _root_value(self) -> float:
         return self._total
@@ -634,11 +639,17 @@ class SumTree(SegmentTree):
         # Targets from here on get the last slot with a priority > 0: at the total, and
         # at the last running sum (the same sum in another order) if that is lower.
         total = min(self._total, self._runs[-1])
+        if self.compiled:  # the usual case in one call; the rare odd targets below
+            slots, values, odd = tree_kernels.find(self._nodes, self._upto, self._runs,
+                                                   self.root_width, self._height, targets,
+                                                   total)
+            if not odd:
+                return slots, values
         # Sorted, the targets walk the tree in order: the root's binary search predicts
         # its branches and the gathers below run through memory in order, which saves
         # more than the sort costs (measured: ~20% at 1e5-1e6 slots). Indexing copies,
         # so the descent can consume t.
-        if self.compiled:  # one compiled walk per target: no sort needed
+        if self.compiled:  # some target is past the total or found a slot of 0
             t = targets.copy()
             past = t >= total if t.max() >= total else None
             if past is not None:
@@ -773,7 +784,7 @@ class MinTree(SegmentTree):
 
     _combine = np.minimum
     _identity = np.inf
-    _recompute_kernel = staticmethod(tree_kernels.recompute_min)
+    _assign_kernel = staticmethod(tree_kernels.assign_min)
 
     def _init_root(self) -> None:
         self._min = math.inf  # the minimum over the total level; no wide root

@@ -9,17 +9,19 @@ operation, so they give the same bits:
 - :func:`descend`: the wide root's ``searchsorted(upto, t, side="right")`` is a
   binary search for the first running sum greater than ``t``, then ``t -= runs[j]``;
   each binary level computes ``right = t >= left``, ``t -= left * right``,
-  ``node = 2 node + right``, as numpy does.
-- :func:`recompute_sum` / :func:`recompute_min`: every ancestor on the paths, from
-  its two children, ``left + right`` (``min(left, right)``). Walking path by path
-  rather than level by level gives the same nodes: the last path through a node
-  recomputes it after every path through its children (all pass through it) has
-  recomputed them.
+  ``node = 2 node + right``, as numpy does. :func:`find` wraps it with the search's
+  usual case (targets below the total, slots > 0 found) and the found values.
+- :func:`assign_sum` / :func:`assign_min`: the leaves written in order (a repeated
+  slot keeps its last value), then every ancestor on the paths from its two
+  children, ``left + right`` (``min(left, right)``). Walking path by path rather
+  than level by level gives the same nodes: the last path through a node recomputes
+  it after every path through its children (all pass through it) has recomputed them.
+- :func:`running_sums`: the wide root, ``np.add.accumulate``'s sequential sums.
 
-The root value (the pairwise ``np.add.reduce`` of the total level) and the wide root
-(``np.add.accumulate``) stay numpy calls, so the tree's values are defined in one
-place. Without numba, or with ``REPLAYBUFFER_NUMBA=0`` in the environment,
-:data:`AVAILABLE` is false and the trees use their numpy loops.
+The root value (the pairwise ``np.add.reduce`` of the total level) stays a numpy
+call in both, so the tree's total is defined in one place. Without numba, or with
+``REPLAYBUFFER_NUMBA=0`` in the environment, :data:`AVAILABLE` is false and the trees
+use their numpy loops.
 """
 
 from __future__ import annotations
@@ -56,21 +58,26 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
 
     ``nodes`` is the tree's flat node array, ``upto`` the wide root's inclusive
     running sums (``root_width`` of them) and ``runs`` the same behind a leading 0.
-    Level by level over all targets, as the numpy loop: the ``K`` loads of a level
-    are independent, so the processor overlaps their cache misses (one target's
-    walk is a chain of dependent misses).
+    Level by level over all targets, as the numpy loop, the wide root's binary search
+    included: the ``K`` loads of a level are independent, so the processor overlaps
+    them (their cache misses below, and the search's compare-and-step chains above).
+    One target's walk is a chain of dependent loads; walking each target's whole
+    search before the next took four times as long on fresh targets at 1M slots.
     """
     count = t.shape[0]
-    node = np.empty(count, np.int64)
+    node = np.zeros(count, np.int64)
+    # The first j with upto[j] > t (searchsorted side="right"), branch-free: the answer
+    # stays in [node, node + n] while n halves, the same halvings for every target.
+    n = root_width
+    while n > 1:
+        half = n >> 1
+        for k in range(count):
+            base = node[k]
+            node[k] = base + half * (upto[base + half - 1] <= t[k])
+        n -= half
     for k in range(count):
         x = t[k]
-        # The first j with upto[j] > x (searchsorted side="right"), branch-free: the
-        # answer stays in [base, base + n] while n halves.
-        base, n = 0, root_width
-        while n > 1:
-            half = n >> 1
-            base += half * (upto[base + half - 1] <= x)
-            n -= half
+        base = node[k]
         base += upto[base] <= x
         t[k] = x - runs[base]
         node[k] = base + root_width
@@ -86,12 +93,62 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
 
 
 @_compile
-def recompute_sum(nodes: np.ndarray, leaves: np.ndarray, stop: int) -> None:
-    """Recompute every ancestor ``>= stop`` of the leaf nodes ``leaves`` (int64
-    ``[K]``) as the sum of its two children, level by level (the loads of one level
-    are independent, so their cache misses overlap)."""
-    count = leaves.shape[0]
-    node = leaves >> 1
+def find(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
+         height: int, targets: np.ndarray, limit: float
+         ) -> tuple[np.ndarray, np.ndarray, int]:
+    """:meth:`SumTree._find`'s usual case in one call: ``(slots, values, odd)``.
+
+    ``targets`` (float64 ``[K]``, finite, >= 0) are left unchanged; ``limit`` is the
+    lower of the total and the last running sum. Returns the slots (int64 ``[K]``) the
+    targets descend to, their values (float64 ``[K]``), and how many targets are odd:
+    at or past ``limit``, or landing on a slot of value 0 (both from rounding, rare).
+    With ``odd > 0`` the caller redoes the search with the numpy tree's handling of
+    those; the others' slots are :func:`descend`'s.
+    """
+    count = targets.shape[0]
+    t = np.empty(count, np.float64)
+    odd = 0
+    for k in range(count):
+        x = targets[k]
+        past = x >= limit
+        odd += past
+        t[k] = 0.0 if past else x  # (a past target descends from 0 meanwhile)
+    node = descend(nodes, upto, runs, root_width, height, t)
+    size = (nodes.shape[0] >> 1)
+    values = np.empty(count, np.float64)
+    for k in range(count):
+        v = nodes[node[k]]
+        values[k] = v
+        odd += v == 0.0
+        node[k] -= size
+    return node, values, odd
+
+
+@_compile
+def running_sums(roots: np.ndarray, upto: np.ndarray) -> None:
+    """``np.add.accumulate(roots, out=upto)`` (float64 ``[W]``): the same sequential
+    sums, without the call's fixed cost (a third of a sample at 1M slots)."""
+    acc = roots[0]
+    upto[0] = acc
+    for j in range(1, roots.shape[0]):
+        acc = acc + roots[j]
+        upto[j] = acc
+
+
+@_compile
+def assign_sum(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: int,
+               stop: int) -> None:
+    """Write ``values`` (float64 ``[K]``) to ``slots`` (int64 ``[K]``, leaf ``size + slot``)
+    in order, so a repeated slot ends with its last value (what the numpy tree's
+    ``_last_wins`` resolves), then recompute every ancestor ``>= stop`` as the sum of
+    its two children, level by level (the loads of one level are independent, so
+    their cache misses overlap)."""
+    count = slots.shape[0]
+    node = np.empty(count, np.int64)
+    for k in range(count):
+        leaf = slots[k] + size
+        nodes[leaf] = values[k]
+        node[k] = leaf >> 1
     while count and node[0] >= stop:  # all paths reach a level together
         for k in range(count):
             n = node[k]
@@ -100,12 +157,16 @@ def recompute_sum(nodes: np.ndarray, leaves: np.ndarray, stop: int) -> None:
 
 
 @_compile
-def recompute_min(nodes: np.ndarray, leaves: np.ndarray, stop: int) -> None:
-    """:func:`recompute_sum` with the minimum (slots are never NaN). Of two equal
-    children the right one is taken, as ``np.minimum`` does (it matters for 0.0 and
-    -0.0 only)."""
-    count = leaves.shape[0]
-    node = leaves >> 1
+def assign_min(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: int,
+               stop: int) -> None:
+    """:func:`assign_sum` with the minimum (slots are never NaN). Of two equal children
+    the right one is taken, as ``np.minimum`` does (it matters for 0.0 and -0.0 only)."""
+    count = slots.shape[0]
+    node = np.empty(count, np.int64)
+    for k in range(count):
+        leaf = slots[k] + size
+        nodes[leaf] = values[k]
+        node[k] = leaf >> 1
     while count and node[0] >= stop:
         for k in range(count):
             n = node[k]
