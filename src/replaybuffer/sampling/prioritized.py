@@ -48,6 +48,7 @@ import numpy as np
 
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
+from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
@@ -225,14 +226,12 @@ class PrioritizedSampler:
         # float32 (the result is float32 anyway, and float32's power is cheaper). The
         # weight is (v_min / v) ** beta: a ratio <= 1 cannot overflow float32, stays
         # <= 1 when rounded, and is exactly 1 for the smallest value.
-        probabilities = np.empty(len(values), np.float32)
-        np.divide(values, valid_mass, out=probabilities)
-        weights = np.empty(len(values), np.float32)
         if self._min is None:  # the batch's largest weight is 1 (module docstring)
-            np.divide(values.min(), values, out=weights)
+            probabilities, weights = probabilities_and_ratios(values, valid_mass)
             np.power(weights, self.beta, out=weights)
         else:  # the largest weight any stored step could get is 1
-            np.divide(self._min.min(), values, out=weights)
+            probabilities, weights = probabilities_and_ratios(values, valid_mass,
+                                                              self._min.min())
             np.power(weights, self.beta, out=weights)
             np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
@@ -379,9 +378,9 @@ class PrioritizedSampler:
                 targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
             positions, values = self._sum._find(targets)
             ids = self._ids_of(ring, positions)
-            bad = ids >= hi
-            if not bad.any():
+            if ids.max() < hi:  # one reduction for the usual all-valid batch
                 return positions, ids, values
+            bad = ids >= hi
             u[bad] = rng.random(int(bad.sum())) * mass
         raise RuntimeError("prioritized sampling could not find valid windows")  # pragma: no cover
 

@@ -41,7 +41,9 @@ except ImportError:  # pragma: no cover - depends on the installed extras
 AVAILABLE: bool = numba is not None and os.environ.get("REPLAYBUFFER_NUMBA", "1") != "0"
 
 
-def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+def compile_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled by numba when :data:`AVAILABLE` (else ``fn`` itself, which the
+    callers then do not use: they take their numpy paths)."""
     if not AVAILABLE:
         return fn
     # cache: compiled once per machine, not per process (a few hundred ms each);
@@ -50,7 +52,7 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     return compiled
 
 
-@_compile
+@compile_kernel
 def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
             height: int, t: np.ndarray) -> np.ndarray:
     """Leaf nodes (int64 ``[K]``) reached by targets ``t`` (float64 ``[K]`` in
@@ -92,7 +94,7 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
     return node
 
 
-@_compile
+@compile_kernel
 def find(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
          height: int, targets: np.ndarray, limit: float
          ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -124,7 +126,7 @@ def find(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
     return node, values, odd
 
 
-@_compile
+@compile_kernel
 def running_sums(roots: np.ndarray, upto: np.ndarray) -> None:
     """``np.add.accumulate(roots, out=upto)`` (float64 ``[W]``): the same sequential
     sums, without the call's fixed cost (a third of a sample at 1M slots)."""
@@ -135,7 +137,7 @@ def running_sums(roots: np.ndarray, upto: np.ndarray) -> None:
         upto[j] = acc
 
 
-@_compile
+@compile_kernel
 def assign_sum(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: int,
                stop: int) -> None:
     """Write ``values`` (float64 ``[K]``) to ``slots`` (int64 ``[K]``, leaf ``size + slot``)
@@ -156,7 +158,7 @@ def assign_sum(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: i
             node[k] = n >> 1
 
 
-@_compile
+@compile_kernel
 def assign_min(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: int,
                stop: int) -> None:
     """:func:`assign_sum` with the minimum (slots are never NaN). Of two equal children
