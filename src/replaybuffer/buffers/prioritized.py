@@ -36,7 +36,7 @@ def checked_priorities(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarra
         # One reduction checks the usual all-good batch and finds its largest value:
         # as unsigned integers, finite floats >= 0 are ordered as floats and lie below
         # the bits of inf, while NaN, inf and negative numbers (sign bit set) do not.
-        top = values.view(np.uint64).max()
+        top = np.maximum.reduce(values.view(np.uint64))  # (.max() adds a Python wrapper)
         if top < _INF_BITS:
             largest = float(top.view(np.float64))
         else:  # something is bad, or a -0.0 (allowed) is among them

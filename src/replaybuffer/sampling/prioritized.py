@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.errors import EmptyBufferError
+from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling.ring import Ring
@@ -465,6 +466,15 @@ class PrioritizedSampler:
         if self._pending:
             self._flush()
         B = ring.batch_size
+        if tree_kernels.AVAILABLE and item_ids.size:  # all live, the usual case, in one call
+            positions, all_live = _live_positions(item_ids, self.key_base, B, ring.oldest_id,
+                                                  ring.last_id, ring.max_length)
+            if all_live:
+                if largest is None:
+                    largest = float(np.maximum.reduce(priorities))
+                self._set(positions, priorities, largest)
+                self.max_priority = max(self.max_priority, largest)
+                return len(priorities)
         if B == 1:
             ids = item_ids - self.key_base if self.key_base else item_ids
         else:
@@ -528,6 +538,24 @@ class PrioritizedSampler:
         self.key_base = int(state["key_base"])
         self._pending.clear()
         self._pending_count = 0
+
+
+@tree_kernels.compile_kernel
+def _live_positions(item_ids: np.ndarray, key_base: int, batch_size: int, oldest: int,
+                    last_id: int, max_length: int) -> tuple[np.ndarray, bool]:
+    """:meth:`PrioritizedSampler.update_priorities`' usual case compiled: the storage
+    positions (int64 ``[S]``) of item ids (int64 ``[S]``), and whether all of them are
+    live (``oldest <= id <= last_id``); when not, the positions are incomplete and the
+    caller takes the numpy path, which drops the stale ones."""
+    count = item_ids.shape[0]
+    positions = np.empty(count, np.int64)
+    for k in range(count):
+        item = item_ids[k]
+        step = item // batch_size - key_base  # (floor division, as numpy's)
+        if item < 0 or step < oldest or step > last_id:
+            return positions, False
+        positions[k] = (step % max_length) * batch_size + item % batch_size
+    return positions, True
 
 
 def _cyclic_sum(values: np.ndarray, start: int, count: int, size: int) -> float:
