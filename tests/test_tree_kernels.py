@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
@@ -125,3 +127,34 @@ def test_probabilities_and_ratios_compiled_give_the_numpy_bits():
         for a, b in zip(want, got):
             assert a.dtype == b.dtype == np.float32
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch_size=st.integers(1, 5), max_length=st.integers(1, 40),
+       adds=st.integers(1, 200), key_base=st.sampled_from([0, 7, 1000]),
+       data=st.data())
+def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, key_base,
+                                                data):
+    """The compiled item-id-to-position map of ``update_priorities``: all live ids map
+    to the ring's positions, and any stale or negative id makes it report not all
+    live (the numpy path then drops those)."""
+    from replaybuffer.sampling import prioritized
+    from replaybuffer.sampling.ring import Ring
+
+    ring = Ring(batch_size, max_length)
+    ring.last_id = adds - 1
+    oldest = ring.oldest_id
+    lo_item = (key_base + oldest) * batch_size
+    hi_item = (key_base + ring.last_id + 1) * batch_size - 1
+    items = np.array(data.draw(st.lists(st.integers(lo_item, hi_item), min_size=1,
+                                        max_size=20)), np.int64)
+    positions, live = prioritized._live_positions(items, key_base, batch_size, oldest,
+                                                  ring.last_id, max_length)
+    assert live
+    steps = items // batch_size - key_base
+    assert np.array_equal(positions, ring.positions(steps, items % batch_size))
+    # Each below the oldest live item id, above the newest, or negative.
+    stale = data.draw(st.sampled_from([-1, lo_item - 1, hi_item + 1, -batch_size]))
+    items[data.draw(st.integers(0, len(items) - 1))] = stale
+    assert not prioritized._live_positions(items, key_base, batch_size, oldest,
+                                           ring.last_id, max_length)[1]
