@@ -208,7 +208,9 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
 
     def variables(self) -> tuple[tf.Variable, ...]:
         """The data variables, ``last_id`` and the generator's state (for
-        ``tf.train.Checkpoint`` or inspection)."""
+        ``tf.train.Checkpoint`` or inspection). A data variable is
+        ``[batch_size * max_length, *spec.shape]``, step ``id`` of row ``b`` at
+        ``b * max_length + id % max_length`` (TF-Agents' table layout)."""
         return (*self._storage.arrays, self._last_id, self._sampler.generator.state)
 
     # ----------------------------------------------------------------- write path
@@ -673,21 +675,29 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
 
 
 class _compile:
-    """``fn`` as a ``tf.function`` for ``signature``, traced on its first call.
+    """``fn`` as a ``tf.function`` for ``signature``, traced on its first eager call.
 
-    Calls go straight to the traced concrete function: that skips ``tf.function``'s
-    dispatch (about a third of an eager call's cost), and tracing outside
-    ``tf.function.__call__`` keeps TensorFlow from warning about "frequent retracing"
-    when a program builds several buffers (each traces the same code once).
+    Eager calls go straight to the traced concrete function: that skips
+    ``tf.function``'s dispatch (about a third of an eager call's cost), and tracing
+    outside ``tf.function.__call__`` keeps TensorFlow from warning about "frequent
+    retracing" when a program builds several buffers (each traces the same code once).
+
+    Called while a graph is being built (the user's ``tf.function``, a ``tf.data``
+    function), ``fn`` builds its ops in that graph, as TF-Agents' buffer does: a call of
+    the nested function made ``add_batch`` inside ``tf.function`` 2-4% slower (about
+    10 us a call, in 40 interleaved rounds of 200 calls against building in place).
     """
 
-    __slots__ = ("_function", "_concrete")
+    __slots__ = ("_fn", "_function", "_concrete")
 
     def __init__(self, fn: Callable[..., Any], signature: list[Any]):
+        self._fn = fn
         self._function = tf.function(fn, input_signature=signature, autograph=False)
         self._concrete: Any = None
 
     def __call__(self, *args: Any) -> Any:
+        if not tf.executing_eagerly():
+            return self._fn(*args)
         concrete = self._concrete
         if concrete is None:
             concrete = self._concrete = self._function.get_concrete_function()
