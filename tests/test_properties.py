@@ -77,7 +77,12 @@ def to_np(x) -> np.ndarray:
 def check_backend_type(x, storage: str) -> None:
     """torch storage returns tensors; numpy storage numpy arrays (or, for 0-d
     results, numpy scalars, which have ``.shape == ()`` and a dtype too)."""
-    expected = torch.Tensor if storage == "torch" else (np.ndarray, np.generic)
+    if storage == "tensorflow":
+        import tensorflow as tf
+
+        expected: type | tuple[type, ...] = tf.Tensor
+    else:
+        expected = torch.Tensor if storage == "torch" else (np.ndarray, np.generic)
     assert isinstance(x, expected), f"{storage} storage returned {type(x).__name__}"
 
 
@@ -207,6 +212,16 @@ def test_ops_match_model(storage, scenario):
     for op in ops:
         apply_op(buf, model, op, as_torch and storage == "torch")
         check_against_model(buf, model, storage)
+
+
+# TensorFlow's buffer keeps rows contiguous (TF-Agents' layout) where the others are
+# slot-major: the same model pins its adds, extends, wraps, clears and gather_all.
+# Fewer examples: every buffer traces its graph functions.
+@settings(max_examples=30, **SETTINGS)
+@given(scenario=scenarios(max_ops=14))
+def test_tensorflow_ops_match_model(scenario):
+    pytest.importorskip("tensorflow")
+    test_ops_match_model.hypothesis.inner_test("tensorflow", scenario)
 
 
 # =============================================================== 2. get_next

@@ -409,19 +409,22 @@ def test_no_window_messages_are_the_numpy_buffer_s(max_length, num_steps, adds):
 
 
 # ------------------------------------------------------------------ persistence
-def test_save_and_load_round_trip(tmp_path):  # item 24 for the TF backend
-    buf = counter(batch_size=3, max_length=5, adds=12, seed=3)
+# Saves hold the numpy storage's slot-major order; the TF buffer stores rows: partly
+# filled, wrapped (slot 0 is not the oldest) and wrapped exactly (it is).
+@pytest.mark.parametrize("adds", [3, 12, 10])
+def test_save_and_load_round_trip(tmp_path, adds):  # item 24 for the TF backend
+    buf = counter(batch_size=3, max_length=5, adds=adds, seed=3)
     buf.get_next(4)  # move the generator off its seed
     buf.save(tmp_path / "tf")
     again = rb.load(tmp_path / "tf")
-    assert type(again) is TFUniformReplayBuffer and again.last_id == 11
+    assert type(again) is TFUniformReplayBuffer and again.last_id == adds - 1
     np.testing.assert_array_equal(to_np(again.gather_all()), to_np(buf.gather_all()))
     a, ia = buf.get_next(16, num_steps=2)
     b, ib = again.get_next(16, num_steps=2)
     np.testing.assert_array_equal(to_np(a), to_np(b))  # the generator state came back
     np.testing.assert_array_equal(to_np(ia.ids), to_np(ib.ids))
     again.add_batch(np.zeros(3, np.int64))
-    assert again.last_id == 12
+    assert again.last_id == adds
 
     as_numpy = rb.load(tmp_path / "tf", storage="numpy")
     assert type(as_numpy) is rb.UniformReplayBuffer
@@ -468,26 +471,24 @@ def test_ring_ops_match_numpy(last_id, L, T):
     assert (int(lo), int(hi)) == np_ring.valid_start_range(last_id, L, T)
     ids = np.arange(20, dtype=np.int64)
     rows = ids % B
-    np.testing.assert_array_equal(tf_ring.positions(ids, rows, L, B),
-                                  np_ring.positions(ids, rows, L, B))
-    starts = np_ring.positions(ids, rows, L, B)
-    np.testing.assert_array_equal(tf_ring.window_positions(tf.constant(starts), T, L, B),
-                                  np_ring.window_positions(starts, T, L, B))
-    np.testing.assert_array_equal(tf_ring.table_rows(ids, rows, L),
-                                  np_ring.table_rows(ids, rows, L))
+    # Storage is row-major: a position is TF-Agents' physical row index.
+    positions = tf_ring.positions(ids, rows, L)
+    np.testing.assert_array_equal(positions, np_ring.table_rows(ids, rows, L))
+    np.testing.assert_array_equal(  # the checkpoint order maps onto the same positions
+        tf_ring.slot_major_to_positions(np_ring.positions(ids, rows, L, B), L, B), positions)
     if hi > lo:  # every draw maps to the (start, row) pair the numpy sampler gives it
         draws = np.arange(int(hi - lo) * B, dtype=np.int64)
-        got_ids, got_positions = tf_ring.draws_to_starts(tf.constant(draws), lo, L, B)
+        got_ids, got_rows = tf_ring.draws_to_starts(tf.constant(draws), lo, B)
+        starts = np_ring.positions(int(lo) + draws // B, draws % B, L, B)
         np.testing.assert_array_equal(got_ids, int(lo) + draws // B)
-        np.testing.assert_array_equal(
-            got_positions, np_ring.positions(int(lo) + draws // B, draws % B, L, B))
+        np.testing.assert_array_equal(got_rows, starts % B)
     first = last_id + 1
     skip, positions = tf_ring.write_positions(tf.constant(first, tf.int64),
                                               tf.constant(T + 2, tf.int64), L, B)
     kept = np.arange(first + max(0, T + 2 - L), first + T + 2)
     assert int(skip) == max(0, T + 2 - L)
-    np.testing.assert_array_equal(positions, np_ring.positions(kept[:, None], np.arange(B),
-                                                               L, B).ravel())
+    np.testing.assert_array_equal(  # row by row, oldest step first: items[:, skip:]
+        positions, np_ring.table_rows(kept[None, :], np.arange(B)[:, None], L).ravel())
 
 
 @pytest.mark.parametrize("B,S,T,shift,drop", [

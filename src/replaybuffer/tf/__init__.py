@@ -11,7 +11,8 @@ Importing this package imports TensorFlow (``pip install 'replaybuffer[tensorflo
 * :class:`TFStorage`: the variables; also the ``storage="tensorflow"`` of every other
   buffer class, whose ring stays in Python (eager use only).
 * :mod:`replaybuffer.tf.ring`, :mod:`replaybuffer.tf.deterministic`: the index
-  arithmetic of :mod:`replaybuffer.sampling` in TF ops.
+  arithmetic of :mod:`replaybuffer.sampling` in TF ops, over TF-Agents' row-major
+  layout.
 """
 
 from replaybuffer.tf.buffer import TFUniformReplayBuffer

@@ -53,6 +53,10 @@ class TFStorage:
       that every other buffer class also runs on ``storage="tensorflow"``: its ring
       stays in Python, so those buffers work eagerly, not inside ``tf.function``.
 
+    Positions are the buffer's to assign: :class:`~replaybuffer.tf.TFUniformReplayBuffer`
+    keeps rows contiguous (TF-Agents' layout, :mod:`replaybuffer.tf.ring`), the other
+    buffers keep the numpy storage's slot-major layout (:mod:`replaybuffer.sampling.ring`).
+
     Args:
         specs: leaf specs, in nest flatten order.
         capacity: number of positions.
