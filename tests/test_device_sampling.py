@@ -264,3 +264,21 @@ def test_choice_of_sampler():
                                    track_episodes=True)
     with pytest.raises(ValueError, match="True, False or None"):
         rb.UniformReplayBuffer(spec, storage="torch", sample_on_device="yes")
+
+
+def test_gpu_bench_smoke_on_the_cpu(capsys):
+    from replaybuffer.bench import gpu
+
+    assert gpu.main(["--device", "cpu", "--quick", "--workloads", "control",
+                     "--no-torchrl"]) == 0
+    out = capsys.readouterr().out
+    assert "device: cpu" in out and "prioritized sample(256)+next" in out
+
+
+def test_gpu_bench_without_cuda_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    from replaybuffer.bench import gpu
+
+    assert gpu.main(["--quick"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
