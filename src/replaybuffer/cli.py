@@ -28,6 +28,12 @@ def _tutorial(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.gpu:  # the torch storage on a GPU against TorchRL and the memory bandwidth
+        from replaybuffer.bench import gpu
+
+        argv = ["--workloads", args.workloads, "--device", args.device]
+        argv += ["--quick"] if args.quick else []
+        return gpu.main(argv + (["--json", args.json] if args.json else []))
     if args.peers:  # the issue-6 workloads through the peer libraries that are installed
         from replaybuffer.bench import peers
 
@@ -221,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                        help="with --processes: the stress run (writers killed, every "
                             "sample checked) for SECONDS instead")
+    bench.add_argument("--gpu", action="store_true",
+                       help="the torch storage on a CUDA device (sampling on the device) "
+                            "against TorchRL's LazyTensorStorage there and the device's "
+                            "memory bandwidth; exits 2 without CUDA")
+    bench.add_argument("--device", default="cuda",
+                       help="with --gpu: the torch device (cpu: a smoke run)")
     bench.set_defaults(func=_bench)
 
     inspect = sub.add_parser("inspect", help="describe a checkpoint and verify its checksums "

@@ -885,19 +885,28 @@ def package(structure: Any, to_backend: Callable[[np.ndarray], Any], leaves: lis
         leaves = [leaf[0] for leaf in leaves]
         ids, probabilities = ids[0], probabilities[0]
         weights = None if weights is None else weights[0]
+    # Backends other than numpy take numpy scalars (and, the torch storage, tensors
+    # from device-side sampling) as they are.
+    host = to_backend is identity
     if weights is not None:
-        weights = to_backend(np.asarray(weights))
+        weights = to_backend(np.asarray(weights) if host else weights)
     if num_steps is not None and not time_stacked:
         axis_t = 0 if sample_batch_size is None else 1
         items = tuple(structure.unflatten([_take_step(leaf, t, axis_t) for leaf in leaves])
                       for t in range(num_steps))
-        ids_out: Any = tuple(to_backend(np.array(_take_step(ids, t, axis_t)))
+        ids_out: Any = tuple(to_backend(_copy(_take_step(ids, t, axis_t)))
                              for t in range(num_steps))
-        return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities)), weights)
-    if to_backend is identity:
+        return items, BufferInfo(ids_out, to_backend(np.asarray(probabilities) if host
+                                                     else probabilities), weights)
+    if host:
         return structure.unflatten(leaves), BufferInfo(ids, probabilities, weights)
-    return structure.unflatten(leaves), BufferInfo(
-        to_backend(np.asarray(ids)), to_backend(np.asarray(probabilities)), weights)
+    return structure.unflatten(leaves), BufferInfo(to_backend(ids), to_backend(probabilities),
+                                                   weights)
+
+
+def _copy(array: Any) -> Any:
+    """A numpy array (or scalar) copied; a tensor as it is (a view of ids not returned)."""
+    return np.array(array) if isinstance(array, (np.ndarray, np.generic)) else array
 
 
 def _take_step(array: Any, t: int, axis: int) -> Any:

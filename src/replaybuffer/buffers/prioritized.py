@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.buffers.device_sampling import samples_on_device
 from replaybuffer.sampling import Ring
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.storage.base import to_numpy
@@ -131,6 +132,10 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
         normalize: ``"batch"`` or ``"buffer"``: what importance weights are divided by
             (see :mod:`replaybuffer.sampling.prioritized`).
+        sample_on_device: draw samples with a sum tree on the torch storage's device
+            (:mod:`replaybuffer.sampling.torch_prioritized`; ids, probabilities and
+            weights come back as tensors there); default ``None``: for torch storage
+            on a GPU (without ``track_episodes``).
     """
 
     _sampler: PrioritizedSampler
@@ -140,13 +145,20 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                  beta_steps: int = 0, storage: str = "numpy", device: Any = None,
                  seed: int | None = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0,
-                 normalize: str = "batch", path: str | os.PathLike[str] | None = None):
+                 normalize: str = "batch", path: str | os.PathLike[str] | None = None,
+                 sample_on_device: bool | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=sampler, track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path)
+        if samples_on_device(storage, device, sample_on_device, track_episodes):
+            from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
+
+            self._sampler = TorchPrioritizedSampler(
+                capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
+                seed=seed, normalize=normalize, device=self.device)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.buffers.device_sampling import samples_on_device
 from replaybuffer.sampling import UniformSampler
 
 
@@ -31,6 +32,10 @@ class UniformReplayBuffer(ReplayBuffer):
         track_episodes: allow ``within_episodes=True`` reads (see :class:`ReplayBuffer`).
         frame_stack, stack_axis: store the named stacked-frame leaf deduplicated (see
             :class:`ReplayBuffer`).
+        sample_on_device: draw samples on the torch storage's device (ids and
+            probabilities come back as tensors there, with no host round trip); default
+            ``None``: for torch storage on a GPU (without ``track_episodes``). See
+            :mod:`replaybuffer.buffers.device_sampling`.
 
     Example:
         >>> import numpy as np, replaybuffer as rb
@@ -59,10 +64,15 @@ class UniformReplayBuffer(ReplayBuffer):
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 stack_axis: int = 0, path: str | os.PathLike[str] | None = None):
+                 stack_axis: int = 0, path: str | os.PathLike[str] | None = None,
+                 sample_on_device: bool | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=UniformSampler(seed), track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path)
+        if samples_on_device(storage, device, sample_on_device, track_episodes):
+            from replaybuffer.sampling.torch_uniform import TorchUniformSampler
+
+            self._sampler = TorchUniformSampler(self.device, seed)
         self._seed = seed
         self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
         self._files_ready()

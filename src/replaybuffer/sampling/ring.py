@@ -64,6 +64,8 @@ def windows(starts: np.ndarray, num_steps: int, step: int = 1) -> np.ndarray:
     Built as a repeat plus a cached tile of offsets: numpy broadcasts ``[S, 1] + [T]``
     with an inner loop of length ``T``, which costs 2.5x more for short windows.
     """
+    if not isinstance(starts, np.ndarray):  # a tensor drawn on a device: stays there
+        return starts[:, None] + starts.new_tensor(range(0, num_steps * step, step))
     out = starts.astype(np.int64, copy=False).repeat(num_steps)
     out += _window_offsets(len(starts), num_steps, step)
     return out.reshape(len(starts), num_steps)

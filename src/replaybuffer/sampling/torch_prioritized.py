@@ -1,0 +1,201 @@
+"""Prioritized sampling drawn on the storage's device: the sum tree is a device tensor.
+
+:class:`TorchPrioritizedSampler` keeps :class:`~replaybuffer.sampling.prioritized.
+PrioritizedSampler`'s bookkeeping on the host (the schedule, item ids, stale-id
+filtering, new steps entering at the largest priority, all plain integers and the
+already validated priority values) and moves what touches every slot to the device:
+the sum tree (and the min tree of ``normalize="buffer"``) live in
+:class:`~replaybuffer.sampling.torch_tree.TorchSegmentTree` s, priorities are written
+with a scatter and a level-by-level recompute, and a batch is drawn by a batched
+level-by-level descent with a ``torch.Generator`` on the device. Ids, positions,
+probabilities and weights come back as device tensors: sampling needs no host round
+trip (one scalar is read back only when a priority of 0 has been stored, to report
+that no window has mass).
+
+Draws are by descent only (the host sampler's rejection path pays off for numpy, not
+for a GPU). Targets are drawn inside the valid starts' share of the prefix sums, so
+windows never cross the write head; a target that float64 rounding carries past the
+edge of that share (odds about 1e-16) is moved to the middle of its segment instead
+of redrawn, which would need the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from replaybuffer.sampling.episodes import EpisodeIndex
+from replaybuffer.sampling.prioritized import PrioritizedSampler
+from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.sampler import SampleIndices
+from replaybuffer.sampling.segment_tree import MinTree, SumTree
+from replaybuffer.sampling.torch_generator import DeviceGenerator
+from replaybuffer.sampling.torch_tree import TorchSegmentTree
+
+
+class TorchPrioritizedSampler(PrioritizedSampler):
+    """Draws window starts in proportion to ``priority ** alpha`` on ``device``.
+
+    Args:
+        capacity, alpha, beta, beta_final, beta_steps, seed, normalize: as for
+            :class:`~replaybuffer.sampling.prioritized.PrioritizedSampler`.
+        device: the storage's device.
+    """
+
+    def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
+                 beta_final: float | None = None, beta_steps: int = 0,
+                 seed: int | None = None, normalize: str = "batch",
+                 device: torch.device | str = "cpu"):
+        super().__init__(capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
+                         seed=seed, normalize=normalize)
+        self.device = torch.device(device)
+        self._generator = DeviceGenerator(self.device, seed)
+        self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
+        self._mins = TorchSegmentTree(self.capacity, self.device, "min") \
+            if normalize == "buffer" else None
+        # Whether a written slot may hold 0 (then a range may have no mass, which only
+        # the host can report as an error).
+        self._zeros = False
+
+    # ------------------------------------------------------------------- trees
+    def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
+        if self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
+            scaled = np.where(priorities > 0, 1.0, 0.0)
+        else:
+            scaled = priorities if self.alpha == 1.0 else np.power(priorities, self.alpha)
+            try:
+                largest = math.pow(largest, self.alpha) if self.alpha != 1.0 else largest
+            except OverflowError:
+                largest = math.inf
+        if not (largest * self.capacity < 1e307):  # the total may overflow: check it
+            if not np.isfinite(scaled).all() or not math.isfinite(
+                    float(self._tree.root()) + float(np.sum(scaled))):
+                raise ValueError("update: expected a finite total priority, got inf with "
+                                 "these values (float64 overflow); nothing was updated")
+        if scaled.size and not scaled.min() > 0:
+            self._zeros = True
+        slots = torch.from_numpy(np.ascontiguousarray(positions, np.int64)).to(self.device)
+        values = torch.from_numpy(np.ascontiguousarray(scaled, np.float64)).to(self.device)
+        self._tree.assign(slots, values)
+        if self._mins is not None:
+            self._mins.assign(slots, torch.where(values > 0, values, math.inf))
+
+    def on_clear(self, ring: Ring) -> None:
+        super().on_clear(ring)
+        self._tree.nodes.fill_(self._tree.identity)
+        if self._mins is not None:
+            self._mins.nodes.fill_(self._mins.identity)
+        self._zeros = False
+
+    # ---------------------------------------------------------------- sampling
+    def _segments_on_device(self, ring: Ring, num_steps: int
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(starts, masses, mass)`` of the valid starts' cyclic position range (one or
+        two segments, float64 tensors), or ``None`` when every slot with mass is a
+        valid start (draw from the whole tree)."""
+        lo, hi = ring.valid_start_range(num_steps)
+        if hi == ring.last_id + 1:  # no newest steps to leave out (num_steps == 1)
+            return None
+        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
+        first, span = (lo % L) * B, (hi - lo) * B
+        ends = [first, min(first + span, cap)]
+        if first + span > cap:  # the range wraps past the last position
+            ends += [0, first + span - cap]
+        bounds = self._tree.prefix_sums(torch.tensor(ends, dtype=torch.int64,
+                                                     device=self.device))
+        starts, masses = bounds[0::2], bounds[1::2] - bounds[0::2]
+        return starts, masses, masses.sum()
+
+    def valid_mass(self, ring: Ring, num_steps: int) -> float:
+        if self._pending:
+            self._flush()
+        if ring.last_id + 1 < num_steps:
+            return 0.0
+        segments = self._segments_on_device(ring, num_steps)
+        return float(self._tree.root() if segments is None else segments[2])
+
+    def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
+               rng: np.random.Generator | None = None,
+               episodes: EpisodeIndex | None = None
+               ) -> tuple[SampleIndices, dict[str, Any]]:
+        if episodes is not None:
+            raise ValueError("within_episodes sampling runs on the host: build the buffer "
+                             "with sample_on_device=False")
+        if self._pending:
+            self._flush()
+        generator = self._generator.for_call(rng)
+        u = torch.rand(sample_batch_size, dtype=torch.float64, generator=generator,
+                       device=self.device)
+        segments = self._segments_on_device(ring, num_steps)
+        if segments is None:
+            mass = self._tree.root()
+            positions = self._tree.find(u * mass)
+        else:
+            starts, masses, mass = segments
+            u = u * mass
+            first_segment = u < masses[0]
+            targets = torch.where(first_segment, starts[0] + u, starts[-1] + u - masses[0])
+            positions = self._tree.find(targets)
+            # Rounding may carry a target past its segment's edge (module docstring).
+            lo, hi = ring.valid_start_range(num_steps)
+            first = (lo % ring.max_length) * ring.batch_size
+            outside = (positions - first) % ring.capacity >= (hi - lo) * ring.batch_size
+            middle = torch.where(first_segment, starts[0] + masses[0] / 2,
+                                 starts[-1] + masses[-1] / 2)
+            positions = torch.where(outside, self._tree.find(middle), positions)
+        if self._zeros:  # one scalar back to the host, only where a range may be empty
+            self._require_mass(float(mass), num_steps)
+        values = self._tree.leaves[positions]
+        ids = self._ids_on_device(ring, positions)
+        probabilities = (values / mass).to(torch.float32)
+        smallest = values.amin() if self._mins is None else self._mins.root()
+        weights = (smallest / values).to(torch.float32).pow(self.beta)
+        if self._mins is not None:
+            weights = weights.clamp(max=1.0)
+        self.sample_calls += 1
+        return SampleIndices(ids, positions), {  # type: ignore[arg-type]
+            "probabilities": probabilities, "weights": weights}
+
+    @staticmethod
+    def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
+        """Logical ids (int64, a new tensor) of the steps at stored positions."""
+        slots = positions // ring.batch_size
+        oldest = ring.oldest_id
+        if not oldest:  # the ring has not wrapped: the slot is the id
+            return slots
+        return (slots - oldest % ring.max_length) % ring.max_length + oldest
+
+    # ------------------------------------------------------------- priorities
+    def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
+        """Current ``priority ** alpha`` of live item ids (NaN for stale ones), numpy."""
+        self._flush()
+        B = ring.batch_size
+        ids = item_ids // B - self.key_base
+        live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
+        out = np.full(item_ids.shape, np.nan)
+        positions = torch.from_numpy(ring.positions(ids[live], item_ids[live] % B))
+        out[live] = self._tree.leaves[positions.to(self.device)].cpu().numpy()
+        return out
+
+    # ------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()  # the host trees are unused: priorities from ours
+        state["priorities"] = self._tree.leaves.cpu().numpy()
+        state["device_rng"] = self._generator.state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)  # checks the shape, restores the host bookkeeping
+        leaves = torch.from_numpy(np.array(state["priorities"], np.float64)).to(self.device)
+        self._tree.load(leaves)
+        if self._mins is not None:
+            self._mins.load(torch.where(leaves > 0, leaves, math.inf))
+        # The host trees the base class just filled are not read here: free them.
+        self._sum = SumTree(self.capacity)
+        self._min = MinTree(self.capacity) if self._min is not None else None
+        # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
+        self._zeros = bool((leaves == 0).any())
+        self._generator.restore(state, self._rng)

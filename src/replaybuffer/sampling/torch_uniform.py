@@ -1,0 +1,78 @@
+"""Uniform sampling drawn on the storage's device (torch): indices never visit the host.
+
+The distribution and the index arithmetic are :class:`~replaybuffer.sampling.uniform.
+UniformSampler`'s (one integer draw per sample picks start and row); the draws come
+from a ``torch.Generator`` on the device, and ids, positions and probabilities are
+device tensors that the torch storage gathers with directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from replaybuffer.sampling.episodes import EpisodeIndex
+from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.sampler import SampleIndices, make_rng
+from replaybuffer.sampling.torch_generator import DeviceGenerator
+
+
+class TorchUniformSampler:
+    """Each valid ``(start id, row)`` pair with probability ``1 / (starts * batch_size)``,
+    drawn on ``device``.
+
+    ``sample`` returns int64 ``[S]`` ids and positions and float32 ``[S]``
+    probabilities, all tensors on ``device``. Windows within episodes are not drawn
+    here (the episode index lives on the host): buffers that track episodes sample on
+    the host.
+
+    Args:
+        device: the storage's device.
+        seed: seeds the device generator (``None``: fresh entropy).
+    """
+
+    def __init__(self, device: torch.device, seed: int | None = None):
+        self.device = device
+        self._generator = DeviceGenerator(device, seed)
+        self._rng = make_rng(seed)  # only for spawn_rng (datasets' per-element generators)
+
+    def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
+               rng: np.random.Generator | None = None,
+               episodes: EpisodeIndex | None = None
+               ) -> tuple[SampleIndices, dict[str, Any]]:
+        if episodes is not None:
+            raise ValueError("within_episodes sampling runs on the host: build the buffer "
+                             "with sample_on_device=False")
+        lo, hi = ring.valid_start_range(num_steps)
+        batch, length = ring.batch_size, ring.max_length
+        n = (hi - lo) * batch
+        draws = torch.randint(0, n, (sample_batch_size,), generator=self._generator.for_call(rng),
+                              device=self.device)
+        if batch == 1:
+            ids = draws + lo
+            positions = ids % length if hi > length else ids
+        else:
+            ids = draws // batch + lo
+            positions = (draws + (lo % length) * batch) % ring.capacity
+        probabilities = torch.full((sample_batch_size,), 1.0 / n, dtype=torch.float32,
+                                   device=self.device)
+        return SampleIndices(ids, positions), {"probabilities": probabilities}  # type: ignore[arg-type]
+
+    def spawn_rng(self) -> np.random.Generator:
+        return make_rng(int(self._rng.integers(0, 2**63 - 1)))
+
+    def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
+        pass
+
+    def on_clear(self, ring: Ring) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        # "rng" as the host sampler saves it, so either sampler restores the other's state.
+        return {"rng": self._rng.bit_generator.state, "device_rng": self._generator.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self._generator.restore(state, self._rng)
