@@ -1,7 +1,10 @@
-"""compat.pearl's shortcuts (``BaseBuffer._fast``) against its general path.
+"""compat.pearl's shortcuts against its general path.
 
-Two buffers built alike, one with its shortcuts and one without (``_fast = None``),
-are played the same random script of adds (in sequence, after resets, out of
+The shortcuts: reads (``BaseBuffer._fast``: gathers for random samples, views of the
+cache of recent steps for ``last``, ``all`` and ``RolloutBuffer.sample``) and the
+direct conversion of an env's inputs for the core's add (``_direct``). Two buffers
+built alike, one with its shortcuts and one without (``_fast = None``, ``_direct =
+False``), are played the same random script of adds (in sequence, after resets, out of
 sequence, ending episodes by termination or truncation, inputs of every type the
 general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
 without ``flatten_env``, also asking for more than is held); every output must be the
@@ -28,22 +31,25 @@ def pair(cls, num_envs, buffer_size, seed, **spaces_):
     spaces_ = spaces_ or {"observation_space": OBS, "action_space": ACT}
     fast = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
     slow = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
-    slow._fast = None
+    slow._fast, slow._direct = None, False
     assert fast._fast is not None
     return fast, slow
 
 
 def counting(buffer):
-    """Count the adds that the shortcut wrote itself."""
-    fast = buffer._fast
-    inner, taken = fast.add, [0]
+    """Count the adds that the core's shortcut (``_add_exact``) wrote itself."""
+    core = buffer.core
+    inner, taken = core._add_exact, [0]
 
     def add(*args):
         done = inner(*args)
         taken[0] += done
         return done
-    fast.add = add
+    core._add_exact = add
     return taken
+
+
+FIELDS = ("observations", "actions", "rewards", "next_observations", "dones")
 
 
 def flat(result):
@@ -225,7 +231,7 @@ def test_no_shortcuts_where_they_do_not_apply():
     assert torch_storage._fast is None
     discrete = ReplayBuffer(buffer_size=4, observation_space=OBS,
                             action_space=spaces.Discrete(3))
-    assert discrete._fast is not None and discrete._fast.add is None  # ranges checked
+    assert discrete._fast is not None and not discrete._direct  # Pearl's [1] actions
 
 
 def test_fast_reads_of_a_discrete_action_space():
@@ -247,25 +253,52 @@ def test_fast_reads_of_a_discrete_action_space():
             assert a[1][1][1].shape[-1] == 1  # Pearl's trailing axis of discrete actions
 
 
-def test_fast_reads_are_copies_and_contiguous_tensors():
-    fast, _ = pair(ReplayBuffer, 2, 6, 0)
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+def test_samples_are_copies_and_runs_read_only_views_that_never_change(cls):
+    """``sample`` gathers copies; ``last``, ``all`` and ``RolloutBuffer.sample`` are views
+    of the cache of recent steps: read-only numpy arrays, tensors sharing it, and what
+    they hold stays as it was while later adds wrap the ring (Pearl's views changed)."""
+    fast, _ = pair(cls, 2, 6, 0)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((2, 3), dtype=np.float32)
-    for _ in range(9):
-        nxt = rng.standard_normal((2, 3), dtype=np.float32)
-        fast.add_trajectory(obs, np.zeros((2, 2), np.float32), np.ones(2), nxt,
-                            np.zeros(2, bool))
-        obs = nxt
+
+    def steps(n, obs):
+        for t in range(n):
+            nxt = rng.standard_normal((2, 3), dtype=np.float32)
+            fast.add_trajectory(obs, np.zeros((2, 2), np.float32), np.ones(2), nxt,
+                                np.array([t % 4 == 3, False]))
+            obs = nxt
+        return obs
+
+    obs = steps(9, obs)
     before = fast.core._storage.arrays[0].copy()
-    for batch in (fast.sample(4, dtype="numpy"), fast.last(3, dtype="numpy"),
-                  fast.all(dtype="numpy"), fast.all(flatten_env=True, dtype="numpy")):
-        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
-            getattr(batch, field)[...] = 7
+    if cls is ReplayBuffer:
+        sampled = fast.sample(4, dtype="numpy")
+        for field in FIELDS:
+            getattr(sampled, field)[...] = 7
     assert np.ascontiguousarray(fast.core._storage.arrays[0]).tobytes() == \
         np.ascontiguousarray(before).tobytes()
-    for batch in (fast.sample(4), fast.last(3), fast.all(), fast.last(5, flatten_env=True)):
-        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
-            assert getattr(batch, field).is_contiguous()
+    runs = [fast.last(3, dtype="numpy"), fast.all(dtype="numpy"),
+            fast.all(flatten_env=True, dtype="numpy"), fast.last(5, True, "numpy")]
+    tensors = [fast.last(3), fast.all(), fast.last(5, flatten_env=True)]
+    if cls is RolloutBuffer:
+        runs.append(fast.sample(4, dtype="numpy"))
+        tensors.append(fast.sample(3, dtype="torch"))
+    kept = [[np.array(getattr(r, f)) for f in FIELDS] for r in runs]
+    kept_t = [[getattr(r, f).clone() for f in FIELDS] for r in tensors]
+    for run in runs:
+        for field in FIELDS:
+            with pytest.raises(ValueError):
+                getattr(run, field)[...] = 7
+    steps(14, obs)  # wraps the ring twice, through episode ends
+    for run, was in zip(runs, kept):
+        for field, x in zip(FIELDS, was):
+            np.testing.assert_array_equal(getattr(run, field), x)
+    for run, was in zip(tensors, kept_t):
+        for field, x in zip(FIELDS, was):
+            assert torch.equal(getattr(run, field), x)
+    if cls is ReplayBuffer:
+        assert fast.sample(4).observations.is_contiguous()
 
 
 def test_adds_during_a_save_leave_the_snapshot_as_it_was():
