@@ -186,6 +186,59 @@ def test_fast_paths_give_what_the_general_path_gives(cls, num_envs, data, seed, 
 
 
 @pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 1, 3])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1), buffer_size=st.integers(1, 6))
+def test_runs_from_the_cache_of_recent_steps_over_long_streams(cls, num_envs, data, seed,
+                                                               buffer_size):
+    """Long scripts: the ring wraps many times and the cache of recent steps moves to
+    fresh arrays (every 64 steps or so past its window), is rebuilt after resets and
+    after more adds than its window, and catches up lazily; every read must still be
+    what the general path reads."""
+    fast, slow = pair(cls, num_envs, buffer_size, seed)
+    play(fast, slow, data, np.random.default_rng(seed), 300, num_envs is not None,
+         cls is RolloutBuffer)
+    assert_same_state(fast, slow)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 3])
+def test_the_cache_of_recent_steps_moves_and_keeps_every_read_exact(cls, num_envs):
+    """A read after every add (``last``, ``all``, and the rollout's ``sample``) through
+    episode ends, out-of-sequence adds and 30 wraps of the ring: the cache moves to
+    fresh arrays several times, and every read equals the general path's."""
+    fast, slow = pair(cls, num_envs, 7, 0)
+    recent = fast._fast.recent
+    allocate, moves = recent._allocate, [0]
+
+    def counted():
+        moves[0] += 1
+        allocate()
+    recent._allocate = counted
+    rng = np.random.default_rng(2)
+    shape = (num_envs,) if num_envs else ()
+    obs = rng.standard_normal(shape + (3,), dtype=np.float32)
+    for t in range(210):
+        nxt = rng.standard_normal(shape + (3,), dtype=np.float32)
+        action = rng.uniform(-1, 1, shape + (2,)).astype(np.float32)
+        end = rng.random(shape) < 0.1
+        reward = rng.standard_normal(num_envs) if num_envs else float(rng.standard_normal())
+        term = end if num_envs else bool(end)
+        for buffer in (fast, slow):
+            buffer.add_trajectory(obs, action, reward, nxt, term)
+        obs = rng.standard_normal(shape + (3,), dtype=np.float32) if t % 13 == 0 else nxt
+        op = ("last", "all", "sample")[t % 3]
+        args = (1 + t % 7,) if op != "all" else ()
+        if op == "sample" and cls is ReplayBuffer:
+            op, args = "last", (7,)
+        for flatten in (False, True):
+            assert_same(call(fast, op, *args, flatten, "numpy"),
+                        call(slow, op, *args, flatten, "numpy"))
+    assert moves[0] >= 3
+    assert_same_state(fast, slow)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
 @pytest.mark.parametrize("num_envs", [None, 3])
 def test_an_env_loop_takes_the_fast_add_except_at_episode_ends(cls, num_envs):
     fast, slow = pair(cls, num_envs, 16, 0)

@@ -426,52 +426,46 @@ class BaseBuffer(ABC):
     # ------------------------------------------------------------- helpers
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, **extra: Any) -> None:
-        """Give the core one transition per env, Pearl's inputs as the core's leaves.
+        """Give the core one transition per env (:meth:`_core_leaves`); ``extra``: more
+        of the core's ``add`` arguments (``None`` values left out)."""
+        leaves = self._core_leaves(observation, action, reward, next_observation, done,
+                                   truncated)
+        if extra:
+            self.core.add(*leaves, **{k: v for k, v in extra.items() if v is not None})
+        else:
+            self.core.add(*leaves)
+
+    def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+                     done: Any, truncated: Any) -> tuple[Any, ...]:
+        """Pearl's inputs of one add as the core's ``add`` takes them (observation,
+        action, reward, next observation, terminated, truncated; each ``[num_envs, ...]``).
 
         What an env gives is converted in a few operations: array observations and
         actions (the env axis added by views for one env), a float reward (float32),
-        bool flags (constant arrays for one env). The core's ``add`` then takes its
-        shortcut for the usual step (``TransitionReplayBuffer._add_exact``) and its
-        checking path for everything else. Other inputs (lists, tensors, dicts,
+        bool flags (constant arrays for one env); the core's ``add`` then takes its
+        shortcut for the usual step (``TransitionReplayBuffer._add_exact``) and checks
+        everything else on its general path. Other inputs (lists, tensors, dicts,
         Pearl's trailing 1 of scalar fields) are converted leaf by leaf (``_batched``).
         """
-        extra = {k: v for k, v in extra.items() if v is not None}
-        if self._direct:
-            converted = self._convert_direct(observation, action, reward, next_observation,
-                                             done, truncated)
-            if converted is not None:
-                self.core.add(*converted, **extra)
-                return
-        truncated = np.zeros(self.num_envs, np.bool_) if truncated is None else \
-            self._batched(truncated, "scalar")
-        self.core.add(self._batched(observation), self._batched(action, self._action_path),
-                      self._batched(reward, "scalar"), self._batched(next_observation),
-                      self._batched(done, "scalar"), truncated, **extra)
-
-    def _convert_direct(self, observation: Any, action: Any, reward: Any,
-                        next_observation: Any, done: Any, truncated: Any
-                        ) -> tuple[Any, ...] | None:
-        """The core's leaves of an env's usual inputs (see :meth:`_add`), or ``None``
-        for ``_batched`` to convert. Shapes and dtypes are the core's to check."""
         ndarray = np.ndarray
-        if type(observation) is not ndarray or type(next_observation) is not ndarray \
-                or type(action) is not ndarray:
-            return None
-        if self.vector:
-            if type(reward) is not ndarray or reward.dtype.kind != "f" or reward.ndim != 1 \
-                    or type(done) is not ndarray or done.ndim != 1 \
-                    or not (truncated is None or type(truncated) is ndarray
-                            and truncated.ndim == 1):
-                return None
-            return (observation, action, reward.astype(np.float32, copy=False),
-                    next_observation, done, truncated)
-        if type(reward) not in _FLOATS or type(done) not in _FLAGS \
-                or not (truncated is None or type(truncated) in _FLAGS):
-            return None
-        flags = _FLAG_ARRAYS
-        return (observation[None], action[None], np.array((reward,), np.float32),
-                next_observation[None], flags[1 if done else 0],
-                None if truncated is None else flags[1 if truncated else 0])
+        if self._direct and type(observation) is ndarray and type(action) is ndarray \
+                and type(next_observation) is ndarray:
+            if not self.vector:
+                if type(reward) in _FLOATS and type(done) in _FLAGS and \
+                        (truncated is None or type(truncated) in _FLAGS):
+                    flags = _FLAG_ARRAYS
+                    return (observation[None], action[None], np.array((reward,), np.float32),
+                            next_observation[None], flags[1 if done else 0],
+                            None if truncated is None else flags[1 if truncated else 0])
+            elif type(reward) is ndarray and reward.dtype.kind == "f" and reward.ndim == 1 \
+                    and type(done) is ndarray and done.ndim == 1 and \
+                    (truncated is None or type(truncated) is ndarray and truncated.ndim == 1):
+                return (observation, action, reward.astype(np.float32, copy=False),
+                        next_observation, done, truncated)
+        return (self._batched(observation), self._batched(action, self._action_path),
+                self._batched(reward, "scalar"), self._batched(next_observation),
+                self._batched(done, "scalar"),
+                None if truncated is None else self._batched(truncated, "scalar"))
 
     def _batched(self, value: Any, scalar: str | None = None) -> Any:
         """``value`` with a leading env axis; Pearl's trailing 1 of scalar fields dropped."""
@@ -612,7 +606,8 @@ class ReplayBuffer(BaseBuffer):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        self._add(observation, action, reward, next_observation, done, truncated)
+        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
+                                         truncated))
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -669,8 +664,8 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        self._add(observation, action, reward, next_observation, done, truncated,
-                  value=value, log_prob=log_prob)
+        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
+                                         truncated), value=value, log_prob=log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -895,7 +890,7 @@ class _FastPaths:
         self.act_scalar = core._specs[act].shape == ()
         self.torch: Any = None  # the module and the device, at the first torch read
         self.device: Any = None
-        self.recent = _Recent(core, storage, self.read)
+        self.recent = _Recent(core, storage, self.read, self.vector)
 
     # ------------------------------------------------------------------ reading
     def _gather(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -957,17 +952,17 @@ class _FastPaths:
             elif first < last_id + 1 - ring.max_length or first < 0 or \
                     first + steps - 1 > last_id:
                 _check_held(self.core, first, first + steps - 1)
-            fields = self.recent.view(first, steps, window)
-        if self.vector and not flat:  # [num_envs, steps] views, as Pearl's swapaxes gave
-            fields = tuple(x.reshape((steps, B) + x.shape[1:]).swapaxes(0, 1) for x in fields)
-        elif flat and keep is not None:  # storage order is time-major already
-            part = slice(keep, None) if keep < 0 else slice(None, keep)
-            fields = tuple(x[part] for x in fields)
-        if (_kind_of(dtype) or _trajectory_type(dtype)) is not TrajectoryType.TORCH:
-            for x in fields:
-                x.flags.writeable = False  # the cache's rows: later reads return them too
-            return Trajectories(*fields)
-        return self._tensors(fields)
+            torch = (_kind_of(dtype) or _trajectory_type(dtype)) is TrajectoryType.TORCH
+            fields = self.recent.view(first, steps, window, torch)
+        if self.vector:
+            if not flat:  # [num_envs, steps] views, as Pearl's swapaxes gave
+                fields = tuple(x.swapaxes(0, 1) for x in fields)
+            else:  # time-major, as stored
+                fields = tuple(x.reshape((steps * B,) + x.shape[2:]) for x in fields)
+                if keep is not None:
+                    part = slice(keep, None) if keep < 0 else slice(None, keep)
+                    fields = tuple(x[part] for x in fields)
+        return self._tensors(fields) if torch else Trajectories(*fields)
 
     def output(self, fields: tuple[np.ndarray, ...], dtype: Any) -> Trajectories:
         """Pearl's trajectories of gathered fields (observations, actions, rewards, next
@@ -1013,7 +1008,10 @@ class _Recent:
     Layout: arrays of ``capacity * num_envs`` rows, time-major like storage (row
     ``(step - first) * num_envs + env``); observations and actions as Pearl's
     (scalars with a trailing 1), rewards and dones ``[rows, 1]`` float32. Rows
-    ``[0, count * num_envs)`` hold steps ``first .. first + count - 1``.
+    ``[0, count * num_envs)`` hold steps ``first .. first + count - 1``. Reads see
+    them as ``[capacity, num_envs, ...]`` (``[capacity, ...]`` without an env axis),
+    through read-only views for numpy outputs and writable ones for tensors (torch
+    warns about read-only arrays).
 
     Rows are written once: new steps go to rows past ``count``, and when those run out
     the newest ``window`` steps move into fresh arrays (amortised over
@@ -1029,9 +1027,10 @@ class _Recent:
     """
 
     def __init__(self, core: TransitionReplayBuffer, storage: NumpyStorage,
-                 read: list[int]):
+                 read: list[int], vector: bool):
         self.core, self.ring = core, core._ring
         self.B = self.ring.batch_size
+        self.per_step = (self.B,) if vector else ()  # a step's rows, as reads see them
         obs, act, rew, term = (storage.arrays[i] for i in read)
         self.sources = (obs, act, rew, obs, term)  # next observations: obs, shifted
         specs = core._specs
@@ -1042,23 +1041,30 @@ class _Recent:
                        np.dtype(np.float32))
         self.arrays: tuple[np.ndarray, ...] = ()
         self.targets: tuple[np.ndarray, ...] = ()  # the arrays in storage's shapes
+        self.steps: tuple[tuple[np.ndarray, ...], ...] = ((), ())  # read-only, writable
         self.first = self.count = self.window = 0
         self.generation = -1
 
-    def view(self, first: int, steps: int, window: int) -> tuple[np.ndarray, ...]:
+    def view(self, first: int, steps: int, window: int, writable: bool
+             ) -> tuple[np.ndarray, ...]:
         """Observations, actions, rewards, next observations and dones of steps
-        ``first .. first + steps - 1`` (stored, the lock held): ``[steps * num_envs,
-        ...]`` views, time-major. Keeps ``window`` steps from now on (or more).
+        ``first .. first + steps - 1`` (stored, the lock held): ``[steps, num_envs,
+        ...]`` views (``[steps, ...]`` without an env axis), read-only unless
+        ``writable``. Keeps ``window`` steps from now on (or more).
 
         The views stay valid and unchanged for good: nothing ever writes those rows
         again. Callers must not write into them either (later reads return the same
-        rows): numpy outputs are made read-only; a tensor made of them must be cloned
+        rows): numpy outputs are read-only; a tensor made of them must be cloned
         before an in-place change."""
-        self.catch_up(max(window, self.ring.last_id - first + 1))
-        B = self.B
-        start = (first - self.first) * B
-        stop = start + steps * B
-        return tuple(x[start:stop] for x in self.arrays)
+        start = first - self.first
+        # Steps added since the last catch-up are copied in when a read needs them (a
+        # RolloutBuffer.sample of older steps does not).
+        if start < 0 or start + steps > self.count or window > self.window or \
+                self.core._generation != self.generation:
+            self.catch_up(max(window, self.ring.last_id - first + 1))
+            start = first - self.first
+        stop = start + steps
+        return tuple(x[start:stop] for x in self.steps[writable])
 
     def catch_up(self, window: int) -> None:
         """Copy in the steps added since the last read (the lock held); keep at least
@@ -1096,29 +1102,53 @@ class _Recent:
         # Written through views in storage's shapes (a scalar's trailing 1 dropped).
         self.targets = tuple(a.reshape((rows,) + src.shape[1:])
                              for a, src in zip(self.arrays, self.sources))
+        outer = (rows // self.B,) + self.per_step
+        writable = tuple(a.reshape(outer + a.shape[1:]) for a in self.arrays)
+        read_only = tuple(a.view() for a in writable)
+        for a in read_only:
+            a.flags.writeable = False
+        self.steps = (read_only, writable)
 
     def _fill(self, first: int, steps: int) -> None:
         """Copy steps ``first .. first + steps - 1`` (stored) to rows from ``count``."""
         if steps <= 0:
             return
-        core, B = self.core, self.B
-        capacity = self.ring.capacity
+        core, B, ring = self.core, self.B, self.ring
+        capacity = ring.capacity
         row, n = self.count * B, steps * B
-        start = first % self.ring.max_length * B
-        for k, (dst, src) in enumerate(zip(self.targets, self.sources)):
-            _copy_rows(dst, row, src, start + B if k == 3 else start, n, capacity)
+        end = row + n
+        start = first % ring.max_length * B
+        obs, act, rew, nxt, done = self.targets
+        obs_s, act_s, rew_s, _, term_s = self.sources
+        if start + n <= capacity:  # one run of storage (all but the wrap's)
+            stop = start + n
+            obs[row:end] = obs_s[start:stop]
+            act[row:end] = act_s[start:stop]
+            rew[row:end] = rew_s[start:stop]
+            done[row:end] = term_s[start:stop]
+            side = core._side_ref[start:stop]
+        else:
+            for dst, src in ((obs, obs_s), (act, act_s), (rew, rew_s), (done, term_s)):
+                _copy_rows(dst, row, src, start, n, capacity)
+            side = np.empty(n, np.int64)
+            _copy_rows(side, 0, core._side_ref, start, n, capacity)
         self.count += steps
-        # Next observations where the following step's is not the one added: the side
-        # store's (episode ends, out-of-sequence adds) and the newest step's own.
-        nxt = self.targets[3]
-        side = np.empty(n, np.int64)
-        _copy_rows(side, 0, core._side_ref, start, n, capacity)
-        from_side = side >= 0
-        if np.count_nonzero(from_side):
-            nxt[row + np.flatnonzero(from_side)] = core._side.take(side[from_side])[0]
-        if first + steps - 1 == self.ring.last_id:
-            own = side[n - B:] < 0
-            nxt[row + n - B:row + n][own] = core._head_next[0][own]
+        # A step's next observation is the following step's observation (just copied,
+        # but for the last step's), except where the side store keeps the one added
+        # (episode ends, out-of-sequence adds); the newest step's is its own (head),
+        # for every env (also where it ended: the side store holds the same).
+        newest = end - B
+        if steps > 1:
+            nxt[row:newest] = obs[row + B:end]
+        if first + steps - 1 == ring.last_id:
+            nxt[newest:end] = core._head_next[0]
+            side = side[:n - B]
+        else:
+            _copy_rows(nxt, newest, obs_s, start + n, B, capacity)
+        if len(side):
+            from_side = side >= 0
+            if np.count_nonzero(from_side):
+                nxt[row + np.flatnonzero(from_side)] = core._side.take(side[from_side])[0]
 
 
 def _copy_rows(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int,
