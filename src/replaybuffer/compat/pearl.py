@@ -45,9 +45,20 @@ Differences from Pearl, each on purpose:
 * ``all()`` returns every stored transition, oldest first, every field the same length,
   also after the ring wrapped (Pearl's ``next_observations`` was one longer than the
   rest, empty when ``pos + 1 == buffer_size``, and a wrapped buffer returned only what
-  was written since the wrap). It returns copies, not views of the buffer's memory. On
-  an empty buffer (after ``reset()``, say) ``all()`` and ``last(k)`` return no rows with
-  the right trailing shapes and dtypes, as Pearl's slices of an empty range did.
+  was written since the wrap). On an empty buffer (after ``reset()``, say) ``all()``
+  and ``last(k)`` return no rows with the right trailing shapes and dtypes, as Pearl's
+  slices of an empty range did.
+* Runs of consecutive steps (``last``, ``all``, ``RolloutBuffer.sample``) are views, as
+  Pearl's were, but of a cache of the recent steps laid out as Pearl returns them (each
+  step copied in once, with its exact next observation, when a read first needs it),
+  not of the ring: what a read returned never changes, also when later adds wrap the
+  ring or end episodes (Pearl's views did). Numpy outputs are read-only; tensors
+  share the cache's memory, so clone one before changing it in place (later reads
+  return the same rows). Vector envs' ``[num_envs, k, ...]`` outputs are strided
+  (not contiguous), as Pearl's ``swapaxes`` made them. The cache holds about 1.25
+  times the longest run asked for (``all`` and ``RolloutBuffer.sample``: the whole
+  buffer) with two observations per transition. ``ReplayBuffer.sample`` gathers
+  fresh contiguous copies.
 * ``flatten_env=True`` counts transitions: ``sample(b, flatten_env=True)`` draws exactly
   ``b`` transitions over every (step, env) pair, ``last(k, flatten_env=True)`` gives
   the ``k`` most recent in time-major order, ``all`` keeps everything.
@@ -436,7 +447,7 @@ class BaseBuffer(ABC):
             self.core.add(*leaves)
 
     def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-                     done: Any, truncated: Any) -> tuple[Any, ...]:
+                     done: Any, truncated: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         """Pearl's inputs of one add as the core's ``add`` takes them (observation,
         action, reward, next observation, terminated, truncated; each ``[num_envs, ...]``).
 
