@@ -351,7 +351,11 @@ def test_samples_are_copies_and_runs_read_only_views_that_never_change(cls):
         for field, x in zip(FIELDS, was):
             assert torch.equal(getattr(run, field), x)
     if cls is ReplayBuffer:
-        assert fast.sample(4).observations.is_contiguous()
+        # [num_envs, K] of a vector env: strided, as Pearl's swapaxes made them; over
+        # every (step, env) pair: contiguous copies.
+        assert not fast.sample(4).observations.is_contiguous()
+        for field in FIELDS:
+            assert getattr(fast.sample(4, flatten_env=True), field).is_contiguous()
 
 
 def test_adds_during_a_save_leave_the_snapshot_as_it_was():

@@ -632,7 +632,7 @@ class ReplayBuffer(BaseBuffer):
         if self.vector and not flatten_env:
             ids = self._draw_steps(batch_size)
             if fast is not None:
-                return fast.output(fast.steps(ids), dtype)
+                return fast.output(fast.steps(ids), dtype, strided=True)
             out: Trajectories = self._output(self._read_steps(ids), False, dtype)
             return out
         if fast is not None:
@@ -906,21 +906,22 @@ class _FastPaths:
     # ------------------------------------------------------------------ reading
     def _gather(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Observations, actions, rewards, next observations and terminated flags of the
-        steps ``ids`` at ``positions`` (any shape; the lock held)."""
+        steps ``ids`` at ``positions`` (``[K]``, or ``[K, num_envs]`` with ``ids``
+        ``[K]``; the lock held)."""
         core = self.core
         obs, act, rew, term = self.storage.gather(positions, self.read)
+        # (a fresh gather: patched in place)
         nxt = self.storage.gather(positions + self.B, self.obs_only)[0]  # gather wraps
-        side = core._side_ref[positions]
+        side = core._side_ref.take(positions)
         from_side = side >= 0
         newest = ids == self.ring.last_id
-        any_side, any_newest = np.count_nonzero(from_side), np.count_nonzero(newest)
-        if any_side or any_newest:
-            nxt = nxt.copy()
-            if any_side:
-                newest &= ~from_side
-                nxt[from_side] = core._side.take(side[from_side])[0]
-            if any_newest:
-                nxt[newest] = core._head_next[0][positions[newest] % self.B]
+        if np.count_nonzero(newest):
+            if newest.shape != positions.shape:  # every env of the newest step
+                newest = np.broadcast_to(newest[:, None], positions.shape)
+            own = newest & ~from_side
+            nxt[own] = core._head_next[0][positions[own] % self.B]
+        if np.count_nonzero(from_side):
+            nxt[from_side] = core._side.take(side[from_side])[0]
         return obs, act, rew, nxt, term
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, ...] | None:
@@ -934,12 +935,15 @@ class _FastPaths:
             return self._gather(ids, positions)
 
     def steps(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Steps ``ids`` (``[K]``) of every env: ``[num_envs, K]`` (``_read_steps``)."""
+        """Steps ``ids`` (``[K]``) of every env: ``[num_envs, K]`` (``_read_steps``),
+        gathered time-major (a step's envs are neighbours in storage) and seen
+        env-major through ``swapaxes``, as Pearl's were: strided views."""
         ring = self.ring
-        positions = (ids % ring.max_length * self.B)[None, :] + self.rows[:, None]
+        positions = (ids % ring.max_length * self.B)[:, None] + self.rows[None, :]
         with self.lock:
             _check_held(self.core, int(ids.min()), int(ids.max()))
-            return self._gather(np.broadcast_to(ids, positions.shape), positions)
+            fields = self._gather(ids, positions)
+        return tuple(x.swapaxes(0, 1) for x in fields)
 
     def run(self, first: int | None, steps: int, flat: bool, keep: int | None, dtype: Any,
             window: int) -> Trajectories:
@@ -975,9 +979,12 @@ class _FastPaths:
                     fields = tuple(x[part] for x in fields)
         return self._tensors(fields) if torch else Trajectories(*fields)
 
-    def output(self, fields: tuple[np.ndarray, ...], dtype: Any) -> Trajectories:
+    def output(self, fields: tuple[np.ndarray, ...], dtype: Any, strided: bool = False
+               ) -> Trajectories:
         """Pearl's trajectories of gathered fields (observations, actions, rewards, next
-        observations, terminated), as ``BaseBuffer._output`` makes them."""
+        observations, terminated), as ``BaseBuffer._output`` makes them: tensors
+        C-contiguous, or with ``strided`` (a vector env's ``[num_envs, K]``, strided
+        in Pearl too) whatever strides ``torch.from_numpy`` takes as they are."""
         kind = _kind_of(dtype) or _trajectory_type(dtype)
         obs, act, rew, nxt, term = fields
         if self.obs_scalar:  # Pearl's scalar fields have a trailing axis of 1
@@ -987,8 +994,8 @@ class _FastPaths:
         rew = rew[..., None]
         done = term.astype(np.float32, order="C")[..., None]
         if kind is TrajectoryType.TORCH:
-            contiguous = np.ascontiguousarray
-            return self._tensors(tuple(contiguous(x) for x in (obs, act, rew, nxt, done)))
+            ready = _strided_for_torch if strided else np.ascontiguousarray
+            return self._tensors(tuple(ready(x) for x in (obs, act, rew, nxt, done)))
         return Trajectories(obs, act, rew, nxt, done)
 
     def _tensors(self, fields: tuple[np.ndarray, ...]) -> Trajectories:
@@ -1160,6 +1167,18 @@ class _Recent:
             from_side = side >= 0
             if np.count_nonzero(from_side):
                 nxt[row + np.flatnonzero(from_side)] = core._side.take(side[from_side])[0]
+
+
+def _strided_for_torch(x: np.ndarray) -> np.ndarray:
+    """``x`` where ``torch.from_numpy`` takes it as is (C-contiguous, or strides that
+    are non-negative multiples of the item size: a packed record's field view, a
+    ``swapaxes``), else a C-contiguous copy."""
+    if x.flags.c_contiguous:
+        return x
+    size = x.itemsize
+    if all(s >= 0 and s % size == 0 for s in x.strides):
+        return x
+    return np.ascontiguousarray(x)
 
 
 def _copy_rows(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int,
