@@ -540,13 +540,13 @@ class BaseBuffer(ABC):
         return self._output(read(count), flatten_env, dtype)
 
     def _all(self, flatten_env: bool, dtype: Any) -> Any:
-        if len(self.core) == 0:  # after reset(): on-policy loops call all() regardless
+        ring = self.core._ring
+        if ring.last_id < 0:  # after reset(): on-policy loops call all() regardless
             return self._output(self._nothing(), flatten_env, dtype)
         fast = self._fast
         if fast is not None and (self.num_envs > 1 or not self.vector):
-            ring = self.core._ring
-            return fast.run(ring.oldest_id, ring.items_per_row, flatten_env and self.vector,
-                            None, dtype, ring.max_length)
+            return fast.run(None, None, flatten_env and self.vector, None, dtype,
+                            ring.max_length)
         return self._output(self.core.all(), flatten_env, dtype)
 
     def _nothing(self) -> Any:
@@ -945,10 +945,11 @@ class _FastPaths:
             fields = self._gather(ids, positions)
         return tuple(x.swapaxes(0, 1) for x in fields)
 
-    def run(self, first: int | None, steps: int, flat: bool, keep: int | None, dtype: Any,
-            window: int) -> Trajectories:
-        """Pearl's trajectories of ``steps`` consecutive steps from ``first`` (``None``:
-        the newest ``steps``, as the core's ``last``) of every env: ``[num_envs, steps]``,
+    def run(self, first: int | None, steps: int | None, flat: bool, keep: int | None,
+            dtype: Any, window: int) -> Trajectories:
+        """Pearl's trajectories of ``steps`` consecutive steps (``None``: every one
+        stored) from ``first`` (``None``: the newest ``steps``, as the core's ``last``)
+        of every env: ``[num_envs, steps]``,
         ``[steps]`` for one env, or with ``flat`` ``[steps * num_envs]`` time-major, of
         which ``keep`` keeps the first ``keep`` (negative: the last ``-keep``).
 
@@ -960,10 +961,14 @@ class _FastPaths:
             last_id = ring.last_id
             if first is None:
                 held = min(last_id + 1, ring.max_length)
-                if steps > held:
+                if steps is None:
+                    steps = held
+                elif steps > held:
                     raise EmptyBufferError(f"last({steps}) asks for more transitions than "
                                            f"each env holds ({held})")
                 first = last_id - steps + 1
+            elif steps is None:
+                raise ValueError("run: steps=None reads from the oldest step (first=None)")
             elif first < last_id + 1 - ring.max_length or first < 0 or \
                     first + steps - 1 > last_id:
                 _check_held(self.core, first, first + steps - 1)
