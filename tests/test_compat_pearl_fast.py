@@ -1,7 +1,10 @@
-"""compat.pearl's shortcuts (``BaseBuffer._fast``) against its general path.
+"""compat.pearl's shortcuts against its general path.
 
-Two buffers built alike, one with its shortcuts and one without (``_fast = None``),
-are played the same random script of adds (in sequence, after resets, out of
+The shortcuts: reads (``BaseBuffer._fast``: gathers for random samples, views of the
+cache of recent steps for ``last``, ``all`` and ``RolloutBuffer.sample``) and the
+direct conversion of an env's inputs for the core's add (``_direct``). Two buffers
+built alike, one with its shortcuts and one without (``_fast = None``, ``_direct =
+False``), are played the same random script of adds (in sequence, after resets, out of
 sequence, ending episodes by termination or truncation, inputs of every type the
 general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
 without ``flatten_env``, also asking for more than is held); every output must be the
@@ -28,22 +31,25 @@ def pair(cls, num_envs, buffer_size, seed, **spaces_):
     spaces_ = spaces_ or {"observation_space": OBS, "action_space": ACT}
     fast = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
     slow = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
-    slow._fast = None
+    slow._fast, slow._direct = None, False
     assert fast._fast is not None
     return fast, slow
 
 
 def counting(buffer):
-    """Count the adds that the shortcut wrote itself."""
-    fast = buffer._fast
-    inner, taken = fast.add, [0]
+    """Count the adds that the core's shortcut (``_add_exact``) wrote itself."""
+    core = buffer.core
+    inner, taken = core._add_exact, [0]
 
     def add(*args):
         done = inner(*args)
         taken[0] += done
         return done
-    fast.add = add
+    core._add_exact = add
     return taken
+
+
+FIELDS = ("observations", "actions", "rewards", "next_observations", "dones")
 
 
 def flat(result):
@@ -180,6 +186,59 @@ def test_fast_paths_give_what_the_general_path_gives(cls, num_envs, data, seed, 
 
 
 @pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 1, 3])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1), buffer_size=st.integers(1, 6))
+def test_runs_from_the_cache_of_recent_steps_over_long_streams(cls, num_envs, data, seed,
+                                                               buffer_size):
+    """Long scripts: the ring wraps many times and the cache of recent steps moves to
+    fresh arrays (every 64 steps or so past its window), is rebuilt after resets and
+    after more adds than its window, and catches up lazily; every read must still be
+    what the general path reads."""
+    fast, slow = pair(cls, num_envs, buffer_size, seed)
+    play(fast, slow, data, np.random.default_rng(seed), 300, num_envs is not None,
+         cls is RolloutBuffer)
+    assert_same_state(fast, slow)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+@pytest.mark.parametrize("num_envs", [None, 3])
+def test_the_cache_of_recent_steps_moves_and_keeps_every_read_exact(cls, num_envs):
+    """A read after every add (``last``, ``all``, and the rollout's ``sample``) through
+    episode ends, out-of-sequence adds and 30 wraps of the ring: the cache moves to
+    fresh arrays several times, and every read equals the general path's."""
+    fast, slow = pair(cls, num_envs, 7, 0)
+    recent = fast._fast.recent
+    allocate, moves = recent._allocate, [0]
+
+    def counted():
+        moves[0] += 1
+        allocate()
+    recent._allocate = counted
+    rng = np.random.default_rng(2)
+    shape = (num_envs,) if num_envs else ()
+    obs = rng.standard_normal(shape + (3,), dtype=np.float32)
+    for t in range(210):
+        nxt = rng.standard_normal(shape + (3,), dtype=np.float32)
+        action = rng.uniform(-1, 1, shape + (2,)).astype(np.float32)
+        end = rng.random(shape) < 0.1
+        reward = rng.standard_normal(num_envs) if num_envs else float(rng.standard_normal())
+        term = end if num_envs else bool(end)
+        for buffer in (fast, slow):
+            buffer.add_trajectory(obs, action, reward, nxt, term)
+        obs = rng.standard_normal(shape + (3,), dtype=np.float32) if t % 13 == 0 else nxt
+        op = ("last", "all", "sample")[t % 3]
+        args = (1 + t % 7,) if op != "all" else ()
+        if op == "sample" and cls is ReplayBuffer:
+            op, args = "last", (7,)
+        for flatten in (False, True):
+            assert_same(call(fast, op, *args, flatten, "numpy"),
+                        call(slow, op, *args, flatten, "numpy"))
+    assert moves[0] >= 3
+    assert_same_state(fast, slow)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
 @pytest.mark.parametrize("num_envs", [None, 3])
 def test_an_env_loop_takes_the_fast_add_except_at_episode_ends(cls, num_envs):
     fast, slow = pair(cls, num_envs, 16, 0)
@@ -225,7 +284,7 @@ def test_no_shortcuts_where_they_do_not_apply():
     assert torch_storage._fast is None
     discrete = ReplayBuffer(buffer_size=4, observation_space=OBS,
                             action_space=spaces.Discrete(3))
-    assert discrete._fast is not None and discrete._fast.add is None  # ranges checked
+    assert discrete._fast is not None and not discrete._direct  # Pearl's [1] actions
 
 
 def test_fast_reads_of_a_discrete_action_space():
@@ -247,25 +306,56 @@ def test_fast_reads_of_a_discrete_action_space():
             assert a[1][1][1].shape[-1] == 1  # Pearl's trailing axis of discrete actions
 
 
-def test_fast_reads_are_copies_and_contiguous_tensors():
-    fast, _ = pair(ReplayBuffer, 2, 6, 0)
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer])
+def test_samples_are_copies_and_runs_read_only_views_that_never_change(cls):
+    """``sample`` gathers copies; ``last``, ``all`` and ``RolloutBuffer.sample`` are views
+    of the cache of recent steps: read-only numpy arrays, tensors sharing it, and what
+    they hold stays as it was while later adds wrap the ring (Pearl's views changed)."""
+    fast, _ = pair(cls, 2, 6, 0)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((2, 3), dtype=np.float32)
-    for _ in range(9):
-        nxt = rng.standard_normal((2, 3), dtype=np.float32)
-        fast.add_trajectory(obs, np.zeros((2, 2), np.float32), np.ones(2), nxt,
-                            np.zeros(2, bool))
-        obs = nxt
+
+    def steps(n, obs):
+        for t in range(n):
+            nxt = rng.standard_normal((2, 3), dtype=np.float32)
+            fast.add_trajectory(obs, np.zeros((2, 2), np.float32), np.ones(2), nxt,
+                                np.array([t % 4 == 3, False]))
+            obs = nxt
+        return obs
+
+    obs = steps(9, obs)
     before = fast.core._storage.arrays[0].copy()
-    for batch in (fast.sample(4, dtype="numpy"), fast.last(3, dtype="numpy"),
-                  fast.all(dtype="numpy"), fast.all(flatten_env=True, dtype="numpy")):
-        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
-            getattr(batch, field)[...] = 7
+    if cls is ReplayBuffer:
+        sampled = fast.sample(4, dtype="numpy")
+        for field in FIELDS:
+            getattr(sampled, field)[...] = 7
     assert np.ascontiguousarray(fast.core._storage.arrays[0]).tobytes() == \
         np.ascontiguousarray(before).tobytes()
-    for batch in (fast.sample(4), fast.last(3), fast.all(), fast.last(5, flatten_env=True)):
-        for field in ("observations", "actions", "rewards", "next_observations", "dones"):
-            assert getattr(batch, field).is_contiguous()
+    runs = [fast.last(3, dtype="numpy"), fast.all(dtype="numpy"),
+            fast.all(flatten_env=True, dtype="numpy"), fast.last(5, True, "numpy")]
+    tensors = [fast.last(3), fast.all(), fast.last(5, flatten_env=True)]
+    if cls is RolloutBuffer:
+        runs.append(fast.sample(4, dtype="numpy"))
+        tensors.append(fast.sample(3, dtype="torch"))
+    kept = [[np.array(getattr(r, f)) for f in FIELDS] for r in runs]
+    kept_t = [[getattr(r, f).clone() for f in FIELDS] for r in tensors]
+    for run in runs:
+        for field in FIELDS:
+            with pytest.raises(ValueError):
+                getattr(run, field)[...] = 7
+    steps(14, obs)  # wraps the ring twice, through episode ends
+    for run, was in zip(runs, kept):
+        for field, x in zip(FIELDS, was):
+            np.testing.assert_array_equal(getattr(run, field), x)
+    for run, was in zip(tensors, kept_t):
+        for field, x in zip(FIELDS, was):
+            assert torch.equal(getattr(run, field), x)
+    if cls is ReplayBuffer:
+        # [num_envs, K] of a vector env: strided, as Pearl's swapaxes made them; over
+        # every (step, env) pair: contiguous copies.
+        assert not fast.sample(4).observations.is_contiguous()
+        for field in FIELDS:
+            assert getattr(fast.sample(4, flatten_env=True), field).is_contiguous()
 
 
 def test_adds_during_a_save_leave_the_snapshot_as_it_was():

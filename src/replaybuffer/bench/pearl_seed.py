@@ -29,10 +29,13 @@ ratio ours / Pearl's (below 1: ours is faster). ``torch`` reads go to the CPU (P
 What differs in what the two return (the ratio compares unequal work where it says):
 
 * Pearl's next observation of an episode's last step is the next episode's first
-  observation; ours is the one that was added. Pearl's ``all()`` and ``RolloutBuffer``
-  reads return views of its arrays; ours return copies (a sample stays as it was when
-  later adds overwrite the ring). Pearl's ``all()`` of a wrapped buffer returns only
-  what was written since the wrap (``[:pos]``); ours returns every stored transition.
+  observation; ours is the one that was added. Pearl's ``last``, ``all()`` and
+  ``RolloutBuffer`` reads return views of its arrays (which later adds overwrite);
+  ours return views of a cache of recent steps in Pearl's layout, each step copied in
+  once when a read first needs it (here ``last(256)``, the first read after an add
+  that includes the newest step; ``RolloutBuffer.sample``'s random run of older steps
+  needs no copy unless it reaches the newest), and never overwritten. Pearl's ``all()`` of a wrapped buffer returns only what was written
+  since the wrap (``[:pos]``); ours returns every stored transition.
 """
 
 from __future__ import annotations

@@ -137,6 +137,9 @@ class ReplayBuffer:
             self._step_type_leaf = names["step_type"]
             self._episodes = EpisodeIndex()
         self._lock = threading.Lock()
+        # Bumped (lock held) by clear() and restores, after which step ids start over and
+        # name other data: caches keyed by step id (compat.pearl's) check it.
+        self._generation = 0
         self._outer = (self._ring.batch_size,)
         self._outer_names = f"[batch_size={self._ring.batch_size}]"
         if self._codec is not None:
@@ -633,6 +636,7 @@ class ReplayBuffer:
                 self._codec.clear()
             self._clear_state()
             self._ring.last_id = -1
+            self._generation += 1
             if self._commit is not None:
                 self._commit(-1)  # before zeroing: a crash midway shows an empty buffer
             if zero_storage:
@@ -866,6 +870,7 @@ class ReplayBuffer:
             if arrays is not None:
                 self._storage.load(arrays)
             self._ring.last_id = int(state["last_id"])
+            self._generation += 1
             self._sampler.load_state_dict(state["sampler"])
             if self._episodes is not None:
                 self._episodes.load(np.asarray(state.get("episode_starts", []), np.int64))

@@ -45,9 +45,20 @@ Differences from Pearl, each on purpose:
 * ``all()`` returns every stored transition, oldest first, every field the same length,
   also after the ring wrapped (Pearl's ``next_observations`` was one longer than the
   rest, empty when ``pos + 1 == buffer_size``, and a wrapped buffer returned only what
-  was written since the wrap). It returns copies, not views of the buffer's memory. On
-  an empty buffer (after ``reset()``, say) ``all()`` and ``last(k)`` return no rows with
-  the right trailing shapes and dtypes, as Pearl's slices of an empty range did.
+  was written since the wrap). On an empty buffer (after ``reset()``, say) ``all()``
+  and ``last(k)`` return no rows with the right trailing shapes and dtypes, as Pearl's
+  slices of an empty range did.
+* Runs of consecutive steps (``last``, ``all``, ``RolloutBuffer.sample``) are views, as
+  Pearl's were, but of a cache of the recent steps laid out as Pearl returns them (each
+  step copied in once, with its exact next observation, when a read first needs it),
+  not of the ring: what a read returned never changes, also when later adds wrap the
+  ring or end episodes (Pearl's views did). Numpy outputs are read-only; tensors
+  share the cache's memory, so clone one before changing it in place (later reads
+  return the same rows). Vector envs' ``[num_envs, k, ...]`` outputs are strided
+  (not contiguous), as Pearl's ``swapaxes`` made them. The cache holds about 1.25
+  times the longest run asked for (``all`` and ``RolloutBuffer.sample``: the whole
+  buffer) with two observations per transition. ``ReplayBuffer.sample`` gathers
+  fresh contiguous copies.
 * ``flatten_env=True`` counts transitions: ``sample(b, flatten_env=True)`` draws exactly
   ``b`` transitions over every (step, env) pair, ``last(k, flatten_env=True)`` gives
   the ``k`` most recent in time-major order, ``all`` keeps everything.
@@ -96,7 +107,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Dict, Union, cast, overload
+from typing import Any, Dict, Union, overload
 
 import numpy as np
 
@@ -263,6 +274,13 @@ class BaseBuffer(ABC):
                                         seed=seed, memory=memory, **core_kwargs)
         # The common case's shortcuts (None where the core is not one they serve).
         self._fast = _FastPaths.of(self)
+        # Whether _add may hand the core an env's arrays as they come: one array leaf
+        # each for observation and action, neither a scalar (Pearl gave those a
+        # trailing 1, which _batched drops).
+        core = self.core
+        self._direct = core._obs_is_leaf and self._action_path in core._paths and \
+            core._specs[core._paths.index(self._action_path)].shape != () and \
+            core._specs[core._obs_leaves[0]].shape != ()
 
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
                    **kwargs: Any) -> TransitionReplayBuffer:
@@ -419,18 +437,46 @@ class BaseBuffer(ABC):
     # ------------------------------------------------------------- helpers
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, **extra: Any) -> None:
-        """Give the core one transition per env, in Pearl's input shapes."""
-        fast = self._fast
-        if fast is not None and fast.add is not None and extra.keys() <= {"value", "log_prob"} \
-                and fast.add(observation, action, reward, next_observation, done, truncated,
-                             extra.get("value"), extra.get("log_prob")):
-            return
-        truncated = np.zeros(self.num_envs, np.bool_) if truncated is None else \
-            self._batched(truncated, "scalar")
-        self.core.add(self._batched(observation), self._batched(action, self._action_path),
-                      self._batched(reward, "scalar"), self._batched(next_observation),
-                      self._batched(done, "scalar"), truncated,
-                      **{k: v for k, v in extra.items() if v is not None})
+        """Give the core one transition per env (:meth:`_core_leaves`); ``extra``: more
+        of the core's ``add`` arguments (``None`` values left out)."""
+        leaves = self._core_leaves(observation, action, reward, next_observation, done,
+                                   truncated)
+        if extra:
+            self.core.add(*leaves, **{k: v for k, v in extra.items() if v is not None})
+        else:
+            self.core.add(*leaves)
+
+    def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+                     done: Any, truncated: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """Pearl's inputs of one add as the core's ``add`` takes them (observation,
+        action, reward, next observation, terminated, truncated; each ``[num_envs, ...]``).
+
+        What an env gives is converted in a few operations: array observations and
+        actions (the env axis added by views for one env), a float reward (float32),
+        bool flags (constant arrays for one env); the core's ``add`` then takes its
+        shortcut for the usual step (``TransitionReplayBuffer._add_exact``) and checks
+        everything else on its general path. Other inputs (lists, tensors, dicts,
+        Pearl's trailing 1 of scalar fields) are converted leaf by leaf (``_batched``).
+        """
+        ndarray = np.ndarray
+        if self._direct and type(observation) is ndarray and type(action) is ndarray \
+                and type(next_observation) is ndarray:
+            if not self.vector:
+                if type(reward) in _FLOATS and type(done) in _FLAGS and \
+                        (truncated is None or type(truncated) in _FLAGS):
+                    flags = _FLAG_ARRAYS
+                    return (observation[None], action[None], np.array((reward,), np.float32),
+                            next_observation[None], flags[1 if done else 0],
+                            None if truncated is None else flags[1 if truncated else 0])
+            elif type(reward) is ndarray and reward.dtype.kind == "f" and reward.ndim == 1 \
+                    and type(done) is ndarray and done.ndim == 1 and \
+                    (truncated is None or type(truncated) is ndarray and truncated.ndim == 1):
+                return (observation, action, reward.astype(np.float32, copy=False),
+                        next_observation, done, truncated)
+        return (self._batched(observation), self._batched(action, self._action_path),
+                self._batched(reward, "scalar"), self._batched(next_observation),
+                self._batched(done, "scalar"),
+                None if truncated is None else self._batched(truncated, "scalar"))
 
     def _batched(self, value: Any, scalar: str | None = None) -> Any:
         """``value`` with a leading env axis; Pearl's trailing 1 of scalar fields dropped."""
@@ -485,22 +531,22 @@ class BaseBuffer(ABC):
             return self._output(self._nothing(), flatten_env, dtype)
         if fast is not None:
             if flatten_env and self.vector:
-                return fast.output(fast.block(None, math.ceil(count / self.num_envs), True,
-                                              -count, dtype), dtype)
-            return fast.output(fast.block(None, count, False, None, dtype), dtype)
+                steps = math.ceil(count / self.num_envs)
+                return fast.run(None, steps, True, -count, dtype, steps)
+            return fast.run(None, count, False, None, dtype, count)
         if flatten_env and self.vector:  # count transitions: enough steps, then trim
             steps = math.ceil(count / self.num_envs)
             return self._output(read(steps), flatten_env, dtype, keep=-count)
         return self._output(read(count), flatten_env, dtype)
 
     def _all(self, flatten_env: bool, dtype: Any) -> Any:
-        if len(self.core) == 0:  # after reset(): on-policy loops call all() regardless
+        ring = self.core._ring
+        if ring.last_id < 0:  # after reset(): on-policy loops call all() regardless
             return self._output(self._nothing(), flatten_env, dtype)
         fast = self._fast
         if fast is not None and (self.num_envs > 1 or not self.vector):
-            ring = self.core._ring
-            return fast.output(fast.block(ring.oldest_id, ring.items_per_row,
-                                          flatten_env and self.vector, None, dtype), dtype)
+            return fast.run(None, None, flatten_env and self.vector, None, dtype,
+                            ring.max_length)
         return self._output(self.core.all(), flatten_env, dtype)
 
     def _nothing(self) -> Any:
@@ -571,10 +617,8 @@ class ReplayBuffer(BaseBuffer):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        fast = self._fast
-        if fast is None or fast.add is None or not fast.add(
-                observation, action, reward, next_observation, done, truncated):
-            self._add(observation, action, reward, next_observation, done, truncated)
+        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
+                                         truncated))
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -588,7 +632,7 @@ class ReplayBuffer(BaseBuffer):
         if self.vector and not flatten_env:
             ids = self._draw_steps(batch_size)
             if fast is not None:
-                return fast.output(fast.steps(ids), dtype)
+                return fast.output(fast.steps(ids), dtype, strided=True)
             out: Trajectories = self._output(self._read_steps(ids), False, dtype)
             return out
         if fast is not None:
@@ -631,12 +675,8 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        fast = self._fast
-        if fast is None or fast.add is None or not fast.add(
-                observation, action, reward, next_observation, done, truncated, value,
-                log_prob):
-            self._add(observation, action, reward, next_observation, done, truncated,
-                      value=value, log_prob=log_prob)
+        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
+                                         truncated), value=value, log_prob=log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -656,8 +696,7 @@ class RolloutBuffer(BaseBuffer):
         fast = self._fast
         if fast is not None:
             flat = flatten_env and self.vector
-            return fast.output(fast.block(start, steps, flat, count if flat else None, dtype),
-                               dtype)
+            return fast.run(start, steps, flat, count if flat else None, dtype, ring.max_length)
         batch = self._read_steps(np.arange(start, start + steps, dtype=np.int64))
         if not self.vector:
             batch = nest.map_structure(lambda x: x[0], batch)
@@ -806,30 +845,32 @@ def _index(value: Any, i: int) -> Any:
 _KINDS = {"numpy": TrajectoryType.NUMPY, "torch": TrajectoryType.TORCH}
 _FLOATS = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
 _FLAGS = (bool, np.bool_)
+# One env's flags as the core takes them (bool [1]), indexed by the flag; read-only,
+# since the core may keep a reference only long enough to copy them.
+_FLAG_ARRAYS = (np.zeros(1, np.bool_), np.ones(1, np.bool_))
+for _flag in _FLAG_ARRAYS:
+    _flag.flags.writeable = False
 
 
 class _FastPaths:
-    """The adapters' shortcuts for the common case, each giving exactly what the general
-    path gives (tests/test_compat_pearl.py compares them on random scripts).
+    """The adapters' reads for the common case, each giving exactly what the general
+    path gives (tests/test_compat_pearl_fast.py compares them on random scripts).
 
     Served: a :class:`~replaybuffer.TransitionReplayBuffer` or
     :class:`~replaybuffer.RolloutBuffer` core (those classes exactly) in numpy storage,
     one-step transitions, one array observation, one array action, no frame stacking.
-    Pearl's own calls cost a few numpy operations each; the general path's nest walks,
-    spec checks, conversions and per-leaf closures cost several times that, so here:
+    Pearl's own reads cost a few numpy operations each; the general path's nest walks,
+    per-leaf closures and conversions cost several times that, so here:
 
-    * ``add`` writes one transition straight into the storage's arrays when its inputs
-      are what an env gives (arrays of exactly the spec's dtype and shape, a float
-      reward, bool flags) and nothing about it needs the side store: the observation is
-      the previous step's next observation byte for byte, no episode ends, and the
-      overwritten step owns no side observation. Anything else (an episode end, a
-      reset, another dtype, a list, a tensor, a rate limiter, a discrete action whose
-      range must be checked) returns ``False`` before writing, and the caller takes the
-      general path, which checks and writes as ever.
-    * reads compute the storage positions of the steps asked for, gather the leaves
-      Pearl returns (one ``take`` of the packed records) and the next observations,
-      patch those that the side store or the newest step's own keep (as the core's
-      ``_next_observations`` does), and build Pearl's outputs directly.
+    * random samples (:meth:`sample`, :meth:`steps`) compute the storage positions of
+      the steps asked for, gather the leaves Pearl returns (one ``take`` of the packed
+      records) and the next observations, and patch those that the side store or the
+      newest step's own keep (as the core's ``_next_observations`` does);
+    * runs of consecutive steps (``last``, ``all``, ``RolloutBuffer.sample``) are views
+      of :class:`_Recent`, the newest steps already laid out as Pearl returns them.
+
+    Adds need no shortcut here: :meth:`BaseBuffer._add` hands the core arrays its own
+    shortcut (``TransitionReplayBuffer._add_exact``) takes.
     """
 
     @classmethod
@@ -856,167 +897,31 @@ class _FastPaths:
         obs, act = core._obs_leaves[0], core._paths.index(buffer._action_path)
         self.obs_only = [obs]
         self.read = [obs, act, core._reward, core._terminated]
-        # Packed records: numpy block reads copy them whole (see block()). ``packed``:
-        # the records' bytes, their dtype and the fields of ``read``, where all of
-        # ``read`` are packed.
-        fields = [name for i in self.read if (name := storage._field.get(i)) is not None]
-        self.packed: tuple[np.ndarray, np.dtype[Any], list[str]] | None = \
-            (storage._record_bytes, storage._record_dtype, fields) \
-            if len(fields) == len(self.read) else None
         self.obs_scalar = core._specs[obs].shape == ()
         self.act_scalar = core._specs[act].shape == ()
         self.torch: Any = None  # the module and the device, at the first torch read
         self.device: Any = None
-        self.add: Callable[..., bool] | None = self._make_add(buffer, obs, act)
-
-    # ------------------------------------------------------------------ writing
-    def _make_add(self, buffer: BaseBuffer, obs: int, act: int
-                  ) -> Callable[..., bool] | None:
-        """``add(observation, action, reward, next_observation, done, truncated, value,
-        log_prob) -> bool``: ``True`` when it wrote the transition, ``False`` (having
-        written nothing) when the general path must."""
-        core, ring, lock, storage = self.core, self.ring, self.lock, self.storage
-        rollout = type(core) is _RolloutCore
-        # The RolloutBuffer's own state, touched only where ``rollout`` (of() admits
-        # exactly TransitionReplayBuffer and RolloutBuffer cores).
-        roll = cast(_RolloutCore, core)
-        arrays = storage.arrays
-        leaves = [obs, act, core._reward, core._terminated, core._truncated]
-        if rollout:
-            leaves += [roll._value, core._paths.index("['action']['log_prob']")]
-        if sorted(leaves) != list(range(len(arrays))) or core._int_checks:
-            return None  # another layout, or values whose range must be checked
-        obs_a, act_a, rew_a = (arrays[i] for i in leaves[:3])
-        if rollout:
-            value_a, logp_a = arrays[leaves[5]], arrays[leaves[6]]
-        else:  # no such leaves: placeholders, never written (only where ``rollout``)
-            value_a = logp_a = np.empty(0)
-        # Zeroed on every add: the flags (as in the packed records they lie side by side,
-        # one write of their bytes), and the rollout's value and log_prob when not given.
-        zero_flags = _zero_views(storage, leaves[3:5])
-        zero_policy = _zero_views(storage, leaves[5:7])
-        B, L = ring.batch_size, ring.max_length
-        head, side_ref = core._head_next[0], core._side_ref
-        obs_spec, act_spec = core._specs[obs], core._specs[act]
-        obs_dtype, act_dtype = obs_spec.dtype, act_spec.dtype
-        ndarray, bool_ = np.ndarray, np.dtype(np.bool_)
-
-        if not buffer.vector:  # one env, no env axis: Python scalars, arrays of the spec
-            obs_shape, act_shape = obs_spec.shape, act_spec.shape
-
-            def add(observation: Any, action: Any, reward: Any, next_observation: Any,
-                    done: Any, truncated: Any, value: Any = None, log_prob: Any = None
-                    ) -> bool:
-                if type(observation) is not ndarray or observation.dtype is not obs_dtype \
-                        or observation.shape != obs_shape \
-                        or type(next_observation) is not ndarray \
-                        or next_observation.dtype is not obs_dtype \
-                        or next_observation.shape != obs_shape \
-                        or type(action) is not ndarray or action.dtype is not act_dtype \
-                        or action.shape != act_shape \
-                        or type(reward) not in _FLOATS or type(done) not in _FLAGS or done \
-                        or (truncated is not None
-                            and (type(truncated) not in _FLAGS or truncated)) \
-                        or (value is not None and type(value) not in _FLOATS) \
-                        or (log_prob is not None and type(log_prob) not in _FLOATS) \
-                        or core._limiter is not None:
-                    return False
-                with lock:
-                    if core._storage is not storage:
-                        return False  # a save's copy-on-write snapshot is open: its path
-                    step = ring.last_id + 1
-                    if not step or observation.tobytes() != head.tobytes():
-                        return False  # the first step, or a reset / out-of-sequence add
-                    at = step % L
-                    if side_ref[at] >= 0:  # the overwritten step owns a side observation
-                        return False
-                    obs_a[at] = observation
-                    act_a[at] = action
-                    rew_a[at] = reward
-                    for zero in zero_flags:
-                        zero[at] = 0
-                    if rollout:
-                        if value is None and log_prob is None:
-                            for zero in zero_policy:
-                                zero[at] = 0
-                        else:
-                            value_a[at] = 0.0 if value is None else value
-                            logp_a[at] = 0.0 if log_prob is None else log_prob
-                        roll._gae_ready = False
-                        roll._version += 1
-                    head[0] = next_observation
-                    ring.last_id = step
-                    core._sampler.on_add(ring, step, 1)
-                return True
-            return add
-
-        obs_shape, act_shape = (B,) + obs_spec.shape, (B,) + act_spec.shape
-        flags_shape, no_ends, unowned = (B,), bytes(B), core._unowned
-        float_dtypes = (np.dtype(np.float32), np.dtype(np.float64))  # (others: general path)
-
-        def add_envs(observation: Any, action: Any, reward: Any, next_observation: Any,
-                     done: Any, truncated: Any, value: Any = None, log_prob: Any = None
-                     ) -> bool:
-            if type(observation) is not ndarray or observation.dtype is not obs_dtype \
-                    or observation.shape != obs_shape \
-                    or type(next_observation) is not ndarray \
-                    or next_observation.dtype is not obs_dtype \
-                    or next_observation.shape != obs_shape \
-                    or type(action) is not ndarray or action.dtype is not act_dtype \
-                    or action.shape != act_shape \
-                    or type(reward) is not ndarray or reward.dtype not in float_dtypes \
-                    or reward.shape != flags_shape \
-                    or type(done) is not ndarray or done.dtype is not bool_ \
-                    or done.shape != flags_shape or done.tobytes() != no_ends \
-                    or (truncated is not None
-                        and (type(truncated) is not ndarray or truncated.dtype is not bool_
-                             or truncated.shape != flags_shape
-                             or truncated.tobytes() != no_ends)) \
-                    or value is not None or log_prob is not None \
-                    or core._limiter is not None:
-                return False
-            with lock:
-                step = ring.last_id + 1
-                if not step or observation.tobytes() != head.tobytes():
-                    return False
-                start = (step % L) * B
-                stop = start + B
-                if side_ref[start:stop].tobytes() != unowned:
-                    return False
-                obs_a[start:stop] = observation
-                act_a[start:stop] = action
-                rew_a[start:stop] = reward
-                for zero in zero_flags:
-                    zero[start:stop] = 0
-                if rollout:
-                    for zero in zero_policy:
-                        zero[start:stop] = 0
-                    roll._gae_ready = False
-                    roll._version += 1
-                head[...] = next_observation
-                ring.last_id = step
-                core._sampler.on_add(ring, step, 1)
-            return True
-        return add_envs
+        self.recent = _Recent(core, storage, self.read, self.vector)
 
     # ------------------------------------------------------------------ reading
     def _gather(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Observations, actions, rewards, next observations and terminated flags of the
-        steps ``ids`` at ``positions`` (any shape; the lock held)."""
+        steps ``ids`` at ``positions`` (``[K]``, or ``[K, num_envs]`` with ``ids``
+        ``[K]``; the lock held)."""
         core = self.core
         obs, act, rew, term = self.storage.gather(positions, self.read)
+        # (a fresh gather: patched in place)
         nxt = self.storage.gather(positions + self.B, self.obs_only)[0]  # gather wraps
-        side = core._side_ref[positions]
+        side = core._side_ref.take(positions)
         from_side = side >= 0
         newest = ids == self.ring.last_id
-        any_side, any_newest = np.count_nonzero(from_side), np.count_nonzero(newest)
-        if any_side or any_newest:
-            nxt = nxt.copy()
-            if any_side:
-                newest &= ~from_side
-                nxt[from_side] = core._side.take(side[from_side])[0]
-            if any_newest:
-                nxt[newest] = core._head_next[0][positions[newest] % self.B]
+        if np.count_nonzero(newest):
+            if newest.shape != positions.shape:  # every env of the newest step
+                newest = np.broadcast_to(newest[:, None], positions.shape)
+            own = newest & ~from_side
+            nxt[own] = core._head_next[0][positions[own] % self.B]
+        if np.count_nonzero(from_side):
+            nxt[from_side] = core._side.take(side[from_side])[0]
         return obs, act, rew, nxt, term
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, ...] | None:
@@ -1030,81 +935,61 @@ class _FastPaths:
             return self._gather(ids, positions)
 
     def steps(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Steps ``ids`` (``[K]``) of every env: ``[num_envs, K]`` (``_read_steps``)."""
+        """Steps ``ids`` (``[K]``) of every env: ``[num_envs, K]`` (``_read_steps``),
+        gathered time-major (a step's envs are neighbours in storage) and seen
+        env-major through ``swapaxes``, as Pearl's were: strided views."""
         ring = self.ring
-        positions = (ids % ring.max_length * self.B)[None, :] + self.rows[:, None]
+        positions = (ids % ring.max_length * self.B)[:, None] + self.rows[None, :]
         with self.lock:
             _check_held(self.core, int(ids.min()), int(ids.max()))
-            return self._gather(np.broadcast_to(ids, positions.shape), positions)
+            fields = self._gather(ids, positions)
+        return tuple(x.swapaxes(0, 1) for x in fields)
 
-    def block(self, first: int | None, steps: int, flat: bool, keep: int | None = None,
-              dtype: Any = None) -> tuple[np.ndarray, ...]:
-        """``steps`` consecutive steps from ``first`` (``None``: the newest ``steps``,
-        as the core's ``last``) of every env: ``[num_envs, steps]``, ``[steps]`` for one
-        env, or with ``flat`` ``[steps * num_envs]`` time-major, of which ``keep`` keeps
-        the first ``keep`` (negative: the last ``-keep``).
+    def run(self, first: int | None, steps: int | None, flat: bool, keep: int | None,
+            dtype: Any, window: int) -> Trajectories:
+        """Pearl's trajectories of ``steps`` consecutive steps (``None``: every one
+        stored) from ``first`` (``None``: the newest ``steps``, as the core's ``last``)
+        of every env: ``[num_envs, steps]``,
+        ``[steps]`` for one env, or with ``flat`` ``[steps * num_envs]`` time-major, of
+        which ``keep`` keeps the first ``keep`` (negative: the last ``-keep``).
 
-        A block of steps is a contiguous run of storage positions (two at the ring's
-        end), so leaves are copied out by slicing, not gathered position by position:
-        for torch outputs (``dtype``), which must be contiguous, each leaf straight into
-        the array that becomes the tensor; for numpy, where views of a fresh copy do,
-        the packed records in one copy (the step after the block's too: next
-        observations), each leaf a field view."""
-        ring, B, core = self.ring, self.B, self.core
-        L = ring.max_length
-        cap = B * L
+        Views of :class:`_Recent`, which keeps the newest ``window`` steps (or more)
+        from now on. Numpy outputs are read-only; tensors share its memory (see
+        :meth:`_Recent.view`)."""
+        ring, B = self.ring, self.B
         with self.lock:
             last_id = ring.last_id
             if first is None:
-                held = min(last_id + 1, L)
-                if steps > held:
+                held = min(last_id + 1, ring.max_length)
+                if steps is None:
+                    steps = held
+                elif steps > held:
                     raise EmptyBufferError(f"last({steps}) asks for more transitions than "
                                            f"each env holds ({held})")
                 first = last_id - steps + 1
-            elif first < last_id + 1 - L or first < 0 or first + steps - 1 > last_id:
-                _check_held(core, first, first + steps - 1)
-            n = steps * B
-            start = first % L * B
-            # Leaves come out of storage in their output layout: time-major as stored
-            # (one env, or flat), or env-major ([num_envs, steps]), each with one copy.
-            envs = B if self.vector and not flat else None
-            packed = self.packed
-            if packed is not None and _kind_of(dtype) is not TrajectoryType.TORCH:
-                record_bytes, record_dtype, (o, a, r, t) = packed
-                records = _rows(record_bytes, start, n + B, cap).view(record_dtype)
-                cut: slice | tuple[slice, slice]
-                after: slice | tuple[slice, slice]
-                if envs:  # [num_envs, steps + 1] views, as Pearl's swapaxes gave
-                    records = records.reshape(steps + 1, B).swapaxes(0, 1)
-                    cut, after = (slice(None), slice(None, steps)), (slice(None), slice(1, None))
-                else:
-                    cut, after = slice(None, n), slice(B, None)
-                obs, act, rew, term = records[o][cut], records[a][cut], records[r][cut], \
-                    records[t][cut]
-                nxt = np.array(records[o][after], order="C")  # obs[t + 1] stays as it is
-            else:
-                arrays = self.storage.arrays
-                obs, act, rew = (_rows(arrays[i], start, n, cap, envs)
-                                 for i in self.read[:3])
-                # (a view where it can be: output's astype to float32 dones copies it)
-                term = _rows(arrays[self.read[3]], start, n, cap, envs, copy=False)
-                nxt = _rows(arrays[self.obs_only[0]], start + B, n, cap, envs)
-            side = _rows(core._side_ref, start, n, cap, envs, copy=False)
-            from_side = side >= 0
-            if np.count_nonzero(from_side):
-                nxt[from_side] = core._side.take(side[from_side])[0]
-            if first + steps - 1 == last_id:  # the newest step: its own next obs
-                last = (slice(None), -1) if envs else slice(n - B, None)
-                own = side[last] < 0
-                nxt[last][own] = core._head_next[0][own]
-        fields: tuple[np.ndarray, ...] = (obs, act, rew, nxt, term)
-        if flat and keep is not None:  # storage order is time-major already
-            part = slice(keep, None) if keep < 0 else slice(None, keep)
-            fields = tuple(x[part] for x in fields)
-        return fields
+            elif steps is None:
+                raise ValueError("run: steps=None reads from the oldest step (first=None)")
+            elif first < last_id + 1 - ring.max_length or first < 0 or \
+                    first + steps - 1 > last_id:
+                _check_held(self.core, first, first + steps - 1)
+            torch = (_kind_of(dtype) or _trajectory_type(dtype)) is TrajectoryType.TORCH
+            fields = self.recent.view(first, steps, window, torch)
+        if self.vector:
+            if not flat:  # [num_envs, steps] views, as Pearl's swapaxes gave
+                fields = tuple(x.swapaxes(0, 1) for x in fields)
+            else:  # time-major, as stored
+                fields = tuple(x.reshape((steps * B,) + x.shape[2:]) for x in fields)
+                if keep is not None:
+                    part = slice(keep, None) if keep < 0 else slice(None, keep)
+                    fields = tuple(x[part] for x in fields)
+        return self._tensors(fields) if torch else Trajectories(*fields)
 
-    def output(self, fields: tuple[np.ndarray, ...], dtype: Any) -> Trajectories:
-        """Pearl's trajectories of gathered fields, as ``BaseBuffer._output`` makes them."""
+    def output(self, fields: tuple[np.ndarray, ...], dtype: Any, strided: bool = False
+               ) -> Trajectories:
+        """Pearl's trajectories of gathered fields (observations, actions, rewards, next
+        observations, terminated), as ``BaseBuffer._output`` makes them: tensors
+        C-contiguous, or with ``strided`` (a vector env's ``[num_envs, K]``, strided
+        in Pearl too) whatever strides ``torch.from_numpy`` takes as they are."""
         kind = _kind_of(dtype) or _trajectory_type(dtype)
         obs, act, rew, nxt, term = fields
         if self.obs_scalar:  # Pearl's scalar fields have a trailing axis of 1
@@ -1114,58 +999,204 @@ class _FastPaths:
         rew = rew[..., None]
         done = term.astype(np.float32, order="C")[..., None]
         if kind is TrajectoryType.TORCH:
-            torch = self.torch
-            if torch is None:
-                import torch
-
-                device = self.buffer.device
-                self.torch, self.device = torch, None if device.type == "cpu" else device
-            tensor, contiguous, device = torch.from_numpy, np.ascontiguousarray, self.device
-            obs, act, rew, nxt, done = (tensor(contiguous(x)) for x in (obs, act, rew, nxt,
-                                                                          done))
-            if device is not None:
-                obs, act, rew, nxt, done = (x.to(device) for x in (obs, act, rew, nxt, done))
+            ready = _strided_for_torch if strided else np.ascontiguousarray
+            return self._tensors(tuple(ready(x) for x in (obs, act, rew, nxt, done)))
         return Trajectories(obs, act, rew, nxt, done)
 
+    def _tensors(self, fields: tuple[np.ndarray, ...]) -> Trajectories:
+        """Trajectories of tensors sharing the memory of ``fields`` (on the CPU), or
+        copies on the buffer's device."""
+        torch = self.torch
+        if torch is None:
+            import torch
 
-def _rows(array: np.ndarray, start: int, n: int, capacity: int, envs: int | None = None,
-          copy: bool = True) -> np.ndarray:
-    """Rows ``start .. start + n - 1`` (modulo ``capacity``) of ``array``, a fresh
-    C-contiguous array (``copy=False``: a view where they do not wrap); with ``envs``,
-    the rows of ``n / envs`` steps laid out ``[envs, steps, ...]``."""
-    start %= capacity
-    parts = [array[start:start + n]] if start + n <= capacity else \
-        [array[start:], array[:start + n - capacity]]
-    if envs is not None:
-        parts = [p.reshape((-1, envs) + p.shape[1:]).swapaxes(0, 1) for p in parts]
-    if len(parts) == 1:
-        return np.array(parts[0], order="C") if copy else parts[0]
-    if envs is None:
-        return np.concatenate(parts)
-    first, second = parts  # (concatenate would lay the result out as its inputs are)
-    out = np.empty(first.shape[:1] + (first.shape[1] + second.shape[1],) + first.shape[2:],
-                   array.dtype)
-    return np.concatenate(parts, axis=1, out=out)
+            device = self.buffer.device
+            self.torch, self.device = torch, None if device.type == "cpu" else device
+        tensor, device = torch.from_numpy, self.device
+        if device is None:
+            return Trajectories(*(tensor(x) for x in fields))
+        return Trajectories(*(tensor(x).to(device) for x in fields))
 
 
-def _zero_views(storage: NumpyStorage, leaves: list[int]) -> list[np.ndarray]:
-    """Arrays whose rows, set to 0, zero the positions of ``leaves``: byte columns of
-    the packed records (one per run of leaves that lie side by side), or the leaves'
-    own arrays. Zero bytes are 0, 0.0 and False alike."""
-    fields = [storage._field.get(i) for i in leaves]
-    if None in fields:
-        return [storage.arrays[i] for i in leaves]
-    records, dtype = storage._records, storage._record_dtype
-    layout = dtype.fields
-    assert records is not None and layout is not None  # packed leaves: there are records
-    runs: list[list[int]] = []
-    for offset, size in sorted((layout[f][1], layout[f][0].itemsize) for f in fields):
-        if runs and runs[-1][1] == offset:
-            runs[-1][1] = offset + size
+class _Recent:
+    """The newest steps' transitions, oldest first, laid out as Pearl returns them.
+
+    Pearl's ``last``, ``all`` and ``RolloutBuffer.sample`` return runs of consecutive
+    steps. Pearl sliced its own arrays, wrongly: the next observation of an episode's
+    last step was the next episode's first, and slices of a wrapped ring were in
+    storage order. Here each step's transition (observation, action, reward, its exact
+    next observation, ``done`` as float32) is copied once, when first read after its
+    add, into arrays in time order; a run is then a slice of them, whatever the ring.
+
+    Layout: arrays of ``capacity * num_envs`` rows, time-major like storage (row
+    ``(step - first) * num_envs + env``); observations and actions as Pearl's
+    (scalars with a trailing 1), rewards and dones ``[rows, 1]`` float32. Rows
+    ``[0, count * num_envs)`` hold steps ``first .. first + count - 1``. Reads see
+    them as ``[capacity, num_envs, ...]`` (``[capacity, ...]`` without an env axis),
+    through read-only views for numpy outputs and writable ones for tensors (torch
+    warns about read-only arrays).
+
+    Rows are written once: new steps go to rows past ``count``, and when those run out
+    the newest ``window`` steps move into fresh arrays (amortised over
+    ``capacity - window`` adds). Views handed out therefore never change, also when
+    the ring wraps; a clear or restore (``core._generation``) starts afresh. Next
+    observations are immutable too: a step's is the one that was added (the following
+    step's observation, the side store's, or for the newest step its own), whatever
+    is added later.
+
+    Memory: ``window`` is the longest run asked for (``all`` and
+    ``RolloutBuffer.sample`` ask for the whole ring), ``capacity`` 1.25 times that;
+    per step two observations, an action and 8 bytes.
+    """
+
+    def __init__(self, core: TransitionReplayBuffer, storage: NumpyStorage,
+                 read: list[int], vector: bool):
+        self.core, self.ring = core, core._ring
+        self.B = self.ring.batch_size
+        self.per_step = (self.B,) if vector else ()  # a step's rows, as reads see them
+        obs, act, rew, term = (storage.arrays[i] for i in read)
+        self.sources = (obs, act, rew, obs, term)  # next observations: obs, shifted
+        specs = core._specs
+        # Pearl's trailing 1 of scalar observations and actions, rewards and dones.
+        self.shapes = (specs[read[0]].shape or (1,), specs[read[1]].shape or (1,), (1,),
+                       specs[read[0]].shape or (1,), (1,))
+        self.dtypes = (obs.dtype, act.dtype, np.dtype(np.float32), obs.dtype,
+                       np.dtype(np.float32))
+        self.arrays: tuple[np.ndarray, ...] = ()
+        self.targets: tuple[np.ndarray, ...] = ()  # the arrays in storage's shapes
+        self.steps: tuple[tuple[np.ndarray, ...], ...] = ((), ())  # read-only, writable
+        self.first = self.count = self.window = 0
+        self.generation = -1
+
+    def view(self, first: int, steps: int, window: int, writable: bool
+             ) -> tuple[np.ndarray, ...]:
+        """Observations, actions, rewards, next observations and dones of steps
+        ``first .. first + steps - 1`` (stored, the lock held): ``[steps, num_envs,
+        ...]`` views (``[steps, ...]`` without an env axis), read-only unless
+        ``writable``. Keeps ``window`` steps from now on (or more).
+
+        The views stay valid and unchanged for good: nothing ever writes those rows
+        again. Callers must not write into them either (later reads return the same
+        rows): numpy outputs are read-only; a tensor made of them must be cloned
+        before an in-place change."""
+        start = first - self.first
+        # Steps added since the last catch-up are copied in when a read needs them (a
+        # RolloutBuffer.sample of older steps does not).
+        if start < 0 or start + steps > self.count or window > self.window or \
+                self.core._generation != self.generation:
+            self.catch_up(max(window, self.ring.last_id - first + 1))
+            start = first - self.first
+        stop = start + steps
+        return tuple(x[start:stop] for x in self.steps[writable])
+
+    def catch_up(self, window: int) -> None:
+        """Copy in the steps added since the last read (the lock held); keep at least
+        the newest ``window`` steps."""
+        ring, core = self.ring, self.core
+        window = min(window, ring.max_length)  # (older steps are not stored)
+        last_id = ring.last_id
+        synced = self.first + self.count - 1
+        new = last_id - synced
+        if core._generation != self.generation or window > self.window or new > self.window:
+            self.window = max(window, self.window) if core._generation == self.generation \
+                else window
+            self.generation = core._generation
+            held = min(self.window, ring.items_per_row)
+            self._allocate()
+            self.first, self.count = last_id - held + 1, 0
+            self._fill(self.first, held)
+            return
+        if new <= 0:
+            return
+        if (self.count + new) * self.B > len(self.arrays[0]):  # full: move to fresh arrays
+            keep = min(self.count, self.window - new)
+            old = self.arrays
+            self._allocate()
+            rows = keep * self.B
+            for dst, src in zip(self.arrays, old):
+                dst[:rows] = src[(self.count - keep) * self.B:self.count * self.B]
+            self.first, self.count = synced - keep + 1, keep
+        self._fill(synced + 1, new)
+
+    def _allocate(self) -> None:
+        rows = (self.window + max(self.window // 4, 64)) * self.B
+        self.arrays = tuple(np.empty((rows,) + shape, dtype)
+                            for shape, dtype in zip(self.shapes, self.dtypes))
+        # Written through views in storage's shapes (a scalar's trailing 1 dropped).
+        self.targets = tuple(a.reshape((rows,) + src.shape[1:])
+                             for a, src in zip(self.arrays, self.sources))
+        outer = (rows // self.B,) + self.per_step
+        writable = tuple(a.reshape(outer + a.shape[1:]) for a in self.arrays)
+        read_only = tuple(a.view() for a in writable)
+        for a in read_only:
+            a.flags.writeable = False
+        self.steps = (read_only, writable)
+
+    def _fill(self, first: int, steps: int) -> None:
+        """Copy steps ``first .. first + steps - 1`` (stored) to rows from ``count``."""
+        if steps <= 0:
+            return
+        core, B, ring = self.core, self.B, self.ring
+        capacity = ring.capacity
+        row, n = self.count * B, steps * B
+        end = row + n
+        start = first % ring.max_length * B
+        obs, act, rew, nxt, done = self.targets
+        obs_s, act_s, rew_s, _, term_s = self.sources
+        if start + n <= capacity:  # one run of storage (all but the wrap's)
+            stop = start + n
+            obs[row:end] = obs_s[start:stop]
+            act[row:end] = act_s[start:stop]
+            rew[row:end] = rew_s[start:stop]
+            done[row:end] = term_s[start:stop]
+            side = core._side_ref[start:stop]
         else:
-            runs.append([offset, offset + size])
-    rows = records.view(np.uint8).reshape(len(records), dtype.itemsize)
-    return [rows[:, start:stop] for start, stop in runs]
+            for dst, src in ((obs, obs_s), (act, act_s), (rew, rew_s), (done, term_s)):
+                _copy_rows(dst, row, src, start, n, capacity)
+            side = np.empty(n, np.int64)
+            _copy_rows(side, 0, core._side_ref, start, n, capacity)
+        self.count += steps
+        # A step's next observation is the following step's observation (just copied,
+        # but for the last step's), except where the side store keeps the one added
+        # (episode ends, out-of-sequence adds); the newest step's is its own (head),
+        # for every env (also where it ended: the side store holds the same).
+        newest = end - B
+        if steps > 1:
+            nxt[row:newest] = obs[row + B:end]
+        if first + steps - 1 == ring.last_id:
+            nxt[newest:end] = core._head_next[0]
+            side = side[:n - B]
+        else:
+            _copy_rows(nxt, newest, obs_s, start + n, B, capacity)
+        if len(side):
+            from_side = side >= 0
+            if np.count_nonzero(from_side):
+                nxt[row + np.flatnonzero(from_side)] = core._side.take(side[from_side])[0]
+
+
+def _strided_for_torch(x: np.ndarray) -> np.ndarray:
+    """``x`` where ``torch.from_numpy`` takes it as is (C-contiguous, or strides that
+    are non-negative multiples of the item size: a packed record's field view, a
+    ``swapaxes``), else a C-contiguous copy."""
+    if x.flags.c_contiguous:
+        return x
+    size = x.itemsize
+    if all(s >= 0 and s % size == 0 for s in x.strides):
+        return x
+    return np.ascontiguousarray(x)
+
+
+def _copy_rows(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int,
+               capacity: int) -> None:
+    """``dst[at:at + n] = src[start:start + n]``, rows of ``src`` taken modulo
+    ``capacity`` (``n <= capacity``): one copy, or two where they wrap."""
+    start %= capacity
+    if start + n <= capacity:
+        dst[at:at + n] = src[start:start + n]
+        return
+    cut = capacity - start
+    dst[at:at + cut] = src[start:]
+    dst[at + cut:at + n] = src[:n - cut]
 
 
 def _kind_of(dtype: Any) -> TrajectoryType | None:
