@@ -28,7 +28,6 @@ same storage, validation, ring and persistence as every other buffer.
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, overload
 
 import numpy as np
@@ -111,16 +110,8 @@ class RolloutBuffer(TransitionReplayBuffer):
         # add's shortcut: the policy's leaves go straight to the fused writer, in the
         # storage's leaf order, from (observation, action, value, log_prob, reward,
         # terminated, truncated).
-        if self._write_exact is None and self._episodes is None:
-            # The nested action leaves the base class without its fused writer (built
-            # for specs it flattens by key); the writer itself takes any leaf order.
-            self._write_exact = self._storage.exact_writer(self._outer)
-        if self._obs_is_leaf and nest.flatten(act_spec)[1].is_leaf():
-            template = {OBS: 0, ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
-                        TERMINATED: 5, TRUNCATED: 6}
-            self._exact_order = operator.itemgetter(*nest.flatten(template)[0])
-        else:
-            self._exact_order = None
+        self._exact_order = self._exact_order_of({ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3},
+                                                  REWARD: 4, TERMINATED: 5, TRUNCATED: 6})
         self._exact_add = self._exact_add_possible()
 
     @property
@@ -184,7 +175,7 @@ class RolloutBuffer(TransitionReplayBuffer):
                             f"[num_envs={B}]), got shape {arr.shape} of {arr.dtype.name}")
         return arr.reshape(B).astype(np.float32, copy=False)
 
-    def _written(self) -> None:
+    def _written(self, start: int, ended: np.ndarray | None) -> None:
         self._gae_ready = False
         self._version += 1
 

@@ -9,6 +9,12 @@ assigns it, with the arrays, dtypes and shapes bound as constants. Like
 text, since the specialisation itself is the speed-up (1.9 us vs 2.4 us for a
 closure with the same loops, four leaves).
 
+Leaves stored as the fields of one record per position (numpy storage packs small
+leaves so, :mod:`replaybuffer.storage.numpy_storage`) are written, for one position,
+as that record's bytes in one slice assignment: the leaves' ``tobytes()`` joined
+with the record's padding (0.4 us against 1.2 us for five field assignments, each of
+which builds a strided view first).
+
 Anything unusual (a list, another dtype, a shape numpy would broadcast, a subclass
 of ``np.ndarray``) makes the writer return ``False`` before any write; the caller
 then takes the validating path, which converts or raises a clear error.
@@ -16,6 +22,7 @@ then takes the validating path, which converts or raises a clear error.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -33,7 +40,8 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     """A writer of ``outer_shape[0]`` consecutive positions into ``arrays``.
 
     Args:
-        arrays: one numpy array per leaf, ``[capacity, *spec.shape]`` (views allowed).
+        arrays: one numpy array per leaf, ``[capacity, *spec.shape]`` (views allowed;
+            field views of one structured array are written a record at a time).
         checker: the storage's leaf checker (dtypes and expected shapes).
         outer_shape: ``(count,)``, the leading dimension of every incoming leaf.
 
@@ -47,12 +55,32 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     shapes = checker.full_shapes(outer_shape)
     bound: dict[str, Any] = {"ndarray": np.ndarray}
     checks, writes = [], []
+    record = _record_layout(arrays, checker.dtypes) if count == 1 else None
+    in_record = set() if record is None else {i for _, i in record[1]}
     for i, (array, dtype, shape) in enumerate(zip(arrays, checker.dtypes, shapes)):
         bound[f"a{i}"], bound[f"d{i}"], bound[f"s{i}"] = array, dtype, shape
         checks.append(f"type(x{i}) is ndarray and x{i}.dtype is d{i} and x{i}.shape == s{i}")
+        if i in in_record:
+            continue
         # One position: an integer index assigns without building a slice view.
         writes.append(f"a{i}[start] = x{i}[0]" if count == 1
                       else f"a{i}[start:start + {count}] = x{i}")
+    if record is not None:
+        base, fields = record
+        size = base.itemsize
+        bound["records"] = memoryview(base.view(np.uint8))
+        pieces, end = [], 0
+        for offset, i in fields:  # in offset order, gaps filled with the padding's zeros
+            if offset > end:
+                bound[f"pad{end}"] = bytes(offset - end)
+                pieces.append(f"pad{end}")
+            pieces.append(f"x{i}.tobytes()")
+            end = offset + int(arrays[i].dtype.itemsize * math.prod(arrays[i].shape[1:]))
+        if end < size:
+            bound[f"pad{end}"] = bytes(size - end)
+            pieces.append(f"pad{end}")
+        writes[:0] = [f"at = start * {size}",
+                      f"records[at:at + {size}] = b''.join(({', '.join(pieces)},))"]
     unpack = "".join(f"x{i}, " for i in range(len(checks)))
     source = "\n".join([
         "def write(start, leaves):",
@@ -67,3 +95,37 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     exec(compile(source, f"<exact_writer {len(checks)} leaves>", "exec"), bound)
     write: ExactWriter = bound["write"]
     return write
+
+
+def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
+                   ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+    """The structured array whose every field is one of ``arrays``, with
+    ``(byte offset, leaf index)`` of those fields in offset order; ``None`` when no
+    structured array has all its fields among them (its padding is then free to
+    write: no other field lives there).
+
+    A field view's ``base`` is its structured array when that owns its memory (numpy
+    storage's records); views of views of other buffers collapse to the buffer, and
+    are written field by field instead.
+    """
+    base = next((a.base for a in arrays if isinstance(a.base, np.ndarray)
+                 and a.base.dtype.names), None)
+    if base is None or base.ndim != 1 or not base.flags.c_contiguous \
+            or not base.flags.writeable or len(base) < 1:
+        return None
+    start = base.ctypes.data
+    fields = []
+    for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
+        if a.base is not base:
+            continue
+        # A field: one item per record, its bytes contiguous inside the record.
+        if a.dtype != dtype or a.shape[:1] != base.shape or a.strides[:1] != (base.itemsize,) \
+                or not a[:1].flags.c_contiguous:
+            return None
+        fields.append((a.ctypes.data - start, i))
+    fields.sort()
+    described = sorted(offset for _, offset, *_ in (
+        base.dtype.fields[name] for name in base.dtype.names))
+    if [offset for offset, _ in fields] != described:
+        return None  # fields that are not among the leaves: their bytes are not ours
+    return base, fields
