@@ -316,17 +316,17 @@ class TransitionReplayBuffer(ReplayBuffer):
         observations of the overwritten step are released, as the general path does.
         Anything else returns ``False`` for the general path to handle (or reject).
         """
-        # The fused writer checks every stored leaf's dtype and shape; the bytes
-        # comparisons only need arrays (a flag of another dtype that compares equal
-        # is then refused by the writer, before it writes anything). One observation
-        # leaf (the common case) is handled without loops: each costs ~0.1 us here.
-        if type(terminated) is not np.ndarray or type(truncated) is not np.ndarray:
-            return False
+        # The fused writer checks every stored leaf (observation, flags) for its exact
+        # type, dtype and shape; before it, the bytes comparisons need only objects
+        # with tobytes() (anything else than an ndarray is then refused by the writer,
+        # before it writes anything). The next observation is checked here. One
+        # observation leaf (the common case) is handled without loops: each costs
+        # ~0.1 us, and this whole shortcut about 2 us.
         heads = self._head_next
         flatten = self._obs_flatten
         if flatten is None:  # one observation leaf
             head = heads[0]
-            if type(observation) is not np.ndarray or type(next_observation) is not np.ndarray \
+            if type(next_observation) is not np.ndarray \
                     or next_observation.dtype is not head.dtype \
                     or next_observation.shape != head.shape:
                 return False
@@ -335,13 +335,11 @@ class TransitionReplayBuffer(ReplayBuffer):
             observations, next_observations = flatten(observation), flatten(next_observation)
             if observations is None or next_observations is None:
                 return False
-            for obs, nxt, head in zip(observations, next_observations, heads):
-                if type(obs) is not np.ndarray or type(nxt) is not np.ndarray \
-                        or nxt.dtype is not head.dtype or nxt.shape != head.shape:
+            for nxt, head in zip(next_observations, heads):
+                if type(nxt) is not np.ndarray or nxt.dtype is not head.dtype \
+                        or nxt.shape != head.shape:
                     return False
             flat = (*observations, *parts[1:])
-        no_ends = self._no_ends
-        ends = terminated.tobytes() != no_ends or truncated.tobytes() != no_ends
         ring, lock = self._ring, self._lock
         lock.acquire()  # not `with`: its __exit__ call costs more than release()
         try:
@@ -350,17 +348,19 @@ class TransitionReplayBuffer(ReplayBuffer):
             if write_exact is None:
                 return False
             if step_id:  # the observation must be the previous next observation
-                if observations is None:
-                    if observation.tobytes() != head.tobytes():
-                        return False
-                else:
-                    for obs, head in zip(observations, heads):
-                        if obs.tobytes() != head.tobytes():
+                try:
+                    if observations is None:
+                        if observation.tobytes() != head.tobytes():
                             return False
+                    else:
+                        for obs, head in zip(observations, heads):
+                            if obs.tobytes() != head.tobytes():
+                                return False
+                except AttributeError:  # not an array: the general path converts it
+                    return False
             B = ring.batch_size
             start = (step_id % ring.max_length) * B
-            assert self._exact_order is not None  # _exact_add needs it
-            leaves = self._exact_order(flat)
+            leaves = self._exact_order(flat)  # type: ignore[misc]  # _exact_add: not None
             for i, low, high in self._scalar_ranges:
                 values = leaves[i]
                 if type(values) is not np.ndarray or values.dtype.kind not in "iu":
@@ -379,7 +379,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                 self._side.free(owned[owned >= 0])
                 owned[...] = -1
             ended = None
-            if ends:
+            no_ends = self._no_ends
+            if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
                 ended = terminated | truncated
                 self._side_ref[start + self._rows[ended]] = self._put_side(
                     step_id, ended, [n[ended] for n in next_observations])

@@ -84,9 +84,10 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     unpack = "".join(f"x{i}, " for i in range(len(checks)))
     source = "\n".join([
         "def write(start, leaves):",
-        f"    if len(leaves) != {len(checks)}:",
+        "    try:",  # free unless it raises: cheaper than checking len(leaves) first
+        f"        {unpack}= leaves",
+        "    except (TypeError, ValueError):  # not a sequence of that length",
         "        return False",
-        f"    {unpack}= leaves",
         "    if not (" + "\n            and ".join(checks) + "):",
         "        return False",
         *(f"    {w}" for w in writes),
