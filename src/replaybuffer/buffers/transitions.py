@@ -197,8 +197,10 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._exact_order = self._exact_order_of({ACTION: 1, REWARD: 2, TERMINATED: 3,
                                                   TRUNCATED: 4})
         self._exact_add = self._exact_add_possible()
-        # Only subclasses do anything in _written: the base class's call is skipped.
+        # Calls the shortcut skips where they would do nothing: _written of this class,
+        # on_add of the uniform sampler.
         self._written_hook = type(self)._written is not TransitionReplayBuffer._written
+        self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
 
     def _exact_order_of(self, rest: dict[str, Any]) -> Callable[[Sequence[Any]], Any] | None:
         """The function that puts ``(*observation leaves, *parts[1:])`` in the
@@ -374,7 +376,10 @@ class TransitionReplayBuffer(ReplayBuffer):
                 return False
             # Written: terminated and truncated are bool [B], the next observations
             # were checked above. The rest is the general path's bookkeeping.
-            if self._side_refs[start:start + B] != self._unowned_refs:
+            # Does the overwritten step own side observations? (One env: an int index
+            # of the memoryview, a third of a slice comparison's cost.)
+            if (self._side_refs[start] != -1) if B == 1 else \
+                    (self._side_refs[start:start + B] != self._unowned_refs):
                 owned = self._side_ref[start:start + B]  # overwritten steps release theirs
                 self._side.free(owned[owned >= 0])
                 owned[...] = -1
@@ -390,7 +395,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                 for head_bytes, nxt in zip(self._head_bytes, next_observations):
                     head_bytes[:] = nxt.tobytes()
             ring.last_id = step_id
-            self._sampler.on_add(ring, step_id, 1)
+            if self._tracks_adds:
+                self._sampler.on_add(ring, step_id, 1)
             if self._written_hook:
                 self._written(start, ended)
         finally:
