@@ -166,7 +166,7 @@ class HERBuffer(TransitionReplayBuffer):
         self._episode_end = np.full(positions, -1, np.int64)
         self._current_start = np.zeros(self.num_envs, np.int64)
         self._episode_starts, self._episode_ends, self._current_starts = (
-            memoryview(a) for a in (self._episode_start, self._episode_end, self._current_start))
+            a.data for a in (self._episode_start, self._episode_end, self._current_start))
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:

@@ -34,7 +34,7 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import (ACTION, OBS, REWARD, TERMINATED, TRUNCATED,
+from replaybuffer.buffers.transitions import (ACTION, REWARD, TERMINATED, TRUNCATED,
                                               TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng

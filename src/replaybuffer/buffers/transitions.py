@@ -178,9 +178,9 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
         # add's shortcut compares and copies through memoryviews: a slice of one costs
         # less than a numpy slice, tobytes() or item assignment.
-        self._side_refs = memoryview(self._side_ref)
-        self._unowned_refs = memoryview(np.full(num_envs, -1, np.int64))
-        self._head_bytes = [memoryview(h).cast("B") for h in self._head_next]
+        self._side_refs = self._side_ref.data
+        self._unowned_refs = np.full(num_envs, -1, np.int64).data
+        self._head_bytes = [h.data.cast("B") for h in self._head_next]
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
         # Discrete actions: their range as Python ints, checked on one value without
@@ -332,11 +332,14 @@ class TransitionReplayBuffer(ReplayBuffer):
                     or next_observation.dtype is not head.dtype \
                     or next_observation.shape != head.shape:
                 return False
-            observations, next_observations, flat = None, (next_observation,), parts
+            observations: Sequence[Any] | None = None
+            next_observations: Sequence[Any] = (next_observation,)
+            flat = parts
         else:
-            observations, next_observations = flatten(observation), flatten(next_observation)
-            if observations is None or next_observations is None:
+            observations, next_leaves = flatten(observation), flatten(next_observation)
+            if observations is None or next_leaves is None:
                 return False
+            next_observations = next_leaves
             for nxt, head in zip(next_observations, heads):
                 if type(nxt) is not np.ndarray or nxt.dtype is not head.dtype \
                         or nxt.shape != head.shape:

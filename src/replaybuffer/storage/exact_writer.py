@@ -68,7 +68,7 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     if record is not None:
         base, fields = record
         size = base.itemsize
-        bound["records"] = memoryview(base.view(np.uint8))
+        bound["records"] = base.view(np.uint8).data
         pieces, end = [], 0
         for offset, i in fields:  # in offset order, gaps filled with the padding's zeros
             if offset > end:
@@ -125,8 +125,7 @@ def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
             return None
         fields.append((a.ctypes.data - start, i))
     fields.sort()
-    described = sorted(offset for _, offset, *_ in (
-        base.dtype.fields[name] for name in base.dtype.names))
+    described = sorted(field[1] for field in (base.dtype.fields or {}).values())
     if [offset for offset, _ in fields] != described:
         return None  # fields that are not among the leaves: their bytes are not ours
     return base, fields
