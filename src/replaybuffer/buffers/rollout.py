@@ -111,9 +111,8 @@ class RolloutBuffer(TransitionReplayBuffer):
         # add's shortcut: the policy's leaves go straight to the fused writer, in the
         # storage's leaf order, from (observation, action, value, log_prob, reward,
         # terminated, truncated).
-        self._exact_order = self._exact_order_of({ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3},
-                                                  REWARD: 4, TERMINATED: 5, TRUNCATED: 6})
-        self._exact_add = self._exact_add_possible()
+        self._use_exact_order({ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
+                               TERMINATED: 5, TRUNCATED: 6})
 
     @property
     def nbytes(self) -> int:

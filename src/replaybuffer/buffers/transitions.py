@@ -25,7 +25,7 @@ return that ends by time limit or by the ``n_step`` horizon, 0 after termination
 from __future__ import annotations
 
 import operator
-from typing import (TYPE_CHECKING, Any, Callable, Literal, NamedTuple, NoReturn, Sequence,
+from typing import (TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, Sequence,
                     overload)
 
 import numpy as np
@@ -38,6 +38,7 @@ from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
 from replaybuffer.storage.base import identity, to_numpy
+from replaybuffer.storage.exact_writer import ExactWriter, reordered
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.side_store import SideStore
@@ -194,39 +195,45 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._obs_flatten = None if self._obs_is_leaf else nest.fast_flattener(obs_spec)
         if self._write_exact is None and self._episodes is None:
             self._write_exact = self._storage.exact_writer(self._outer)
-        self._exact_order = self._exact_order_of({ACTION: 1, REWARD: 2, TERMINATED: 3,
-                                                  TRUNCATED: 4})
-        self._exact_add = self._exact_add_possible()
+        self._use_exact_order({ACTION: 1, REWARD: 2, TERMINATED: 3, TRUNCATED: 4})
         # Calls the shortcut skips where they would do nothing: _written of this class,
         # on_add of the uniform sampler.
         self._written_hook = type(self)._written is not TransitionReplayBuffer._written
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
 
-    def _exact_order_of(self, rest: dict[str, Any]) -> Callable[[Sequence[Any]], Any] | None:
-        """The function that puts ``(*observation leaves, *parts[1:])`` in the
-        storage's leaf order, ``rest`` giving the index in ``parts`` of every other
-        top-level field (a nest of indices for a nested field, observation at 0); for
-        one observation leaf that tuple is ``parts`` itself. ``None`` when the
-        observation is neither one leaf nor a one-level dict (no shortcut then)."""
-        if not self._obs_is_leaf and self._obs_flatten is None:
-            return None
-        n = len(self._obs_leaves)
-        template = {OBS: self._obs_structure.unflatten(list(range(n))),
-                    **nest.map_structure(lambda k: k + n - 1, rest)}
-        order = nest.flatten(template)[0]
-        if sorted(order) != list(range(len(self._paths))):
-            return None  # a field that is not one leaf: the general path flattens it
-        return operator.itemgetter(*order)
+    def _use_exact_order(self, rest: dict[str, Any]) -> None:
+        """Set up add's shortcut for ``parts`` (see :meth:`_add_exact`) of the
+        observation and the fields in ``rest``, which gives the index in ``parts`` of
+        every other top-level field (a nest of indices for a nested field; the
+        observation is at 0). The shortcut hands the fused writer
+        ``(*observation leaves, *parts[1:])`` (for one observation leaf that is ``parts``
+        itself), so it gets a writer that takes its leaves in that order
+        (``_write_parts``), and the discrete ranges by their place there. No shortcut
+        when the observation is neither one leaf nor a one-level dict, a field is not
+        one leaf, or the storage's writer is not a fused one."""
+        self._write_parts: ExactWriter | None = None
+        self._exact_ranges: list[tuple[int, int, int]] = []
+        if (self._obs_is_leaf or self._obs_flatten is not None) \
+                and self._write_exact is not None:
+            n = len(self._obs_leaves)
+            template = {OBS: self._obs_structure.unflatten(list(range(n))),
+                        **nest.map_structure(lambda k: k + n - 1, rest)}
+            taken_from = nest.flatten(template)[0]  # storage leaf i is flat[taken_from[i]]
+            if sorted(taken_from) == list(range(len(self._paths))):
+                order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
+                self._write_parts = reordered(self._write_exact, order)
+                self._exact_ranges = [(taken_from[i], low, high)
+                                      for i, low, high in self._scalar_ranges]
+        self._exact_add = self._exact_add_possible()
 
     def _exact_add_possible(self) -> bool:
         """Whether add may take :meth:`_add_exact`: an observation of one leaf or a
         one-level dict, compared as copies; storage written by the fused writer (numpy,
-        or torch on the CPU); leaves in a known order (``_exact_order``); no frame
-        codec; integer ranges that are scalars; and no subclass that does more per
-        write than :meth:`_written` (HER keeps its episodes there) and
+        or torch on the CPU) with the leaves in a known order (``_write_parts``); no
+        frame codec; integer ranges that are scalars; and no subclass that does more
+        per write than :meth:`_written` (HER keeps its episodes there) and
         :meth:`_keep_previous_next` (never called on the shortcut)."""
-        return (self._codec is None and self._exact_order is not None
-                and self._write_exact is not None
+        return (self._codec is None and self._write_parts is not None
                 and sum(h.nbytes for h in self._head_next) <= _COPY_COMPARE_MAX
                 and len(self._scalar_ranges) == len(self._int_checks)
                 and type(self)._write_transition is TransitionReplayBuffer._write_transition)
@@ -306,8 +313,9 @@ class TransitionReplayBuffer(ReplayBuffer):
     def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
                    terminated: Any, truncated: Any) -> bool:
         """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
-        are the add's arguments (observation first) that ``_exact_order`` puts in the
-        storage's leaf order (with the observation's leaves in its place).
+        are the add's arguments, observation first, in the order that
+        :meth:`_use_exact_order` set up (``(observation, action, reward, terminated,
+        truncated)`` here).
 
         The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
         the observation the previous step's next observation (byte for byte), and a
@@ -348,9 +356,8 @@ class TransitionReplayBuffer(ReplayBuffer):
         ring, lock = self._ring, self._lock
         lock.acquire()  # not `with`: its __exit__ call costs more than release()
         try:
-            write_exact = self._write_exact  # None while a checkpoint's snapshot is open
             step_id = ring.last_id + 1
-            if write_exact is None:
+            if self._write_exact is None:  # paused while a checkpoint's snapshot is open
                 return False
             if step_id:  # the observation must be the previous next observation
                 try:
@@ -365,9 +372,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                     return False
             B = ring.batch_size
             start = (step_id % ring.max_length) * B
-            leaves = self._exact_order(flat)  # type: ignore[misc]  # _exact_add: not None
-            for i, low, high in self._scalar_ranges:
-                values = leaves[i]
+            for k, low, high in self._exact_ranges:
+                values = flat[k]
                 if type(values) is not np.ndarray or values.dtype.kind not in "iu":
                     return False  # the general path converts or refuses
                 if values.size == 1:
@@ -375,7 +381,7 @@ class TransitionReplayBuffer(ReplayBuffer):
                         return False  # the general path refuses, naming the leaf
                 elif values.min() < low or values.max() > high:
                     return False
-            if not write_exact(start, leaves):
+            if not self._write_parts(start, flat):  # type: ignore[misc]  # _exact_add: set
                 return False
             # Written: terminated and truncated are bool [B], the next observations
             # were checked above. The rest is the general path's bookkeeping.

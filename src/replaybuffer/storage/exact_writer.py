@@ -23,6 +23,7 @@ then takes the validating path, which converts or raises a clear error.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,7 +37,8 @@ nothing and returns ``False``."""
 
 
 def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
-                 outer_shape: tuple[int, ...]) -> ExactWriter:
+                 outer_shape: tuple[int, ...], order: Sequence[int] | None = None
+                 ) -> ExactWriter:
     """A writer of ``outer_shape[0]`` consecutive positions into ``arrays``.
 
     Args:
@@ -44,6 +46,9 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
             field views of one structured array are written a record at a time).
         checker: the storage's leaf checker (dtypes and expected shapes).
         outer_shape: ``(count,)``, the leading dimension of every incoming leaf.
+        order: the leaves' order in the calls, as leaf indices (``leaves[k]`` is leaf
+            ``order[k]``); ``None``: the order of ``arrays``. A caller whose own
+            arguments come in another order skips a reordering per call.
 
     ``write(start, leaves)`` writes ``leaves[i]`` (shape ``[count, *spec_i.shape]``) into
     ``arrays[i][start:start + count]`` when every leaf is an ``np.ndarray`` of exactly
@@ -81,7 +86,10 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
             pieces.append(f"pad{end}")
         writes[:0] = [f"at = start * {size}",
                       f"records[at:at + {size}] = b''.join(({', '.join(pieces)},))"]
-    unpack = "".join(f"x{i}, " for i in range(len(checks)))
+    if order is not None and sorted(order) != list(range(len(checks))):
+        raise ValueError(f"order must be a permutation of the {len(checks)} leaves, "
+                         f"got {list(order)}")
+    unpack = "".join(f"x{i}, " for i in (range(len(checks)) if order is None else order))
     source = "\n".join([
         "def write(start, leaves):",
         "    try:",  # free unless it raises: cheaper than checking len(leaves) first
@@ -95,7 +103,23 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     ])
     exec(compile(source, f"<exact_writer {len(checks)} leaves>", "exec"), bound)
     write: ExactWriter = bound["write"]
+    _LAYOUTS[write] = (arrays, checker, outer_shape)
     return write
+
+
+_LAYOUTS: weakref.WeakKeyDictionary[Callable[..., bool], tuple[Sequence[np.ndarray],
+                                                               LeafChecker, tuple[int, ...]]]
+_LAYOUTS = weakref.WeakKeyDictionary()
+"""What each writer :func:`exact_writer` built writes into, for :func:`reordered`."""
+
+
+def reordered(write: ExactWriter, order: Sequence[int]) -> ExactWriter | None:
+    """The writer ``write`` (built by :func:`exact_writer`), taking its leaves in
+    ``order`` instead (see :func:`exact_writer`'s ``order``); ``None`` for a writer
+    built otherwise. Storages hand out writers in their own leaf order; a buffer whose
+    calls come in another order asks for this one once."""
+    layout = _LAYOUTS.get(write)
+    return None if layout is None else exact_writer(*layout, order=order)
 
 
 def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
