@@ -137,23 +137,26 @@ def test_exact_writer_writes_exact_leaves_like_write(count):
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch", "unpacked"])
-@pytest.mark.parametrize("count", [1, 3])
-def test_exact_writer_writes_records_at_once_bytes_and_padding_included(backend, count):
-    """One position of packed leaves is written as one record (the leaves' bytes joined
-    with zero padding); a large leaf beside them keeps its own array. Every stored byte,
-    padding too, must be what field-by-field writes leave."""
+@pytest.mark.parametrize("count", [1, 3, 200])
+def test_exact_writer_writes_whole_records_bytes_and_padding_included(backend, count):
+    """Packed leaves are written as whole records: one position as the leaves' bytes
+    joined with zero padding, a few as a block assembled in scratch records, many
+    (200 records: more than the block's 8 KiB) field by field; a large leaf beside them
+    keeps its own array. Every stored byte, padding too, must be what field-by-field
+    writes leave."""
     from replaybuffer.storage.torch_storage import TorchStorage
 
     # A flag after the int64 leaves padding at the record's end as well as inside.
     specs = MIXED + [ArraySpec((), np.bool_), ArraySpec((PACK_MAX_BYTES + 1,), np.uint8)]
-    make = {"numpy": lambda: NumpyStorage(specs, 8), "torch": lambda: TorchStorage(specs, 8),
-            "unpacked": lambda: NumpyStorage(specs, 8, pack=False)}[backend]
+    capacity = 8 * count
+    make = {"numpy": lambda: NumpyStorage(specs, capacity),
+            "torch": lambda: TorchStorage(specs, capacity),
+            "unpacked": lambda: NumpyStorage(specs, capacity, pack=False)}[backend]
     exact, plain = make(), make()
     write = exact.exact_writer((count,))
-    # The record path is taken exactly where one position of packed leaves is written.
-    assert ("records" in write.__code__.co_names) == (count == 1 and backend != "unpacked")
+    assert ("records" in write.__code__.co_names) == (backend != "unpacked" and count < 200)
     rng = np.random.default_rng(count)
-    for start in (0, 5 - count, 8 - count, 2):
+    for start in (0, 3 * count, capacity - count, 2):
         leaves = [random_leaf(spec, (count,), rng) for spec in specs]
         leaves[2] = np.asfortranarray(leaves[2])  # tobytes() is C order whatever the strides
         assert write(start, leaves) is True

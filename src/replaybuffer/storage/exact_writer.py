@@ -13,7 +13,8 @@ Leaves stored as the fields of one record per position (numpy storage packs smal
 leaves so, :mod:`replaybuffer.storage.numpy_storage`) are written, for one position,
 as that record's bytes in one slice assignment: the leaves' ``tobytes()`` joined
 with the record's padding (0.4 us against 1.2 us for five field assignments, each of
-which builds a strided view first).
+which builds a strided view first). Several positions are assembled in a scratch
+block of records through field views made once, then copied in one assignment.
 
 Anything unusual (a list, another dtype, a shape numpy would broadcast, a subclass
 of ``np.ndarray``) makes the writer return ``False`` before any write; the caller
@@ -60,7 +61,9 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     shapes = checker.full_shapes(outer_shape)
     bound: dict[str, Any] = {"ndarray": np.ndarray}
     checks, writes = [], []
-    record = _record_layout(arrays, checker.dtypes) if count == 1 else None
+    record = _record_layout(arrays, checker.dtypes)
+    if record is not None and count * record[0].itemsize > max(_BLOCK_MAX, record[0].itemsize):
+        record = None  # many positions: field by field
     in_record = set() if record is None else {i for _, i in record[1]}
     for i, (array, dtype, shape) in enumerate(zip(arrays, checker.dtypes, shapes)):
         bound[f"a{i}"], bound[f"d{i}"], bound[f"s{i}"] = array, dtype, shape
@@ -70,7 +73,21 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
         # One position: an integer index assigns without building a slice view.
         writes.append(f"a{i}[start] = x{i}[0]" if count == 1
                       else f"a{i}[start:start + {count}] = x{i}")
-    if record is not None:
+    if record is not None and count > 1:
+        # Several positions: their records are contiguous. The leaves go into the
+        # fields of a scratch block of `count` records (views made once, where a
+        # slice of the storage's strided field builds one per call), then the block
+        # into storage in one copy: ~0.1 us per leaf less.
+        base, fields = record
+        size = base.itemsize
+        scratch = np.zeros(count, base.dtype)  # its padding stays zero
+        names = {field[1]: name for name, field in (base.dtype.fields or {}).items()}
+        bound["records"], bound["block"] = base.view(np.uint8).data, scratch.view(np.uint8).data
+        for offset, i in fields:
+            bound[f"r{i}"] = scratch[names[offset]]
+            writes.append(f"r{i}[...] = x{i}")
+        writes += [f"at = start * {size}", f"records[at:at + {count * size}] = block"]
+    elif record is not None:
         base, fields = record
         size = base.itemsize
         bound["records"] = base.view(np.uint8).data
@@ -106,6 +123,11 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     _LAYOUTS[write] = (arrays, checker, outer_shape)
     return write
 
+
+_BLOCK_MAX = 8192
+"""Bytes of records up to which several positions are assembled in a scratch block:
+beyond, the extra copy costs more than the field views it saves (256 records of 100
+bytes: 5.2 us against 5.1 us field by field; 8 records: 1.5 against 1.8)."""
 
 _LAYOUTS: weakref.WeakKeyDictionary[Callable[..., bool], tuple[Sequence[np.ndarray],
                                                                LeafChecker, tuple[int, ...]]]
