@@ -165,8 +165,11 @@ class HERBuffer(TransitionReplayBuffer):
         self._episode_start = np.zeros(positions, np.int64)
         self._episode_end = np.full(positions, -1, np.int64)
         self._current_start = np.zeros(self.num_envs, np.int64)
-        self._episode_starts, self._episode_ends, self._current_starts = (
-            a.data for a in (self._episode_start, self._episode_end, self._current_start))
+        # _written marks every step through memoryviews of these (a slice assignment
+        # of one costs a fraction of numpy's).
+        self._episode_starts, self._episode_ends, self._current_starts, self._no_ends_yet = (
+            a.data for a in (self._episode_start, self._episode_end, self._current_start,
+                             np.full(self.num_envs, -1, np.int64)))
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -197,8 +200,8 @@ class HERBuffer(TransitionReplayBuffer):
         # that ended with it become samplable. Both add paths come here, so the
         # shortcut serves goal-conditioned steps too.
         stop = start + self._ring.batch_size
-        self._episode_starts[start:stop] = self._current_starts  # memoryviews: cheaper
-        self._episode_ends[start:stop] = self._unowned_refs  # -1 per row: in progress
+        self._episode_starts[start:stop] = self._current_starts
+        self._episode_ends[start:stop] = self._no_ends_yet
         if ended is not None:
             self._close_episodes(ended)
 

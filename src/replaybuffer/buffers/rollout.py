@@ -108,9 +108,9 @@ class RolloutBuffer(TransitionReplayBuffer):
         self._advantages = np.zeros(positions, np.float32)
         self._gae_ready = False
         self._version = 0  # bumped by every write and clear: stale readers notice
-        # add's shortcut: the policy's leaves go straight to the fused writer, in the
-        # storage's leaf order, from (observation, action, value, log_prob, reward,
-        # terminated, truncated).
+        # add's shortcut: the policy's leaves go straight to the fused writer, taken in
+        # add's order (observation, action, value, log_prob, reward, terminated,
+        # truncated).
         self._use_exact_order({ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
                                TERMINATED: 5, TRUNCATED: 6})
 
