@@ -309,3 +309,79 @@ def test_an_unreported_reset_ends_the_episode_and_end_episodes_ends_the_rest():
              102.0: {103, 104, 105}, 103.0: {104, 105}, 104.0: {105}}
     for o, g in zip(seen[:len(goals)], goals):
         assert g in later[o], (o, g)
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 3), per_row=st.integers(2, 8), steps=st.integers(1, 40),
+       p_end=st.sampled_from([0.0, 0.1, 0.4]), p_jump=st.sampled_from([0.0, 0.2]),
+       p_cast=st.sampled_from([0.0, 0.2]), storage=st.sampled_from(["numpy", "torch"]),
+       strategy=st.sampled_from(["final", "future", "episode"]), seed=st.integers(0, 10_000))
+def test_add_shortcut_stores_and_samples_what_the_general_path_does(
+        num_envs, per_row, steps, p_end, p_jump, p_cast, storage, strategy, seed):
+    """HER's adds of the usual step (dict observation following on, episode ends
+    included) take the shortcut; a twin that never takes it must hold the same bytes,
+    side observations and episode bookkeeping, and draw the same samples, through
+    wrap-around, unreported resets and inputs the shortcut leaves to the general path."""
+    rng = np.random.default_rng(seed)
+    B = num_envs
+    kw = dict(num_envs=B, compute_reward=distance_reward, goal_selection_strategy=strategy,
+              n_sampled_goal=2, seed=seed, storage=storage)
+    fast, slow = rb.HERBuffer(OBS, ACT, per_row * B, **kw), rb.HERBuffer(OBS, ACT, per_row * B, **kw)
+    slow._exact_add = False
+    assert fast._exact_add
+    taken = []
+    shortcut = fast._add_exact
+
+    def spy(*args):
+        taken.append((shortcut(*args), bool(np.any(args[3]) or np.any(args[4]))))
+        return taken[-1][0]
+    fast._add_exact = spy
+
+    def fresh():
+        return {"observation": rng.normal(size=(B, 1)).astype(np.float32),
+                "achieved_goal": rng.normal(size=(B, 2)).astype(np.float32),
+                "desired_goal": rng.normal(size=(B, 2)).astype(np.float32)}
+    obs = fresh()
+    for _ in range(steps):
+        nxt = fresh()
+        end = rng.random(B) < p_end
+        terminated = end & (rng.random(B) < 0.5)
+        action = rng.integers(0, 4, B)
+        reward = rng.normal(size=B).astype(np.float32)
+        given = obs
+        if rng.random() < p_cast:  # float64: the general path casts it
+            given = {k: v.astype(np.float64) for k, v in obs.items()}
+        for buffer in (fast, slow):
+            buffer.add(given, action, reward, nxt, terminated, end & ~terminated)
+        jump = end | (rng.random(B) < p_jump)
+        after = fresh()
+        obs = {k: np.where(jump[:, None], after[k], v) for k, v in nxt.items()}
+
+    if p_cast == 0.0 and p_jump == 0.0:
+        # Every add takes the shortcut, episode ends included, but the one after an
+        # end (where a row starts anew: it does not follow on).
+        ended_before = [False] + [e for _, e in taken[:-1]]
+        assert [t for t, _ in taken] == [not e for e in ended_before]
+    positions = np.arange(fast._ring.capacity)
+    for got, want in zip(fast._storage.gather(positions), slow._storage.gather(positions)):
+        assert to_np(got).tobytes() == to_np(want).tobytes()
+    for name in ("_side_ref", "_episode_start", "_episode_end", "_current_start"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    for got, want in zip(fast._head_next, slow._head_next):
+        assert got.tobytes() == want.tobytes()
+    owned = fast._side_ref[fast._side_ref >= 0]
+    assert len(fast._side) == len(slow._side) == len(owned)
+    for got, want in zip(fast._side.take(owned), slow._side.take(owned)):
+        assert got.tobytes() == want.tobytes()
+    assert fast._ring.last_id == slow._ring.last_id
+    assert fast.completed() == slow.completed()
+    if fast.completed():
+        (a, a_info), (b, b_info) = fast.sample(32), slow.sample(32)
+        assert_same = lambda x, y: to_np(x).tobytes() == to_np(y).tobytes()  # noqa: E731
+        for field in a._fields:
+            x, y = getattr(a, field), getattr(b, field)
+            if isinstance(x, dict):
+                assert all(assert_same(x[k], y[k]) for k in x), field
+            else:
+                assert assert_same(x, y), field
+        assert assert_same(a_info.ids, b_info.ids)

@@ -136,6 +136,55 @@ def test_exact_writer_writes_exact_leaves_like_write(count):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "unpacked"])
+@pytest.mark.parametrize("count", [1, 3, 200])
+def test_exact_writer_writes_whole_records_bytes_and_padding_included(backend, count):
+    """Packed leaves are written as whole records: one position as the leaves' bytes
+    joined with zero padding, a few as a block assembled in scratch records, many
+    (200 records: more than the block's 8 KiB) field by field; a large leaf beside them
+    keeps its own array. Every stored byte, padding too, must be what field-by-field
+    writes leave."""
+    from replaybuffer.storage.torch_storage import TorchStorage
+
+    # A flag after the int64 leaves padding at the record's end as well as inside.
+    specs = MIXED + [ArraySpec((), np.bool_), ArraySpec((PACK_MAX_BYTES + 1,), np.uint8)]
+    capacity = 8 * count
+    make = {"numpy": lambda: NumpyStorage(specs, capacity),
+            "torch": lambda: TorchStorage(specs, capacity),
+            "unpacked": lambda: NumpyStorage(specs, capacity, pack=False)}[backend]
+    exact, plain = make(), make()
+    write = exact.exact_writer((count,))
+    assert ("records" in write.__code__.co_names) == (backend != "unpacked" and count < 200)
+    rng = np.random.default_rng(count)
+    for start in (0, 3 * count, capacity - count, 2):
+        leaves = [random_leaf(spec, (count,), rng) for spec in specs]
+        leaves[2] = np.asfortranarray(leaves[2])  # tobytes() is C order whatever the strides
+        assert write(start, leaves) is True
+        plain.write(start, leaves)
+        numpy_of = (lambda s: s) if backend != "torch" else (lambda s: s._records)
+        ours, theirs = numpy_of(exact), numpy_of(plain)
+        if ours._records is not None:
+            assert ours._records.tobytes() == theirs._records.tobytes()
+        for i in range(len(specs)):
+            assert ours.arrays[i].tobytes() == theirs.arrays[i].tobytes()
+
+
+def test_no_record_writes_where_other_fields_share_the_record():
+    """A structured array with a field that is not among the leaves: its bytes are not
+    the writer's, so the leaves are written field by field and the other field stays."""
+    from replaybuffer.storage.base import LeafChecker
+    from replaybuffer.storage.exact_writer import exact_writer
+
+    specs = [ArraySpec((2,), np.float32), ArraySpec((), np.int16)]
+    records = np.zeros(4, record_dtype(specs + [ArraySpec((), np.int64)]))
+    records["f2"] = 7
+    write = exact_writer([records["f0"], records["f1"]], LeafChecker(specs), (1,))
+    assert "records" not in write.__code__.co_names
+    assert write(1, [np.ones((1, 2), np.float32), np.full(1, 3, np.int16)])
+    assert records["f2"].tolist() == [7] * 4
+    assert records["f0"][1].tolist() == [1.0, 1.0] and records["f1"].tolist() == [0, 3, 0, 0]
+
+
 def random_leaf(spec, outer, rng):
     return rng.integers(0, 100, outer + spec.shape).astype(spec.dtype)
 

@@ -298,7 +298,7 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
     rows = rb.TransitionReplayBuffer(spec, act, per_row * B, **kw)
     rows._follows_on = lambda host: False  # decide row by row, as for out-of-sequence adds
     rows._exact_add = False  # and never take add's shortcut (fast takes it where it can)
-    assert fast._exact_add == (not split)  # numpy, or torch on the CPU
+    assert fast._exact_add  # numpy, or torch on the CPU; one leaf or a one-level dict
     taken = []
     shortcut = fast._add_exact
     fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
@@ -574,3 +574,43 @@ def test_deduplicated_configuration_errors():
         rb.TransitionReplayBuffer(stacked_spec(3), ACT, 8, frame_stack=True, storage="torch")
     with pytest.raises(ValueError, match="frame_stack must be True or False"):
         rb.TransitionReplayBuffer(stacked_spec(3), ACT, 8, frame_stack="observation")
+
+
+@pytest.mark.parametrize("storage", ["numpy", "torch"])
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_episode_ends_take_the_shortcut_and_keep_their_next_observations(storage, split,
+                                                                       num_envs):
+    """A step that ends episodes but follows on takes add's shortcut, which keeps the
+    true next observations aside (and releases those of the steps it overwrites) as
+    the general path does: a twin that never takes it holds and reads the same."""
+    B, rng = num_envs, np.random.default_rng(num_envs)
+    spec = SPLIT_SPEC if split else rb.ArraySpec((3,), np.float32)
+    fast, slow = (rb.TransitionReplayBuffer(spec, ACT, 4 * B, num_envs=B, storage=storage)
+                  for _ in range(2))
+    slow._exact_add = False
+    taken = []
+    shortcut = fast._add_exact
+    fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
+    cur = rng.normal(size=(B, 3)).astype(np.float32)
+    for t in range(15):  # wraps the 4 steps per env three times
+        nxt = rng.normal(size=(B, 3)).astype(np.float32)
+        end = np.full(B, t % 3 == 2)
+        end[0] = t % 3 == 1  # env 0 ends on other steps than the rest
+        terminated = end & (t % 2 == 0)
+        action = rng.integers(0, 4, B)
+        for buffer in (fast, slow):
+            buffer.add(as_obs(cur, split, np.float32), action,
+                       np.full(B, t, np.float32), as_obs(nxt, split, np.float32),
+                       terminated, end & ~terminated)
+        # Where an episode ended the next one starts elsewhere (that add leaves the
+        # shortcut), except in env 0, whose next episode starts where the last one
+        # ended (only the side store tells its steps apart); every other add follows
+        # on and takes the shortcut, ending or not.
+        jump = end & (np.arange(B) > 0)
+        cur = np.where(jump[:, None], rng.normal(size=(B, 3)).astype(np.float32), nxt)
+    assert taken == [not (B > 1 and t % 3 == 0 and t > 0) for t in range(15)]
+    a, b = fast.all(), slow.all()
+    assert_nests_equal(a, b)
+    np.testing.assert_array_equal(fast._side_ref, slow._side_ref)
+    assert len(fast._side) == len(slow._side) == int((fast._side_ref >= 0).sum())

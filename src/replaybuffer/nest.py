@@ -9,6 +9,7 @@ different insertion order have the same structure.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence
 
 import optree
@@ -88,11 +89,15 @@ def fast_flattener(nest: Any) -> Callable[[Any], Sequence[Any] | None] | None:
         except TypeError:  # keys of mixed types: leave the ordering to optree
             return None
 
-        def from_dict(items: Any) -> list[Any] | None:
+        # itemgetter takes every key in one C call (a tuple; one key gives one item).
+        get = operator.itemgetter(*keys) if size > 1 else lambda d: (d[keys[0]],)
+
+        def from_dict(items: Any) -> Sequence[Any] | None:
             if type(items) is not dict or len(items) != size:
                 return None
             try:
-                return [items[k] for k in keys]
+                leaves: Sequence[Any] = get(items)
+                return leaves
             except KeyError:
                 return None
         return from_dict

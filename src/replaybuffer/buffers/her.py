@@ -165,6 +165,11 @@ class HERBuffer(TransitionReplayBuffer):
         self._episode_start = np.zeros(positions, np.int64)
         self._episode_end = np.full(positions, -1, np.int64)
         self._current_start = np.zeros(self.num_envs, np.int64)
+        # _written marks every step through memoryviews of these (a slice assignment
+        # of one costs a fraction of numpy's).
+        self._episode_starts, self._episode_ends, self._current_starts, self._no_ends_yet = (
+            a.data for a in (self._episode_start, self._episode_end, self._current_start,
+                             np.full(self.num_envs, -1, np.int64)))
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -179,23 +184,26 @@ class HERBuffer(TransitionReplayBuffer):
         return super().nbytes + self._episode_start.nbytes + self._episode_end.nbytes
 
     # ---------------------------------------------------------------- writing
-    def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
-                          next_obs: list[np.ndarray], ended: np.ndarray) -> None:
-        ring, B = self._ring, self.num_envs
-        if ring.last_id >= 0 and not self._follows_on(host):
-            # A row whose observation is not its previous next observation starts a new
-            # episode (a reset that was not reported: a new learn() call, a reloaded
-            # buffer): close the one in progress there, so no goal crosses into it.
-            cut = np.zeros(B, bool)
-            for i, head in zip(self._obs_leaves, self._head_next):
-                cut |= _rows_differ(host[i], head)
-            self._close_episodes(cut & (self._current_start <= ring.last_id))
-        super()._write_transition(arrays, host, next_obs, ended)
-        step = ring.last_id
-        positions = ring.positions(step, np.arange(B, dtype=np.int64))
-        self._episode_start[positions] = self._current_start
-        self._episode_end[positions] = -1
-        self._close_episodes(ended)
+    def _keep_previous_next(self, host: list[np.ndarray]) -> None:
+        # A row whose observation is not its previous next observation starts a new
+        # episode (a reset that was not reported: a new learn() call, a reloaded
+        # buffer): close the one in progress there, so no goal crosses into it. Only
+        # the general path gets here (add's shortcut takes steps that follow on).
+        cut = np.zeros(self.num_envs, bool)
+        for i, head in zip(self._obs_leaves, self._head_next):
+            cut |= _rows_differ(host[i], head)
+        self._close_episodes(cut & (self._current_start <= self._ring.last_id))
+        super()._keep_previous_next(host)
+
+    def _written(self, start: int, ended: np.ndarray | None) -> None:
+        # Every step of a row belongs to the episode in progress there; the episodes
+        # that ended with it become samplable. Both add paths come here, so the
+        # shortcut serves goal-conditioned steps too.
+        stop = start + self._ring.batch_size
+        self._episode_starts[start:stop] = self._current_starts
+        self._episode_ends[start:stop] = self._no_ends_yet
+        if ended is not None:
+            self._close_episodes(ended)
 
     def _close_episodes(self, rows: np.ndarray) -> None:
         """End at the newest step the episodes in progress in ``rows`` (bool

@@ -28,14 +28,13 @@ same storage, validation, ring and persistence as every other buffer.
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, overload
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import (ACTION, OBS, REWARD, TERMINATED, TRUNCATED,
+from replaybuffer.buffers.transitions import (ACTION, REWARD, TERMINATED, TRUNCATED,
                                               TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
@@ -44,6 +43,7 @@ from replaybuffer.storage.base import to_numpy
 from replaybuffer.storage.frozen import FrozenRows
 
 VALUE, LOG_PROB = "value", "log_prob"
+_FLOAT32 = np.dtype(np.float32)
 
 # Paths of the wrapped action nest as users see them (they never see the wrapping).
 _PUBLIC_PATHS = ((f"['{ACTION}']['{ACTION}']", f"['{ACTION}']"),
@@ -108,20 +108,11 @@ class RolloutBuffer(TransitionReplayBuffer):
         self._advantages = np.zeros(positions, np.float32)
         self._gae_ready = False
         self._version = 0  # bumped by every write and clear: stale readers notice
-        # add's shortcut: the policy's leaves go straight to the fused writer, in the
-        # storage's leaf order, from (observation, action, value, log_prob, reward,
-        # terminated, truncated).
-        if self._write_exact is None and self._episodes is None:
-            # The nested action leaves the base class without its fused writer (built
-            # for specs it flattens by key); the writer itself takes any leaf order.
-            self._write_exact = self._storage.exact_writer(self._outer)
-        if self._obs_is_leaf and nest.flatten(act_spec)[1].is_leaf():
-            template = {OBS: 0, ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
-                        TERMINATED: 5, TRUNCATED: 6}
-            self._exact_order = operator.itemgetter(*nest.flatten(template)[0])
-        else:
-            self._exact_order = None
-        self._exact_add = self._exact_add_possible()
+        # add's shortcut: the policy's leaves go straight to the fused writer, taken in
+        # add's order (observation, action, value, log_prob, reward, terminated,
+        # truncated).
+        self._use_exact_order({ACTION: {ACTION: 1, VALUE: 2, LOG_PROB: 3}, REWARD: 4,
+                               TERMINATED: 5, TRUNCATED: 6})
 
     @property
     def nbytes(self) -> int:
@@ -166,16 +157,19 @@ class RolloutBuffer(TransitionReplayBuffer):
 
     def _per_env(self, values: Any, name: str, method: str) -> np.ndarray:
         """``num_envs`` float32 values from any array-like holding that many."""
-        B = self.num_envs
-        if values is None:
-            return np.zeros(B, np.float32)
-        # A critic's output: a float32 array or CPU tensor of B values. Read it directly
-        # (np.asarray of a tensor goes through __array__, several times slower).
-        if type(values) is not np.ndarray and hasattr(values, "detach") \
-                and hasattr(values, "numpy") and getattr(values, "is_cpu", False):
-            values = values.detach().numpy()
-        if type(values) is np.ndarray and values.dtype == np.float32 and values.size == B:
-            return values.reshape(B)
+        B = self._ring.batch_size
+        if type(values) is not np.ndarray:
+            if values is None:
+                return np.zeros(B, np.float32)
+            # A critic's output: a CPU tensor of B values. Read it directly (np.asarray
+            # of a tensor goes through __array__, several times slower), and detach only
+            # a tensor that needs it (detach() alone costs ~0.3 us).
+            if getattr(values, "is_cpu", False) and hasattr(values, "numpy"):
+                if getattr(values, "requires_grad", False):
+                    values = values.detach()
+                values = values.numpy()
+        if type(values) is np.ndarray and values.dtype is _FLOAT32 and values.size == B:
+            return values if values.shape == self._outer else values.reshape(B)
         if isinstance(values, (list, tuple)):  # plain numbers are unambiguous here
             values = np.asarray(values)
         arr = as_leaf_array(values, f"['{name}']")
@@ -184,7 +178,7 @@ class RolloutBuffer(TransitionReplayBuffer):
                             f"[num_envs={B}]), got shape {arr.shape} of {arr.dtype.name}")
         return arr.reshape(B).astype(np.float32, copy=False)
 
-    def _written(self) -> None:
+    def _written(self, start: int, ended: np.ndarray | None) -> None:
         self._gae_ready = False
         self._version += 1
 

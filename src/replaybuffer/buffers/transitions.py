@@ -25,7 +25,8 @@ return that ends by time limit or by the ``n_step`` horizon, 0 after termination
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, overload
+from typing import (TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, Sequence,
+                    overload)
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
 from replaybuffer.storage.base import identity, to_numpy
+from replaybuffer.storage.exact_writer import ExactWriter, reordered
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.side_store import SideStore
@@ -175,30 +177,71 @@ class TransitionReplayBuffer(ReplayBuffer):
         # A whole add's rows are tested with one bytes comparison against these.
         self._no_ends = bytes(num_envs)  # bool [num_envs], all false
         self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
+        # add's shortcut compares and copies through memoryviews: a slice of one costs
+        # less than a numpy slice, tobytes() or item assignment.
+        self._side_refs = self._side_ref.data
+        self._unowned_refs = np.full(num_envs, -1, np.int64).data
+        self._head_bytes = [h.data.cast("B") for h in self._head_next]
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
         # Discrete actions: their range as Python ints, checked on one value without
         # numpy calls when the leaf holds one value (one env, a scalar action).
         self._scalar_ranges = [(i, int(s.minimum), int(s.maximum)) for i, s in self._int_checks
                                if np.ndim(s.minimum) == 0 and np.ndim(s.maximum) == 0]
-        # The storage's leaf order from the tuple add hands _add_exact.
-        self._exact_order = self._add_order
+        # add's shortcut (_add_exact): the observation's leaves without optree (one
+        # leaf, or a one-level dict such as a goal env's), and the fused writer also
+        # for the nested specs that leave the base class without one (the writer takes
+        # any leaf order).
+        self._obs_flatten = None if self._obs_is_leaf else nest.fast_flattener(obs_spec)
+        if self._write_exact is None and self._episodes is None:
+            self._write_exact = self._storage.exact_writer(self._outer)
+        self._use_exact_order({ACTION: 1, REWARD: 2, TERMINATED: 3, TRUNCATED: 4})
+        # Calls the shortcut skips where they would do nothing: _written of this class,
+        # on_add of the uniform sampler.
+        self._written_hook = type(self)._written is not TransitionReplayBuffer._written
+        self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
+
+    def _use_exact_order(self, rest: dict[str, Any]) -> None:
+        """Set up add's shortcut for ``parts`` (see :meth:`_add_exact`) of the
+        observation and the fields in ``rest``, which gives the index in ``parts`` of
+        every other top-level field (a nest of indices for a nested field; the
+        observation is at 0). The shortcut hands the fused writer
+        ``(*observation leaves, *parts[1:])`` (for one observation leaf that is ``parts``
+        itself), so it gets a writer that takes its leaves in that order
+        (``_write_parts``), and the discrete ranges by their place there. No shortcut
+        when the observation is neither one leaf nor a one-level dict, a field is not
+        one leaf, or the storage's writer is not a fused one."""
+        self._write_parts: ExactWriter | None = None
+        self._exact_ranges: list[tuple[int, int, int]] = []
+        if (self._obs_is_leaf or self._obs_flatten is not None) \
+                and self._write_exact is not None:
+            n = len(self._obs_leaves)
+            template = {OBS: self._obs_structure.unflatten(list(range(n))),
+                        **nest.map_structure(lambda k: k + n - 1, rest)}
+            taken_from = nest.flatten(template)[0]  # storage leaf i is flat[taken_from[i]]
+            if sorted(taken_from) == list(range(len(self._paths))):
+                order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
+                self._write_parts = reordered(self._write_exact, order)
+                self._exact_ranges = [(taken_from[i], low, high)
+                                      for i, low, high in self._scalar_ranges]
         self._exact_add = self._exact_add_possible()
 
     def _exact_add_possible(self) -> bool:
-        """Whether add may take :meth:`_add_exact`: one observation leaf that is
-        compared as a copy, storage written by the fused writer (numpy, or torch on the
-        CPU), leaves in a known order (``_exact_order``), no frame codec, integer ranges
-        that are scalars, and no subclass that does more per write than :meth:`_written`
-        (HER's episode bookkeeping takes the general path)."""
-        return (self._obs_is_leaf and self._codec is None and self._exact_order is not None
-                and self._write_exact is not None
-                and self._head_next[0].nbytes <= _COPY_COMPARE_MAX
+        """Whether add may take :meth:`_add_exact`: an observation of one leaf or a
+        one-level dict, compared as copies; storage written by the fused writer (numpy,
+        or torch on the CPU) with the leaves in a known order (``_write_parts``); no
+        frame codec; integer ranges that are scalars; and no subclass that does more
+        per write than :meth:`_written` (HER keeps its episodes there) and
+        :meth:`_keep_previous_next` (never called on the shortcut)."""
+        return (self._codec is None and self._write_parts is not None
+                and sum(h.nbytes for h in self._head_next) <= _COPY_COMPARE_MAX
                 and len(self._scalar_ranges) == len(self._int_checks)
                 and type(self)._write_transition is TransitionReplayBuffer._write_transition)
 
-    def _written(self) -> None:
-        """Called (lock held) after every write of a step, by either path."""
+    def _written(self, start: int, ended: np.ndarray | None) -> None:
+        """Called (lock held) after every write of a step, by either path: the step's
+        positions are ``start .. start + num_envs``; ``ended`` (bool ``[num_envs]``) marks
+        the rows whose episode ended with it, ``None`` when none did."""
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -270,41 +313,67 @@ class TransitionReplayBuffer(ReplayBuffer):
     def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
                    terminated: Any, truncated: Any) -> bool:
         """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
-        are the add's arguments that ``_exact_order`` puts in the storage's leaf order.
+        are the add's arguments, observation first, in the order that
+        :meth:`_use_exact_order` set up (``(observation, action, reward, terminated,
+        truncated)`` here).
 
         The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
-        the observation the previous step's next observation (byte for byte), no
-        episode ending, the overwritten step owning no side observation, and a
-        discrete action (if any) a single value inside its range. Then an
-        add is the fused writer's call, a copy of the next observation and a handful
-        of bytes comparisons: the general path's checks and branches, decided at once.
+        the observation the previous step's next observation (byte for byte), and a
+        discrete action (if any) a single value inside its range. Then an add is the
+        fused writer's call, a copy of the next observation and a handful of bytes
+        comparisons: the general path's checks and branches, decided at once. Episode
+        ends keep their next observations in the side store, and the side
+        observations of the overwritten step are released, as the general path does.
         Anything else returns ``False`` for the general path to handle (or reject).
         """
-        head = self._head_next[0]
-        # The fused writer checks every stored leaf's dtype and shape; the bytes
-        # comparisons only need arrays (a flag of another dtype that compares equal
-        # is then refused by the writer, before it writes anything).
-        if type(observation) is not np.ndarray or type(next_observation) is not np.ndarray \
-                or next_observation.dtype is not head.dtype \
-                or next_observation.shape != head.shape \
-                or type(terminated) is not np.ndarray or type(truncated) is not np.ndarray:
-            return False
-        no_ends = self._no_ends
-        if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
-            return False
-        ring = self._ring
-        with self._lock:
-            write_exact = self._write_exact  # None while a checkpoint's snapshot is open
+        # The fused writer checks every stored leaf (observation, flags) for its exact
+        # type, dtype and shape; before it, the bytes comparisons need only objects
+        # with tobytes() (anything else than an ndarray is then refused by the writer,
+        # before it writes anything). The next observation is checked here. One
+        # observation leaf (the common case) is handled without loops: each costs
+        # ~0.1 us, and this whole shortcut about 2 us.
+        heads = self._head_next
+        flatten = self._obs_flatten
+        if flatten is None:  # one observation leaf
+            head = heads[0]
+            if type(next_observation) is not np.ndarray \
+                    or next_observation.dtype is not head.dtype \
+                    or next_observation.shape != head.shape:
+                return False
+            observations: Sequence[Any] | None = None
+            next_observations: Sequence[Any] = (next_observation,)
+            flat = parts
+        else:
+            observations, next_leaves = flatten(observation), flatten(next_observation)
+            if observations is None or next_leaves is None:
+                return False
+            next_observations = next_leaves
+            for nxt, head in zip(next_observations, heads):
+                if type(nxt) is not np.ndarray or nxt.dtype is not head.dtype \
+                        or nxt.shape != head.shape:
+                    return False
+            flat = (*observations, *parts[1:])
+        ring, lock = self._ring, self._lock
+        lock.acquire()  # not `with`: its __exit__ call costs more than release()
+        try:
             step_id = ring.last_id + 1
-            if write_exact is None or (step_id and observation.tobytes() != head.tobytes()):
+            if self._write_exact is None:  # paused while a checkpoint's snapshot is open
                 return False
-            start = (step_id % ring.max_length) * ring.batch_size
-            if self._side_ref[start:start + ring.batch_size].tobytes() != self._unowned:
-                return False
-            assert self._exact_order is not None  # _exact_add needs it
-            leaves = self._exact_order(parts)
-            for i, low, high in self._scalar_ranges:
-                values = leaves[i]
+            if step_id:  # the observation must be the previous next observation
+                try:
+                    if observations is None:
+                        if observation.tobytes() != head.tobytes():
+                            return False
+                    else:
+                        for obs, head in zip(observations, heads):
+                            if obs.tobytes() != head.tobytes():
+                                return False
+                except AttributeError:  # not an array: the general path converts it
+                    return False
+            B = ring.batch_size
+            start = (step_id % ring.max_length) * B
+            for k, low, high in self._exact_ranges:
+                values = flat[k]
                 if type(values) is not np.ndarray or values.dtype.kind not in "iu":
                     return False  # the general path converts or refuses
                 if values.size == 1:
@@ -312,12 +381,35 @@ class TransitionReplayBuffer(ReplayBuffer):
                         return False  # the general path refuses, naming the leaf
                 elif values.min() < low or values.max() > high:
                     return False
-            if not write_exact(start, leaves):
+            if not self._write_parts(start, flat):  # type: ignore[misc]  # _exact_add: set
                 return False
-            head[...] = next_observation
+            # Written: terminated and truncated are bool [B], the next observations
+            # were checked above. The rest is the general path's bookkeeping.
+            # Does the overwritten step own side observations? (One env: an int index
+            # of the memoryview, a third of a slice comparison's cost.)
+            if (self._side_refs[start] != -1) if B == 1 else \
+                    (self._side_refs[start:start + B] != self._unowned_refs):
+                owned = self._side_ref[start:start + B]  # overwritten steps release theirs
+                self._side.free(owned[owned >= 0])
+                owned[...] = -1
+            ended = None
+            no_ends = self._no_ends
+            if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
+                ended = terminated | truncated
+                self._side_ref[start + self._rows[ended]] = self._put_side(
+                    step_id, ended, [n[ended] for n in next_observations])
+            if observations is None:
+                self._head_bytes[0][:] = next_observation.tobytes()
+            else:
+                for head_bytes, nxt in zip(self._head_bytes, next_observations):
+                    head_bytes[:] = nxt.tobytes()
             ring.last_id = step_id
-            self._sampler.on_add(ring, step_id, 1)
-            self._written()
+            if self._tracks_adds:
+                self._sampler.on_add(ring, step_id, 1)
+            if self._written_hook:
+                self._written(start, ended)
+        finally:
+            lock.release()
         return True
 
     def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
@@ -365,14 +457,16 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._storage.write(start, arrays)
         if codec is not None:  # also releases the side frames of the overwritten steps
             codec.commit(frame_writes, step_id, 1)
+        ended_rows = None
         if ended.tobytes() != self._no_ends:
+            ended_rows = ended
             self._side_ref[start + self._rows[ended]] = self._put_side(
                 step_id, ended, [n[ended] for n in next_obs])
         for head, new in zip(self._head_next, next_obs):
             head[...] = new
         ring.last_id = step_id
         self._sampler.on_add(ring, step_id, 1)
-        self._written()
+        self._written(start, ended_rows)
 
     def _follows_on(self, host: list[np.ndarray]) -> bool:
         """Whether every row's observation is, byte for byte, the next observation of

@@ -97,7 +97,7 @@ class Ring:
         max_length: slots per row, >= 1.
     """
 
-    __slots__ = ("batch_size", "max_length", "last_id")
+    __slots__ = ("batch_size", "max_length", "last_id", "capacity")
 
     def __init__(self, batch_size: int, max_length: int):
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
@@ -106,11 +106,10 @@ class Ring:
         self.batch_size = int(batch_size)
         self.max_length = int(max_length)
         self.last_id = -1
-
-    @property
-    def capacity(self) -> int:
+        # An attribute, not a property: len(buffer) == buffer.capacity guards many a
+        # per-step add.
+        self.capacity = self.batch_size * self.max_length
         """Positions in storage: ``batch_size * max_length``."""
-        return self.batch_size * self.max_length
 
     @property
     def items_per_row(self) -> int:
@@ -119,7 +118,7 @@ class Ring:
     @property
     def num_frames(self) -> int:
         """Steps held across all rows: ``min((last_id + 1) * B, B * L)``."""
-        return self.items_per_row * self.batch_size
+        return items_per_row(self.last_id, self.max_length) * self.batch_size
 
     @property
     def oldest_id(self) -> int:

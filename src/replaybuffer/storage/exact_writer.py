@@ -9,6 +9,13 @@ assigns it, with the arrays, dtypes and shapes bound as constants. Like
 text, since the specialisation itself is the speed-up (1.9 us vs 2.4 us for a
 closure with the same loops, four leaves).
 
+Leaves stored as the fields of one record per position (numpy storage packs small
+leaves so, :mod:`replaybuffer.storage.numpy_storage`) are written, for one position,
+as that record's bytes in one slice assignment: the leaves' ``tobytes()`` joined
+with the record's padding (0.4 us against 1.2 us for five field assignments, each of
+which builds a strided view first). Several positions are assembled in a scratch
+block of records through field views made once, then copied in one assignment.
+
 Anything unusual (a list, another dtype, a shape numpy would broadcast, a subclass
 of ``np.ndarray``) makes the writer return ``False`` before any write; the caller
 then takes the validating path, which converts or raises a clear error.
@@ -16,6 +23,8 @@ then takes the validating path, which converts or raises a clear error.
 
 from __future__ import annotations
 
+import math
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -29,13 +38,18 @@ nothing and returns ``False``."""
 
 
 def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
-                 outer_shape: tuple[int, ...]) -> ExactWriter:
+                 outer_shape: tuple[int, ...], order: Sequence[int] | None = None
+                 ) -> ExactWriter:
     """A writer of ``outer_shape[0]`` consecutive positions into ``arrays``.
 
     Args:
-        arrays: one numpy array per leaf, ``[capacity, *spec.shape]`` (views allowed).
+        arrays: one numpy array per leaf, ``[capacity, *spec.shape]`` (views allowed;
+            field views of one structured array are written a record at a time).
         checker: the storage's leaf checker (dtypes and expected shapes).
         outer_shape: ``(count,)``, the leading dimension of every incoming leaf.
+        order: the leaves' order in the calls, as leaf indices (``leaves[k]`` is leaf
+            ``order[k]``); ``None``: the order of ``arrays``. A caller whose own
+            arguments come in another order skips a reordering per call.
 
     ``write(start, leaves)`` writes ``leaves[i]`` (shape ``[count, *spec_i.shape]``) into
     ``arrays[i][start:start + count]`` when every leaf is an ``np.ndarray`` of exactly
@@ -47,18 +61,58 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     shapes = checker.full_shapes(outer_shape)
     bound: dict[str, Any] = {"ndarray": np.ndarray}
     checks, writes = [], []
+    record = _record_layout(arrays, checker.dtypes)
+    if record is not None and count * record[0].itemsize > max(_BLOCK_MAX, record[0].itemsize):
+        record = None  # many positions: field by field
+    in_record = set() if record is None else {i for _, i in record[1]}
     for i, (array, dtype, shape) in enumerate(zip(arrays, checker.dtypes, shapes)):
         bound[f"a{i}"], bound[f"d{i}"], bound[f"s{i}"] = array, dtype, shape
         checks.append(f"type(x{i}) is ndarray and x{i}.dtype is d{i} and x{i}.shape == s{i}")
+        if i in in_record:
+            continue
         # One position: an integer index assigns without building a slice view.
         writes.append(f"a{i}[start] = x{i}[0]" if count == 1
                       else f"a{i}[start:start + {count}] = x{i}")
-    unpack = "".join(f"x{i}, " for i in range(len(checks)))
+    if record is not None and count > 1:
+        # Several positions: their records are contiguous. The leaves go into the
+        # fields of a scratch block of `count` records (views made once, where a
+        # slice of the storage's strided field builds one per call), then the block
+        # into storage in one copy: ~0.1 us per leaf less.
+        base, fields = record
+        size = base.itemsize
+        scratch = np.zeros(count, base.dtype)  # its padding stays zero
+        names = {field[1]: name for name, field in (base.dtype.fields or {}).items()}
+        bound["records"], bound["block"] = base.view(np.uint8).data, scratch.view(np.uint8).data
+        for offset, i in fields:
+            bound[f"r{i}"] = scratch[names[offset]]
+            writes.append(f"r{i}[...] = x{i}")
+        writes += [f"at = start * {size}", f"records[at:at + {count * size}] = block"]
+    elif record is not None:
+        base, fields = record
+        size = base.itemsize
+        bound["records"] = base.view(np.uint8).data
+        pieces, end = [], 0
+        for offset, i in fields:  # in offset order, gaps filled with the padding's zeros
+            if offset > end:
+                bound[f"pad{end}"] = bytes(offset - end)
+                pieces.append(f"pad{end}")
+            pieces.append(f"x{i}.tobytes()")
+            end = offset + int(arrays[i].dtype.itemsize * math.prod(arrays[i].shape[1:]))
+        if end < size:
+            bound[f"pad{end}"] = bytes(size - end)
+            pieces.append(f"pad{end}")
+        writes[:0] = [f"at = start * {size}",
+                      f"records[at:at + {size}] = b''.join(({', '.join(pieces)},))"]
+    if order is not None and sorted(order) != list(range(len(checks))):
+        raise ValueError(f"order must be a permutation of the {len(checks)} leaves, "
+                         f"got {list(order)}")
+    unpack = "".join(f"x{i}, " for i in (range(len(checks)) if order is None else order))
     source = "\n".join([
         "def write(start, leaves):",
-        f"    if len(leaves) != {len(checks)}:",
+        "    try:",  # free unless it raises: cheaper than checking len(leaves) first
+        f"        {unpack}= leaves",
+        "    except (TypeError, ValueError):  # not a sequence of that length",
         "        return False",
-        f"    {unpack}= leaves",
         "    if not (" + "\n            and ".join(checks) + "):",
         "        return False",
         *(f"    {w}" for w in writes),
@@ -66,4 +120,58 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     ])
     exec(compile(source, f"<exact_writer {len(checks)} leaves>", "exec"), bound)
     write: ExactWriter = bound["write"]
+    _LAYOUTS[write] = (arrays, checker, outer_shape)
     return write
+
+
+_BLOCK_MAX = 8192
+"""Bytes of records up to which several positions are assembled in a scratch block:
+beyond, the extra copy costs more than the field views it saves (256 records of 100
+bytes: 5.2 us against 5.1 us field by field; 8 records: 1.5 against 1.8)."""
+
+_LAYOUTS: weakref.WeakKeyDictionary[Callable[..., bool], tuple[Sequence[np.ndarray],
+                                                               LeafChecker, tuple[int, ...]]]
+_LAYOUTS = weakref.WeakKeyDictionary()
+"""What each writer :func:`exact_writer` built writes into, for :func:`reordered`."""
+
+
+def reordered(write: ExactWriter, order: Sequence[int]) -> ExactWriter | None:
+    """The writer ``write`` (built by :func:`exact_writer`), taking its leaves in
+    ``order`` instead (see :func:`exact_writer`'s ``order``); ``None`` for a writer
+    built otherwise. Storages hand out writers in their own leaf order; a buffer whose
+    calls come in another order asks for this one once."""
+    layout = _LAYOUTS.get(write)
+    return None if layout is None else exact_writer(*layout, order=order)
+
+
+def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
+                   ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+    """The structured array whose every field is one of ``arrays``, with
+    ``(byte offset, leaf index)`` of those fields in offset order; ``None`` when no
+    structured array has all its fields among them (its padding is then free to
+    write: no other field lives there).
+
+    A field view's ``base`` is its structured array when that owns its memory (numpy
+    storage's records); views of views of other buffers collapse to the buffer, and
+    are written field by field instead.
+    """
+    base = next((a.base for a in arrays if isinstance(a.base, np.ndarray)
+                 and a.base.dtype.names), None)
+    if base is None or base.ndim != 1 or not base.flags.c_contiguous \
+            or not base.flags.writeable or len(base) < 1:
+        return None
+    start = base.ctypes.data
+    fields = []
+    for i, (a, dtype) in enumerate(zip(arrays, dtypes)):
+        if a.base is not base:
+            continue
+        # A field: one item per record, its bytes contiguous inside the record.
+        if a.dtype != dtype or a.shape[:1] != base.shape or a.strides[:1] != (base.itemsize,) \
+                or not a[:1].flags.c_contiguous:
+            return None
+        fields.append((a.ctypes.data - start, i))
+    fields.sort()
+    described = sorted(field[1] for field in (base.dtype.fields or {}).values())
+    if [offset for offset, _ in fields] != described:
+        return None  # fields that are not among the leaves: their bytes are not ours
+    return base, fields
