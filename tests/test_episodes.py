@@ -1,5 +1,7 @@
 """Windows that stay within one episode (track_episodes / within_episodes)."""
 
+import tempfile
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -237,3 +239,96 @@ def test_index_matches_brute_force_as_steps_arrive(batch_size, max_length, num_s
         assert [w for w, sb in zip(within.tolist(), every) if w] == \
             [True] * len(expected)
         assert [sb for w, sb in zip(within.tolist(), every) if w] == expected
+
+
+def _check_prioritized_within(buf, starts, num_steps, restore=False):
+    """Draw windows of ``num_steps`` within episodes from ``buf`` and check them against
+    a brute force over ``starts`` (per id since the last clear, per row: FIRST?)."""
+    from replaybuffer.sampling.outside_mass import OutsideMass
+
+    sampler, ring, index = buf._sampler, buf._ring, buf._episodes
+    oldest, last, batch_size = ring.oldest_id, ring.last_id, ring.batch_size
+    valid = {(s, b) for b in range(batch_size) for s in range(oldest, last - num_steps + 2)
+             if not any(starts[i][b] for i in range(s + 1, s + num_steps))}
+    if num_steps > ring.max_length:
+        return
+    outside = {(s, b) for b in range(batch_size) for s in range(oldest, last + 1)} - valid
+    got_ids, got_rows = index.outside(ring, num_steps)
+    assert sorted(zip(got_ids.tolist(), got_rows.tolist())) == sorted(outside)
+    sampler._flush()
+    leaves = sampler._sum.leaves
+    mass = sum(float(leaves[ring.positions(s, b)]) for s, b in valid)
+    if not valid or mass == 0.0:
+        with pytest.raises(rb.EmptyBufferError):
+            buf.get_next(8, num_steps, within_episodes=True)
+        return
+    # The cache as the previous draws and writes left it, against a fresh sum.
+    fresh = OutsideMass(sampler.capacity).get(ring, num_steps, index, leaves)
+    if sampler._outside is not None and sampler._outside._num_steps == num_steps:
+        assert sampler._outside.get(ring, num_steps, index, leaves) == fresh
+    items, info = buf.get_next(8, num_steps, within_episodes=True)
+    drawn = [(int(v) % 1000, int(v) // 1000) for v in items["value"][:, 0]]
+    assert set(drawn) <= valid
+    expected = [float(leaves[ring.positions(s, b)]) / mass for s, b in drawn]
+    np.testing.assert_allclose(info.probabilities, expected, rtol=1e-6)
+    if restore:  # a saved and loaded copy draws what the original draws, bit for bit
+        with tempfile.TemporaryDirectory() as path:
+            buf.save(path)
+            again = rb.load(path)
+        a, info_a = buf.get_next(16, num_steps, within_episodes=True)
+        b, info_b = again.get_next(16, num_steps, within_episodes=True)
+        np.testing.assert_array_equal(a["value"], b["value"])
+        for field in ("ids", "probabilities", "weights"):
+            np.testing.assert_array_equal(getattr(info_a, field), getattr(info_b, field))
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch_size=st.integers(1, 3), max_length=st.integers(2, 10),
+       rounds=st.lists(st.tuples(
+           st.lists(st.lists(st.sampled_from([FIRST, FIRST, MID, LAST]), min_size=3,
+                             max_size=3), max_size=5),
+           st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2),
+                              st.sampled_from([0.0, 1e-9, 0.5, 3.0, 1e6])), max_size=4),
+           st.integers(1, 4), st.sampled_from(["sample", "sample", "restore", "clear"])),
+           min_size=1, max_size=12))
+def test_prioritized_within_episodes_matches_brute_force_as_priorities_change(
+        batch_size, max_length, rounds):
+    """Each round adds steps, draws, updates priorities (outside steps too) and draws
+    again (or saves and loads, or clears): every draw is a valid window with probability
+    ``p / valid mass`` (brute force over the step types and the leaves), the cached
+    outside mass equals a fresh sum bit for bit, and a loaded copy draws exactly what
+    the original draws."""
+    buf = rb.PrioritizedReplayBuffer(SPEC, batch_size, max_length, seed=3, alpha=1.0,
+                                     track_episodes=True)
+    sampler, ring = buf._sampler, buf._ring
+    starts: list[list[bool]] = []
+    for steps, updates, num_steps, action in rounds:
+        for step in steps:
+            buf.add_batch({"step_type": np.array(step[:batch_size], np.int32),
+                           "value": np.arange(batch_size) * 1000 + len(starts)})
+            starts.append([s == FIRST for s in step[:batch_size]])
+        if ring.last_id < 0:
+            continue
+        _check_prioritized_within(buf, starts, num_steps)
+        if updates:
+            held = ring.last_id + 1 - ring.oldest_id
+            ids = np.array([ring.oldest_id + i % held for i, _, _ in updates], np.int64)
+            rows = np.array([r % batch_size for _, r, _ in updates], np.int64)
+            buf.update_priorities((sampler.key_base + ids) * batch_size + rows,
+                                  np.array([p for _, _, p in updates]))
+        if action == "clear":
+            buf.clear()
+            starts = []
+        else:
+            _check_prioritized_within(buf, starts, num_steps, restore=action == "restore")
+
+
+def test_the_outside_mass_follows_priorities_loaded_into_the_sampler():
+    types = steps_of([3, 1, 4, 2])
+    buf = filled("prioritized", types, batch_size=2, alpha=1.0)
+    starts = [[s == FIRST] * 2 for s in types]
+    _check_prioritized_within(buf, starts, 3)  # the outside mass is cached now
+    state = buf._sampler.state_dict()
+    state["priorities"] = np.asarray(state["priorities"]) * np.linspace(1, 3, buf._sampler.capacity)
+    buf._sampler.load_state_dict(state)  # same episodes, other leaves
+    _check_prioritized_within(buf, starts, 3)

@@ -16,6 +16,11 @@ their window counts are cached and rebuilt (``O(E log E)``) only when starts com
 go, about once per episode; the end segments are recomputed per call (``O(B)``). So a
 training loop that adds a step and samples ``K`` windows pays ``O(B + K log E)``;
 nothing depends on the capacity.
+
+The steps that cannot start a window of ``T`` (the last ``T - 1`` steps of every
+segment, :meth:`EpisodeIndex.outside_parts`) split the same way: those of the interior
+segments are cached with them, those of the end segments are recomputed per ring
+state (``O(B T)``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class _Interior:
         self.rows = rows[:-1][inner]
         self.batch_size = batch_size
         self.windows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.outside: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.layouts: dict[tuple[int, int, int], _Layout] = {}
 
     def counts(self, num_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -68,6 +74,15 @@ class _Interior:
             cached = (per_segment, np.cumsum(per_segment), per_row,
                       np.cumsum(per_row) - per_row)
             self.windows[num_steps] = cached
+        return cached
+
+    def outside_steps(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)``, int64 ``[S]``: the last ``num_steps - 1`` steps of every
+        interior segment (the same arrays while this object lives)."""
+        cached = self.outside.get(num_steps)
+        if cached is None:
+            cached = self.outside[num_steps] = _last_steps(self.firsts, self.lengths,
+                                                          self.rows, num_steps - 1)
         return cached
 
 
@@ -91,6 +106,8 @@ class _Layout:
         self.offset = np.append(interior.firsts - (self.cumulative - per_segment), 0)
         self.oldest = oldest
         self.last_start = interior.last_start
+        self._interior, self._end, self._num_steps = interior, end, num_steps
+        self._end_outside: tuple[np.ndarray, np.ndarray] | None = None
         if end <= oldest:  # empty
             self.head = np.zeros(interior.batch_size, np.int64)
             self.row_ends = self.interior_start = self.head
@@ -104,6 +121,33 @@ class _Layout:
         self.row_ends = np.cumsum(totals)
         self.interior_start = self.row_ends - totals + self.head
         self.total = int(self.row_ends[-1])
+
+    def end_outside(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)``, int64: the last ``num_steps - 1`` steps of each row's end
+        segments (oldest step to first start, last start to the write head; the
+        whole row if it has no start), ``O(B num_steps)``, cached with the layout."""
+        if self._end_outside is None:
+            interior, oldest, end = self._interior, self.oldest, self._end
+            rows = np.arange(interior.batch_size, dtype=np.int64)
+            has = interior.has_start
+            firsts = np.append(np.full(len(rows), oldest, np.int64), self.last_start[has])
+            ends = np.append(np.where(has, interior.first_start, end),
+                             np.full(int(has.sum()), end, np.int64))
+            self._end_outside = _last_steps(firsts, np.maximum(ends - firsts, 0),
+                                            np.append(rows, rows[has]), self._num_steps - 1)
+        return self._end_outside
+
+
+def _last_steps(firsts: np.ndarray, lengths: np.ndarray, rows: np.ndarray, count: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, rows)``, int64: the last ``min(length, count)`` ids of each segment given
+    by ``firsts``, ``lengths`` and ``rows`` (int64 ``[M]``), segment by segment."""
+    tail = np.minimum(lengths, count)
+    total = int(tail.sum())
+    segment = np.repeat(np.arange(len(firsts)), tail)
+    offset = np.arange(total) - np.repeat(np.cumsum(tail) - tail, tail)
+    ids = firsts[segment] + lengths[segment] - tail[segment] + offset
+    return ids, rows[segment]
 
 
 class EpisodeIndex:
@@ -234,16 +278,24 @@ class EpisodeIndex:
         end = np.where(same_row, following % _ROW, ring.last_id + 1)
         return start_ids + num_steps <= end
 
+    def outside_parts(self, ring: Ring, num_steps: int
+                      ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """The stored steps that cannot start a window of ``num_steps`` within an
+        episode (the last ``num_steps - 1`` steps of every segment), as two disjoint
+        ``(ids, rows)`` pairs of int64 arrays: those of the interior segments, which
+        are the very same array objects until an episode start comes or goes (so a
+        caller may key a cache on them), and those of the end segments
+        (``O(B num_steps)``, cached per ring state)."""
+        layout = self._layout(ring, num_steps)  # brings the interior up to date
+        interior = self._interior
+        assert interior is not None
+        return interior.outside_steps(num_steps), layout.end_outside()
+
     def outside(self, ring: Ring, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, rows)`` of stored steps that cannot start a window within an episode:
-        the last ``num_steps - 1`` steps of every segment."""
-        firsts, lengths, rows = self.segments(ring)
-        tail = np.minimum(lengths, num_steps - 1)
-        count = int(tail.sum())
-        segment = np.repeat(np.arange(len(firsts)), tail)
-        offset = np.arange(count) - np.repeat(np.cumsum(tail) - tail, tail)
-        ids = firsts[segment] + lengths[segment] - tail[segment] + offset
-        return ids, rows[segment]
+        """``(ids, rows)`` of every stored step that cannot start a window within an
+        episode (both parts of :meth:`outside_parts`)."""
+        (ids, rows), (end_ids, end_rows) = self.outside_parts(ring, num_steps)
+        return np.concatenate((ids, end_ids)), np.concatenate((rows, end_rows))
 
 
 def no_window_error(num_steps: int) -> EmptyBufferError:

@@ -50,6 +50,7 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.importance import probabilities_and_ratios
+from replaybuffer.sampling.outside_mass import OutsideMass
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
@@ -122,6 +123,9 @@ class PrioritizedSampler:
         # Draw by rejection while a candidate is kept at least this often (tests set it
         # above 1 or to 0 to force one way).
         self._accept_min = ACCEPT_MIN
+        # The mass of steps that cannot start a window within an episode (made on the
+        # first such draw; every write of priorities goes past it).
+        self._outside: OutsideMass | None = None
 
     # ---------------------------------------------------------------- schedule
     @property
@@ -155,6 +159,8 @@ class PrioritizedSampler:
             self._sum.update(positions, scaled)
         if self._min is not None:
             self._min._assign(positions, np.where(scaled > 0, scaled, np.inf))
+        if self._outside is not None:
+            self._outside.touch(positions)
 
     def _bound(self) -> float:
         """An upper bound of every stored ``priority ** alpha`` (``inf`` if unknown)."""
@@ -194,6 +200,8 @@ class PrioritizedSampler:
         self._min = MinTree(self.capacity) if self._min is not None else None
         self.max_priority = 1.0
         self._floor = 0.0
+        if self._outside is not None:
+            self._outside.reset()
 
     # ---------------------------------------------------------------- sampling
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
@@ -391,13 +399,18 @@ class PrioritizedSampler:
 
         Rejection from the whole tree while it accepts often; otherwise the exact
         distribution over the enumerated valid windows (``O(windows)``, a fallback).
+        The valid mass is the total less the outside steps' mass
+        (:mod:`~replaybuffer.sampling.outside_mass`: cached, ``O(B T)`` per call while
+        no episode starts come or go); it only picks the way and scales the
+        probabilities, rejection itself never reads it.
         """
         leaves = self._sum.leaves
         total = self._sum.total()
         if episodes.count(ring, num_steps) == 0:
             raise no_window_error(num_steps)
-        outside = ring.positions(*episodes.outside(ring, num_steps))
-        valid_mass = total - (float(leaves[outside].sum()) if len(outside) else 0.0)
+        if self._outside is None:
+            self._outside = OutsideMass(self.capacity)
+        valid_mass = total - self._outside.get(ring, num_steps, episodes, leaves)
         if valid_mass > 1e-3 * total:  # rejection accepts often enough (and is exact)
             positions = self._sum.find_prefix(rng.random(count) * total)
             ids = self._ids_of(ring, positions)
@@ -538,6 +551,8 @@ class PrioritizedSampler:
         self.key_base = int(state["key_base"])
         self._pending.clear()
         self._pending_count = 0
+        if self._outside is not None:
+            self._outside.reset()
 
 
 @tree_kernels.compile_kernel
