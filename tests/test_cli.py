@@ -117,7 +117,8 @@ def test_bench_scale_smoke(tmp_path, capsys):
                        str(png), "--json", str(out)]) == 0
     points = json.loads(out.read_text())
     assert {(p["kind"], p["capacity"]) for p in points} == {
-        (k, c) for k in ("uniform", "prioritized", "episodes") for c in (1000, 4000)}
+        (k, c) for k in ("uniform", "prioritized", "episodes", "prioritized-episodes")
+        for c in (1000, 4000)}
     assert all(p["seconds"] > 0 and p["limit_seconds"] > 0 for p in points)
     assert png.stat().st_size > 0
     assert "| numpy limit |" in capsys.readouterr().out
@@ -134,6 +135,10 @@ def test_bench_scale_buffers_are_full_and_prioritized_everywhere():
     episodes = scale.filled("episodes", 3000, rng)
     items, _ = episodes.get_next(64, num_steps=20, within_episodes=True)
     # A window inside one episode holds at most one FIRST, and only at its start.
+    assert (items["step_type"][:, 1:] != rb.StepType.FIRST).all()
+    both = scale.filled("prioritized-episodes", 3000, rng)
+    assert len(np.unique(both.priorities(np.arange(3000)))) == 3000
+    items, _ = both.get_next(64, num_steps=20, within_episodes=True)
     assert (items["step_type"][:, 1:] != rb.StepType.FIRST).all()
 
 

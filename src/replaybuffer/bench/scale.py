@@ -8,6 +8,10 @@ time: the median time of ``get_next(sample_batch_size=256)`` for
 * ``prioritized``: :class:`~replaybuffer.PrioritizedReplayBuffer` with log-normal
   priorities (sigma 1) on every step;
 * ``episodes``: uniform with ``within_episodes=True`` over episodes of 20 to 400 steps;
+* ``prioritized-episodes``: prioritized (as above) with ``within_episodes=True`` over
+  the same episodes, drawing windows of ``num_steps=2`` (a step and its successor: with
+  one step every stored step would be a valid start, and nothing would be left to
+  exclude), so it gathers twice the rows the limit does;
 
 beside the plain numpy limit at the same capacity: ``take`` of 256 random positions
 from one contiguous array per leaf holding the same bytes. That limit grows with
@@ -33,7 +37,7 @@ from replaybuffer.buffers import PrioritizedReplayBuffer, ReplayBuffer, UniformR
 from replaybuffer.collect.trajectory import StepType
 
 CAPACITIES = (10_000, 100_000, 1_000_000, 10_000_000)
-KINDS = ("uniform", "prioritized", "episodes")
+KINDS = ("uniform", "prioritized", "episodes", "prioritized-episodes")
 BATCH = 256
 CHUNK = 50_000
 
@@ -67,8 +71,9 @@ def episode_step_types(length: int, rng: np.random.Generator) -> np.ndarray:
 def filled(kind: str, capacity: int, rng: np.random.Generator) -> ReplayBuffer:
     """A buffer of ``kind`` with every one of its ``capacity`` slots written."""
     spec = control_spec()
-    if kind == "prioritized":
-        buffer: ReplayBuffer = PrioritizedReplayBuffer(spec, 1, capacity, seed=0)
+    if kind.startswith("prioritized"):
+        buffer: ReplayBuffer = PrioritizedReplayBuffer(
+            spec, 1, capacity, seed=0, track_episodes=kind == "prioritized-episodes")
     else:
         buffer = UniformReplayBuffer(spec, 1, capacity, seed=0,
                                      track_episodes=kind == "episodes")
@@ -111,14 +116,16 @@ def measure(capacities: tuple[int, ...], kinds: tuple[str, ...], min_time: float
         gather, arrays = limit(capacity, rng)
         for kind in kinds:
             buffer = filled(kind, capacity, rng)
-            within = kind == "episodes"
+            within = kind in ("episodes", "prioritized-episodes")
+            steps = 2 if kind == "prioritized-episodes" else None
 
-            def ours(b: ReplayBuffer = buffer, w: bool = within) -> None:
-                b.get_next(BATCH, within_episodes=w)
+            def ours(b: ReplayBuffer = buffer, w: bool = within, t: int | None = steps
+                     ) -> None:
+                b.get_next(BATCH, t, within_episodes=w)
             timed = compare({"ours": ours, "limit": gather}, min_time=min_time, repeats=5)
             point = ScalePoint(kind, capacity, timed["ours"], timed["limit"])
             points.append(point)
-            echo(f"  {kind:<12} {capacity:>12,}  {point.seconds * 1e6:9.1f} us  "
+            echo(f"  {kind:<20} {capacity:>12,}  {point.seconds * 1e6:9.1f} us  "
                  f"numpy {point.limit_seconds * 1e6:7.1f} us  x{point.ratio:.2f}")
             del buffer
             gc.collect()

@@ -106,7 +106,8 @@ class _Layout:
         self.offset = np.append(interior.firsts - (self.cumulative - per_segment), 0)
         self.oldest = oldest
         self.last_start = interior.last_start
-        self._interior, self._end, self._num_steps = interior, end, num_steps
+        self._has_start, self._first_start = interior.has_start, interior.first_start
+        self._end, self._num_steps = end, num_steps
         self._end_outside: tuple[np.ndarray, np.ndarray] | None = None
         if end <= oldest:  # empty
             self.head = np.zeros(interior.batch_size, np.int64)
@@ -127,11 +128,10 @@ class _Layout:
         segments (oldest step to first start, last start to the write head; the
         whole row if it has no start), ``O(B num_steps)``, cached with the layout."""
         if self._end_outside is None:
-            interior, oldest, end = self._interior, self.oldest, self._end
-            rows = np.arange(interior.batch_size, dtype=np.int64)
-            has = interior.has_start
+            oldest, end, has = self.oldest, self._end, self._has_start
+            rows = np.arange(len(has), dtype=np.int64)
             firsts = np.append(np.full(len(rows), oldest, np.int64), self.last_start[has])
-            ends = np.append(np.where(has, interior.first_start, end),
+            ends = np.append(np.where(has, self._first_start, end),
                              np.full(int(has.sum()), end, np.int64))
             self._end_outside = _last_steps(firsts, np.maximum(ends - firsts, 0),
                                             np.append(rows, rows[has]), self._num_steps - 1)
