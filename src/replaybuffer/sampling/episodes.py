@@ -63,16 +63,18 @@ class _Interior:
         self.layouts: dict[tuple[int, int, int], _Layout] = {}
 
     def counts(self, num_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(per_segment, cumulative, per_row, row_base)``: int64 window counts of the
-        interior segments, their running sum, their total per row ``[B]``, and the
-        interior windows of the rows before each row ``[B]``."""
+        """``(offset, cumulative, per_row, row_base)``, int64: over the interior
+        segments, their first id minus the windows before them (with a trailing
+        sentinel, ``[M + 1]``) and the running sum of their window counts ``[M]``; per
+        row ``[B]``, its interior windows and those of the rows before it."""
         cached = self.windows.get(num_steps)
         if cached is None:
             per_segment = np.maximum(self.lengths - num_steps + 1, 0)
             per_row = np.bincount(self.rows, weights=per_segment,
                                   minlength=self.batch_size).astype(np.int64)
-            cached = (per_segment, np.cumsum(per_segment), per_row,
-                      np.cumsum(per_row) - per_row)
+            cumulative = np.cumsum(per_segment)
+            cached = (np.append(self.firsts - (cumulative - per_segment), 0), cumulative,
+                      per_row, np.cumsum(per_row) - per_row)
             self.windows[num_steps] = cached
         return cached
 
@@ -101,9 +103,10 @@ class _Layout:
 
     def __init__(self, ring: Ring, num_steps: int, interior: _Interior):
         oldest, end = ring.oldest_id, ring.last_id + 1
-        per_segment, self.cumulative, self.per_row, self.row_base = \
+        # Everything over the interior segments comes from their cache, so a layout
+        # costs O(B) per ring state.
+        self.offset, self.cumulative, self.per_row, self.row_base = \
             interior.counts(num_steps)
-        self.offset = np.append(interior.firsts - (self.cumulative - per_segment), 0)
         self.oldest = oldest
         self.last_start = interior.last_start
         self._has_start, self._first_start = interior.has_start, interior.first_start
@@ -130,11 +133,14 @@ class _Layout:
         if self._end_outside is None:
             oldest, end, has = self.oldest, self._end, self._has_start
             rows = np.arange(len(has), dtype=np.int64)
-            firsts = np.append(np.full(len(rows), oldest, np.int64), self.last_start[has])
-            ends = np.append(np.where(has, self._first_start, end),
-                             np.full(int(has.sum()), end, np.int64))
-            self._end_outside = _last_steps(firsts, np.maximum(ends - firsts, 0),
-                                            np.append(rows, rows[has]), self._num_steps - 1)
+            firsts = np.concatenate((np.full(len(rows), oldest), self.last_start[has]))
+            ends = np.concatenate((np.where(has, self._first_start, end),
+                                   np.full(len(firsts) - len(rows), end)))
+            # [segments, num_steps - 1] candidates, the last steps before each end.
+            ids = ends[:, None] + np.arange(1 - self._num_steps, 0)
+            keep = ids >= firsts[:, None]
+            rows = np.concatenate((rows, rows[has]))
+            self._end_outside = ids[keep], np.broadcast_to(rows[:, None], ids.shape)[keep]
         return self._end_outside
 
 

@@ -311,10 +311,7 @@ class PrioritizedSampler:
         kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         need = count
         for _ in range(_ROUNDS):
-            # A pool that fills the batch with probability ~99% (2.5 standard deviations
-            # of the binomial count kept), so one round usually does.
-            n = math.ceil((need + 2.5 * math.sqrt(need * (1.0 - accept)) + 2.0) / accept)
-            n = min(n, _POOL_MAX)
+            n = _pool_size(need, accept)
             u = rng.random(2 * n)
             pick = u[:n]
             pick *= scale
@@ -402,7 +399,7 @@ class PrioritizedSampler:
         The valid mass is the total less the outside steps' mass
         (:mod:`~replaybuffer.sampling.outside_mass`: cached, ``O(B T)`` per call while
         no episode starts come or go); it only picks the way and scales the
-        probabilities, rejection itself never reads it.
+        probabilities and sizes the pools, rejection itself never reads it.
         """
         leaves = self._sum.leaves
         total = self._sum.total()
@@ -412,15 +409,26 @@ class PrioritizedSampler:
             self._outside = OutsideMass(self.capacity)
         valid_mass = total - self._outside.get(ring, num_steps, episodes, leaves)
         if valid_mass > 1e-3 * total:  # rejection accepts often enough (and is exact)
-            positions = self._sum.find_prefix(rng.random(count) * total)
-            ids = self._ids_of(ring, positions)
-            for _ in range(64):
-                bad = ~episodes.within(ring, ids, positions % ring.batch_size, num_steps)
-                if not bad.any():
-                    return positions, ids, valid_mass
-                redraw = self._sum.find_prefix(rng.random(int(bad.sum())) * total)
-                positions[bad] = redraw
-                ids[bad] = self._ids_of(ring, redraw)
+            # Candidates from the whole tree, kept if they start a window within an
+            # episode (which they do with probability valid_mass / total): kept ones,
+            # in the order drawn, are exact draws. A pool sized to fill the batch in
+            # one round saves the second round (a descent and a check) that redrawing
+            # the few rejected ones took.
+            accept = min(valid_mass / total, 1.0)
+            kept: list[tuple[np.ndarray, np.ndarray]] = []
+            need = count
+            for _ in range(_ROUNDS):
+                positions = self._sum.find_prefix(rng.random(_pool_size(need, accept)) * total)
+                ids = self._ids_of(ring, positions)
+                keep = episodes.within(ring, ids, positions % ring.batch_size,
+                                       num_steps).nonzero()[0][:need]
+                kept.append((positions[keep], ids[keep]))
+                need -= len(keep)
+                if not need:
+                    if len(kept) == 1:
+                        return (*kept[0], valid_mass)
+                    return (np.concatenate([p for p, _ in kept]),
+                            np.concatenate([i for _, i in kept]), valid_mass)
         # Little of the mass is valid (or rejection was unlucky): draw exactly from the
         # enumerated valid windows, whose mass is summed directly, without cancellation.
         firsts, lengths, rows = episodes.segments(ring)
@@ -571,6 +579,15 @@ def _live_positions(item_ids: np.ndarray, key_base: int, batch_size: int, oldest
             return positions, False
         positions[k] = (step % max_length) * batch_size + item % batch_size
     return positions, True
+
+
+def _pool_size(need: int, accept: float) -> int:
+    """Candidates for one round of rejection that keep ``need`` or more with probability
+    ~99% (2.5 standard deviations of the binomial count kept) when each is kept with
+    probability ``accept`` (in ``(0, 1]``), so one round usually does; at most
+    :data:`_POOL_MAX`."""
+    n = math.ceil((need + 2.5 * math.sqrt(need * (1.0 - accept)) + 2.0) / accept)
+    return min(n, _POOL_MAX)
 
 
 def _cyclic_sum(values: np.ndarray, start: int, count: int, size: int) -> float:
