@@ -140,7 +140,7 @@ class _Layout:
             ids = ends[:, None] + np.arange(1 - self._num_steps, 0)
             keep = ids >= firsts[:, None]
             rows = np.concatenate((rows, rows[has]))
-            self._end_outside = ids[keep], np.broadcast_to(rows[:, None], ids.shape)[keep]
+            self._end_outside = ids[keep], rows.repeat(keep.sum(axis=1))
         return self._end_outside
 
 
