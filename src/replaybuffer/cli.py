@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "sample) against Stable-Baselines3's on the same data")
     bench.add_argument("--scale", action="store_true",
                        help="sample cost at capacities 10k, 100k, 1M, 10M (uniform, "
-                            "prioritized, within episodes) against the numpy limit")
+                            "prioritized, within episodes, both) against the numpy limit")
     bench.add_argument("--plot", nargs="?", const="bench-results/scale.png", default=None,
                        metavar="PNG", help="--scale, and plot it (default "
                        "bench-results/scale.png)")
