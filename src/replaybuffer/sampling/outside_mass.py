@@ -15,7 +15,7 @@ the interior part and keeps it exact under priority writes:
   sum, which the next draw recomputes from the leaves;
 * the cache is keyed by the identity of the interior arrays, so a new episode start or
   an eviction past a row's first start rebuilds it (``O(episodes * T)``, about as often
-  as the episode index itself rebuilds its interior segments, ``O(E log E)``).
+  as the episode index itself rebuilds its interior segments, ``O(E)``).
 
 Exact, not deltas: the cached sum is always ``leaves[positions].sum()`` over the same
 positions in the same order, recomputed in full when any of them changed, so it is a
