@@ -12,8 +12,9 @@ Everything is integer arithmetic over the starts held, ``E`` of them. A row's
 segments are its *interior* ones (from one start to the next: fixed while no start is
 added or evicted) and two at its ends (from the oldest step to the first start, and
 from the last start to the write head), which every add moves. The interior ones and
-their window counts are cached and rebuilt (``O(E)``: the starts held are merged with the new ones) only when starts come or
-go, about once per episode; the end segments are recomputed per call (``O(B)``). So a
+their window counts are cached and rebuilt (``O(E)``: the starts held are merged with
+the new ones) only when starts come or go, about once per episode; the end segments
+are recomputed per ring state (``O(B)``). So a
 training loop that adds a step and samples ``K`` windows pays ``O(B + K log E)``;
 nothing depends on the capacity.
 
