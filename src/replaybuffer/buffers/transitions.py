@@ -184,6 +184,8 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._head_bytes = [h.data.cast("B") for h in self._head_next]
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
+        # _add_single's next observation: one observation leaf's own shape.
+        self._single_shape = self._head_next[0].shape[1:] if self._head_next else ()
         # Discrete actions: their range as Python ints, checked on one value without
         # numpy calls when the leaf holds one value (one env, a scalar action).
         self._scalar_ranges = [(i, int(s.minimum), int(s.maximum)) for i, s in self._int_checks
@@ -212,6 +214,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         when the observation is neither one leaf nor a one-level dict, a field is not
         one leaf, or the storage's writer is not a fused one."""
         self._write_parts: ExactWriter | None = None
+        self._write_single: ExactWriter | None = None
         self._exact_ranges: list[tuple[int, int, int]] = []
         if (self._obs_is_leaf or self._obs_flatten is not None) \
                 and self._write_exact is not None:
@@ -222,6 +225,9 @@ class TransitionReplayBuffer(ReplayBuffer):
             if sorted(taken_from) == list(range(len(self._paths))):
                 order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
                 self._write_parts = reordered(self._write_exact, order)
+                if self._ring.batch_size == 1 and self._obs_is_leaf:
+                    # _add_single's: one env's leaves as they come, without the env axis.
+                    self._write_single = reordered(self._write_exact, order, ())
                 self._exact_ranges = [(taken_from[i], low, high)
                                       for i, low, high in self._scalar_ranges]
         self._exact_add = self._exact_add_possible()
@@ -288,6 +294,30 @@ class TransitionReplayBuffer(ReplayBuffer):
         return self._add_general(observation, action, reward, next_observation, terminated,
                                  truncated, timeout, block)
 
+    def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
+                    next_observation: np.ndarray, terminated: Any, truncated: Any = None
+                    ) -> None:
+        """:meth:`add` of one env's transition as the env gives it, without the env axis
+        (``num_envs`` 1): observation and next observation ``[*spec.shape]``, the action
+        as its spec, ``reward`` float32 and the flags bool of shape ``()`` (numpy scalars
+        or 0-d arrays), as compat adapters get them from a single env.
+
+        The usual step goes to :meth:`_add_exact` as it is (adding the axis costs a view
+        per leaf, ~0.5 us of a ~3 us add); anything else, and a buffer without that
+        shortcut, to :meth:`add` with the axis added (``x[None]`` of every leaf), which
+        converts, checks and raises as for any add. Without a rate limiter.
+        """
+        if truncated is None:
+            truncated = np.False_
+        write = self._write_single
+        if write is not None and self._exact_add and self._limiter is None and \
+                self._add_exact(observation, (observation, action, reward, terminated,
+                                              truncated), next_observation, terminated,
+                                truncated, write):
+            return
+        self.add(observation[None], action[None], reward[None], next_observation[None],
+                 terminated[None], truncated[None])
+
     def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
                      terminated: Any, truncated: Any, timeout: float | None, block: bool
                      ) -> bool:
@@ -311,11 +341,14 @@ class TransitionReplayBuffer(ReplayBuffer):
         return True
 
     def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
-                   terminated: Any, truncated: Any) -> bool:
+                   terminated: Any, truncated: Any, single: ExactWriter | None = None
+                   ) -> bool:
         """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
         are the add's arguments, observation first, in the order that
         :meth:`_use_exact_order` set up (``(observation, action, reward, terminated,
-        truncated)`` here).
+        truncated)`` here). ``single``: the writer of one env's leaves without the env
+        axis (``_write_single``, for :meth:`_add_single`), which also checks the next
+        observation for that shape.
 
         The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
         the observation the previous step's next observation (byte for byte), and a
@@ -338,7 +371,8 @@ class TransitionReplayBuffer(ReplayBuffer):
             head = heads[0]
             if type(next_observation) is not np.ndarray \
                     or next_observation.dtype is not head.dtype \
-                    or next_observation.shape != head.shape:
+                    or next_observation.shape != (head.shape if single is None
+                                                  else self._single_shape):
                 return False
             observations: Sequence[Any] | None = None
             next_observations: Sequence[Any] = (next_observation,)
@@ -381,7 +415,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                         return False  # the general path refuses, naming the leaf
                 elif values.min() < low or values.max() > high:
                     return False
-            if not self._write_parts(start, flat):  # type: ignore[misc]  # _exact_add: set
+            write = self._write_parts if single is None else single
+            if not write(start, flat):  # type: ignore[misc]  # _exact_add: set
                 return False
             # Written: terminated and truncated are bool [B], the next observations
             # were checked above. The rest is the general path's bookkeeping.
@@ -395,9 +430,10 @@ class TransitionReplayBuffer(ReplayBuffer):
             ended = None
             no_ends = self._no_ends
             if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
-                ended = terminated | truncated
+                ended = (terminated | truncated).reshape(B)  # [B] also from single's ()
                 self._side_ref[start + self._rows[ended]] = self._put_side(
-                    step_id, ended, [n[ended] for n in next_observations])
+                    step_id, ended, [n.reshape(h.shape)[ended]
+                                     for n, h in zip(next_observations, heads)])
             if observations is None:
                 self._head_bytes[0][:] = next_observation.tobytes()
             else:
