@@ -313,6 +313,7 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
 
     if fast._exact_add and not float64 and p_end == 0.0 and p_jump == 0.0 and steps > 1:
         assert any(taken)  # the usual step took the shortcut
+    assert_same_core_state(fast, rows)
     # Every retained transition, oldest first, read with and without the newest step
     # (whose next observation the buffer keeps aside).
     held = min(steps, per_row)
@@ -610,6 +611,7 @@ def test_episode_ends_take_the_shortcut_and_keep_their_next_observations(storage
         jump = end & (np.arange(B) > 0)
         cur = np.where(jump[:, None], rng.normal(size=(B, 3)).astype(np.float32), nxt)
     assert taken == [not (B > 1 and t % 3 == 0 and t > 0) for t in range(15)]
+    assert_same_core_state(fast, slow)
     a, b = fast.all(), slow.all()
     assert_nests_equal(a, b)
     np.testing.assert_array_equal(fast._side_ref, slow._side_ref)
@@ -642,8 +644,17 @@ def single_inputs(rng, cur, nxt, kind, box_action):
     return cur, action, reward, nxt, terminated, truncated
 
 
+def assert_owns_match_side_refs(buffer):
+    """The per-step summary the adds consult (``_owns``) says exactly which step slots
+    hold side references."""
+    refs = buffer._side_ref.reshape(len(buffer._owns), -1)
+    assert bytes(buffer._owns) == (refs >= 0).any(1).tobytes()
+
+
 def assert_same_core_state(a, b):
     assert a._ring.last_id == b._ring.last_id
+    assert_owns_match_side_refs(a)
+    assert_owns_match_side_refs(b)
     for x, y in zip(a._storage.arrays, b._storage.arrays):
         assert to_np(x).tobytes() == to_np(y).tobytes()
     assert a._side_ref.tobytes() == b._side_ref.tobytes()
