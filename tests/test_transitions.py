@@ -627,10 +627,15 @@ def single_inputs(rng, cur, nxt, kind, box_action):
     general path converts or raises)."""
     action = rng.uniform(-1, 1, 2).astype(np.float32) if box_action else \
         np.int64(rng.integers(0, 4))
-    reward = np.float32(rng.choice(FEW))
+    # A Python float (also one that overflows float32: the shortcut refuses it and the
+    # general path casts it to inf), or a float32 scalar.
+    rewards = [float(rng.choice(FEW)), 1e300, -3.3e38, np.float32(rng.choice(FEW))]
+    reward = rewards[rng.integers(len(rewards))]
     end = rng.random() < 0.3
-    terminated = np.bool_(end and rng.random() < 0.5)
-    truncated = np.bool_(end and not terminated) if rng.random() < 0.8 else None
+    flags = rb.buffers.transitions.SINGLE_FLAGS if rng.random() < 0.7 else \
+        (np.False_, np.True_)
+    terminated = flags[int(end and rng.random() < 0.5)]
+    truncated = flags[int(end and not terminated)] if rng.random() < 0.8 else None
     if kind == "0-d":
         reward, terminated = np.asarray(reward), np.asarray(terminated)
         if not box_action:
@@ -703,11 +708,15 @@ def test_single_env_adds_without_the_env_axis_are_adds_with_it(per_row, steps, s
         outcomes = []
         for buffer, single in ((fast, True), (slow, False)):
             try:
-                if single:
-                    buffer._add_single(*leaves, **extra)
-                else:
-                    *first, truncated = (x if x is None else x[None] for x in leaves)
-                    buffer.add(*first, truncated, **extra)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # the overflow's cast
+                    if single:
+                        buffer._add_single(*leaves, **extra)
+                    else:
+                        *first, truncated = (x if x is None else np.asarray(x)[None]
+                                             for x in leaves)
+                        first[2] = first[2].astype(np.float32)  # a float reward's cast
+                        buffer.add(*first, truncated, **extra)
                 outcomes.append("ok")
             except rb.SpecError as exc:
                 outcomes.append(str(exc))

@@ -34,8 +34,9 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.base import BufferInfo
-from replaybuffer.buffers.transitions import (ACTION, REWARD, TERMINATED, TRUNCATED,
-                                              TransitionReplayBuffer)
+from replaybuffer.buffers.transitions import (ACTION, REWARD, SINGLE_FLAGS, TERMINATED,
+                                              TRUNCATED, TransitionReplayBuffer,
+                                              _single_reward)
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
@@ -44,7 +45,7 @@ from replaybuffer.storage.frozen import FrozenRows
 
 VALUE, LOG_PROB = "value", "log_prob"
 _FLOAT32 = np.dtype(np.float32)
-_ZERO = np.float32(0.0)  # _add_single's default value and log_prob (immutable)
+_ZERO = 0.0  # _add_single's default value and log_prob (packed as float32)
 
 # Paths of the wrapped action nest as users see them (they never see the wrapping).
 _PUBLIC_PATHS = ((f"['{ACTION}']['{ACTION}']", f"['{ACTION}']"),
@@ -167,10 +168,10 @@ class RolloutBuffer(TransitionReplayBuffer):
                     value: Any = None, log_prob: Any = None) -> None:
         """:meth:`add` of one env's transition without the env axis, as
         :meth:`TransitionReplayBuffer._add_single <replaybuffer.TransitionReplayBuffer>`;
-        ``value`` and ``log_prob`` float32 of shape ``()`` (or ``None``: 0) for the
-        shortcut, anything :meth:`add` takes otherwise."""
+        ``value`` and ``log_prob`` Python floats or float32 of shape ``()`` (or ``None``:
+        0) for the shortcut, anything :meth:`add` takes otherwise."""
         if truncated is None:
-            truncated = np.False_
+            truncated = SINGLE_FLAGS[0]
         write = self._write_single
         if write is not None and self._exact_add and self._limiter is None and \
                 self._add_exact(observation, (
@@ -178,8 +179,9 @@ class RolloutBuffer(TransitionReplayBuffer):
                     _ZERO if log_prob is None else log_prob, reward, terminated, truncated),
                     next_observation, terminated, truncated, write):
             return
-        self.add(observation[None], action[None], reward[None], next_observation[None],
-                 terminated[None], truncated[None], value=value, log_prob=log_prob)
+        self.add(observation[None], action[None], _single_reward(reward),
+                 next_observation[None], terminated[None], truncated[None], value=value,
+                 log_prob=log_prob)
 
     def _per_env(self, values: Any, name: str, method: str) -> np.ndarray:
         """``num_envs`` float32 values from any array-like holding that many."""

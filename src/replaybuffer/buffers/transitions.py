@@ -305,23 +305,25 @@ class TransitionReplayBuffer(ReplayBuffer):
                     ) -> None:
         """:meth:`add` of one env's transition as the env gives it, without the env axis
         (``num_envs`` 1): observation and next observation ``[*spec.shape]``, the action
-        as its spec, ``reward`` float32 and the flags bool of shape ``()`` (numpy scalars
-        or 0-d arrays), as compat adapters get them from a single env.
+        as its spec, ``reward`` a Python float (or float32 of shape ``()``) and the flags
+        bool of shape ``()`` (0-d arrays such as :data:`SINGLE_FLAGS`, or numpy scalars),
+        as compat adapters get them from a single env.
 
         The usual step goes to :meth:`_add_exact` as it is (adding the axis costs a view
-        per leaf, ~0.5 us of a ~3 us add); anything else, and a buffer without that
-        shortcut, to :meth:`add` with the axis added (``x[None]`` of every leaf), which
-        converts, checks and raises as for any add. Without a rate limiter.
+        per leaf and converting the reward an array, ~0.6 us of a ~3 us add); anything
+        else, and a buffer without that shortcut, to :meth:`add` with the axis added
+        (``x[None]`` of every leaf, the reward cast to float32 ``[1]``), which converts,
+        checks and raises as for any add. Without a rate limiter.
         """
         if truncated is None:
-            truncated = np.False_
+            truncated = SINGLE_FLAGS[0]
         write = self._write_single
         if write is not None and self._exact_add and self._limiter is None and \
                 self._add_exact(observation, (observation, action, reward, terminated,
                                               truncated), next_observation, terminated,
                                 truncated, write):
             return
-        self.add(observation[None], action[None], reward[None], next_observation[None],
+        self.add(observation[None], action[None], _single_reward(reward), next_observation[None],
                  terminated[None], truncated[None])
 
     def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
@@ -801,6 +803,20 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+
+
+SINGLE_FLAGS = (np.array(False), np.array(True))
+"""One env's flags (false, true) as :meth:`TransitionReplayBuffer._add_single` takes them
+at least cost: bool 0-d arrays (``tobytes()`` costs a sixth of a numpy scalar's),
+read-only since every caller shares them."""
+for _flag in SINGLE_FLAGS:
+    _flag.flags.writeable = False
+
+
+def _single_reward(reward: Any) -> Any:
+    """One env's reward with the env axis: a Python float as float32 ``[1]`` (numpy's
+    cast), anything else ``reward[None]``."""
+    return np.array((reward,), np.float32) if type(reward) is float else reward[None]
 
 
 _COPY_COMPARE_MAX = 1 << 16

@@ -115,7 +115,7 @@ from replaybuffer import nest
 from replaybuffer.buffers.her import HERBuffer as _HERCore
 from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
 from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
-from replaybuffer.buffers.transitions import TransitionReplayBuffer
+from replaybuffer.buffers.transitions import SINGLE_FLAGS, TransitionReplayBuffer
 from replaybuffer.errors import CheckpointError, EmptyBufferError
 from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
@@ -452,7 +452,7 @@ class BaseBuffer(ABC):
                        next_observation: Any, done: Any, truncated: Any
                        ) -> tuple[Any, Any, Any, Any, Any, Any] | None:
         """One env's inputs as the core's ``_add_single`` takes them (no env axis:
-        arrays as they come, the reward a float32 scalar, the flags bool scalars), when
+        arrays as they come, the reward a Python float, the flags bool 0-d arrays), when
         they are what an env gives (array observations and actions, a float reward,
         bool flags); ``None`` otherwise (and for a vector env), for
         :meth:`_core_leaves`. The core then takes its shortcut for the usual step
@@ -462,9 +462,13 @@ class BaseBuffer(ABC):
                 type(action) is ndarray and type(next_observation) is ndarray and \
                 type(reward) in _FLOATS and type(done) in _FLAGS and \
                 (truncated is None or type(truncated) in _FLAGS):
-            return (observation, action, np.float32(reward), next_observation,
-                    np.True_ if done else np.False_,
-                    None if truncated is None else np.True_ if truncated else np.False_)
+            flags = SINGLE_FLAGS
+            # A float64 scalar as the float it holds; a float32 one as it is (exactly
+            # its bytes, where a round trip through float could change a NaN's).
+            return (observation, action,
+                    float(reward) if type(reward) is np.float64 else reward,
+                    next_observation, flags[1 if done else 0],
+                    None if truncated is None else flags[1 if truncated else 0])
         return None
 
     def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
