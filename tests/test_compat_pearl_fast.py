@@ -83,6 +83,9 @@ def assert_same_state(fast, slow):
     for x, y in zip(a._storage.arrays, b._storage.arrays):
         assert np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
     np.testing.assert_array_equal(a._side_ref, b._side_ref)
+    for core in (a, b):  # the per-step summary of the references that adds consult
+        refs = core._side_ref.reshape(len(core._owns), -1)
+        assert bytes(core._owns) == (refs >= 0).any(1).tobytes()
     for x, y in zip(a._head_next, b._head_next):
         assert x.tobytes() == y.tobytes()
     used = a._side_ref[a._side_ref >= 0]

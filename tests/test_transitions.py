@@ -313,6 +313,7 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
 
     if fast._exact_add and not float64 and p_end == 0.0 and p_jump == 0.0 and steps > 1:
         assert any(taken)  # the usual step took the shortcut
+    assert_same_core_state(fast, rows)
     # Every retained transition, oldest first, read with and without the newest step
     # (whose next observation the buffer keeps aside).
     held = min(steps, per_row)
@@ -610,7 +611,152 @@ def test_episode_ends_take_the_shortcut_and_keep_their_next_observations(storage
         jump = end & (np.arange(B) > 0)
         cur = np.where(jump[:, None], rng.normal(size=(B, 3)).astype(np.float32), nxt)
     assert taken == [not (B > 1 and t % 3 == 0 and t > 0) for t in range(15)]
+    assert_same_core_state(fast, slow)
     a, b = fast.all(), slow.all()
     assert_nests_equal(a, b)
     np.testing.assert_array_equal(fast._side_ref, slow._side_ref)
     assert len(fast._side) == len(slow._side) == int((fast._side_ref >= 0).sum())
+
+
+SINGLE_KINDS = ["exact", "exact", "exact", "0-d", "float64", "wrong shape", "discrete out of range"]
+
+
+def single_inputs(rng, cur, nxt, kind, box_action):
+    """One env's step as ``_add_single`` takes it (no env axis): numpy scalars for the
+    reward and flags, or 0-d arrays, or something the shortcut refuses (then the
+    general path converts or raises)."""
+    action = rng.uniform(-1, 1, 2).astype(np.float32) if box_action else \
+        np.int64(rng.integers(0, 4))
+    # A Python float (also one that overflows float32: the shortcut refuses it and the
+    # general path casts it to inf), or a float32 scalar.
+    rewards = [float(rng.choice(FEW)), 1e300, -3.3e38, np.float32(rng.choice(FEW))]
+    reward = rewards[rng.integers(len(rewards))]
+    end = rng.random() < 0.3
+    flags = rb.buffers.transitions.SINGLE_FLAGS if rng.random() < 0.7 else \
+        (np.False_, np.True_)
+    terminated = flags[int(end and rng.random() < 0.5)]
+    truncated = flags[int(end and not terminated)] if rng.random() < 0.8 else None
+    if kind == "0-d":
+        reward, terminated = np.asarray(reward), np.asarray(terminated)
+        if not box_action:
+            action = np.asarray(action)
+    elif kind == "float64":
+        cur = cur.astype(np.float64)
+    elif kind == "wrong shape":
+        nxt = nxt[:1]
+    elif kind == "discrete out of range" and not box_action:
+        action = np.int64(4)
+    return cur, action, reward, nxt, terminated, truncated
+
+
+def assert_owns_match_side_refs(buffer):
+    """The per-step summary the adds consult (``_owns``) says exactly which step slots
+    hold side references."""
+    refs = buffer._side_ref.reshape(len(buffer._owns), -1)
+    assert bytes(buffer._owns) == (refs >= 0).any(1).tobytes()
+
+
+def assert_same_core_state(a, b):
+    assert a._ring.last_id == b._ring.last_id
+    assert_owns_match_side_refs(a)
+    assert_owns_match_side_refs(b)
+    for x, y in zip(a._storage.arrays, b._storage.arrays):
+        assert to_np(x).tobytes() == to_np(y).tobytes()
+    assert a._side_ref.tobytes() == b._side_ref.tobytes()
+    for x, y in zip(a._head_next, b._head_next):
+        assert x.tobytes() == y.tobytes()
+    for x, y in zip(a._side.take(a._side_ref[a._side_ref >= 0]),
+                    b._side.take(b._side_ref[b._side_ref >= 0])):
+        assert x.tobytes() == y.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_row=st.integers(1, 6), steps=st.integers(1, 25), seed=st.integers(0, 1000),
+       storage=st.sampled_from(["numpy", "torch"]), box_action=st.booleans(),
+       rollout=st.booleans())
+def test_single_env_adds_without_the_env_axis_are_adds_with_it(per_row, steps, seed,
+                                                                storage, box_action,
+                                                                rollout):
+    """``_add_single`` (one env's leaves without the env axis, as compat adapters get
+    them) against ``add`` of the same leaves with the axis added, on a twin that never
+    takes the shortcut: the same errors, the same stored bytes, side store and heads,
+    for steps that follow on, jump (also to the same values with other bytes), end,
+    and come in types the shortcut refuses."""
+    rng = np.random.default_rng(seed)
+    act = BOX if box_action else ACT
+    if rollout:
+        make = lambda: rb.RolloutBuffer(OBS, act, per_row, storage=storage, seed=seed)  # noqa: E731
+    else:
+        make = lambda: rb.TransitionReplayBuffer(OBS, act, per_row, storage=storage,  # noqa: E731
+                                                 seed=seed)
+    fast, slow = make(), make()
+    slow._exact_add = False
+    assert fast._write_single is not None
+    taken = []
+    shortcut = fast._add_exact
+    fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
+    cur = rng.choice(FEW, 2).astype(np.float32)
+    for _ in range(steps):
+        nxt = rng.choice(FEW, 2).astype(np.float32)
+        kind = SINGLE_KINDS[rng.integers(len(SINGLE_KINDS))]
+        leaves = single_inputs(rng, cur, nxt, kind, box_action)
+        extra = {}
+        if rollout and rng.random() < 0.5:
+            extra = {"value": np.float32(rng.normal()),
+                     "log_prob": rng.choice([np.float32(-1.5), np.asarray(0.5, np.float32),
+                                             np.float64(2.0), None])}
+        outcomes = []
+        for buffer, single in ((fast, True), (slow, False)):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # the overflow's cast
+                    if single:
+                        buffer._add_single(*leaves, **extra)
+                    else:
+                        *first, truncated = (x if x is None else np.asarray(x)[None]
+                                             for x in leaves)
+                        first[2] = first[2].astype(np.float32)  # a float reward's cast
+                        buffer.add(*first, truncated, **extra)
+                outcomes.append("ok")
+            except rb.SpecError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+        assert_same_core_state(fast, slow)
+        ended = bool(leaves[4]) or bool(leaves[5])
+        cur = rng.choice(FEW, 2).astype(np.float32) if ended or rng.random() < 0.2 else \
+            np.where(nxt == 0, -nxt, nxt) if rng.random() < 0.1 else nxt
+    if fast._ring.last_id >= 0:
+        assert_nests_equal(fast.all(), slow.all())
+    if steps > 5:
+        assert taken  # (whether any wrote depends on the script; the pins above hold)
+
+
+@pytest.mark.parametrize("storage", ["numpy", "torch"])
+@pytest.mark.parametrize("rollout", [False, True])
+def test_an_env_loop_of_single_adds_takes_the_shortcut_every_step(storage, rollout):
+    """Steps as one env gives them (numpy scalar reward and flags, episodes ending by
+    termination and truncation) take the shortcut, wrapping the ring, except the first
+    of each new episode (a reset elsewhere: the general path keeps the previous next
+    observation), and leave what ``add`` with the env axis leaves."""
+    rng = np.random.default_rng(3)
+    cls = rb.RolloutBuffer if rollout else rb.TransitionReplayBuffer
+    fast, slow = (cls(OBS, BOX, 4, storage=storage) for _ in range(2))
+    slow._exact_add = False
+    taken = []
+    shortcut = fast._add_exact
+    fast._add_exact = lambda *args: taken.append(shortcut(*args)) or taken[-1]
+    cur = rng.normal(size=2).astype(np.float32)
+    resets = []
+    for t in range(15):
+        nxt = rng.normal(size=2).astype(np.float32)
+        action = rng.uniform(-1, 1, 2).astype(np.float32)
+        terminated, truncated = np.bool_(t % 5 == 4), np.bool_(t % 7 == 6)
+        resets.append(t > 0 and ((t - 1) % 5 == 4 or (t - 1) % 7 == 6))
+        fast._add_single(cur, action, np.float32(t), nxt, terminated, truncated)
+        slow.add(cur[None], action[None], np.float32(t)[None], nxt[None], terminated[None],
+                 truncated[None])
+        cur = rng.normal(size=2).astype(np.float32) if terminated or truncated else nxt
+    # A refused step is offered to the shortcut again by add, with the axis added.
+    assert taken == [k for reset in resets for k in ([False, False] if reset else [True])]
+    assert_same_core_state(fast, slow)
+    assert_nests_equal(fast.all(), slow.all())

@@ -154,6 +154,11 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._rows = np.arange(num_envs)
         capacity_positions = self._ring.capacity
         self._side_ref = np.full(capacity_positions, -1, np.int64)  # next obs in side store
+        # Per step slot (position // num_envs): 1 where some row's _side_ref is set. An
+        # add asks it whether the step it overwrites owns side observations: one byte,
+        # where reading the slot's num_envs references from a ring larger than the
+        # cache cost ~0.7 us at 256 envs.
+        self._owns = bytearray(max_length)
         self._head_next = [np.zeros((num_envs,) + s.shape, s.dtype) for s in self._obs_specs]
         self._int_checks = [(i, s) for i, s in enumerate(self._specs)
                             if isinstance(s, BoundedArraySpec) and s.dtype.kind in "iub"]
@@ -174,16 +179,19 @@ class TransitionReplayBuffer(ReplayBuffer):
                 (self._storage._checker, i)
             self._next_checks.append((checker, k, self._outer + self._specs[i].shape,
                                       "['next_observation']" + self._paths[i][prefix:]))
-        # A whole add's rows are tested with one bytes comparison against these.
+        # A whole add's flags are tested with one bytes comparison against this.
         self._no_ends = bytes(num_envs)  # bool [num_envs], all false
-        self._unowned = np.full(num_envs, -1, np.int64).tobytes()  # no side observation
-        # add's shortcut compares and copies through memoryviews: a slice of one costs
-        # less than a numpy slice, tobytes() or item assignment.
-        self._side_refs = self._side_ref.data
-        self._unowned_refs = np.full(num_envs, -1, np.int64).data
+        # add's shortcut copies through memoryviews: a slice of one costs less than a
+        # numpy slice or item assignment.
         self._head_bytes = [h.data.cast("B") for h in self._head_next]
+        # The shortcut's copy of one observation leaf's head as bytes (what it compares
+        # the next observation with); None where the general path or a restore wrote
+        # the head since.
+        self._head_raw: bytes | None = None
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
+        # _add_single's next observation: one observation leaf's own shape.
+        self._single_shape = self._head_next[0].shape[1:] if self._head_next else ()
         # Discrete actions: their range as Python ints, checked on one value without
         # numpy calls when the leaf holds one value (one env, a scalar action).
         self._scalar_ranges = [(i, int(s.minimum), int(s.maximum)) for i, s in self._int_checks
@@ -212,6 +220,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         when the observation is neither one leaf nor a one-level dict, a field is not
         one leaf, or the storage's writer is not a fused one."""
         self._write_parts: ExactWriter | None = None
+        self._write_single: ExactWriter | None = None
         self._exact_ranges: list[tuple[int, int, int]] = []
         if (self._obs_is_leaf or self._obs_flatten is not None) \
                 and self._write_exact is not None:
@@ -222,6 +231,9 @@ class TransitionReplayBuffer(ReplayBuffer):
             if sorted(taken_from) == list(range(len(self._paths))):
                 order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
                 self._write_parts = reordered(self._write_exact, order)
+                if self._ring.batch_size == 1 and self._obs_is_leaf:
+                    # _add_single's: one env's leaves as they come, without the env axis.
+                    self._write_single = reordered(self._write_exact, order, ())
                 self._exact_ranges = [(taken_from[i], low, high)
                                       for i, low, high in self._scalar_ranges]
         self._exact_add = self._exact_add_possible()
@@ -288,6 +300,32 @@ class TransitionReplayBuffer(ReplayBuffer):
         return self._add_general(observation, action, reward, next_observation, terminated,
                                  truncated, timeout, block)
 
+    def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
+                    next_observation: np.ndarray, terminated: Any, truncated: Any = None
+                    ) -> None:
+        """:meth:`add` of one env's transition as the env gives it, without the env axis
+        (``num_envs`` 1): observation and next observation ``[*spec.shape]``, the action
+        as its spec, ``reward`` a Python float (or float32 of shape ``()``) and the flags
+        bool of shape ``()`` (0-d arrays such as :data:`SINGLE_FLAGS`, or numpy scalars),
+        as compat adapters get them from a single env.
+
+        The usual step goes to :meth:`_add_exact` as it is (adding the axis costs a view
+        per leaf and converting the reward an array, ~0.6 us of a ~3 us add); anything
+        else, and a buffer without that shortcut, to :meth:`add` with the axis added
+        (``x[None]`` of every leaf, the reward cast to float32 ``[1]``), which converts,
+        checks and raises as for any add. Without a rate limiter.
+        """
+        if truncated is None:
+            truncated = SINGLE_FLAGS[0]
+        write = self._write_single
+        if write is not None and self._exact_add and self._limiter is None and \
+                self._add_exact(observation, (observation, action, reward, terminated,
+                                              truncated), next_observation, terminated,
+                                truncated, write):
+            return
+        self.add(observation[None], action[None], _single_reward(reward), next_observation[None],
+                 terminated[None], truncated[None])
+
     def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
                      terminated: Any, truncated: Any, timeout: float | None, block: bool
                      ) -> bool:
@@ -311,11 +349,14 @@ class TransitionReplayBuffer(ReplayBuffer):
         return True
 
     def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
-                   terminated: Any, truncated: Any) -> bool:
+                   terminated: Any, truncated: Any, single: ExactWriter | None = None
+                   ) -> bool:
         """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
         are the add's arguments, observation first, in the order that
         :meth:`_use_exact_order` set up (``(observation, action, reward, terminated,
-        truncated)`` here).
+        truncated)`` here). ``single``: the writer of one env's leaves without the env
+        axis (``_write_single``, for :meth:`_add_single`), which also checks the next
+        observation for that shape.
 
         The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
         the observation the previous step's next observation (byte for byte), and a
@@ -338,7 +379,8 @@ class TransitionReplayBuffer(ReplayBuffer):
             head = heads[0]
             if type(next_observation) is not np.ndarray \
                     or next_observation.dtype is not head.dtype \
-                    or next_observation.shape != head.shape:
+                    or next_observation.shape != (head.shape if single is None
+                                                  else self._single_shape):
                 return False
             observations: Sequence[Any] | None = None
             next_observations: Sequence[Any] = (next_observation,)
@@ -362,7 +404,8 @@ class TransitionReplayBuffer(ReplayBuffer):
             if step_id:  # the observation must be the previous next observation
                 try:
                     if observations is None:
-                        if observation.tobytes() != head.tobytes():
+                        raw = self._head_raw
+                        if observation.tobytes() != (head.tobytes() if raw is None else raw):
                             return False
                     else:
                         for obs, head in zip(observations, heads):
@@ -371,7 +414,8 @@ class TransitionReplayBuffer(ReplayBuffer):
                 except AttributeError:  # not an array: the general path converts it
                     return False
             B = ring.batch_size
-            start = (step_id % ring.max_length) * B
+            slot = step_id % ring.max_length
+            start = slot * B
             for k, low, high in self._exact_ranges:
                 values = flat[k]
                 if type(values) is not np.ndarray or values.dtype.kind not in "iu":
@@ -381,25 +425,26 @@ class TransitionReplayBuffer(ReplayBuffer):
                         return False  # the general path refuses, naming the leaf
                 elif values.min() < low or values.max() > high:
                     return False
-            if not self._write_parts(start, flat):  # type: ignore[misc]  # _exact_add: set
+            write = self._write_parts if single is None else single
+            if not write(start, flat):  # type: ignore[misc]  # _exact_add: set
                 return False
             # Written: terminated and truncated are bool [B], the next observations
             # were checked above. The rest is the general path's bookkeeping.
-            # Does the overwritten step own side observations? (One env: an int index
-            # of the memoryview, a third of a slice comparison's cost.)
-            if (self._side_refs[start] != -1) if B == 1 else \
-                    (self._side_refs[start:start + B] != self._unowned_refs):
-                owned = self._side_ref[start:start + B]  # overwritten steps release theirs
-                self._side.free(owned[owned >= 0])
-                owned[...] = -1
+            owns = self._owns
+            if owns[slot]:  # the overwritten step releases its side observations
+                self._release(start, slot)
             ended = None
             no_ends = self._no_ends
             if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
-                ended = terminated | truncated
+                ended = (terminated | truncated).reshape(B)  # [B] also from single's ()
                 self._side_ref[start + self._rows[ended]] = self._put_side(
-                    step_id, ended, [n[ended] for n in next_observations])
+                    step_id, ended, [n.reshape(h.shape)[ended]
+                                     for n, h in zip(next_observations, heads)])
+                owns[slot] = 1
             if observations is None:
-                self._head_bytes[0][:] = next_observation.tobytes()
+                raw = next_observation.tobytes()
+                self._head_bytes[0][:] = raw
+                self._head_raw = raw
             else:
                 for head_bytes, nxt in zip(self._head_bytes, next_observations):
                     head_bytes[:] = nxt.tobytes()
@@ -444,11 +489,10 @@ class TransitionReplayBuffer(ReplayBuffer):
         if ring.last_id >= 0 and not self._follows_on(host):
             self._keep_previous_next(host)
         step_id = ring.last_id + 1
-        start = (step_id % L) * B
-        owned = self._side_ref[start:start + B]  # a view
-        if owned.tobytes() != self._unowned:  # overwritten steps release side observations
-            self._side.free(owned[owned >= 0])
-            owned[...] = -1
+        slot = step_id % L
+        start = slot * B
+        if self._owns[slot]:  # overwritten steps release side observations
+            self._release(start, slot)
         codec = self._codec
         if codec is not None:  # the stacks become frame references (validated already)
             arrays = list(arrays)
@@ -462,8 +506,10 @@ class TransitionReplayBuffer(ReplayBuffer):
             ended_rows = ended
             self._side_ref[start + self._rows[ended]] = self._put_side(
                 step_id, ended, [n[ended] for n in next_obs])
+            self._owns[slot] = 1
         for head, new in zip(self._head_next, next_obs):
             head[...] = new
+        self._head_raw = None
         ring.last_id = step_id
         self._sampler.on_add(ring, step_id, 1)
         self._written(start, ended_rows)
@@ -501,6 +547,15 @@ class TransitionReplayBuffer(ReplayBuffer):
         if moved.any():
             self._side_ref[previous + self._rows[moved]] = self._put_side(
                 ring.last_id, moved, [h[moved] for h in self._head_next])
+            self._owns[ring.last_id % ring.max_length] = 1
+
+    def _release(self, start: int, slot: int) -> None:
+        """Free the side observations of the steps at positions ``start ..
+        start + num_envs`` (slot ``slot``), which are being overwritten."""
+        owned = self._side_ref[start:start + self._ring.batch_size]  # a view
+        self._side.free(owned[owned >= 0])
+        owned[...] = -1
+        self._owns[slot] = 0
 
     def _put_side(self, step_id: int, rows: np.ndarray, leaves: list[np.ndarray]
                   ) -> np.ndarray:
@@ -691,6 +746,7 @@ class TransitionReplayBuffer(ReplayBuffer):
     def _clear_state(self) -> None:
         self._side.clear()
         self._side_ref[:] = -1
+        self._owns[:] = bytes(len(self._owns))
 
     # ---------------------------------------------------------------- persistence
     def _config(self) -> dict[str, Any]:
@@ -723,8 +779,10 @@ class TransitionReplayBuffer(ReplayBuffer):
         with self._lock:
             self._side.load_state_dict(state["side"])
             self._side_ref[:] = state["side_ref"]
+            self._owns[:] = (self._side_ref.reshape(len(self._owns), -1) >= 0).any(1).tobytes()
             for head, saved in zip(self._head_next, state["head_next"]):
                 head[...] = saved
+            self._head_raw = None
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
@@ -745,6 +803,20 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+
+
+SINGLE_FLAGS = (np.array(False), np.array(True))
+"""One env's flags (false, true) as :meth:`TransitionReplayBuffer._add_single` takes them
+at least cost: bool 0-d arrays (``tobytes()`` costs a sixth of a numpy scalar's),
+read-only since every caller shares them."""
+for _flag in SINGLE_FLAGS:
+    _flag.flags.writeable = False
+
+
+def _single_reward(reward: Any) -> Any:
+    """One env's reward with the env axis: a Python float as float32 ``[1]`` (numpy's
+    cast), anything else ``reward[None]``."""
+    return np.array((reward,), np.float32) if type(reward) is float else reward[None]
 
 
 _COPY_COMPARE_MAX = 1 << 16

@@ -115,7 +115,7 @@ from replaybuffer import nest
 from replaybuffer.buffers.her import HERBuffer as _HERCore
 from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
 from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
-from replaybuffer.buffers.transitions import TransitionReplayBuffer
+from replaybuffer.buffers.transitions import SINGLE_FLAGS, TransitionReplayBuffer
 from replaybuffer.errors import CheckpointError, EmptyBufferError
 from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
@@ -439,40 +439,59 @@ class BaseBuffer(ABC):
              done: Any, truncated: Any = None, **extra: Any) -> None:
         """Give the core one transition per env (:meth:`_core_leaves`); ``extra``: more
         of the core's ``add`` arguments (``None`` values left out)."""
-        leaves = self._core_leaves(observation, action, reward, next_observation, done,
-                                   truncated)
-        if extra:
-            self.core.add(*leaves, **{k: v for k, v in extra.items() if v is not None})
+        given = {k: v for k, v in extra.items() if v is not None}
+        single = self._single_leaves(observation, action, reward, next_observation, done,
+                                     truncated)
+        if single is not None:
+            self.core._add_single(*single, **given)
         else:
-            self.core.add(*leaves)
+            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                             done, truncated), **given)
+
+    def _single_leaves(self, observation: Any, action: Any, reward: Any,
+                       next_observation: Any, done: Any, truncated: Any
+                       ) -> tuple[Any, Any, Any, Any, Any, Any] | None:
+        """One env's inputs as the core's ``_add_single`` takes them (no env axis:
+        arrays as they come, the reward a Python float, the flags bool 0-d arrays), when
+        they are what an env gives (array observations and actions, a float reward,
+        bool flags); ``None`` otherwise (and for a vector env), for
+        :meth:`_core_leaves`. The core then takes its shortcut for the usual step
+        without the views of an added axis, or adds the axis and checks everything."""
+        ndarray = np.ndarray
+        if self._direct and not self.vector and type(observation) is ndarray and \
+                type(action) is ndarray and type(next_observation) is ndarray and \
+                type(reward) in _FLOATS and type(done) in _FLAGS and \
+                (truncated is None or type(truncated) in _FLAGS):
+            flags = SINGLE_FLAGS
+            # A float64 scalar as the float it holds; a float32 one as it is (exactly
+            # its bytes, where a round trip through float could change a NaN's).
+            return (observation, action,
+                    float(reward) if type(reward) is np.float64 else reward,
+                    next_observation, flags[1 if done else 0],
+                    None if truncated is None else flags[1 if truncated else 0])
+        return None
 
     def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
                      done: Any, truncated: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
         """Pearl's inputs of one add as the core's ``add`` takes them (observation,
         action, reward, next observation, terminated, truncated; each ``[num_envs, ...]``).
 
-        What an env gives is converted in a few operations: array observations and
-        actions (the env axis added by views for one env), a float reward (float32),
-        bool flags (constant arrays for one env); the core's ``add`` then takes its
-        shortcut for the usual step (``TransitionReplayBuffer._add_exact``) and checks
-        everything else on its general path. Other inputs (lists, tensors, dicts,
-        Pearl's trailing 1 of scalar fields) are converted leaf by leaf (``_batched``).
+        What a vector env gives is converted in one operation: array observations,
+        actions and flags as they come, float rewards as float32; the core's ``add``
+        then takes its shortcut for the usual step (``TransitionReplayBuffer._add_exact``)
+        and checks everything else on its general path. (One env's step as an env gives
+        it goes to the core's ``_add_single`` instead: :meth:`_single_leaves`.) Other
+        inputs (lists, tensors, dicts, Pearl's trailing 1 of scalar fields) are
+        converted leaf by leaf (``_batched``).
         """
         ndarray = np.ndarray
-        if self._direct and type(observation) is ndarray and type(action) is ndarray \
-                and type(next_observation) is ndarray:
-            if not self.vector:
-                if type(reward) in _FLOATS and type(done) in _FLAGS and \
-                        (truncated is None or type(truncated) in _FLAGS):
-                    flags = _FLAG_ARRAYS
-                    return (observation[None], action[None], np.array((reward,), np.float32),
-                            next_observation[None], flags[1 if done else 0],
-                            None if truncated is None else flags[1 if truncated else 0])
-            elif type(reward) is ndarray and reward.dtype.kind == "f" and reward.ndim == 1 \
-                    and type(done) is ndarray and done.ndim == 1 and \
-                    (truncated is None or type(truncated) is ndarray and truncated.ndim == 1):
-                return (observation, action, reward.astype(np.float32, copy=False),
-                        next_observation, done, truncated)
+        if self._direct and self.vector and type(observation) is ndarray and \
+                type(action) is ndarray and type(next_observation) is ndarray and \
+                type(reward) is ndarray and reward.dtype.kind == "f" and reward.ndim == 1 \
+                and type(done) is ndarray and done.ndim == 1 and \
+                (truncated is None or type(truncated) is ndarray and truncated.ndim == 1):
+            return (observation, action, reward.astype(np.float32, copy=False),
+                    next_observation, done, truncated)
         return (self._batched(observation), self._batched(action, self._action_path),
                 self._batched(reward, "scalar"), self._batched(next_observation),
                 self._batched(done, "scalar"),
@@ -617,8 +636,13 @@ class ReplayBuffer(BaseBuffer):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
-                                         truncated))
+        single = self._single_leaves(observation, action, reward, next_observation, done,
+                                     truncated)
+        if single is not None:
+            self.core._add_single(*single)
+        else:
+            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                             done, truncated))
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -675,8 +699,13 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        self.core.add(*self._core_leaves(observation, action, reward, next_observation, done,
-                                         truncated), value=value, log_prob=log_prob)
+        single = self._single_leaves(observation, action, reward, next_observation, done,
+                                     truncated)
+        if single is not None:
+            self.core._add_single(*single, value=value, log_prob=log_prob)
+        else:
+            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                             done, truncated), value=value, log_prob=log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -845,11 +874,6 @@ def _index(value: Any, i: int) -> Any:
 _KINDS = {"numpy": TrajectoryType.NUMPY, "torch": TrajectoryType.TORCH}
 _FLOATS = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
 _FLAGS = (bool, np.bool_)
-# One env's flags as the core takes them (bool [1]), indexed by the flag; read-only,
-# since the core may keep a reference only long enough to copy them.
-_FLAG_ARRAYS = (np.zeros(1, np.bool_), np.ones(1, np.bool_))
-for _flag in _FLAG_ARRAYS:
-    _flag.flags.writeable = False
 
 
 class _FastPaths:
@@ -869,8 +893,9 @@ class _FastPaths:
     * runs of consecutive steps (``last``, ``all``, ``RolloutBuffer.sample``) are views
       of :class:`_Recent`, the newest steps already laid out as Pearl returns them.
 
-    Adds need no shortcut here: :meth:`BaseBuffer._add` hands the core arrays its own
-    shortcut (``TransitionReplayBuffer._add_exact``) takes.
+    Adds need no shortcut here: ``add_trajectory`` hands the core arrays its own
+    shortcut (``TransitionReplayBuffer._add_exact``) takes, one env's without the env
+    axis (``_add_single``).
     """
 
     @classmethod
