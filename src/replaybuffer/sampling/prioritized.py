@@ -524,12 +524,18 @@ class PrioritizedSampler:
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` of live item ids (NaN for stale ones)."""
         self._flush()
+        live, positions = self._live(ring, item_ids)
+        out = np.full(item_ids.shape, np.nan)
+        out[live] = self._sum.get(positions)
+        return out
+
+    def _live(self, ring: Ring, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(live, positions)``: bool ``[K]``, whether each item id names a stored step,
+        and int64 positions of the live ones."""
         B = ring.batch_size
         ids = item_ids // B - self.key_base
         live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
-        out = np.full(item_ids.shape, np.nan)
-        out[live] = self._sum.get(ring.positions(ids[live], item_ids[live] % B))
-        return out
+        return live, ring.positions(ids[live], item_ids[live] % B)
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:

@@ -57,3 +57,11 @@ class DeviceGenerator:
             except RuntimeError:  # another device type's generator (CPU vs CUDA)
                 pass
         self.generator.manual_seed(int(rng.integers(0, 2**63 - 1)))
+
+
+def refuse_episodes(episodes: Any) -> None:
+    """Device samplers draw no windows within episodes: the episode index lives on the
+    host. Raises ``ValueError`` when ``episodes`` (an EpisodeIndex) is given."""
+    if episodes is not None:
+        raise ValueError("within_episodes sampling runs on the host: build the buffer "
+                         "with sample_on_device=False")

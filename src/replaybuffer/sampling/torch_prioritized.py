@@ -32,7 +32,7 @@ from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
-from replaybuffer.sampling.torch_generator import DeviceGenerator
+from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
 
@@ -121,9 +121,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, Any]]:
-        if episodes is not None:
-            raise ValueError("within_episodes sampling runs on the host: build the buffer "
-                             "with sample_on_device=False")
+        refuse_episodes(episodes)
         if self._pending:
             self._flush()
         generator = self._generator.for_call(rng)
@@ -172,12 +170,9 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` of live item ids (NaN for stale ones), numpy."""
         self._flush()
-        B = ring.batch_size
-        ids = item_ids // B - self.key_base
-        live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
+        live, positions = self._live(ring, item_ids)
         out = np.full(item_ids.shape, np.nan)
-        positions = torch.from_numpy(ring.positions(ids[live], item_ids[live] % B))
-        out[live] = self._tree.leaves[positions.to(self.device)].cpu().numpy()
+        out[live] = self._tree.leaves[torch.from_numpy(positions).to(self.device)].cpu().numpy()
         return out
 
     # ------------------------------------------------------------- persistence

@@ -15,11 +15,12 @@ import torch
 
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import Ring
-from replaybuffer.sampling.sampler import SampleIndices, make_rng
-from replaybuffer.sampling.torch_generator import DeviceGenerator
+from replaybuffer.sampling.sampler import SampleIndices
+from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
+from replaybuffer.sampling.uniform import UniformSampler
 
 
-class TorchUniformSampler:
+class TorchUniformSampler(UniformSampler):
     """Each valid ``(start id, row)`` pair with probability ``1 / (starts * batch_size)``,
     drawn on ``device``.
 
@@ -34,17 +35,15 @@ class TorchUniformSampler:
     """
 
     def __init__(self, device: torch.device, seed: int | None = None):
+        super().__init__(seed)  # its generator: spawn_rng (datasets' per-element ones)
         self.device = device
         self._generator = DeviceGenerator(device, seed)
-        self._rng = make_rng(seed)  # only for spawn_rng (datasets' per-element generators)
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, Any]]:
-        if episodes is not None:
-            raise ValueError("within_episodes sampling runs on the host: build the buffer "
-                             "with sample_on_device=False")
+        refuse_episodes(episodes)
         lo, hi = ring.valid_start_range(num_steps)
         batch, length = ring.batch_size, ring.max_length
         n = (hi - lo) * batch
@@ -59,15 +58,6 @@ class TorchUniformSampler:
         probabilities = torch.full((sample_batch_size,), 1.0 / n, dtype=torch.float32,
                                    device=self.device)
         return SampleIndices(ids, positions), {"probabilities": probabilities}  # type: ignore[arg-type]
-
-    def spawn_rng(self) -> np.random.Generator:
-        return make_rng(int(self._rng.integers(0, 2**63 - 1)))
-
-    def on_add(self, ring: Ring, first_id: int, num_steps: int) -> None:
-        pass
-
-    def on_clear(self, ring: Ring) -> None:
-        pass
 
     def state_dict(self) -> dict[str, Any]:
         # "rng" as the host sampler saves it, so either sampler restores the other's state.
