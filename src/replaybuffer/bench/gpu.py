@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -44,6 +45,7 @@ class Row:
     seconds: float
     items: int
     limit_seconds: float | None
+    status: str = "ok"  # or why the library could not run the op (a row all the same)
 
     @property
     def items_per_second(self) -> float:
@@ -152,14 +154,16 @@ def _torchrl(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
                                     "done": t["step_type"].bool()}}, [n], device=device)
     data, batch = pack(chunk), pack(BATCH)
     step = _step_bytes(spec) + spec["observation"].nbytes  # a stored next observation
-    rows = []
+    rows: list[Row] = []
     for name in ("uniform", "prioritized"):
         sampler = {}
         if name == "prioritized":
             try:  # its sum tree is a compiled extension, missing from some builds
                 sampler = {"sampler": PrioritizedSampler(capacity, alpha=0.6, beta=0.4)}
-            except RuntimeError as exc:
-                print(f"torchrl prioritized rows skipped: {exc}", file=sys.stderr)
+            except RuntimeError as exc:  # reported in the table, never dropped
+                rows.extend(Row(workload, "torchrl", op, math.nan, BATCH, None,
+                                f"cannot run: {exc}")
+                            for op in (f"{name} sample({BATCH})+next", f"update({BATCH})"))
                 break
         rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device),
                                     batch_size=BATCH, **sampler)
@@ -183,13 +187,16 @@ def _torchrl(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
 
 def format_table(rows: list[Row], device_name: str, gbps: float) -> str:
     lines = [f"# device: {device_name}; copy bandwidth {gbps:.1f} GB/s (read + write)",
-             "| workload | library | op | us/call | items/s | limit us | x limit |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "| workload | library | op | us/call | items/s | limit us | x limit | status |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
+        if r.status != "ok":
+            lines.append(f"| {r.workload} | {r.library} | {r.op} |  |  |  |  | {r.status} |")
+            continue
         limit = "" if r.limit_seconds is None else f"{r.limit_seconds * 1e6:.2f}"
         ratio = "" if r.limit_seconds is None else f"{r.seconds / r.limit_seconds:.1f}"
         lines.append(f"| {r.workload} | {r.library} | {r.op} | {r.seconds * 1e6:,.1f} | "
-                     f"{r.items_per_second:,.0f} | {limit} | {ratio} |")
+                     f"{r.items_per_second:,.0f} | {limit} | {ratio} | ok |")
     return "\n".join(lines)
 
 
