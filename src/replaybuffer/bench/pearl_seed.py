@@ -53,7 +53,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from replaybuffer.bench.seed_venv import NotInstalled, run_report, venv_python
+from replaybuffer.bench.seed_venv import (NotInstalled, comparison_table, run_report,
+                                         venv_python)
 
 __all__ = ["OPS", "run", "peer_rows", "pearl_python", "format_table", "main"]
 
@@ -318,21 +319,8 @@ def peer_ops() -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------ report
 def format_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
-    header = ("op", "Pearl us", "ours us", "ours/Pearl", "status")
-    cells = []
-    for r in rows:
-        p, o = r["pearl_seconds"], r["ours_seconds"]
-        cells.append((r["name"], "" if p is None else f"{p * 1e6:,.1f}",
-                      "" if o is None else f"{o * 1e6:,.1f}",
-                      "" if r["ratio"] is None else f"{r['ratio']:.2f}", r["status"]))
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|---|"]
-        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
-    table = [header] + cells
-    widths = [max(len(c[i]) for c in table) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) if 0 < i < 4 else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-                     for row in table)
+    return comparison_table([(r["name"], r["pearl_seconds"], r["ours_seconds"], r["ratio"],
+                              r["status"]) for r in rows], "Pearl", markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

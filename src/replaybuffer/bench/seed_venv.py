@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NotInstalled", "run_report", "venv_python"]
+__all__ = ["NotInstalled", "comparison_table", "run_report", "venv_python"]
 
 
 class NotInstalled(Exception):
@@ -50,3 +50,25 @@ def run_report(python: Path, module: str, args: list[str],
         raise RuntimeError(f"{python} -m {module}: {tail}")
     report: dict[str, Any] = json.loads(done.stdout)
     return report
+
+
+def comparison_table(rows: list[tuple[str, float | None, float | None, float | None, str]],
+                     theirs: str, markdown: bool = False) -> str:
+    """A seed's ops side by side: ``rows`` of ``(op, their seconds, our seconds, ours /
+    theirs, status)`` (``None`` where an op did not run), as aligned text or markdown."""
+    header = ("op", f"{theirs} us", "ours us", f"ours / {theirs}", "status")
+    cells = [(name, "" if t is None else f"{t * 1e6:,.1f}",
+              "" if o is None else f"{o * 1e6:,.1f}",
+              "" if ratio is None else f"{ratio:.2f}", status)
+             for name, t, o, ratio, status in rows]
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|---|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |"
+                for line in cells]
+        return "\n".join(out)
+    table = [header, *cells]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    text = ["  ".join(c.rjust(w) if 0 < i < 4 else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)

@@ -63,7 +63,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from replaybuffer.bench.seed_venv import NotInstalled, run_report, venv_python
+from replaybuffer.bench.seed_venv import (NotInstalled, comparison_table, run_report,
+                                         venv_python)
 
 __all__ = ["OPS", "NotInstalled", "run", "peer_rows", "tf_agents_python", "versions",
            "format_table", "main"]
@@ -420,24 +421,8 @@ def peer_ops() -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------ reporting
 def format_table(report: dict[str, Any], markdown: bool = False) -> str:
-    header = ("op", "TF-Agents us", "ours us", "ours / TF-Agents", "status")
-    lines = []
-    for r in report["rows"]:
-        t, o = r["theirs_seconds"], r["ours_seconds"]
-        lines.append((r["name"], "" if t is None else f"{t * 1e6:,.1f}",
-                      "" if o is None else f"{o * 1e6:,.1f}",
-                      "" if r["ratio"] is None else f"{r['ratio']:.2f}", r["status"]))
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|---|"]
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |"
-                for line in lines]
-        return "\n".join(out)
-    table = [header, *lines]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    text = ["  ".join(c.rjust(w) if 0 < i < 4 else c.ljust(w)
-                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return comparison_table([(r["name"], r["theirs_seconds"], r["ours_seconds"], r["ratio"],
+                              r["status"]) for r in report["rows"]], "TF-Agents", markdown)
 
 
 def main(argv: list[str] | None = None) -> int:
