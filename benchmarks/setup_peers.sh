@@ -105,45 +105,7 @@ import os, sysconfig
 assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 EOF
   log "rebuilding it from the sources in its wheel (about 2-3 minutes on 2 cores)"
-  "$PY" - <<'EOF'
-"""Rebuild torchrl/_torchrl*.so from torchrl/csrc against the installed torch.
-
-The wheel ships the C++ sources (pybind.cpp, utils.cpp and headers) but no setup
-script; torch's BuildExtension supplies the include paths, -std=c++20, the ABI flag and
-TORCH_EXTENSION_NAME. CPU only: WITH_CUDA stays undefined, as in a CPU wheel.
-"""
-import glob
-import importlib.util
-import os
-import shutil
-import sysconfig
-import tempfile
-
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
-
-pkg = os.path.dirname(importlib.util.find_spec("torchrl").origin)
-csrc = os.path.join(pkg, "csrc")
-sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
-if not sources:
-    raise SystemExit(f"no C++ sources in {csrc}")
-build = tempfile.mkdtemp(prefix="torchrl-ext-")
-try:
-    setup(name="torchrl-extension-rebuild",
-          ext_modules=[CppExtension("torchrl._torchrl", sources, include_dirs=[csrc],
-                                    extra_compile_args=["-O3"])],
-          cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
-          script_args=["-q", "build_ext", "--build-lib", build,
-                       "--build-temp", os.path.join(build, "tmp")])
-    name = "_torchrl" + sysconfig.get_config_var("EXT_SUFFIX")
-    target = os.path.join(pkg, name)
-    if os.path.exists(target) and not os.path.exists(target + ".orig"):
-        shutil.copy2(target, target + ".orig")  # the registry's binary, for reference
-    shutil.copy2(os.path.join(build, "torchrl", name), target)
-    print(f"setup_peers: rebuilt {target}")
-finally:
-    shutil.rmtree(build, ignore_errors=True)
-EOF
+  "$PY" "$ROOT/benchmarks/torchrl_extension.py"
   "$PY" -c 'import torchrl._torchrl' || die "torchrl._torchrl still does not load after the rebuild"
 fi
 

@@ -1,6 +1,7 @@
-"""Sampling on the torch storage's device (sampling/torch_*.py), run on the CPU here.
+"""Sampling on the torch storage's device (sampling/torch_*.py), on the CPU and any GPU.
 
-The same code runs on a GPU; on the CPU it is chosen with ``sample_on_device=True``.
+Every test runs on the CPU (where the device samplers are chosen with
+``sample_on_device=True``) and, where torch sees one, on the CUDA device too.
 Pinned against references: the numpy sum tree's arithmetic, the host samplers'
 distributions (chi-square), exact windows at the write head, and bit-exact restores.
 """
@@ -16,11 +17,28 @@ torch = pytest.importorskip("torch")
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.errors import EmptyBufferError  # noqa: E402
+from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums  # noqa: E402
 from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler  # noqa: E402
 from replaybuffer.sampling.torch_tree import TorchSegmentTree  # noqa: E402
 from replaybuffer.sampling.torch_uniform import TorchUniformSampler  # noqa: E402
 
 CPU = torch.device("cpu")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)
+
+
+@pytest.fixture(params=["prefix", "tree"])
+def search(request: pytest.FixtureRequest) -> str:
+    """The prioritized sampler's search: running sums or a sum tree."""
+    return request.param
+
+
+def on(device: torch.device, x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x).to(device)
 
 
 def chi2_999(df: int) -> float:
@@ -33,10 +51,16 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def counter_buffer(cls, batch_size=2, max_length=20, adds=20, **kwargs):
-    """Leaf value ``row * 1000 + add id``: a window's values give its row and steps."""
+def counter_buffer(cls, device=CPU, batch_size=2, max_length=20, adds=20, search=None,
+                   **kwargs):
+    """Leaf value ``row * 1000 + add id``: a window's values give its row and steps.
+    ``search`` picks the prioritized sampler's search (its default when None)."""
     buf = cls(rb.ArraySpec((), np.int64), batch_size, max_length, storage="torch",
-              sample_on_device=True, seed=3, **kwargs)
+              device=device, sample_on_device=True, seed=3, **kwargs)
+    if search is not None:
+        buf._sampler = TorchPrioritizedSampler(
+            buf._sampler.capacity, kwargs.get("alpha", 0.6), seed=3, device=device,
+            normalize=kwargs.get("normalize", "batch"), search=search)
     for t in range(adds):
         buf.add_batch(np.arange(batch_size, dtype=np.int64) * 1000 + t)
     return buf
@@ -44,85 +68,130 @@ def counter_buffer(cls, batch_size=2, max_length=20, adds=20, **kwargs):
 
 # ------------------------------------------------------------------------- tree
 @pytest.mark.parametrize("capacity", [1, 2, 7, 64, 1000])
-def test_tree_matches_numpy_reference(capacity):
+def test_tree_matches_numpy_reference(capacity, device):
     rng = np.random.default_rng(capacity)
-    tree = TorchSegmentTree(capacity, CPU, "sum")
-    mins = TorchSegmentTree(capacity, CPU, "min")
+    tree = TorchSegmentTree(capacity, device, "sum")
+    mins = TorchSegmentTree(capacity, device, "min")
     ref = np.zeros(capacity)
     for _ in range(20):
         slots = rng.integers(0, capacity, 30)  # repeats: the last occurrence wins
         values = rng.random(30) * (rng.random(30) < 0.8)
         for s, v in zip(slots, values):
             ref[s] = v
-        tree.assign(torch.from_numpy(slots), torch.from_numpy(values))
-        mins.assign(torch.from_numpy(slots),
-                    torch.from_numpy(np.where(values > 0, values, np.inf)))
-    np.testing.assert_array_equal(tree.leaves.numpy(), ref)
+        tree.assign(on(device, slots), on(device, values))
+        mins.assign(on(device, slots), on(device, np.where(values > 0, values, np.inf)))
+    np.testing.assert_array_equal(tree.leaves.cpu().numpy(), ref)
     assert float(tree.root()) == pytest.approx(ref.sum(), rel=1e-12)
     positive = ref[ref > 0]
     assert float(mins.root()) == (positive.min() if positive.size else np.inf)
     ends = np.arange(capacity + 1)
-    np.testing.assert_allclose(tree.prefix_sums(torch.from_numpy(ends)).numpy(),
+    np.testing.assert_allclose(tree.prefix_sums(on(device, ends)).cpu().numpy(),
                                np.concatenate(([0.0], np.cumsum(ref))), rtol=1e-12, atol=1e-12)
     if ref.sum() > 0:
         cumulative = np.cumsum(ref)
         targets = rng.random(500) * ref.sum()
-        found = tree.find(torch.from_numpy(targets)).numpy()
+        found = tree.find(on(device, targets)).cpu().numpy()
         expected = np.searchsorted(cumulative, targets, side="right")
         near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
         np.testing.assert_array_equal(found[~near], expected[~near])
         assert (ref[found] > 0).all()  # never an empty slot, even at the edges
     # load rebuilds the same tree as the updates did
-    other = TorchSegmentTree(capacity, CPU, "sum")
-    other.load(torch.from_numpy(ref))
+    other = TorchSegmentTree(capacity, device, "sum")
+    other.load(on(device, ref))
     assert float(other.root()) == pytest.approx(ref.sum(), rel=1e-12)
 
 
-def test_find_never_lands_on_empty_slots_at_the_end():
-    tree = TorchSegmentTree(8, CPU, "sum")
-    tree.assign(torch.tensor([0, 3]), torch.tensor([0.1, 0.2], dtype=torch.float64))
+def test_find_never_lands_on_empty_slots_at_the_end(device):
+    tree = TorchSegmentTree(8, device, "sum")
+    tree.assign(on(device, np.array([0, 3])), on(device, np.array([0.1, 0.2])))
     total = float(tree.root())
-    found = tree.find(torch.tensor([total, total * (1 + 1e-15), 0.0], dtype=torch.float64))
+    found = tree.find(on(device, np.array([total, total * (1 + 1e-15), 0.0])))
     assert found.tolist() == [3, 3, 0]
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 7, 64, 1000])
+def test_prefix_sums_match_numpy_reference(capacity, device):
+    rng = np.random.default_rng(capacity)
+    sums = TorchPrefixSums(capacity, device)
+    ref = np.zeros(capacity)
+    for _ in range(20):
+        slots = rng.integers(0, capacity, 30)  # repeats: the last occurrence wins
+        values = rng.random(30) * (rng.random(30) < 0.8)
+        for s, v in zip(slots, values):
+            ref[s] = v
+        sums.assign(on(device, slots), on(device, values))
+        np.testing.assert_array_equal(sums.leaves.cpu().numpy(), ref)
+    assert float(sums.root()) == pytest.approx(ref.sum(), rel=1e-12)
+    positive = ref[ref > 0]
+    assert float(sums.smallest_positive()) == (positive.min() if positive.size else np.inf)
+    ends = np.arange(capacity + 1)
+    np.testing.assert_allclose(sums.prefix_sums(on(device, ends)).cpu().numpy(),
+                               np.concatenate(([0.0], np.cumsum(ref))), rtol=1e-12, atol=1e-12)
+    if ref.sum() > 0:
+        cumulative = np.cumsum(ref)
+        targets = np.concatenate((rng.random(500) * ref.sum(), [ref.sum(), 2 * ref.sum()]))
+        found = sums.find(on(device, targets)).cpu().numpy()
+        expected = np.minimum(np.searchsorted(cumulative, targets, side="right"),
+                              np.flatnonzero(ref)[-1])  # past the total: the last with mass
+        near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
+        np.testing.assert_array_equal(found[~near], expected[~near])
+        assert (ref[found] > 0).all()  # never an empty slot, even at the edges
+    other = TorchPrefixSums(capacity, device)
+    other.load(on(device, ref))
+    np.testing.assert_array_equal(other.sums().cpu().numpy(), sums.sums().cpu().numpy())
+    other.clear()
+    assert float(other.root()) == 0.0
+
+
+@pytest.mark.parametrize("capacity", [3, 1000])
+def test_prefix_sums_and_tree_find_the_same_slots(capacity, device):
+    rng = np.random.default_rng(7)
+    ref = rng.random(capacity) * (rng.random(capacity) < 0.7)
+    tree, sums = TorchSegmentTree(capacity, device, "sum"), TorchPrefixSums(capacity, device)
+    tree.load(on(device, ref))
+    sums.load(on(device, ref))
+    targets = on(device, rng.random(2000) * ref.sum())
+    assert torch.equal(tree.find(targets), sums.find(targets))
 
 
 # --------------------------------------------------------------------- uniform
 @pytest.mark.parametrize("num_steps", [1, 3])
-def test_uniform_windows_are_valid_and_uniform(num_steps):
-    buf = counter_buffer(rb.UniformReplayBuffer, batch_size=2, max_length=10, adds=23)
+def test_uniform_windows_are_valid_and_uniform(num_steps, device):
+    buf = counter_buffer(rb.UniformReplayBuffer, device, batch_size=2, max_length=10, adds=23)
     assert isinstance(buf._sampler, TorchUniformSampler)
     counts: dict[tuple[int, int], int] = {}
     for _ in range(200):
         items, info = buf.get_next(100, num_steps)
         assert isinstance(info.ids, torch.Tensor) and isinstance(info.probabilities,
                                                                  torch.Tensor)
-        values = items.numpy()
+        values = items.cpu().numpy()
         rows, steps = values // 1000, values % 1000
         assert (np.diff(steps, axis=1) == 1).all() and (rows == rows[:, :1]).all()
         assert steps.min() >= 13 and steps.max() <= 22  # never past the write head
-        np.testing.assert_array_equal(info.ids.numpy(), steps)
+        np.testing.assert_array_equal(info.ids.cpu().numpy(), steps)
         for r, s in zip(rows[:, 0], steps[:, 0]):
             counts[(r, s)] = counts.get((r, s), 0) + 1
     starts = 2 * (10 - num_steps + 1)
     assert len(counts) == starts
-    assert info.probabilities.numpy() == pytest.approx(1 / starts)
+    assert info.probabilities.cpu().numpy() == pytest.approx(1 / starts)
     observed = np.array(list(counts.values()), float)
     assert chi_square(observed, np.full(starts, 20_000 / starts)) < chi2_999(starts - 1)
 
 
-def test_uniform_with_one_row_wraps():
-    buf = counter_buffer(rb.UniformReplayBuffer, batch_size=1, max_length=8, adds=13)
+def test_uniform_with_one_row_wraps(device):
+    buf = counter_buffer(rb.UniformReplayBuffer, device, batch_size=1, max_length=8, adds=13)
     items, info = buf.get_next(500, 4)
-    steps = items.numpy()
+    steps = items.cpu().numpy()
     assert (np.diff(steps, axis=1) == 1).all() and steps.min() >= 5 and steps.max() <= 12
 
 
 # ----------------------------------------------------------------- prioritized
 @pytest.mark.parametrize("num_steps", [1, 4])
 @pytest.mark.parametrize("alpha", [0.6, 1.0, 0.0])
-def test_prioritized_follows_priorities(alpha, num_steps):
+def test_prioritized_follows_priorities(alpha, num_steps, device, search):
     B, L = 2, 10
-    buf = counter_buffer(rb.PrioritizedReplayBuffer, batch_size=B, max_length=L, adds=17,
+    buf = counter_buffer(rb.PrioritizedReplayBuffer, device, search=search,
+                         batch_size=B, max_length=L, adds=17,
                          alpha=alpha)
     assert isinstance(buf._sampler, TorchPrioritizedSampler)
     _, info = buf.get_next(1)  # item ids of the retained steps, by (id, row)
@@ -136,10 +205,10 @@ def test_prioritized_follows_priorities(alpha, num_steps):
     draws = 0
     for _ in range(100):
         items, info = buf.get_next(1000, num_steps)
-        steps, rows = items.numpy() % 1000, items.numpy() // 1000
+        steps, rows = items.cpu().numpy() % 1000, items.cpu().numpy() // 1000
         assert (np.diff(steps, axis=1) == 1).all() and (rows == rows[:, :1]).all()
         index = (steps[:, 0] - 7) * B + rows[:, 0]
-        np.testing.assert_allclose(info.probabilities.numpy(), mass[index] / mass.sum(),
+        np.testing.assert_allclose(info.probabilities.cpu().numpy(), mass[index] / mass.sum(),
                                    rtol=1e-6)
         counts += np.bincount(index, minlength=len(ids))
         draws += 1000
@@ -149,10 +218,11 @@ def test_prioritized_follows_priorities(alpha, num_steps):
 
 
 @pytest.mark.parametrize("normalize", ["batch", "buffer"])
-def test_weights_and_probabilities_match_the_host_sampler(normalize):
+def test_weights_and_probabilities_match_the_host_sampler(normalize, device, search):
     host = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 3, 12, seed=0,
                                       normalize=normalize)
-    dev = counter_buffer(rb.PrioritizedReplayBuffer, batch_size=3, max_length=12, adds=30,
+    dev = counter_buffer(rb.PrioritizedReplayBuffer, device, search=search,
+                         batch_size=3, max_length=12, adds=30,
                          normalize=normalize)
     for t in range(30):
         host.add_batch(np.arange(3, dtype=np.int64) * 1000 + t)
@@ -163,62 +233,67 @@ def test_weights_and_probabilities_match_the_host_sampler(normalize):
     host.update_priorities(ids, priorities)
     dev.update_priorities(ids, priorities)
     items, info = dev.get_next(200, 2)
-    np.testing.assert_allclose(dev.priorities(info.ids.numpy()[:, 0]),
-                               host.priorities(info.ids.numpy()[:, 0]))
-    values = host.priorities(info.ids.numpy()[:, 0])
+    np.testing.assert_allclose(dev.priorities(info.ids.cpu().numpy()[:, 0]),
+                               host.priorities(info.ids.cpu().numpy()[:, 0]))
+    values = host.priorities(info.ids.cpu().numpy()[:, 0])
     mass = host._sampler.valid_mass(host._ring, 2)
     assert dev._sampler.valid_mass(dev._ring, 2) == pytest.approx(mass, rel=1e-12)
-    np.testing.assert_allclose(info.probabilities.numpy(), values / mass, rtol=1e-6)
+    np.testing.assert_allclose(info.probabilities.cpu().numpy(), values / mass, rtol=1e-6)
     smallest = values.min() if normalize == "batch" else host._sampler._min.min()
     expected = np.minimum((smallest / values) ** host.beta, 1.0)
-    np.testing.assert_allclose(info.weights.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(info.weights.cpu().numpy(), expected, rtol=1e-5)
 
 
-def test_bad_priorities_change_nothing():
-    buf = counter_buffer(rb.PrioritizedReplayBuffer, batch_size=1, max_length=10, adds=10)
+def test_bad_priorities_change_nothing(device, search):
+    buf = counter_buffer(rb.PrioritizedReplayBuffer, device, search=search,
+                         batch_size=1, max_length=10, adds=10)
     buf.update_priorities(np.arange(10), np.arange(1.0, 11.0))
-    before = buf._sampler._tree.nodes.clone()
+    before = buf._sampler._tree.leaves.clone()
     state = torch.get_rng_state()
     for bad in (np.nan, -1.0, np.inf):
         with pytest.raises(ValueError, match="finite and >= 0"):
             buf.update_priorities(np.arange(3), np.array([1.0, bad, 2.0]))
-        assert torch.equal(buf._sampler._tree.nodes, before)
+        assert torch.equal(buf._sampler._tree.leaves, before)
     with pytest.raises(ValueError, match="same S"):
         buf.update_priorities(np.arange(3), np.ones(2))
-    assert torch.equal(buf._sampler._tree.nodes, before)
+    assert torch.equal(buf._sampler._tree.leaves, before)
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_all_zero_priorities_raise():
-    buf = counter_buffer(rb.PrioritizedReplayBuffer, batch_size=1, max_length=10, adds=10)
+def test_all_zero_priorities_raise(device, search):
+    buf = counter_buffer(rb.PrioritizedReplayBuffer, device, search=search,
+                         batch_size=1, max_length=10, adds=10)
     buf.update_priorities(np.arange(10), np.zeros(10))
     with pytest.raises(EmptyBufferError, match="priority 0"):
         buf.get_next(4)
 
 
-def test_stale_ids_and_clear():
-    buf = counter_buffer(rb.PrioritizedReplayBuffer, batch_size=1, max_length=5, adds=8)
+def test_stale_ids_and_clear(device, search):
+    buf = counter_buffer(rb.PrioritizedReplayBuffer, device, search=search,
+                         batch_size=1, max_length=5, adds=8)
     assert buf.update_priorities(np.array([0, 1, 7]), np.array([9.0, 9.0, 2.0])) == 1
     buf.clear()
     assert float(buf._sampler._tree.root()) == 0.0
     buf.add_batch(np.array([5], np.int64))
     items, info = buf.get_next(10)
-    assert (items.numpy() == 5).all() and (info.ids.numpy() == 8).all()
+    assert (items.cpu().numpy() == 5).all() and (info.ids.cpu().numpy() == 8).all()
 
 
 # ----------------------------------------------------------------- restore
-@pytest.mark.parametrize("cls", [rb.UniformReplayBuffer, rb.PrioritizedReplayBuffer])
-def test_restore_is_bit_exact(cls, tmp_path):
-    buf = counter_buffer(cls, batch_size=2, max_length=10, adds=14)
+@pytest.mark.parametrize("cls, search", [(rb.UniformReplayBuffer, None),
+                                         (rb.PrioritizedReplayBuffer, "prefix"),
+                                         (rb.PrioritizedReplayBuffer, "tree")])
+def test_restore_is_bit_exact(cls, search, tmp_path, device):
+    buf = counter_buffer(cls, device, batch_size=2, max_length=10, adds=14, search=search)
     buf.get_next(7, 2)
     if cls is rb.PrioritizedReplayBuffer:
         buf.update_priorities(np.arange(0, 28, 3), np.linspace(0.5, 3.0, 10))
     buf.save(tmp_path / "ckpt")
     restored = rb.load(tmp_path / "ckpt")
     # A restore builds the host sampler (the default on the CPU); ask for the device one.
-    fresh = counter_buffer(cls, batch_size=2, max_length=10, adds=0)
+    fresh = counter_buffer(cls, device, batch_size=2, max_length=10, adds=0, search=search)
     fresh._restore({"last_id": buf._ring.last_id, "sampler": buf._sampler.state_dict()},
-                   [a.numpy().copy() for a in buf._storage.arrays])
+                   [a.cpu().numpy().copy() for a in buf._storage.arrays])
     for _ in range(3):
         (x, ix), (y, iy) = buf.get_next(16, 2), fresh.get_next(16, 2)
         assert torch.equal(x, y) and torch.equal(ix.ids, iy.ids)
@@ -229,9 +304,9 @@ def test_restore_is_bit_exact(cls, tmp_path):
         np.testing.assert_allclose(restored.priorities(ids), buf.priorities(ids))
 
 
-def test_sampler_state_dict_round_trip():
-    a = TorchPrioritizedSampler(16, seed=5)
-    b = TorchPrioritizedSampler(16, seed=6)
+def test_sampler_state_dict_round_trip(device, search):
+    a = TorchPrioritizedSampler(16, seed=5, device=device, search=search)
+    b = TorchPrioritizedSampler(16, seed=6, device=device, search=search)
     ring = rb.sampling.Ring(2, 8)
     ring.last_id = 7
     a.on_add(ring, 0, 8)
@@ -242,9 +317,9 @@ def test_sampler_state_dict_round_trip():
         assert torch.equal(ia.start_positions, ib.start_positions)
 
 
-def test_dataset_elements_are_reproducible():
+def test_dataset_elements_are_reproducible(device):
     def elements():
-        buf = counter_buffer(rb.UniformReplayBuffer, batch_size=2, max_length=10, adds=12)
+        buf = counter_buffer(rb.UniformReplayBuffer, device, batch_size=2, max_length=10, adds=12)
         stream = iter(buf.as_dataset(8, 2))
         return [next(stream)[0] for _ in range(3)]
     for x, y in zip(elements(), elements()):
@@ -262,6 +337,9 @@ def test_choice_of_sampler():
         rb.PrioritizedReplayBuffer({"step_type": rb.ArraySpec((), np.int32)},
                                    storage="torch", sample_on_device=True,
                                    track_episodes=True)
+    assert TorchPrioritizedSampler(16).search == "prefix"
+    with pytest.raises(ValueError, match="search must be 'prefix' or 'tree', got 'heap'"):
+        TorchPrioritizedSampler(16, search="heap")
     with pytest.raises(ValueError, match="True, False or None"):
         rb.UniformReplayBuffer(spec, storage="torch", sample_on_device="yes")
 
@@ -272,7 +350,8 @@ def test_gpu_bench_smoke_on_the_cpu(capsys):
     assert gpu.main(["--device", "cpu", "--quick", "--workloads", "control",
                      "--no-torchrl"]) == 0
     out = capsys.readouterr().out
-    assert "device: cpu" in out and "prioritized sample(256)+next" in out
+    assert "device: cpu" in out and "prioritized[prefix] sample(256)+next" in out
+    assert "prioritized[tree] update+sample(256)" in out and "scalar 16,384" in out
 
 
 def test_gpu_bench_without_cuda_says_so(capsys):

@@ -108,6 +108,34 @@ def rewrite(d, change, fix_checksum=True):
     (d / "manifest.json").write_text(json.dumps(m))
 
 
+def test_torch_storage_comes_back_on_its_device(storage, tmp_path):
+    buf = filled(storage, 4)
+    buf.save(tmp_path / "ckpt")
+    manifest = json.loads((rb.checkpoints(tmp_path / "ckpt")[-1] / "manifest.json").read_text())
+    if buf.storage != "torch":
+        assert manifest["device"] is None
+        return
+    assert manifest["device"] == str(buf.device)
+    again = rb.load(tmp_path / "ckpt")
+    assert again.device == buf.device
+    cpu = rb.load(tmp_path / "ckpt", device="cpu")  # an explicit device wins
+    assert str(cpu.device) == "cpu"
+    np.testing.assert_array_equal(to_np(cpu.gather_all())["ids"][0],
+                                  to_np(buf.gather_all())["ids"][0])
+
+
+def test_a_device_this_process_lacks_is_named(tmp_path):
+    buf = filled({"storage": "torch"}, 4)
+    buf.save(tmp_path / "ckpt")
+    checkpoint = rb.checkpoints(tmp_path / "ckpt")[-1]
+    rewrite(checkpoint, lambda m: m.update(device="cuda:7"))  # no eighth GPU here
+    with pytest.raises(rb.CheckpointError, match=r"cuda:7.*saved on cuda:7; pass device="):
+        rb.load(tmp_path / "ckpt")
+    again = rb.load(tmp_path / "ckpt", device="cpu")
+    np.testing.assert_array_equal(to_np(again.gather_all())["ids"][0],
+                                  to_np(buf.gather_all())["ids"][0])
+
+
 def corrupt_cases():
     def drop_manifest(d):
         (d / "manifest.json").unlink()

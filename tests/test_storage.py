@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import to_np
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.numpy_storage import PACK_MAX_BYTES, NumpyStorage, record_dtype
 
@@ -116,8 +117,7 @@ def test_gather_takes_positions_modulo_capacity(storage):
                                   "y": rb.ArraySpec((), np.int64)}, 1, 5, **storage)
     buf.extend({"x": np.arange(10, dtype=np.float32).reshape(1, 5, 2),
                 "y": np.arange(5).reshape(1, 5)})
-    got = [np.asarray(a.numpy() if hasattr(a, "numpy") else a)
-           for a in buf._storage.gather(np.array([[3, 4, 5, 6]]))]
+    got = [to_np(a) for a in buf._storage.gather(np.array([[3, 4, 5, 6]]))]
     np.testing.assert_array_equal(got[0], [[[6, 7], [8, 9], [0, 1], [2, 3]]])
     np.testing.assert_array_equal(got[1], [[3, 4, 0, 1]])
 

@@ -230,6 +230,8 @@ def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str,
         "format": FORMAT, "version": VERSION, "buffer": type(buffer).__name__,
         "batch_size": buffer.batch_size, "max_length": buffer.max_length,
         "storage": buffer.storage, "config": buffer._config(),
+        # Torch storage comes back on the device it was saved from (as torch.load does).
+        "device": str(buffer.device) if buffer.storage == "torch" else None,
         "data_spec": encode_spec(buffer.data_spec), "state": state,
         "leaves": entries.pop("leaves"), "streams": entries, "metadata": metadata,
         "state_only": state_only is not None,
@@ -529,8 +531,10 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
     Args:
         path: the checkpoint series, or one checkpoint directory.
         storage, device: override the saved storage backend (e.g. restore a numpy
-            buffer into torch tensors on ``"cuda"``). A checkpoint of a buffer on mmap
-            storage loads into numpy storage (``storage="mmap"`` would need a path).
+            buffer into torch tensors on ``"cuda"``). Torch storage comes back on the
+            device it was saved from unless ``device`` names another. A checkpoint of
+            a buffer on mmap storage loads into numpy storage (``storage="mmap"``
+            would need a path).
         data_spec: the spec you expect; it must equal the saved one, and its
             container types (your own namedtuple classes) are used for the result.
         buffer_class: the class you expect (a subclass of it is accepted).
@@ -560,6 +564,12 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
     if data_spec is not None:
         saved_spec = _matching_spec(saved_spec, data_spec, directory)
     state = manifest["state"]
+    saved_device = manifest.get("device")  # absent from checkpoints written before it
+    hint = ""
+    if device is None and storage in (None, manifest["storage"]) and saved_device:
+        device = saved_device
+        hint = (f" (it was saved on {saved_device}; pass device=... to load it onto "
+                f"another device)")
     try:
         # A checkpoint of a buffer on files is not tied to their path: it loads into RAM
         # unless told otherwise.
@@ -567,7 +577,8 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or saved_storage, device, manifest["config"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
+        raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}{hint}") \
+            from exc
     targets = buffer._stream_targets(state)
     streams = {"leaves": manifest["leaves"], **manifest["streams"]}
     for name, entries in streams.items():

@@ -103,8 +103,33 @@ def _step_bytes(spec: Any) -> int:
     return sum(s.nbytes for s in nest.flatten(spec)[0])
 
 
+def _cycle(buf: Any, ids: Any, priorities: Any) -> None:
+    """One prioritized training step's replay work: new priorities, then a batch."""
+    buf.update_priorities(ids, priorities)
+    buf.get_next(BATCH, 2)
+
+
+def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> Any:
+    """A device-sampling prioritized buffer whose sampler searches by ``search`` (its
+    default when None): the sampler is swapped before the first add, as the buffer
+    itself builds it."""
+    from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
+
+    buf: Any = PrioritizedReplayBuffer(spec, 1, capacity, storage="torch", device=device,
+                                       seed=0, sample_on_device=True)
+    if search is not None:
+        buf._sampler = TorchPrioritizedSampler(capacity, seed=0, device=buf.device,
+                                               search=search)
+    return buf
+
+
 def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
           min_time: float, limit: Callable[[int], float]) -> list[Row]:
+    """Rows for ``add``, uniform and prioritized ``get_next(256, 2)`` (the default search,
+    then the sum tree as ``prioritized[tree]``), ``update(256)`` and the update-then-
+    sample cycle of a prioritized training step."""
+    from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
+
     rng = np.random.default_rng(0)
     chunk = min(capacity, 10_000)
     host = random_items(spec, (1, chunk), rng)
@@ -112,10 +137,17 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
     batch = nest.map_structure(lambda t: t[:, :BATCH].contiguous(), on_device)
     step = _step_bytes(spec)
     rows = []
-    for name, cls in (("uniform", UniformReplayBuffer), ("prioritized",
-                                                         PrioritizedReplayBuffer)):
-        buf = cls(spec, 1, capacity, storage="torch", device=device, seed=0,
-                  sample_on_device=True)
+    variants: list[tuple[str, str | None]] = [("uniform", None), ("prioritized", None),
+                                              ("prioritized[tree]", "tree")]
+    for name, search in variants:
+        if name == "uniform":
+            buf: Any = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
+                                           seed=0, sample_on_device=True)
+        else:
+            buf = _prioritized(spec, capacity, device, search)
+            if search is None:
+                sampler: TorchPrioritizedSampler = buf._sampler
+                name = f"prioritized[{sampler.search}]"
         for _ in range(0, capacity, chunk):
             buf.extend(on_device)
         if name == "uniform":
@@ -125,22 +157,52 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
         seconds = time_op(torch, device, partial(buf.get_next, BATCH, 2), min_time)
         rows.append(Row(workload, "replaybuffer", f"{name} sample({BATCH})+next", seconds,
                         BATCH, limit(2 * BATCH * step)))
-        if name == "prioritized":
-            pbuf: Any = buf
-            ids = pbuf.get_next(BATCH, 2)[1].ids[:, 0]
+        if name != "uniform":
+            ids = buf.get_next(BATCH, 2)[1].ids[:, 0]
             priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
             seconds = time_op(torch, device,
-                              partial(pbuf.update_priorities, ids, priorities), min_time)
-            rows.append(Row(workload, "replaybuffer", f"update({BATCH})", seconds, BATCH,
+                              partial(buf.update_priorities, ids, priorities), min_time)
+            rows.append(Row(workload, "replaybuffer", f"{name} update({BATCH})", seconds,
+                            BATCH, None))
+            seconds = time_op(torch, device, partial(_cycle, buf, ids, priorities),
+                              min_time)
+            rows.append(Row(workload, "replaybuffer", f"{name} update+sample({BATCH})",
+                            seconds, BATCH, limit(2 * BATCH * step)))
+        del buf
+    return rows
+
+
+def search_scale(torch: Any, device: Any, capacities: list[int], min_time: float
+                 ) -> list[Row]:
+    """The update-then-sample cycle of both searches at each capacity, for one float32
+    scalar per step (the search's own cost, next to nothing to gather)."""
+    from replaybuffer.specs import ArraySpec
+
+    spec = ArraySpec((), np.float32)
+    rows = []
+    for capacity in capacities:
+        chunk = min(capacity, 1 << 20)
+        data = torch.rand(1, chunk, device=device)
+        for search in ("prefix", "tree"):
+            buf = _prioritized(spec, capacity, device, search)
+            for _ in range(0, capacity, chunk):
+                buf.extend(data)
+            ids = buf.get_next(BATCH, 2)[1].ids[:, 0]
+            priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
+            seconds = time_op(torch, device, partial(_cycle, buf, ids, priorities),
+                              min_time)
+            rows.append(Row(f"scalar {capacity:,}", "replaybuffer",
+                            f"prioritized[{search}] update+sample({BATCH})", seconds, BATCH,
                             None))
+            print(f"  {rows[-1].workload:<18} {rows[-1].op:<42} {seconds * 1e6:10.1f} us",
+                  flush=True)
+            del buf
     return rows
 
 
 def _torchrl(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
              min_time: float, limit: Callable[[int], float]) -> list[Row]:
     from tensordict import TensorDict
-    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
     rng = np.random.default_rng(0)
     chunk = min(capacity, 10_000)
@@ -156,33 +218,127 @@ def _torchrl(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
     step = _step_bytes(spec) + spec["observation"].nbytes  # a stored next observation
     rows: list[Row] = []
     for name in ("uniform", "prioritized"):
-        sampler = {}
-        if name == "prioritized":
-            try:  # its sum tree is a compiled extension, missing from some builds
-                sampler = {"sampler": PrioritizedSampler(capacity, alpha=0.6, beta=0.4)}
-            except RuntimeError as exc:  # reported in the table, never dropped
-                rows.extend(Row(workload, "torchrl", op, math.nan, BATCH, None,
-                                f"cannot run: {exc}")
-                            for op in (f"{name} sample({BATCH})+next", f"update({BATCH})"))
-                break
-        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device),
-                                    batch_size=BATCH, **sampler)
-        for _ in range(0, capacity, chunk):
-            rb.extend(data)
-        if name == "uniform":
-            seconds = time_op(torch, device, partial(rb.extend, batch), min_time)
-            rows.append(Row(workload, "torchrl", f"add({BATCH})", seconds, BATCH,
-                            limit(BATCH * step)))
-        seconds = time_op(torch, device, rb.sample, min_time)
-        rows.append(Row(workload, "torchrl", f"{name} sample({BATCH})+next", seconds, BATCH,
-                        limit(BATCH * step)))
-        if name == "prioritized":
-            index = rb.sample()["index"]
-            priorities = torch.rand(BATCH, device=device) + 0.1
-            seconds = time_op(torch, device, partial(rb.update_priority, index, priorities),
-                              min_time)
-            rows.append(Row(workload, "torchrl", f"update({BATCH})", seconds, BATCH, None))
+        try:
+            rows += _torchrl_sampler(torch, device, workload, name, capacity, data, batch,
+                                     step, min_time, limit)
+        except RuntimeError as exc:
+            # Its sum trees are a compiled extension, missing from some builds (the CUDA
+            # trees from every CPU wheel); it raises on the first extend. Reported in the
+            # table, never dropped.
+            reason = " ".join(str(exc).split())[:160]
+            ops = [f"{name} sample({BATCH})+next"] + (
+                [f"{name} update({BATCH})", f"{name} update+sample({BATCH})"]
+                if name == "prioritized" else [])
+            rows.extend(Row(workload, "torchrl", op, math.nan, BATCH, None,
+                            f"cannot run: {reason}") for op in ops)
     return rows
+
+
+def _torchrl_sampler(torch: Any, device: Any, workload: str, name: str, capacity: int,
+                     data: Any, batch: Any, step: int, min_time: float,
+                     limit: Callable[[int], float]) -> list[Row]:
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    sampler = {}
+    if name == "prioritized":
+        # On a CUDA storage it builds its CUDA sum tree (torchrl's extension built with
+        # CUDA, benchmarks/torchrl_extension.py --cuda).
+        sampler = {"sampler": PrioritizedSampler(capacity, alpha=0.6, beta=0.4)}
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device),
+                                batch_size=BATCH, **sampler)
+    chunk = data.batch_size[0]
+    for _ in range(0, capacity, chunk):
+        rb.extend(data)
+    rows = []
+    if name == "uniform":
+        seconds = time_op(torch, device, partial(rb.extend, batch), min_time)
+        rows.append(Row(workload, "torchrl", f"add({BATCH})", seconds, BATCH,
+                        limit(BATCH * step)))
+    seconds = time_op(torch, device, rb.sample, min_time)
+    rows.append(Row(workload, "torchrl", f"{name} sample({BATCH})+next", seconds, BATCH,
+                    limit(BATCH * step)))
+    if name == "prioritized":
+        index = rb.sample()["index"]
+        priorities = torch.rand(BATCH, device=device) + 0.1
+        seconds = time_op(torch, device, partial(rb.update_priority, index, priorities),
+                          min_time)
+        rows.append(Row(workload, "torchrl", f"{name} update({BATCH})", seconds, BATCH,
+                        None))
+
+        def cycle() -> None:
+            rb.update_priority(index, priorities)
+            rb.sample()
+        seconds = time_op(torch, device, cycle, min_time)
+        rows.append(Row(workload, "torchrl", f"{name} update+sample({BATCH})", seconds,
+                        BATCH, limit(BATCH * step)))
+    return rows
+
+
+def profile_ops(torch: Any, device: Any, capacity: int, calls: int = 50) -> list[str]:
+    """Where a call's time goes, from torch's profiler: for our add, uniform and
+    prioritized sample and priority update on the control workload, per call, the
+    host time, the kernels launched, the device time they took, and the host-device
+    copies and synchronizations (each one makes the host wait for the device's queue).
+    Lines of a markdown table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spec = control_spec()
+    rng = np.random.default_rng(0)
+    chunk = min(capacity, 10_000)
+    host = random_items(spec, (1, chunk), rng)
+    on_device = nest.map_structure(lambda a: torch.from_numpy(a).to(device), host)
+    batch = nest.map_structure(lambda t: t[:, :BATCH].contiguous(), on_device)
+    host_batch = nest.map_structure(lambda a: np.ascontiguousarray(a[:, :BATCH]), host)
+    uniform = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
+                                  seed=0, sample_on_device=True)
+    prioritized = _prioritized(spec, capacity, device, None)
+    for buf in (uniform, prioritized):
+        for _ in range(0, capacity, chunk):
+            buf.extend(on_device)
+    ids = prioritized.get_next(BATCH, 2)[1].ids[:, 0]
+    priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
+    ops: list[tuple[str, Callable[[], object]]] = [
+        ("add(256) device tensors", partial(uniform.extend, batch)),
+        ("add(256) numpy", partial(uniform.extend, host_batch)),
+        ("uniform sample(256)+next", partial(uniform.get_next, BATCH, 2)),
+        ("prioritized sample(256)+next", partial(prioritized.get_next, BATCH, 2)),
+        ("prioritized update(256)", partial(prioritized.update_priorities, ids, priorities)),
+    ]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if device.type == "cuda" else [])
+    lines = ["| op | host us/call | kernels/call | device us/call | copies/call | "
+             "syncs/call |", "|---|---:|---:|---:|---:|---:|"]
+    for name, fn in ops:
+        for _ in range(5):
+            fn()
+        _sync(torch, device)
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            host_seconds = (time.perf_counter() - start) / calls
+            _sync(torch, device)
+        launches = copies = syncs = 0
+        device_us = 0.0
+        for event in prof.key_averages():
+            key = event.key
+            if key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                       "cuLaunchKernelEx"):
+                launches += event.count
+            elif key.startswith("cudaMemcpy"):
+                copies += event.count
+            elif key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                         "cudaEventSynchronize"):
+                syncs += event.count
+            if getattr(event, "device_type", None) is not None and \
+                    str(event.device_type).endswith("CUDA"):
+                device_us += getattr(event, "self_device_time_total", 0.0)
+        lines.append(f"| {name} | {host_seconds * 1e6:,.1f} | {launches / calls:.1f} | "
+                     f"{device_us / calls:,.1f} | {copies / calls:.1f} | "
+                     f"{syncs / calls:.1f} |")
+        print(f"  profile {name:<32} {lines[-1]}", flush=True)
+    return lines
 
 
 def format_table(rows: list[Row], device_name: str, gbps: float) -> str:
@@ -207,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="control,frames")
     parser.add_argument("--quick", action="store_true", help="small buffers, short loops")
     parser.add_argument("--no-torchrl", action="store_true", help="ours and the limit only")
+    parser.add_argument("--scale", metavar="CAPACITIES", default=None,
+                        help="comma-separated capacities at which to time both prioritized "
+                        "searches' update+sample cycle (default 2**17,2**20,2**23,2**26; "
+                        "--quick: 2**10,2**14; '' for none)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile our ops (kernels, copies and syncs per call)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     try:
@@ -247,10 +409,17 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as exc:
                 print(f"torchrl rows skipped: {exc}", file=sys.stderr)
         for row in rows[first:]:
-            print(f"  {row.workload:<8} {row.library:<13} {row.op:<30} "
+            print(f"  {row.workload:<8} {row.library:<13} {row.op:<42} "
                   f"{row.seconds * 1e6:10.1f} us", flush=True)
+    scale = args.scale
+    if scale is None:
+        scale = ",".join(str(1 << k) for k in ((10, 14) if args.quick else (17, 20, 23, 26)))
+    rows += search_scale(torch, device, [int(c) for c in scale.split(",") if c], min_time)
+    profile_lines = profile_ops(torch, device, capacities["control"]) if args.profile else []
     print()
     print(format_table(rows, device_name, gbps_bytes / 1e9))
+    if profile_lines:
+        print("\n" + "\n".join(profile_lines))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": device_name, "bandwidth_bytes_per_s": gbps_bytes,

@@ -65,7 +65,12 @@ def windows(starts: np.ndarray, num_steps: int, step: int = 1) -> np.ndarray:
     with an inner loop of length ``T``, which costs 2.5x more for short windows.
     """
     if not isinstance(starts, np.ndarray):  # a tensor drawn on a device: stays there
-        return starts[:, None] + starts.new_tensor(range(0, num_steps * step, step))
+        # arange is made on the device: a tensor built on the host would be copied from
+        # pageable memory, which waits for every kernel queued before it.
+        import torch
+
+        offsets = torch.arange(0, num_steps * step, step, device=starts.device)
+        return starts[:, None] + offsets
     out = starts.astype(np.int64, copy=False).repeat(num_steps)
     out += _window_offsets(len(starts), num_steps, step)
     return out.reshape(len(starts), num_steps)

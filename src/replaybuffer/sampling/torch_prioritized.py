@@ -12,11 +12,21 @@ probabilities and weights come back as device tensors: sampling needs no host ro
 trip (one scalar is read back only when a priority of 0 has been stored, to report
 that no window has mass).
 
-Draws are by descent only (the host sampler's rejection path pays off for numpy, not
-for a GPU). Targets are drawn inside the valid starts' share of the prefix sums, so
-windows never cross the write head; a target that float64 rounding carries past the
-edge of that share (odds about 1e-16) is moved to the middle of its segment instead
-of redrawn, which would need the host.
+The slot values are searched in one of two ways (``search``): ``"prefix"``, their
+running sums recomputed by one ``cumsum`` after a write and searched by one
+``searchsorted`` (:mod:`~replaybuffer.sampling.torch_prefix_sums`: a few kernel launches
+at any capacity, O(capacity) bytes), or ``"tree"``, a sum tree descended level by level
+(:mod:`~replaybuffer.sampling.torch_tree`: O(log capacity) bytes but a few launches per
+level). ``replaybuffer bench --gpu`` measures both; the default is ``"prefix"`` up to
+``PREFIX_MAX_CAPACITY`` slots and the tree beyond. Draws are by search only (the host
+sampler's rejection path pays off for numpy, not for a GPU).
+
+Targets are drawn inside the valid starts' share of the prefix sums, so windows never
+cross the write head. Float64 rounding can carry a target to the edge of that share
+(odds about 1e-16): the running sums bound a segment exactly, so the target is held
+below its end; the tree's path sums may differ from the bounds in the last bit, so a
+tree search that lands outside is redone at the middle of its segment instead of
+redrawn, which would need the host.
 """
 
 from __future__ import annotations
@@ -27,13 +37,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from replaybuffer.device_copy import to_device
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.segment_tree import MinTree, SumTree
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
+from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
+
+# Up to this many slots a draw searches running sums (one cumsum of float64 slots after
+# a write: 2**24 slots are 128 MiB read and written, under 0.1 ms at a GPU's bandwidth);
+# beyond it, the tree's level-by-level launches cost less than the sums' bytes.
+PREFIX_MAX_CAPACITY = 1 << 24
 
 
 class TorchPrioritizedSampler(PrioritizedSampler):
@@ -43,19 +60,33 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         capacity, alpha, beta, beta_final, beta_steps, seed, normalize: as for
             :class:`~replaybuffer.sampling.prioritized.PrioritizedSampler`.
         device: the storage's device.
+        search: ``"prefix"`` (running sums) or ``"tree"`` (a sum tree); ``None`` picks
+            ``"prefix"`` up to ``PREFIX_MAX_CAPACITY`` slots (module docstring).
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
                  seed: int | None = None, normalize: str = "batch",
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", search: str | None = None):
         super().__init__(capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
                          seed=seed, normalize=normalize)
+        if search is None:
+            search = "prefix" if self.capacity <= PREFIX_MAX_CAPACITY else "tree"
+        if search not in ("prefix", "tree"):
+            raise ValueError(f"search must be 'prefix' or 'tree', got {search!r}")
+        self.search = search
         self.device = torch.device(device)
         self._generator = DeviceGenerator(self.device, seed)
-        self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
-        self._mins = TorchSegmentTree(self.capacity, self.device, "min") \
-            if normalize == "buffer" else None
+        self._tree: TorchPrefixSums | TorchSegmentTree
+        # The smallest positive value (normalize="buffer"): a min tree beside a sum tree;
+        # the running sums' own scan of the slots otherwise.
+        self._mins: TorchSegmentTree | None = None
+        if search == "prefix":
+            self._tree = TorchPrefixSums(self.capacity, self.device)
+        else:
+            self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
+            if normalize == "buffer":
+                self._mins = TorchSegmentTree(self.capacity, self.device, "min")
         # Whether a written slot may hold 0 (then a range may have no mass, which only
         # the host can report as an error).
         self._zeros = False
@@ -77,37 +108,40 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                                  "these values (float64 overflow); nothing was updated")
         if scaled.size and not scaled.min() > 0:
             self._zeros = True
-        slots = torch.from_numpy(np.ascontiguousarray(positions, np.int64)).to(self.device)
-        values = torch.from_numpy(np.ascontiguousarray(scaled, np.float64)).to(self.device)
+        slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
+        values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
         if self._mins is not None:
             self._mins.assign(slots, torch.where(values > 0, values, math.inf))
 
     def on_clear(self, ring: Ring) -> None:
         super().on_clear(ring)
-        self._tree.nodes.fill_(self._tree.identity)
+        self._tree.clear()
         if self._mins is not None:
-            self._mins.nodes.fill_(self._mins.identity)
+            self._mins.clear()
         self._zeros = False
 
     # ---------------------------------------------------------------- sampling
     def _segments_on_device(self, ring: Ring, num_steps: int
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """``(starts, masses, mass)`` of the valid starts' cyclic position range (one or
-        two segments, float64 tensors), or ``None`` when every slot with mass is a
-        valid start (draw from the whole tree)."""
+        """``(bounds, masses, mass)`` of the valid starts' cyclic position range (one or
+        two segments): float64 tensors of each segment's prefix sums at its start and
+        end (``[start0, end0, start1, end1]``, the second segment repeating the first's
+        bounds when the range does not wrap, with ``masses`` ``[mass0, 0]``), the
+        segments' masses and their total; ``None`` when every slot with mass is a valid
+        start (draw from the whole tree)."""
         lo, hi = ring.valid_start_range(num_steps)
         if hi == ring.last_id + 1:  # no newest steps to leave out (num_steps == 1)
             return None
         B, L, cap = ring.batch_size, ring.max_length, ring.capacity
         first, span = (lo % L) * B, (hi - lo) * B
         ends = [first, min(first + span, cap)]
-        if first + span > cap:  # the range wraps past the last position
-            ends += [0, first + span - cap]
-        bounds = self._tree.prefix_sums(torch.tensor(ends, dtype=torch.int64,
-                                                     device=self.device))
-        starts, masses = bounds[0::2], bounds[1::2] - bounds[0::2]
-        return starts, masses, masses.sum()
+        ends += [0, first + span - cap] if first + span > cap else ends
+        bounds = self._tree.prefix_sums(to_device(np.array(ends, np.int64), self.device))
+        masses = bounds[1::2] - bounds[0::2]
+        if first + span <= cap:
+            masses[1] = 0.0
+        return bounds, masses, masses.sum()
 
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
         if self._pending:
@@ -132,26 +166,42 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             mass = self._tree.root()
             positions = self._tree.find(u * mass)
         else:
-            starts, masses, mass = segments
+            bounds, masses, mass = segments
             u = u * mass
-            first_segment = u < masses[0]
-            targets = torch.where(first_segment, starts[0] + u, starts[-1] + u - masses[0])
-            positions = self._tree.find(targets)
-            # Rounding may carry a target past its segment's edge (module docstring).
-            lo, hi = ring.valid_start_range(num_steps)
-            first = (lo % ring.max_length) * ring.batch_size
-            outside = (positions - first) % ring.capacity >= (hi - lo) * ring.batch_size
-            middle = torch.where(first_segment, starts[0] + masses[0] / 2,
-                                 starts[-1] + masses[-1] / 2)
-            positions = torch.where(outside, self._tree.find(middle), positions)
+            # The second segment only where it has mass (rounding may carry u past the
+            # first's share when the second is empty).
+            first_segment = (u < masses[0]) | (masses[1] <= 0)
+            start = torch.where(first_segment, bounds[0], bounds[2])
+            targets = start + torch.where(first_segment, u, u - masses[0])
+            if isinstance(self._tree, TorchPrefixSums):
+                # The running sums bound each segment exactly: a target held in
+                # [start, end) of its segment finds a slot of it with mass.
+                end = torch.where(first_segment, bounds[1], bounds[3])
+                below_end = torch.nextafter(end, torch.zeros_like(end))
+                positions = self._tree.find(torch.minimum(targets, below_end))
+            else:
+                positions = self._tree.find(targets)
+                # Rounding may carry a target past its segment's edge, where the
+                # tree's sums and the bounds differ in the last bit (module docstring).
+                lo, hi = ring.valid_start_range(num_steps)
+                first = (lo % ring.max_length) * ring.batch_size
+                outside = (positions - first) % ring.capacity >= (hi - lo) * ring.batch_size
+                middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
+                positions = torch.where(outside, self._tree.find(middle), positions)
         if self._zeros:  # one scalar back to the host, only where a range may be empty
             self._require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
         ids = self._ids_on_device(ring, positions)
         probabilities = (values / mass).to(torch.float32)
-        smallest = values.amin() if self._mins is None else self._mins.root()
+        if self.normalize == "batch":
+            smallest = values.amin()
+        elif self._mins is not None:
+            smallest = self._mins.root()
+        else:
+            assert isinstance(self._tree, TorchPrefixSums)
+            smallest = self._tree.smallest_positive()
         weights = (smallest / values).to(torch.float32).pow(self.beta)
-        if self._mins is not None:
+        if self.normalize == "buffer":
             weights = weights.clamp(max=1.0)
         self.sample_calls += 1
         return SampleIndices(ids, positions), {  # type: ignore[arg-type]

@@ -43,6 +43,10 @@ class TorchSegmentTree:
         """The total (sum) or the smallest value (min): a 0-d float64 tensor."""
         return self.nodes[1]
 
+    def clear(self) -> None:
+        """Every slot back to the identity."""
+        self.nodes.fill_(self.identity)
+
     def assign(self, slots: torch.Tensor, values: torch.Tensor) -> None:
         """``slot[slots[k]] = values[k]`` (int64 and float64 ``[K]`` on the device), the
         last occurrence winning where a slot repeats, then the ancestors recomputed."""

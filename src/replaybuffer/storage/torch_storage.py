@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from replaybuffer.device_copy import to_device
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec, check_leaf
 from replaybuffer.storage.base import LeafChecker, leaf_nbytes
@@ -72,8 +73,13 @@ class TorchStorage:
             self._records = NumpyStorage(self.specs, self.capacity)
             self.arrays = [torch.from_numpy(a) for a in self._records.arrays]
         else:
-            self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d, device=requested)
-                           for s, d in zip(self.specs, self._dtypes)]
+            try:
+                self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d,
+                                           device=requested)
+                               for s, d in zip(self.specs, self._dtypes)]
+            except (RuntimeError, AssertionError) as exc:  # no such device in this process
+                raise ValueError(f"torch storage cannot be placed on device "
+                                 f"{str(requested)!r}: {exc}") from exc
         # A tensor's device carries the index ("cuda" becomes "cuda:0"), so indices and
         # info land on the storage's GPU whatever the calling thread's current device.
         self.device = self.arrays[0].device
@@ -117,7 +123,7 @@ class TorchStorage:
             arr = np.ascontiguousarray(arr, dtype=self.specs[i].dtype)
             if not arr.flags.writeable:  # torch.from_numpy warns on read-only arrays
                 arr = arr.copy()
-            out.append(torch.from_numpy(arr).to(self.device))
+            out.append(to_device(arr, self.device))
         return out
 
     def _convert_tensor(self, i: int, leaf: torch.Tensor, shape: tuple[int, ...], path: str,
@@ -131,7 +137,7 @@ class TorchStorage:
                        outer_names)
         try:
             # Stored data is never part of an autograd graph.
-            return leaf.detach().to(self.device, self._dtypes[i])
+            return to_device(leaf.detach().to(dtype=self._dtypes[i]), self.device)
         except (RuntimeError, NotImplementedError) as exc:
             raise SpecError(f"leaf {path}: cannot move a tensor on {leaf.device} to "
                             f"{self.device}: {exc}") from exc
@@ -215,7 +221,7 @@ class TorchStorage:
             array = array.copy()
         if self._records is not None:  # on the CPU already (.to would cost a call)
             return torch.from_numpy(array)
-        return torch.from_numpy(array).to(self.device)
+        return to_device(array, self.device)
 
     def zero(self) -> None:
         if self._cuda:

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU check: the tests on a CUDA device and `replaybuffer bench --gpu`, in one run on
+# a machine with an NVIDIA GPU and a CUDA build of torch (README, "On a GPU"):
+#
+#   bash benchmarks/gpu_check.sh [WHEELS]
+#
+# For a machine with no package index, WHEELS (default .whl) holds the wheels it lacks
+# (optree, gymnasium, tensordict, torchrl and what they need, for its Python); they are
+# installed without dependencies into a scratch folder, never over its torch. Then:
+#   1. torchrl's extension is rebuilt with its CUDA trees (benchmarks/torchrl_extension.py
+#      --cuda), in the background, so that TorchRL's PrioritizedSampler keeps its tree on
+#      the GPU as ours does;
+#   2. every test parametrized on a CUDA device runs (pytest -k cuda);
+#   3. replaybuffer bench --gpu --profile times ours, TorchRL and the copy bandwidth, and
+#      counts our kernels, copies and synchronizations per call.
+# Logs, the JUnit report and the bench's table and JSON go to $OUT (default
+# build/gpu-check). Each step is bounded in time and a failing step does not stop the
+# next; the exit status is that of the first step that failed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+WHEELS="${1:-.whl}"
+OUT="${OUT:-$ROOT/build/gpu-check}"
+PY="${PYTHON:-python3}"
+SITE="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
+mkdir -p "$OUT"
+status=0
+step() { echo "gpu_check: $*"; }
+fail() { step "FAILED: $*"; [[ $status -ne 0 ]] || status=1; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  || fail "nvidia-smi"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl || fail "installing $WHEELS"
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" - <<'EOF' || fail "imports"
+import numpy, optree, torch
+import replaybuffer
+print(f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), numpy "
+      f"{numpy.__version__}, optree {optree.__version__}; cuda available: "
+      f"{torch.cuda.is_available()}, {torch.cuda.get_device_name() if torch.cuda.is_available() else '-'}")
+assert torch.cuda.is_available(), "torch sees no CUDA device"
+EOF
+
+# 1. torchrl's extension with CUDA, beside the tests (MAX_JOBS: ninja's parallel compiles)
+step "rebuilding torchrl's extension with CUDA (log: torchrl_extension.log)"
+( MAX_JOBS="$(nproc)" timeout 270 "$PY" benchmarks/torchrl_extension.py --cuda \
+    >"$OUT/torchrl_extension.log" 2>&1; echo $? >"$OUT/torchrl_extension.rc" ) &
+BUILD=$!
+
+# 2. the tests on the CUDA device
+step "tests on the CUDA device (log: tests.log)"
+TEST_FILES=(tests/test_uniform_buffer.py tests/test_storage.py tests/test_prioritized.py
+            tests/test_bad_input.py tests/test_properties.py tests/test_episodes.py
+            tests/test_dataset.py tests/test_samplers.py tests/test_frames.py
+            tests/test_transitions.py tests/test_rollout.py tests/test_her.py
+            tests/test_threading.py tests/test_persist.py tests/test_resume.py
+            tests/test_device_sampling.py)
+PARALLEL=()
+"$PY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n 6)
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k cuda --timeout 200 \
+  --junitxml="$OUT/tests.xml" "${TEST_FILES[@]}" >"$OUT/tests.log" 2>&1 \
+  || fail "tests (rc $?)"
+tail -n 5 "$OUT/tests.log"
+
+wait "$BUILD"
+rc="$(cat "$OUT/torchrl_extension.rc" 2>/dev/null || echo 1)"
+tail -n 3 "$OUT/torchrl_extension.log"
+if [[ "$rc" == 0 ]] && "$PY" -c 'from torchrl._torchrl import CudaSumSegmentTreeFp32' 2>/dev/null
+then
+  step "torchrl's CUDA trees load"
+else
+  step "torchrl's CUDA trees are unavailable (rc $rc); its prioritized rows will say so"
+fi
+
+# 3. the benchmark
+step "replaybuffer bench --gpu (log: bench.log)"
+PYTHONUNBUFFERED=1 timeout 240 "$PY" -m replaybuffer.bench.gpu --profile --json "$OUT/gpu.json" \
+  >"$OUT/bench.log" 2>&1 || fail "bench --gpu (rc $?)"
+sed -n '/^# device/,$p' "$OUT/bench.log"
+tail -n 3 "$OUT/bench.log"
+exit "$status"
