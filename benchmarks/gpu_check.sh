@@ -73,6 +73,8 @@ tail -n 3 "$OUT/torchrl_extension.log"
 if [[ "$rc" == 0 ]] && "$PY" -c 'from torchrl._torchrl import CudaSumSegmentTreeFp32' 2>/dev/null
 then
   step "torchrl's CUDA trees load"
+  cp "$("$PY" -c 'import torchrl, os; print(os.path.dirname(torchrl.__file__))')"/_torchrl*.so \
+    "$OUT/" 2>/dev/null || true
 else
   step "torchrl's CUDA trees are unavailable (rc $rc); its prioritized rows will say so"
 fi

@@ -143,6 +143,99 @@ def test_prefix_sums_match_numpy_reference(capacity, device):
     assert float(other.root()) == 0.0
 
 
+@pytest.mark.parametrize("capacity", [1, 5, 64])
+def test_prefix_draw_matches_a_reference_within_its_range(capacity, device):
+    """draw over a cyclic range (wrapping or not) lands where the running sums of the
+    range, taken in order from ``first``, bracket ``u * mass``: never outside the range,
+    never on an empty slot, even for u at 0 and just below 1."""
+    rng = np.random.default_rng(capacity)
+    sums = TorchPrefixSums(capacity, device)
+    for _ in range(40):
+        ref = rng.random(capacity) * (rng.random(capacity) < 0.6)
+        sums.load(on(device, ref))
+        first, span = int(rng.integers(capacity)), int(rng.integers(1, capacity + 1))
+        order = (first + np.arange(span)) % capacity  # the range's slots, in order
+        inside = np.isin(np.arange(capacity), order)
+        u = np.concatenate((rng.random(300), [0.0, np.nextafter(1.0, 0.0)]))
+        found, mass = sums.draw(on(device, u), first, span)
+        found = found.cpu().numpy()
+        assert float(mass) == pytest.approx(ref[order].sum(), rel=1e-12, abs=1e-300)
+        assert float(sums.range_mass(first, span)) == float(mass)
+        assert ((0 <= found) & (found < capacity)).all()  # even with no mass
+        if ref[order].sum() == 0:
+            continue
+        assert inside[found].all() and (ref[found] > 0).all()
+        cumulative = np.cumsum(ref[order])
+        targets = u * cumulative[-1]
+        last = np.flatnonzero(ref[order])[-1]
+        expected = order[np.minimum(np.searchsorted(cumulative, targets, side="right"),
+                                    last)]
+        near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
+        np.testing.assert_array_equal(found[~near], expected[~near])
+    sums.load(on(device, ref + (np.arange(capacity) == capacity - 1)))  # some mass
+    found, _ = sums.draw(on(device, rng.random(50)))  # the whole range by default
+    assert (sums.leaves.cpu().numpy()[found.cpu().numpy()] > 0).all()
+
+
+_real_cumsum = torch.cumsum
+
+
+def drifting_cumsum(rate):
+    """torch.cumsum whose float sums drift upward by a relative ``rate`` per slot."""
+    def cumsum(values, dim, **kwargs):
+        out = _real_cumsum(values, dim, **kwargs)
+        if out.is_floating_point():  # the integer ranks are exact on any device
+            out.mul_(1 + rate * torch.arange(1, len(out) + 1, dtype=out.dtype,
+                                             device=out.device))
+        return out
+    return cumsum
+
+
+def test_zero_priorities_are_never_drawn_whatever_order_the_scan_adds_in(monkeypatch,
+                                                                         device):
+    # A drift far beyond rounding, so that draws land in the slivers often.
+    monkeypatch.setattr(torch, "cumsum", drifting_cumsum(1e-3))
+    buf = counter_buffer(rb.PrioritizedReplayBuffer, device, search="prefix",
+                         batch_size=2, max_length=30, adds=45)
+    tree = buf._sampler._tree
+    assert not tree.may_hold_empty  # every stored priority is positive
+    _, info = buf.get_next(1)
+    ids = np.array([(buf._sampler.key_base + i) * 2 + r for i in range(15, 45)
+                    for r in range(2)])
+    priorities = np.where(np.arange(60) % 3 == 1, 0.0, 1.0 + np.arange(60) % 5)
+    buf.update_priorities(ids, priorities)
+    assert tree.may_hold_empty
+    zero_ids = set(ids[priorities == 0].tolist())
+    for num_steps in (1, 3):
+        _, info = buf.get_next(4000, num_steps)
+        drawn = info.ids.cpu().numpy().reshape(4000, -1)[:, 0]
+        assert not zero_ids & set(drawn.tolist())
+        assert (info.probabilities.cpu().numpy() > 0).all()
+    buf.clear()
+    assert not tree.may_hold_empty
+
+
+def test_empty_slots_are_never_found_whatever_order_the_scan_adds_in(monkeypatch, device):
+    """A GPU's cumsum associates differently from a loop, so an empty slot's running sum
+    may exceed its left neighbour's by rounding (seen on an H100). Simulated here on any
+    device by a scan that drifts upward by a relative 1e-12 per slot."""
+    monkeypatch.setattr(torch, "cumsum", drifting_cumsum(1e-12))
+    ref = np.where(np.arange(40) % 3 == 1, 0.0, 1.0)  # every third slot empty
+    ref[30:] = 0.0  # and a run of empty slots at the end
+    sums = TorchPrefixSums(40, device)
+    sums.load(on(device, ref))
+    cumulative = np.cumsum(ref)
+    # Targets inside every drifted sliver: just past each slot's sequential sum.
+    targets = np.concatenate((cumulative * (1 + 1e-12 * (np.arange(40) + 1.5)),
+                              [cumulative[-1] * (1 - 1e-16)]))
+    found = sums.find(on(device, np.minimum(targets, float(sums.root()) * (1 - 1e-15))))
+    assert (ref[found.cpu().numpy()] > 0).all()
+    for first, span in ((0, 40), (5, 20), (25, 30)):  # one piece and a wrapping one
+        u = np.linspace(0.0, np.nextafter(1.0, 0.0), 4001)
+        drawn, _ = sums.draw(on(device, u), first, span)
+        assert (ref[drawn.cpu().numpy()] > 0).all()
+
+
 @pytest.mark.parametrize("capacity", [3, 1000])
 def test_prefix_sums_and_tree_find_the_same_slots(capacity, device):
     rng = np.random.default_rng(7)

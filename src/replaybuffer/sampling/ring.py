@@ -51,6 +51,16 @@ def positions(ids: np.ndarray, rows: np.ndarray | _Scalar, max_length: int,
 
 
 @functools.lru_cache(maxsize=64)
+def _device_offsets(device: Any, num_steps: int, step: int) -> Any:
+    """``[0, step, ..., (num_steps - 1) * step]`` as an int64 tensor on ``device``, made
+    there once (never written): a tensor built on the host each call would be copied
+    from pageable memory, which waits for every kernel queued before it."""
+    import torch
+
+    return torch.arange(0, num_steps * step, step, device=device)
+
+
+@functools.lru_cache(maxsize=64)
 def _window_offsets(count: int, num_steps: int, step: int) -> np.ndarray:
     """``[0, step, ..., (num_steps - 1) * step]`` tiled ``count`` times (read-only)."""
     offsets = np.tile(np.arange(0, num_steps * step, step, dtype=np.int64), count)
@@ -65,12 +75,7 @@ def windows(starts: np.ndarray, num_steps: int, step: int = 1) -> np.ndarray:
     with an inner loop of length ``T``, which costs 2.5x more for short windows.
     """
     if not isinstance(starts, np.ndarray):  # a tensor drawn on a device: stays there
-        # arange is made on the device: a tensor built on the host would be copied from
-        # pageable memory, which waits for every kernel queued before it.
-        import torch
-
-        offsets = torch.arange(0, num_steps * step, step, device=starts.device)
-        return starts[:, None] + offsets
+        return starts[:, None] + _device_offsets(starts.device, num_steps, step)
     out = starts.astype(np.int64, copy=False).repeat(num_steps)
     out += _window_offsets(len(starts), num_steps, step)
     return out.reshape(len(starts), num_steps)

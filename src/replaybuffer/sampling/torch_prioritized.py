@@ -17,9 +17,11 @@ running sums recomputed by one ``cumsum`` after a write and searched by one
 ``searchsorted`` (:mod:`~replaybuffer.sampling.torch_prefix_sums`: a few kernel launches
 at any capacity, O(capacity) bytes), or ``"tree"``, a sum tree descended level by level
 (:mod:`~replaybuffer.sampling.torch_tree`: O(log capacity) bytes but a few launches per
-level). ``replaybuffer bench --gpu`` measures both; the default is ``"prefix"`` up to
-``PREFIX_MAX_CAPACITY`` slots and the tree beyond. Draws are by search only (the host
-sampler's rejection path pays off for numpy, not for a GPU).
+level). The default is ``"prefix"``: on an H100 (``replaybuffer bench --gpu``) a priority
+update and a batch of 256 took 1.0-1.6 ms with it against 7.4-12.3 ms with the tree, from
+2**17 to 2**26 slots; the running sums' bytes would match the tree's launches only near
+2**30 slots. Draws are by search only (the host sampler's rejection path pays off for
+numpy, not for a GPU).
 
 Targets are drawn inside the valid starts' share of the prefix sums, so windows never
 cross the write head. Float64 rounding can carry a target to the edge of that share
@@ -47,11 +49,6 @@ from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episod
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
-# Up to this many slots a draw searches running sums (one cumsum of float64 slots after
-# a write: 2**24 slots are 128 MiB read and written, under 0.1 ms at a GPU's bandwidth);
-# beyond it, the tree's level-by-level launches cost less than the sums' bytes.
-PREFIX_MAX_CAPACITY = 1 << 24
-
 
 class TorchPrioritizedSampler(PrioritizedSampler):
     """Draws window starts in proportion to ``priority ** alpha`` on ``device``.
@@ -60,18 +57,16 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         capacity, alpha, beta, beta_final, beta_steps, seed, normalize: as for
             :class:`~replaybuffer.sampling.prioritized.PrioritizedSampler`.
         device: the storage's device.
-        search: ``"prefix"`` (running sums) or ``"tree"`` (a sum tree); ``None`` picks
-            ``"prefix"`` up to ``PREFIX_MAX_CAPACITY`` slots (module docstring).
+        search: ``"prefix"`` (running sums, the default) or ``"tree"`` (a sum tree);
+            module docstring.
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
                  seed: int | None = None, normalize: str = "batch",
-                 device: torch.device | str = "cpu", search: str | None = None):
+                 device: torch.device | str = "cpu", search: str = "prefix"):
         super().__init__(capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
                          seed=seed, normalize=normalize)
-        if search is None:
-            search = "prefix" if self.capacity <= PREFIX_MAX_CAPACITY else "tree"
         if search not in ("prefix", "tree"):
             raise ValueError(f"search must be 'prefix' or 'tree', got {search!r}")
         self.search = search
@@ -88,8 +83,10 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             if normalize == "buffer":
                 self._mins = TorchSegmentTree(self.capacity, self.device, "min")
         # Whether a written slot may hold 0 (then a range may have no mass, which only
-        # the host can report as an error).
+        # the host can report as an error, and the running sums must hold empty slots).
         self._zeros = False
+        if isinstance(self._tree, TorchPrefixSums):
+            self._tree.may_hold_empty = False
 
     # ------------------------------------------------------------------- trees
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
@@ -108,6 +105,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                                  "these values (float64 overflow); nothing was updated")
         if scaled.size and not scaled.min() > 0:
             self._zeros = True
+            if isinstance(self._tree, TorchPrefixSums):
+                self._tree.may_hold_empty = True
         slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
         values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
@@ -120,27 +119,34 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._mins is not None:
             self._mins.clear()
         self._zeros = False
+        if isinstance(self._tree, TorchPrefixSums):
+            self._tree.may_hold_empty = False
 
     # ---------------------------------------------------------------- sampling
-    def _segments_on_device(self, ring: Ring, num_steps: int
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """``(bounds, masses, mass)`` of the valid starts' cyclic position range (one or
-        two segments): float64 tensors of each segment's prefix sums at its start and
-        end (``[start0, end0, start1, end1]``, the second segment repeating the first's
-        bounds when the range does not wrap, with ``masses`` ``[mass0, 0]``), the
-        segments' masses and their total; ``None`` when every slot with mass is a valid
-        start (draw from the whole tree)."""
+    @staticmethod
+    def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
+        """``(first, span)``: the valid window starts are stored positions ``first`` to
+        ``first + span - 1``, cyclically (``(0, capacity)`` for the whole ring). Never
+        an unwritten position: those hold no mass, and the running sums count on
+        that (:attr:`TorchPrefixSums.may_hold_empty`)."""
         lo, hi = ring.valid_start_range(num_steps)
-        if hi == ring.last_id + 1:  # no newest steps to leave out (num_steps == 1)
-            return None
-        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
-        first, span = (lo % L) * B, (hi - lo) * B
+        span = (hi - lo) * ring.batch_size
+        if span == ring.capacity:
+            return 0, span
+        return (lo % ring.max_length) * ring.batch_size, span
+
+    def _tree_segments(self, tree: TorchSegmentTree, first: int, span: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
+        ``[first, first + span)``: float64 tensors of each segment's prefix sums at its
+        start and end (``[start0, end0, start1, end1]``, the second segment repeating
+        the first's start when the range does not wrap, so that its mass is 0), the
+        segments' masses and their total."""
+        cap = tree.capacity
         ends = [first, min(first + span, cap)]
-        ends += [0, first + span - cap] if first + span > cap else ends
-        bounds = self._tree.prefix_sums(to_device(np.array(ends, np.int64), self.device))
+        ends += [0, first + span - cap] if first + span > cap else [first, first]
+        bounds = tree.prefix_sums(to_device(np.array(ends, np.int64), self.device))
         masses = bounds[1::2] - bounds[0::2]
-        if first + span <= cap:
-            masses[1] = 0.0
         return bounds, masses, masses.sum()
 
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
@@ -148,8 +154,12 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._flush()
         if ring.last_id + 1 < num_steps:
             return 0.0
-        segments = self._segments_on_device(ring, num_steps)
-        return float(self._tree.root() if segments is None else segments[2])
+        first, span = self._valid_positions(ring, num_steps)
+        if isinstance(self._tree, TorchPrefixSums):
+            return float(self._tree.range_mass(first, span))
+        if span == ring.capacity:
+            return float(self._tree.root())
+        return float(self._tree_segments(self._tree, first, span)[2])
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
@@ -161,33 +171,26 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         generator = self._generator.for_call(rng)
         u = torch.rand(sample_batch_size, dtype=torch.float64, generator=generator,
                        device=self.device)
-        segments = self._segments_on_device(ring, num_steps)
-        if segments is None:
-            mass = self._tree.root()
-            positions = self._tree.find(u * mass)
+        first, span = self._valid_positions(ring, num_steps)
+        tree = self._tree
+        if isinstance(tree, TorchPrefixSums):
+            positions, mass = tree.draw(u, first, span)
+        elif span == ring.capacity:
+            mass = tree.root()
+            positions = tree.find(u * mass)
         else:
-            bounds, masses, mass = segments
+            bounds, masses, mass = self._tree_segments(tree, first, span)
             u = u * mass
             # The second segment only where it has mass (rounding may carry u past the
             # first's share when the second is empty).
             first_segment = (u < masses[0]) | (masses[1] <= 0)
             start = torch.where(first_segment, bounds[0], bounds[2])
-            targets = start + torch.where(first_segment, u, u - masses[0])
-            if isinstance(self._tree, TorchPrefixSums):
-                # The running sums bound each segment exactly: a target held in
-                # [start, end) of its segment finds a slot of it with mass.
-                end = torch.where(first_segment, bounds[1], bounds[3])
-                below_end = torch.nextafter(end, torch.zeros_like(end))
-                positions = self._tree.find(torch.minimum(targets, below_end))
-            else:
-                positions = self._tree.find(targets)
-                # Rounding may carry a target past its segment's edge, where the
-                # tree's sums and the bounds differ in the last bit (module docstring).
-                lo, hi = ring.valid_start_range(num_steps)
-                first = (lo % ring.max_length) * ring.batch_size
-                outside = (positions - first) % ring.capacity >= (hi - lo) * ring.batch_size
-                middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
-                positions = torch.where(outside, self._tree.find(middle), positions)
+            positions = tree.find(start + torch.where(first_segment, u, u - masses[0]))
+            # Rounding may carry a target past its segment's edge, where the tree's
+            # path sums and the bounds differ in the last bit (module docstring).
+            outside = (positions - first) % ring.capacity >= span
+            middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
+            positions = torch.where(outside, tree.find(middle), positions)
         if self._zeros:  # one scalar back to the host, only where a range may be empty
             self._require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
@@ -210,10 +213,10 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     @staticmethod
     def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
         """Logical ids (int64, a new tensor) of the steps at stored positions."""
-        slots = positions // ring.batch_size
         oldest = ring.oldest_id
         if not oldest:  # the ring has not wrapped: the slot is the id
-            return slots
+            return positions // ring.batch_size
+        slots = positions // ring.batch_size if ring.batch_size > 1 else positions
         return (slots - oldest % ring.max_length) % ring.max_length + oldest
 
     # ------------------------------------------------------------- priorities
@@ -243,4 +246,6 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._min = MinTree(self.capacity) if self._min is not None else None
         # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
         self._zeros = bool((leaves == 0).any())
+        if isinstance(self._tree, TorchPrefixSums):
+            self._tree.may_hold_empty = self._zeros
         self._generator.restore(state, self._rng)
