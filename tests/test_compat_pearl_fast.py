@@ -100,7 +100,7 @@ def assert_same_state(fast, slow):
 def as_input(rng, value, kind, vector):
     """``value`` (float32 array, or float / bool per env) in one of the types callers
     pass: the shortcut takes some, the general path the rest."""
-    if kind == "exact":
+    if kind in ("exact", "float64 reward"):
         if vector or isinstance(value, np.ndarray):
             return value
         return bool(value) if isinstance(value, (bool, np.bool_)) else float(value)
@@ -116,7 +116,8 @@ def as_input(rng, value, kind, vector):
     return value
 
 
-ADD_KINDS = ["exact", "exact", "exact", "numpy scalar", "float64", "list", "tensor"]
+ADD_KINDS = ["exact", "exact", "exact", "numpy scalar", "float64", "float64 reward", "list",
+             "tensor"]
 
 
 def play(fast, slow, data, rng, steps, vector, rollout):
@@ -135,6 +136,8 @@ def play(fast, slow, data, rng, steps, vector, rollout):
             trunc = rng.random(shape) < 0.1 if vector else bool(rng.random() < 0.1)
             kind = data.draw(st.sampled_from(ADD_KINDS))
             args = [as_input(rng, x, kind, vector) for x in (obs, action, reward, nxt, term)]
+            if kind == "float64 reward" and vector:  # as gymnasium's vector envs give it
+                args[2] = rng.standard_normal(shape)  # float64, mostly not float32-exact
             truncated = data.draw(st.sampled_from(["given", "none"]))
             args.append(None if truncated == "none" else as_input(rng, trunc, kind, vector))
             extra = {}

@@ -172,6 +172,38 @@ def test_exact_writer_writes_whole_records_bytes_and_padding_included(backend, c
             assert ours.arrays[i].tobytes() == theirs.arrays[i].tobytes()
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "unpacked"])
+@pytest.mark.parametrize("count", [1, 3, 200])
+def test_exact_writer_casts_float64_scalars_into_float32_like_write(backend, count):
+    """A vector env's rewards come as float64 for a float32 reward leaf: a batched fused
+    writer takes them and stores the bytes the validating path's cast stores (one
+    record's bytes by astype, a block's field or a plain array by assignment)."""
+    from replaybuffer.storage.torch_storage import TorchStorage
+
+    specs = [ArraySpec((4,), np.float32), ArraySpec((), np.float32), ArraySpec((), np.bool_)]
+    make = {"numpy": lambda: NumpyStorage(specs, 2 * count),
+            "torch": lambda: TorchStorage(specs, 2 * count),
+            "unpacked": lambda: NumpyStorage(specs, 2 * count, pack=False)}[backend]
+    exact, plain = make(), make()
+    write = exact.exact_writer((count,))
+    rng = np.random.default_rng(count)
+    for start in (0, count):
+        leaves = [rng.standard_normal((count, 4), np.float32),
+                  rng.standard_normal(count) * 1e3,  # float64, not exact in float32
+                  rng.random(count) < 0.5]
+        assert write(start, leaves) is True
+        plain.write(start, leaves)
+        for got, want in zip(exact.gather(np.arange(2 * count)),
+                             plain.gather(np.arange(2 * count))):
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    wide = [rng.standard_normal((count, 4)), rng.standard_normal(count),
+            rng.random(count) < 0.5]  # a float64 vector leaf is still refused
+    assert write(0, wide) is False
+    one = exact.exact_writer(())  # and one unbatched step keeps exact dtypes
+    assert one(0, [wide[0][0].astype(np.float32), np.float64(1.5), np.True_]) is False
+    assert one(0, [wide[0][0].astype(np.float32), np.float32(1.5), np.True_]) is True
+
+
 def test_no_record_writes_where_other_fields_share_the_record():
     """A structured array with a field that is not among the leaves: its bytes are not
     the writer's, so the leaves are written field by field and the other field stays."""

@@ -760,3 +760,31 @@ def test_an_env_loop_of_single_adds_takes_the_shortcut_every_step(storage, rollo
     assert taken == [k for reset in resets for k in ([False, False] if reset else [True])]
     assert_same_core_state(fast, slow)
     assert_nests_equal(fast.all(), slow.all())
+
+
+@pytest.mark.parametrize("rollout", [False, True])
+def test_the_shortcut_alone_takes_the_usual_step_or_writes_nothing(rollout):
+    """``_add_usual`` (what compat.pearl calls first for a vector env's step): True
+    having written the step as ``add`` would (float64 rewards cast to the float32 leaf),
+    or False having written nothing (a reset observation: not the previous next one)."""
+    rng = np.random.default_rng(5)
+    cls = rb.RolloutBuffer if rollout else rb.TransitionReplayBuffer
+    fast, slow = (cls(OBS, BOX, 6, num_envs=2) for _ in range(2))
+    cur = rng.normal(size=(2, 2)).astype(np.float32)
+    for t in range(9):
+        nxt = rng.normal(size=(2, 2)).astype(np.float32)
+        action = rng.uniform(-1, 1, (2, 2)).astype(np.float32)
+        reward = rng.standard_normal(2)  # float64, as a vector env gives it
+        flags = np.array([t % 4 == 3, False]), np.zeros(2, bool)
+        if t % 4 == 0 and t:  # a reset: the step must go to the general path
+            before = fast._ring.last_id, [a.copy() for a in fast._storage.arrays]
+            assert fast._add_usual(cur, action, reward, nxt, *flags) is False
+            assert fast._ring.last_id == before[0]
+            for a, b in zip(fast._storage.arrays, before[1]):
+                assert a.tobytes() == b.tobytes()
+            fast.add(cur, action, reward, nxt, *flags)
+        else:
+            assert fast._add_usual(cur, action, reward, nxt, *flags) is True
+        slow.add(cur, action, reward.astype(np.float32), nxt, *flags)
+        cur = rng.normal(size=(2, 2)).astype(np.float32) if t % 4 == 3 else nxt
+    assert_same_core_state(fast, slow)

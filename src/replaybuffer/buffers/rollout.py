@@ -146,22 +146,33 @@ class RolloutBuffer(TransitionReplayBuffer):
             SpecError: a leaf that does not fit its spec or a batch that is not
                 ``num_envs`` long. Nothing is written.
         """
+        if self._add_usual(observation, action, reward, next_observation, terminated,
+                           truncated, value, log_prob):
+            return
+        policy = {ACTION: action, VALUE: self._per_env(value, VALUE, "add"),
+                  LOG_PROB: self._per_env(log_prob, LOG_PROB, "add")}
+        try:
+            self._add_general(observation, policy, reward, next_observation, terminated,
+                              self._no_truncation if truncated is None else truncated,
+                              None, True)
+        except SpecError as exc:
+            raise SpecError(_public(str(exc))) from None
+
+    def _add_usual(self, observation: Any, action: Any, reward: Any,
+                   next_observation: Any, terminated: Any, truncated: Any = None,
+                   value: Any = None, log_prob: Any = None) -> bool:
+        """:meth:`add`'s shortcut alone, as :meth:`TransitionReplayBuffer._add_usual
+        <replaybuffer.TransitionReplayBuffer>`; ``value`` and ``log_prob`` as
+        :meth:`add` takes them."""
         # The default (None) inline: _per_env's call costs ~0.1 us of a ~3 us add.
         value = self._zero_values if value is None else self._per_env(value, VALUE, "add")
         log_prob = self._zero_values if log_prob is None else \
             self._per_env(log_prob, LOG_PROB, "add")
         if truncated is None:
             truncated = self._no_truncation
-        if self._exact_add and self._limiter is None and self._add_exact(
-                observation, (observation, action, value, log_prob, reward, terminated,
-                              truncated), next_observation, terminated, truncated):
-            return
-        policy = {ACTION: action, VALUE: value, LOG_PROB: log_prob}
-        try:
-            self._add_general(observation, policy, reward, next_observation, terminated,
-                              truncated, None, True)
-        except SpecError as exc:
-            raise SpecError(_public(str(exc))) from None
+        return self._exact_add and self._limiter is None and self._add_exact(
+            observation, (observation, action, value, log_prob, reward, terminated,
+                          truncated), next_observation, terminated, truncated)
 
     def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
                     next_observation: np.ndarray, terminated: Any, truncated: Any = None,

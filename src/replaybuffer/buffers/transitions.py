@@ -300,6 +300,18 @@ class TransitionReplayBuffer(ReplayBuffer):
         return self._add_general(observation, action, reward, next_observation, terminated,
                                  truncated, timeout, block)
 
+    def _add_usual(self, observation: Any, action: Any, reward: Any, next_observation: Any,
+                   terminated: Any, truncated: Any = None) -> bool:
+        """:meth:`add`'s shortcut alone (:meth:`_add_exact`): ``True`` having added the
+        usual step, ``False`` having written nothing. For adapters (compat.pearl) that
+        convert their inputs only when the step as it came was not taken (checking them
+        first would repeat the fused writer's checks, ~0.5 us of a ~4 us add)."""
+        if truncated is None:
+            truncated = self._no_truncation
+        return self._exact_add and self._limiter is None and self._add_exact(
+            observation, (observation, action, reward, terminated, truncated),
+            next_observation, terminated, truncated)
+
     def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
                     next_observation: np.ndarray, terminated: Any, truncated: Any = None
                     ) -> None:

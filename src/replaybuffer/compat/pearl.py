@@ -437,16 +437,29 @@ class BaseBuffer(ABC):
     # ------------------------------------------------------------- helpers
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, **extra: Any) -> None:
-        """Give the core one transition per env (:meth:`_core_leaves`); ``extra``: more
-        of the core's ``add`` arguments (``None`` values left out)."""
-        given = {k: v for k, v in extra.items() if v is not None}
+        """Give the core one transition per env; ``extra``: more of the core's ``add``
+        arguments (the rollout's ``value`` and ``log_prob``).
+
+        A vector env's step goes to the core's shortcut as it came (the usual step:
+        arrays of the stored dtypes, float64 rewards included, checked once by the
+        fused writer) and is converted (:meth:`_core_leaves`) only when the shortcut did
+        not take it; one env's step to the core's ``_add_single``
+        (:meth:`_single_leaves`)."""
+        core = self.core
+        if self.vector:
+            if not (self._direct and core._add_usual(observation, action, reward,
+                                                     next_observation, done, truncated,
+                                                     **extra)):
+                core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                            done, truncated), **extra)
+            return
         single = self._single_leaves(observation, action, reward, next_observation, done,
                                      truncated)
         if single is not None:
-            self.core._add_single(*single, **given)
+            core._add_single(*single, **extra)
         else:
-            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                             done, truncated), **given)
+            core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                        done, truncated), **extra)
 
     def _single_leaves(self, observation: Any, action: Any, reward: Any,
                        next_observation: Any, done: Any, truncated: Any
@@ -476,11 +489,10 @@ class BaseBuffer(ABC):
         """Pearl's inputs of one add as the core's ``add`` takes them (observation,
         action, reward, next observation, terminated, truncated; each ``[num_envs, ...]``).
 
-        What a vector env gives is converted in one operation: array observations,
-        actions and flags as they come, float rewards as float32; the core's ``add``
-        then takes its shortcut for the usual step (``TransitionReplayBuffer._add_exact``)
-        and checks everything else on its general path. (One env's step as an env gives
-        it goes to the core's ``_add_single`` instead: :meth:`_single_leaves`.) Other
+        For a step the core's shortcut did not take (:meth:`_add`). What a vector env
+        gives passes as it came (arrays; float rewards of any width, cast by the core):
+        the core's ``add`` checks and converts them on its general path (an episode's
+        first observation after a reset is not the previous next observation). Other
         inputs (lists, tensors, dicts, Pearl's trailing 1 of scalar fields) are
         converted leaf by leaf (``_batched``).
         """
@@ -490,8 +502,7 @@ class BaseBuffer(ABC):
                 type(reward) is ndarray and reward.dtype.kind == "f" and reward.ndim == 1 \
                 and type(done) is ndarray and done.ndim == 1 and \
                 (truncated is None or type(truncated) is ndarray and truncated.ndim == 1):
-            return (observation, action, reward.astype(np.float32, copy=False),
-                    next_observation, done, truncated)
+            return observation, action, reward, next_observation, done, truncated
         return (self._batched(observation), self._batched(action, self._action_path),
                 self._batched(reward, "scalar"), self._batched(next_observation),
                 self._batched(done, "scalar"),
@@ -636,13 +647,7 @@ class ReplayBuffer(BaseBuffer):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        single = self._single_leaves(observation, action, reward, next_observation, done,
-                                     truncated)
-        if single is not None:
-            self.core._add_single(*single)
-        else:
-            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                             done, truncated))
+        self._add(observation, action, reward, next_observation, done, truncated)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
@@ -699,13 +704,8 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        single = self._single_leaves(observation, action, reward, next_observation, done,
-                                     truncated)
-        if single is not None:
-            self.core._add_single(*single, value=value, log_prob=log_prob)
-        else:
-            self.core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                             done, truncated), value=value, log_prob=log_prob)
+        self._add(observation, action, reward, next_observation, done, truncated,
+                  value=value, log_prob=log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:

@@ -62,7 +62,10 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     ``()`` may also be a numpy scalar of exactly its dtype, and a float32 or float64
     one a Python ``float`` (a reward as an env gives it: packed with ``struct``, 40 ns,
     where ``np.array((reward,), np.float32)`` costs 300 ns; the same bytes as numpy's
-    cast, and ``False`` where that would overflow to inf). The caller guarantees
+    cast, and ``False`` where that would overflow to inf). With ``outer_shape=(count,)``
+    a float32 leaf of spec shape ``()`` may also come as float64 (a vector env's
+    rewards, as gymnasium gives them), cast as it is written: the bytes of the
+    validating path, which casts by the same assignment. The caller guarantees
     ``start + count <= capacity``.
     """
     unbatched = outer_shape == ()
@@ -71,6 +74,7 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     bound: dict[str, Any] = {"ndarray": np.ndarray}
     checks, views, writes = [], [], []
     floats = set()  # unbatched float leaves that may come as Python floats
+    widened_leaves = set()  # batched float32 scalars that may come as float64
     record = _record_layout(arrays, checker.dtypes)
     many = record is not None and \
         count * record[0].itemsize > max(_BLOCK_MAX, record[0].itemsize)
@@ -79,6 +83,11 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     for i, (array, dtype, shape) in enumerate(zip(arrays, checker.dtypes, shapes)):
         bound[f"a{i}"], bound[f"d{i}"], bound[f"s{i}"] = array, dtype, shape
         check = f"type(x{i}) is ndarray and x{i}.dtype is d{i} and x{i}.shape == s{i}"
+        widened = not unbatched and dtype is _FLOAT32 and shape == (count,)
+        if widened:  # float64 accepted, cast by the assignment (or astype: one record)
+            bound[f"w{i}"] = _FLOAT64
+            check = f"type(x{i}) is ndarray and (x{i}.dtype is d{i} or x{i}.dtype is " \
+                f"w{i}) and x{i}.shape == s{i}"
         if unbatched and shape == ():
             bound[f"t{i}"] = dtype.type
             check = f"(type(x{i}) is ndarray or type(x{i}) is t{i}) and x{i}.dtype is d{i} " \
@@ -87,6 +96,8 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
                 floats.add(i)
                 check = f"(type(x{i}) is float or {check})"
         checks.append(check)
+        if widened:
+            widened_leaves.add(i)
         if i in in_record:
             continue
         if i in whole_items:
@@ -133,6 +144,9 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
                 # OverflowError where numpy would give inf: the caller casts instead)
                 bound[f"pack{i}"] = struct.Struct("=" + arrays[i].dtype.char).pack
                 pieces.append(f"(pack{i}(x{i}) if type(x{i}) is float else x{i}.tobytes())")
+            elif i in widened_leaves:
+                pieces.append(f"(x{i}.tobytes() if x{i}.dtype is d{i} else "
+                              f"x{i}.astype(d{i}).tobytes())")
             else:
                 pieces.append(f"x{i}.tobytes()")
             end = offset + int(arrays[i].dtype.itemsize * math.prod(arrays[i].shape[1:]))
@@ -164,6 +178,8 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     _LAYOUTS[write] = (arrays, checker, outer_shape)
     return write
 
+
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 _BLOCK_MAX = 8192
 """Bytes of records up to which several positions are assembled in a scratch block:
