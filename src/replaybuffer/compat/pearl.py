@@ -436,9 +436,9 @@ class BaseBuffer(ABC):
 
     # ------------------------------------------------------------- helpers
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-             done: Any, truncated: Any = None, **extra: Any) -> None:
-        """Give the core one transition per env; ``extra``: more of the core's ``add``
-        arguments (the rollout's ``value`` and ``log_prob``).
+             done: Any, truncated: Any = None, *policy: Any) -> None:
+        """Give the core one transition per env; ``policy``: the rollout's ``value`` and
+        ``log_prob``, passed on positionally (keywords would cost a dict per add).
 
         A vector env's step goes to the core's shortcut as it came (the usual step:
         arrays of the stored dtypes, float64 rewards included, checked once by the
@@ -449,17 +449,17 @@ class BaseBuffer(ABC):
         if self.vector:
             if not (self._direct and core._add_usual(observation, action, reward,
                                                      next_observation, done, truncated,
-                                                     **extra)):
+                                                     *policy)):
                 core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                            done, truncated), **extra)
+                                            done, truncated), *policy)
             return
         single = self._single_leaves(observation, action, reward, next_observation, done,
                                      truncated)
         if single is not None:
-            core._add_single(*single, **extra)
+            core._add_single(*single, *policy)
         else:
             core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                        done, truncated), **extra)
+                                        done, truncated), *policy)
 
     def _single_leaves(self, observation: Any, action: Any, reward: Any,
                        next_observation: Any, done: Any, truncated: Any
@@ -704,8 +704,8 @@ class RolloutBuffer(BaseBuffer):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        self._add(observation, action, reward, next_observation, done, truncated,
-                  value=value, log_prob=log_prob)
+        self._add(observation, action, reward, next_observation, done, truncated, value,
+                  log_prob)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
                dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
