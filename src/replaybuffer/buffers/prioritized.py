@@ -132,7 +132,8 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         frame_stack, stack_axis: store the named stacked-frame leaf deduplicated.
         normalize: ``"batch"`` or ``"buffer"``: what importance weights are divided by
             (see :mod:`replaybuffer.sampling.prioritized`).
-        sample_on_device: draw samples with a sum tree on the torch storage's device
+        sample_on_device: draw samples on the torch storage's device, from the
+            priorities' running sums there
             (:mod:`replaybuffer.sampling.torch_prioritized`; ids, probabilities and
             weights come back as tensors there); default ``None``: for torch storage
             on a GPU (without ``track_episodes``).
