@@ -5,8 +5,9 @@
 #   bash benchmarks/gpu_check.sh [WHEELS]
 #
 # For a machine with no package index, WHEELS (default .whl) holds the wheels it lacks
-# (optree, gymnasium, tensordict, torchrl and what they need, for its Python); they are
-# installed without dependencies into a scratch folder, never over its torch. Then:
+# (optree, gymnasium, tensordict, torchrl and what they need, for its Python:
+# benchmarks/gpu_wheels.sh downloads them); they are installed without dependencies into
+# a scratch folder, never over its torch. Then:
 #   1. torchrl's extension is rebuilt with its CUDA trees (benchmarks/torchrl_extension.py
 #      --cuda), in the background, so that TorchRL's PrioritizedSampler keeps its tree on
 #      the GPU as ours does;
