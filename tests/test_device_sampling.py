@@ -67,34 +67,57 @@ def counter_buffer(cls, device=CPU, batch_size=2, max_length=20, adds=20, search
 
 
 # ------------------------------------------------------------------------- tree
+def assign_randomly(structures, capacity, device, rng):
+    """20 rounds of 30 random slot writes (repeats: the last occurrence wins; about 20%
+    zeros) to each of ``structures`` (a min tree gets ``inf`` for 0), checked against a
+    numpy array after every round; returns that array."""
+    ref = np.zeros(capacity)
+    for _ in range(20):
+        slots = rng.integers(0, capacity, 30)
+        values = rng.random(30) * (rng.random(30) < 0.8)
+        for s, v in zip(slots, values):
+            ref[s] = v
+        for structure in structures:
+            is_min = getattr(structure, "op", "sum") == "min"
+            structure.assign(on(device, slots),
+                             on(device, np.where(values > 0, values, np.inf) if is_min
+                                else values))
+        np.testing.assert_array_equal(structures[0].leaves.cpu().numpy(), ref)
+    return ref
+
+
+def check_sums_and_find(structure, ref, device, rng, past_total=False):
+    """Total, prefix sums and search of a sum structure holding ``ref``: the slot whose
+    running sums bracket each target, never an empty one (``past_total``: targets at
+    the total and beyond land on the last slot with mass)."""
+    capacity = len(ref)
+    assert float(structure.root()) == pytest.approx(ref.sum(), rel=1e-12)
+    ends = np.arange(capacity + 1)
+    np.testing.assert_allclose(structure.prefix_sums(on(device, ends)).cpu().numpy(),
+                               np.concatenate(([0.0], np.cumsum(ref))), rtol=1e-12, atol=1e-12)
+    if ref.sum() == 0:
+        return
+    cumulative = np.cumsum(ref)
+    targets = rng.random(500) * ref.sum()
+    if past_total:
+        targets = np.concatenate((targets, [ref.sum(), 2 * ref.sum()]))
+    found = structure.find(on(device, targets)).cpu().numpy()
+    expected = np.minimum(np.searchsorted(cumulative, targets, side="right"),
+                          np.flatnonzero(ref)[-1])  # past the total: the last with mass
+    near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
+    np.testing.assert_array_equal(found[~near], expected[~near])
+    assert (ref[found] > 0).all()  # never an empty slot, even at the edges
+
+
 @pytest.mark.parametrize("capacity", [1, 2, 7, 64, 1000])
 def test_tree_matches_numpy_reference(capacity, device):
     rng = np.random.default_rng(capacity)
     tree = TorchSegmentTree(capacity, device, "sum")
     mins = TorchSegmentTree(capacity, device, "min")
-    ref = np.zeros(capacity)
-    for _ in range(20):
-        slots = rng.integers(0, capacity, 30)  # repeats: the last occurrence wins
-        values = rng.random(30) * (rng.random(30) < 0.8)
-        for s, v in zip(slots, values):
-            ref[s] = v
-        tree.assign(on(device, slots), on(device, values))
-        mins.assign(on(device, slots), on(device, np.where(values > 0, values, np.inf)))
-    np.testing.assert_array_equal(tree.leaves.cpu().numpy(), ref)
-    assert float(tree.root()) == pytest.approx(ref.sum(), rel=1e-12)
+    ref = assign_randomly([tree, mins], capacity, device, rng)
     positive = ref[ref > 0]
     assert float(mins.root()) == (positive.min() if positive.size else np.inf)
-    ends = np.arange(capacity + 1)
-    np.testing.assert_allclose(tree.prefix_sums(on(device, ends)).cpu().numpy(),
-                               np.concatenate(([0.0], np.cumsum(ref))), rtol=1e-12, atol=1e-12)
-    if ref.sum() > 0:
-        cumulative = np.cumsum(ref)
-        targets = rng.random(500) * ref.sum()
-        found = tree.find(on(device, targets)).cpu().numpy()
-        expected = np.searchsorted(cumulative, targets, side="right")
-        near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
-        np.testing.assert_array_equal(found[~near], expected[~near])
-        assert (ref[found] > 0).all()  # never an empty slot, even at the edges
+    check_sums_and_find(tree, ref, device, rng)
     # load rebuilds the same tree as the updates did
     other = TorchSegmentTree(capacity, device, "sum")
     other.load(on(device, ref))
@@ -113,29 +136,10 @@ def test_find_never_lands_on_empty_slots_at_the_end(device):
 def test_prefix_sums_match_numpy_reference(capacity, device):
     rng = np.random.default_rng(capacity)
     sums = TorchPrefixSums(capacity, device)
-    ref = np.zeros(capacity)
-    for _ in range(20):
-        slots = rng.integers(0, capacity, 30)  # repeats: the last occurrence wins
-        values = rng.random(30) * (rng.random(30) < 0.8)
-        for s, v in zip(slots, values):
-            ref[s] = v
-        sums.assign(on(device, slots), on(device, values))
-        np.testing.assert_array_equal(sums.leaves.cpu().numpy(), ref)
-    assert float(sums.root()) == pytest.approx(ref.sum(), rel=1e-12)
+    ref = assign_randomly([sums], capacity, device, rng)
     positive = ref[ref > 0]
     assert float(sums.smallest_positive()) == (positive.min() if positive.size else np.inf)
-    ends = np.arange(capacity + 1)
-    np.testing.assert_allclose(sums.prefix_sums(on(device, ends)).cpu().numpy(),
-                               np.concatenate(([0.0], np.cumsum(ref))), rtol=1e-12, atol=1e-12)
-    if ref.sum() > 0:
-        cumulative = np.cumsum(ref)
-        targets = np.concatenate((rng.random(500) * ref.sum(), [ref.sum(), 2 * ref.sum()]))
-        found = sums.find(on(device, targets)).cpu().numpy()
-        expected = np.minimum(np.searchsorted(cumulative, targets, side="right"),
-                              np.flatnonzero(ref)[-1])  # past the total: the last with mass
-        near = np.isclose(targets[:, None], cumulative[None, :], rtol=1e-9).any(1)
-        np.testing.assert_array_equal(found[~near], expected[~near])
-        assert (ref[found] > 0).all()  # never an empty slot, even at the edges
+    check_sums_and_find(sums, ref, device, rng, past_total=True)
     other = TorchPrefixSums(capacity, device)
     other.load(on(device, ref))
     np.testing.assert_array_equal(other.sums().cpu().numpy(), sums.sums().cpu().numpy())
