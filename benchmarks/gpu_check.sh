@@ -16,7 +16,7 @@
 #      counts our kernels, copies and synchronizations per call.
 # Logs, the JUnit report and the bench's table and JSON go to $OUT (default
 # build/gpu-check). Each step is bounded in time and a failing step does not stop the
-# next; the exit status is that of the first step that failed.
+# next; the exit status is 1 if any step failed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

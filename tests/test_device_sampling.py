@@ -240,6 +240,43 @@ def test_empty_slots_are_never_found_whatever_order_the_scan_adds_in(monkeypatch
         assert (ref[drawn.cpu().numpy()] > 0).all()
 
 
+def test_a_draw_stays_in_its_range_whatever_the_sums_outside_it(monkeypatch, device):
+    """Unwritten slots are not held (may_hold_empty off): a scan that drifts downward
+    leaves their sums below the range's last one, and the search over every slot may
+    stray onto them; it is held inside the range."""
+    monkeypatch.setattr(torch, "cumsum", drifting_cumsum(-1e-12))
+    sums = TorchPrefixSums(40, device)
+    sums.may_hold_empty = False  # as the sampler leaves it with positive priorities
+    sums.load(on(device, np.where(np.arange(40) < 30, 1.0, 0.0)))
+    u = np.linspace(0.0, np.nextafter(1.0, 0.0), 40001)
+    for first, span in ((0, 30), (10, 20), (25, 5)):
+        found, _ = sums.draw(on(device, u), first, span)
+        found = found.cpu().numpy()
+        assert found.min() >= first and found.max() < first + span
+    sums.load(on(device, np.where((np.arange(40) < 8) | (np.arange(40) >= 30), 1.0, 0.0)))
+    found, _ = sums.draw(on(device, u), 30, 18)  # wraps: [30, 40) then [0, 8)
+    inside = (found.cpu().numpy() - 30) % 40 < 18
+    assert inside.all()
+
+
+@pytest.mark.parametrize("search", ["prefix", "tree"])
+def test_priorities_too_far_apart_to_sum_are_reported_as_the_host_does(search, device):
+    """Priorities 2**66 apart: the valid windows' mass cancels in the running sums; the
+    sampler checks the mass on the host, as for zeros, and raises as the host sampler
+    does, instead of drawing outside the range."""
+    bufs = [rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.float32), 1, 4, alpha=1.0,
+                                       seed=0)]
+    bufs.append(counter_buffer(rb.PrioritizedReplayBuffer, device, batch_size=1,
+                               max_length=4, adds=0, search=search, alpha=1.0))
+    for buf in bufs:
+        for t in range(5):
+            buf.add_batch(np.array([t], dtype=buf.data_spec.dtype))
+        buf.update_priorities(np.array([1, 2, 3, 4]), np.array([1.0, 1.0, 1.0, 1e20]))
+        with pytest.raises(EmptyBufferError, match="priority 0"):
+            buf.get_next(4, 2)
+    assert bufs[1]._sampler._zeros
+
+
 @pytest.mark.parametrize("capacity", [3, 1000])
 def test_prefix_sums_and_tree_find_the_same_slots(capacity, device):
     rng = np.random.default_rng(7)
@@ -412,6 +449,18 @@ def test_sampler_state_dict_round_trip(device, search):
     for _ in range(3):
         (ia, _), (ib, _) = a.sample(ring, 32, 3), b.sample(ring, 32, 3)
         assert torch.equal(ia.start_positions, ib.start_positions)
+
+
+def test_a_state_dict_is_a_snapshot_not_the_live_priorities(device, search):
+    sampler = TorchPrioritizedSampler(8, seed=0, device=device, search=search)
+    ring = rb.sampling.Ring(1, 8)
+    ring.last_id = 7
+    sampler.on_add(ring, 0, 8)
+    sampler.update_priorities(ring, np.arange(8), np.full(8, 2.0))
+    state = sampler.state_dict()
+    saved = state["priorities"].copy()
+    sampler.update_priorities(ring, np.arange(8), np.full(8, 5.0))  # after the save
+    np.testing.assert_array_equal(state["priorities"], saved)
 
 
 def test_dataset_elements_are_reproducible(device):

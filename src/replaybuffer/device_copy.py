@@ -21,4 +21,8 @@ def to_device(data: np.ndarray | torch.Tensor, device: torch.device) -> torch.Te
     tensor = torch.from_numpy(data) if isinstance(data, np.ndarray) else data
     if device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    # pin_memory() returns memory that is pinned already as it is: the asynchronous
+    # copy would then read the caller's own memory after it returns. Stage a copy.
+    staged = torch.empty_like(tensor, pin_memory=True).copy_(tensor) \
+        if tensor.is_pinned() else tensor.pin_memory()
+    return staged.to(device, non_blocking=True)

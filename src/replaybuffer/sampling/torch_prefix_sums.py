@@ -145,8 +145,9 @@ class TorchPrefixSums:
         ``u`` scales onto the range's share of the running sums and one search finds
         the slots: the first running sum above a target belongs to a slot of positive
         mass, so an empty slot is never drawn. A target that rounding carries to the end
-        of its share is held just below it, inside the range. A range with no mass
-        (which the caller reports) gives in-bounds slots all the same.
+        of its share is held just below it, and a slot found outside the range is held
+        at its edge. A range with no mass (which the caller reports) gives slots of the
+        range all the same.
         """
         span = self.capacity if span is None else span
         prefix, end = self._exclusive(), first + span
@@ -168,7 +169,15 @@ class TorchPrefixSums:
             limit = torch.where(wrapped, stop, total)
             targets = torch.minimum(targets, torch.nextafter(limit, self._zero))
         found = torch.searchsorted(prefix[1:], targets, right=True)
-        return found.clamp_(max=self.capacity - 1), mass
+        # The search runs over every slot's sum, and outside the range they need not be
+        # sorted to the bit (a GPU scan's rounding; unwritten slots are not held): a
+        # search that strays is held inside the range's piece, whose slots all have
+        # mass unless the owner says otherwise (may_hold_empty, then held exactly).
+        if end <= self.capacity:
+            return found.clamp_(first, end - 1), mass
+        lowest = torch.where(wrapped, 0, first)
+        highest = torch.where(wrapped, end - self.capacity - 1, self.capacity - 1)
+        return torch.clamp(found, lowest, highest), mass
 
     def find(self, targets: torch.Tensor) -> torch.Tensor:
         """For each target (float64 ``[K]``, in ``[0, total)``) the slot ``i`` with

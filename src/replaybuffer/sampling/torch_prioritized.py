@@ -82,9 +82,12 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
             if normalize == "buffer":
                 self._mins = TorchSegmentTree(self.capacity, self.device, "min")
-        # Whether a written slot may hold 0 (then a range may have no mass, which only
-        # the host can report as an error, and the running sums must hold empty slots).
+        # Whether a written slot may hold 0 or a value too small to survive in the
+        # running sums (then a range may have no mass, which only the host can report
+        # as an error, and the running sums must hold empty slots); the smallest value
+        # written since the last clear.
         self._zeros = False
+        self._smallest = math.inf
         if isinstance(self._tree, TorchPrefixSums):
             self._tree.may_hold_empty = False
 
@@ -92,6 +95,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
         if self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
             scaled = np.where(priorities > 0, 1.0, 0.0)
+            largest = 1.0
         else:
             scaled = priorities if self.alpha == 1.0 else np.power(priorities, self.alpha)
             try:
@@ -103,10 +107,16 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                     float(self._tree.root()) + float(np.sum(scaled))):
                 raise ValueError("update: expected a finite total priority, got inf with "
                                  "these values (float64 overflow); nothing was updated")
-        if scaled.size and not scaled.min() > 0:
-            self._zeros = True
-            if isinstance(self._tree, TorchPrefixSums):
-                self._tree.may_hold_empty = True
+        if scaled.size:
+            # A range's mass is a difference of running sums: values below the total's
+            # last bit (about capacity * largest * 2**-52) can cancel to nothing, as a
+            # 0 does. Either way a range may have no mass, which only the host can
+            # report, and empty slots must be held in the sums.
+            self._smallest = min(self._smallest, float(scaled.min()))
+            if not self._smallest > largest * self.capacity * 2.0**-52:
+                self._zeros = True
+                if isinstance(self._tree, TorchPrefixSums):
+                    self._tree.may_hold_empty = True
         slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
         values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
@@ -119,6 +129,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._mins is not None:
             self._mins.clear()
         self._zeros = False
+        self._smallest = math.inf
         if isinstance(self._tree, TorchPrefixSums):
             self._tree.may_hold_empty = False
 
@@ -231,7 +242,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()  # the host trees are unused: priorities from ours
-        state["priorities"] = self._tree.leaves.cpu().numpy()
+        # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
+        state["priorities"] = self._tree.leaves.cpu().numpy().copy()
         state["device_rng"] = self._generator.state()
         return state
 
@@ -245,7 +257,11 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if self._min is not None else None
         # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
-        self._zeros = bool((leaves == 0).any())
+        positive = leaves[leaves > 0]
+        self._smallest = float(positive.min()) if positive.numel() else math.inf
+        largest = float(positive.max()) if positive.numel() else 0.0
+        self._zeros = bool((leaves == 0).any()) or \
+            not self._smallest > largest * self.capacity * 2.0**-52
         if isinstance(self._tree, TorchPrefixSums):
             self._tree.may_hold_empty = self._zeros
         self._generator.restore(state, self._rng)
