@@ -82,14 +82,29 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
             if normalize == "buffer":
                 self._mins = TorchSegmentTree(self.capacity, self.device, "min")
-        # Whether a written slot may hold 0 or a value too small to survive in the
-        # running sums (then a range may have no mass, which only the host can report
-        # as an error, and the running sums must hold empty slots); the smallest value
-        # written since the last clear.
-        self._zeros = False
+        self._forget_values()
+
+    # ---------------------------------------------------------- empty ranges
+    def _forget_values(self) -> None:
+        """No value written yet (a new or cleared sampler)."""
+        # The smallest value written since, and whether a written slot may hold 0 or
+        # a value too small to survive in the running sums: then a range may have no
+        # mass, which only the host can report as an error, and the running sums must
+        # hold empty slots.
         self._smallest = math.inf
+        self._zeros = False
         if isinstance(self._tree, TorchPrefixSums):
             self._tree.may_hold_empty = False
+
+    def _note_values(self, smallest: float, largest: float) -> None:
+        """Values written, from ``smallest`` to ``largest`` (scaled, float64). A range's
+        mass is a difference of running sums: values below the total's last bit (about
+        capacity * largest * 2**-52) can cancel to nothing, as a 0 does."""
+        self._smallest = min(self._smallest, smallest)
+        if not self._smallest > largest * self.capacity * 2.0**-52:
+            self._zeros = True
+            if isinstance(self._tree, TorchPrefixSums):
+                self._tree.may_hold_empty = True
 
     # ------------------------------------------------------------------- trees
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
@@ -108,15 +123,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                 raise ValueError("update: expected a finite total priority, got inf with "
                                  "these values (float64 overflow); nothing was updated")
         if scaled.size:
-            # A range's mass is a difference of running sums: values below the total's
-            # last bit (about capacity * largest * 2**-52) can cancel to nothing, as a
-            # 0 does. Either way a range may have no mass, which only the host can
-            # report, and empty slots must be held in the sums.
-            self._smallest = min(self._smallest, float(scaled.min()))
-            if not self._smallest > largest * self.capacity * 2.0**-52:
-                self._zeros = True
-                if isinstance(self._tree, TorchPrefixSums):
-                    self._tree.may_hold_empty = True
+            self._note_values(float(scaled.min()), largest)
         slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
         values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
@@ -128,10 +135,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._tree.clear()
         if self._mins is not None:
             self._mins.clear()
-        self._zeros = False
-        self._smallest = math.inf
-        if isinstance(self._tree, TorchPrefixSums):
-            self._tree.may_hold_empty = False
+        self._forget_values()
 
     # ---------------------------------------------------------------- sampling
     @staticmethod
@@ -257,11 +261,6 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if self._min is not None else None
         # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
-        positive = leaves[leaves > 0]
-        self._smallest = float(positive.min()) if positive.numel() else math.inf
-        largest = float(positive.max()) if positive.numel() else 0.0
-        self._zeros = bool((leaves == 0).any()) or \
-            not self._smallest > largest * self.capacity * 2.0**-52
-        if isinstance(self._tree, TorchPrefixSums):
-            self._tree.may_hold_empty = self._zeros
+        self._forget_values()
+        self._note_values(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
