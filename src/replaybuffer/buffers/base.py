@@ -261,17 +261,22 @@ class ReplayBuffer:
         # call saved here is measurable.
         flatten = self._fast_flatten
         leaves = None if flatten is None else flatten(items)
-        write_exact = self._write_exact
-        if write_exact is not None and leaves is not None:
+        if leaves is not None and self._write_exact is not None:
             ring = self._ring
             with self._lock:
                 limiter = self._limiter
                 if limiter is not None and not self._admit(ring.batch_size, timeout, block):
                     return False
+                # Read again under the lock, after the limiter's wait (which lets go of
+                # it): a save's snapshot may have paused the fused writer since, as it
+                # writes around the snapshot's copy-on-write storage.
+                write_exact = self._write_exact
                 last_id = ring.last_id + 1
                 position = (last_id % ring.max_length) * ring.batch_size
                 codec = self._codec
-                if codec is None:
+                if write_exact is None:  # the general path below writes it
+                    written = False
+                elif codec is None:
                     written = write_exact(position, leaves)
                 else:
                     written = self._write_exact_stacks(codec, write_exact, position, last_id,
