@@ -131,9 +131,11 @@ def _namedtuple_class(module: str, qualname: str, fields: list[str]) -> type:
 # --------------------------------------------------------------------- save/load
 CHECKPOINT = "ckpt-"
 TMP, TRASH = ".tmp-", ".trash-"
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
 """Bytes read from a buffer (under its lock) or from a file at a time: a save holds the
-lock for one chunk's copy (about a millisecond), so adds wait at most that long."""
+lock for one chunk's copy, so adds wait at most that long. 1 MiB takes 0.2-2 ms here;
+4 MiB took 1-5 ms, fresh memory's page faults included, and saved and loaded no faster
+(``benchmarks/save_stalls.py``)."""
 
 _SAVING: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _SAVING_LOCK = threading.Lock()
