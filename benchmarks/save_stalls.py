@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import collections
 import tempfile
-import threading
 import time
 from typing import Any, Callable
-
-import numpy as np
 
 from replaybuffer import persist
 from replaybuffer.bench import checkpoint
@@ -77,25 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     persist.zlib = TimedZlib  # type: ignore[assignment]
 
     buffer = checkpoint.build(args.size_gb)
-    frame = np.zeros((1,) + checkpoint.FRAME, np.uint8)
     adds: list[tuple[float, float]] = []  # start, seconds
-    stop = threading.Event()
-
-    def collect() -> None:
-        t, period = buffer.last_id + 1, 1.0 / args.add_rate
-        next_time = time.perf_counter()
-        while not stop.is_set():
-            start = time.perf_counter()
-            buffer.add_batch(checkpoint._step(t, frame))
-            adds.append((start, time.perf_counter() - start))
-            t += 1
-            next_time += period
-            delay = next_time - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-
-    thread = threading.Thread(target=collect, daemon=True)
-    thread.start()
+    stop_collector = checkpoint.start_collector(buffer, args.add_rate, adds)
     time.sleep(1.0)
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
@@ -118,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 longest[phase] = max(longest[phase], b - a)
             print("  phases: " + "; ".join(f"{p} {total[p]:.3f} s (longest "
                                            f"{longest[p] * 1e3:.1f} ms)" for p in total))
-    stop.set()
-    thread.join()
+    stop_collector()
     return 0
 
 

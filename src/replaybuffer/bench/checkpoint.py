@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,10 +79,12 @@ def _step(t: int, frame: np.ndarray) -> dict[str, np.ndarray]:
             "reward": np.array([t % 7], np.float32), "step": np.array([t], np.int64)}
 
 
-def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any]:
-    """Save while a thread adds ``add_rate`` steps a second; times and memory."""
+def start_collector(buffer: Any, add_rate: float, adds: list[tuple[float, float]]
+                    ) -> Callable[[], None]:
+    """Start a thread adding ``add_rate`` steps a second to ``buffer`` (of :func:`build`),
+    appending each add's ``(start, seconds)`` (``perf_counter``) to ``adds``; returns
+    the function that stops it."""
     frame = np.zeros((1,) + FRAME, np.uint8)
-    latencies: list[float] = []
     stop = threading.Event()
 
     def collect() -> None:
@@ -92,7 +94,7 @@ def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any
         while not stop.is_set():
             start = time.perf_counter()
             buffer.add_batch(_step(t, frame))
-            latencies.append(time.perf_counter() - start)
+            adds.append((start, time.perf_counter() - start))
             t += 1
             next_time += period
             delay = next_time - time.perf_counter()
@@ -101,18 +103,31 @@ def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any
 
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
+
+    def stop_collector() -> None:
+        stop.set()
+        thread.join()
+
+    return stop_collector
+
+
+def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any]:
+    """Save while a thread adds ``add_rate`` steps a second; times and memory."""
+    adds: list[tuple[float, float]] = []
+    stop_collector = start_collector(buffer, add_rate, adds)
     time.sleep(2.0)  # adds at their pace before the save: the idle baseline
-    before_save = len(latencies)
+    before_save = len(adds)
     rss = _status("VmRSS")
     peak_reset = _reset_peak()
     start = time.perf_counter()
     written = buffer.save(directory)
     seconds = time.perf_counter() - start
     peak = _status("VmHWM")
-    during = latencies[before_save:]
+    after_save = len(adds)
     time.sleep(0.2)
-    stop.set()
-    thread.join()
+    stop_collector()
+    latencies = [add_seconds for _, add_seconds in adds]
+    during = latencies[before_save:after_save]
     data = sum(p.stat().st_size for p in written.glob("*.npy"))
     return {"seconds": seconds, "bytes": data, "gb_per_s": data / seconds / 1e9,
             "adds_during": len(during), "add_median_us": statistics.median(latencies) * 1e6,
