@@ -494,10 +494,12 @@ def test_gpu_bench_smoke_on_the_cpu(capsys):
     from replaybuffer.bench import gpu
 
     assert gpu.main(["--device", "cpu", "--quick", "--workloads", "control",
-                     "--no-torchrl"]) == 0
+                     "--no-torchrl", "--profile"]) == 0
     out = capsys.readouterr().out
     assert "device: cpu" in out and "prioritized[prefix] sample(256)+next" in out
     assert "prioritized[tree] update+sample(256)" in out and "scalar 16,384" in out
+    profiled = [line for line in out.splitlines() if line.startswith("| prioritized ")]
+    assert len(profiled) == 2, out  # sample and update, one row each
 
 
 def test_gpu_bench_without_cuda_says_so(capsys):

@@ -103,6 +103,25 @@ def _step_bytes(spec: Any) -> int:
     return sum(s.nbytes for s in nest.flatten(spec)[0])
 
 
+def _device_items(torch: Any, device: Any, spec: Any, capacity: int
+                  ) -> tuple[Any, Any, Any, int]:
+    """What the buffers are filled and written with: ``(host, on_device, batch, chunk)``,
+    ``chunk`` (at most 10k) random steps ``[1, chunk, ...]`` as numpy arrays and as
+    tensors on ``device``, and the first ``BATCH`` of them on ``device``."""
+    rng = np.random.default_rng(0)
+    chunk = min(capacity, 10_000)
+    host = random_items(spec, (1, chunk), rng)
+    on_device = nest.map_structure(lambda a: torch.from_numpy(a).to(device), host)
+    batch = nest.map_structure(lambda t: t[:, :BATCH].contiguous(), on_device)
+    return host, on_device, batch, chunk
+
+
+def _fill(buf: Any, data: Any, capacity: int, chunk: int) -> None:
+    """Extend ``buf`` with ``data`` (``chunk`` steps) until ``capacity`` steps are in."""
+    for _ in range(0, capacity, chunk):
+        buf.extend(data)
+
+
 def _cycle(buf: Any, ids: Any, priorities: Any) -> None:
     """One prioritized training step's replay work: new priorities, then a batch."""
     buf.update_priorities(ids, priorities)
@@ -128,13 +147,7 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
     """Rows for ``add``, uniform and prioritized ``get_next(256, 2)`` (the default search,
     then the sum tree as ``prioritized[tree]``), ``update(256)`` and the update-then-
     sample cycle of a prioritized training step."""
-    from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
-
-    rng = np.random.default_rng(0)
-    chunk = min(capacity, 10_000)
-    host = random_items(spec, (1, chunk), rng)
-    on_device = nest.map_structure(lambda a: torch.from_numpy(a).to(device), host)
-    batch = nest.map_structure(lambda t: t[:, :BATCH].contiguous(), on_device)
+    _, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     step = _step_bytes(spec)
     rows = []
     variants: list[tuple[str, str | None]] = [("uniform", None), ("prioritized", None),
@@ -145,11 +158,9 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
                                            seed=0, sample_on_device=True)
         else:
             buf = _prioritized(spec, capacity, device, search)
-            if search is None:
-                sampler: TorchPrioritizedSampler = buf._sampler
-                name = f"prioritized[{sampler.search}]"
-        for _ in range(0, capacity, chunk):
-            buf.extend(on_device)
+            if search is None:  # named by the search it defaults to
+                name = f"prioritized[{buf._sampler.search}]"
+        _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)
             rows.append(Row(workload, "replaybuffer", f"add({BATCH})", seconds, BATCH,
@@ -185,8 +196,7 @@ def search_scale(torch: Any, device: Any, capacities: list[int], min_time: float
         data = torch.rand(1, chunk, device=device)
         for search in ("prefix", "tree"):
             buf = _prioritized(spec, capacity, device, search)
-            for _ in range(0, capacity, chunk):
-                buf.extend(data)
+            _fill(buf, data, capacity, chunk)
             ids = buf.get_next(BATCH, 2)[1].ids[:, 0]
             priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
             seconds = time_op(torch, device, partial(_cycle, buf, ids, priorities),
@@ -247,9 +257,7 @@ def _torchrl_sampler(torch: Any, device: Any, workload: str, name: str, capacity
         sampler = {"sampler": PrioritizedSampler(capacity, alpha=0.6, beta=0.4)}
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device),
                                 batch_size=BATCH, **sampler)
-    chunk = data.batch_size[0]
-    for _ in range(0, capacity, chunk):
-        rb.extend(data)
+    _fill(rb, data, capacity, data.batch_size[0])
     rows = []
     if name == "uniform":
         seconds = time_op(torch, device, partial(rb.extend, batch), min_time)
@@ -284,18 +292,13 @@ def profile_ops(torch: Any, device: Any, capacity: int, calls: int = 50) -> list
     from torch.profiler import ProfilerActivity, profile
 
     spec = control_spec()
-    rng = np.random.default_rng(0)
-    chunk = min(capacity, 10_000)
-    host = random_items(spec, (1, chunk), rng)
-    on_device = nest.map_structure(lambda a: torch.from_numpy(a).to(device), host)
-    batch = nest.map_structure(lambda t: t[:, :BATCH].contiguous(), on_device)
+    host, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     host_batch = nest.map_structure(lambda a: np.ascontiguousarray(a[:, :BATCH]), host)
     uniform = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
                                   seed=0, sample_on_device=True)
     prioritized = _prioritized(spec, capacity, device, None)
     for buf in (uniform, prioritized):
-        for _ in range(0, capacity, chunk):
-            buf.extend(on_device)
+        _fill(buf, on_device, capacity, chunk)
     ids = prioritized.get_next(BATCH, 2)[1].ids[:, 0]
     priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
     ops: list[tuple[str, Callable[[], object]]] = [

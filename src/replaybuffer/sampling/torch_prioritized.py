@@ -18,8 +18,8 @@ running sums recomputed by one ``cumsum`` after a write and searched by one
 at any capacity, O(capacity) bytes), or ``"tree"``, a sum tree descended level by level
 (:mod:`~replaybuffer.sampling.torch_tree`: O(log capacity) bytes but a few launches per
 level). The default is ``"prefix"``: on an H100 (``replaybuffer bench --gpu``) a priority
-update and a batch of 256 took 1.0-1.6 ms with it against 7.4-12.3 ms with the tree, from
-2**17 to 2**26 slots; the running sums' bytes would match the tree's launches only near
+update and a batch of 256 took 0.73-1.29 ms with it against 10.4-15.5 ms with the tree,
+from 2**17 to 2**26 slots; the running sums' bytes would match the tree's launches only near
 2**30 slots. Draws are by search only (the host sampler's rejection path pays off for
 numpy, not for a GPU).
 
