@@ -27,6 +27,7 @@ from replaybuffer.buffers import (BufferInfo, FIFOReplayBuffer, HERBuffer, HERTr
 from replaybuffer.collect import EpisodeDriver, StepDriver, StepType, Trajectory
 from replaybuffer.errors import CheckpointError, EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.persist import checkpoints, load, reopen
+from replaybuffer.protocols import Buffer, Checkpointable, PrioritizedBuffer
 from replaybuffer.rate_limiter import (
     MinSize,
     Queue,
@@ -49,6 +50,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ArraySpec",
     "BoundedArraySpec",
+    "Buffer",
+    "Checkpointable",
+    "PrioritizedBuffer",
     "BufferInfo",
     "CheckpointError",
     "EmptyBufferError",

@@ -19,7 +19,8 @@ from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.sampler import make_rng
 
 if TYPE_CHECKING:
-    from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+    from replaybuffer.buffers.base import ReplayBuffer
+    from replaybuffer.protocols import BufferInfo
     from replaybuffer.rate_limiter import RateLimiter
 
 Element = tuple[Any, "BufferInfo"]

@@ -1,6 +1,7 @@
 """The public buffer classes: thin compositions of a storage and a sampler."""
 
-from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+from replaybuffer.protocols import BufferInfo
+from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.her import HERBuffer, HERTransitions
 from replaybuffer.buffers.prioritized import PrioritizedReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer, ShuffledReplayBuffer

@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal, NamedTuple,
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal,
                     Sequence, cast, overload)
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.arguments import positive_or_none
+from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
 from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.episodes import EpisodeIndex
@@ -31,36 +33,6 @@ if TYPE_CHECKING:
     from replaybuffer.sampling.deterministic import Index
     from replaybuffer.storage.exact_writer import ExactWriter
     from replaybuffer.storage.mmap_storage import MmapStorage
-
-
-class BufferInfo(NamedTuple):
-    """What a read returns beside the items.
-
-    Attributes:
-        ids: int64 step ids of the items read, the same outer shape as the items
-            (``[S]``, ``[S, T]``, ...). In uniform buffers they are TF-Agents' logical
-            add ids (shared by the rows of one add; +1 along a window). Prioritized
-            buffers return item ids, unique per step and row (see
-            :class:`~replaybuffer.PrioritizedReplayBuffer`), to pass back to
-            ``update_priorities``. In a deterministic pass they are TF-Agents' physical
-            row indices (``row * max_length + slot``).
-        probabilities: float32 ``[S]`` (or a scalar): the probability with which each
-            sample was drawn. ``()`` in a deterministic pass.
-        weights: float32 ``[S]`` importance weights from prioritized buffers (the
-            largest possible weight is 1); ``None`` elsewhere.
-    """
-
-    ids: Any
-    probabilities: Any
-    weights: Any = None
-
-
-def _positive_or_none(value: Any, name: str) -> int | None:
-    if value is None or (type(value) is int and value > 0):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    return int(value)
 
 
 class ReplayBuffer:
@@ -573,8 +545,8 @@ class ReplayBuffer:
                 steps per row (or within one episode).
             RateLimitedError: ``timeout`` passed with the sample held back.
         """
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked,
                             within_episodes=within_episodes, timeout=timeout, block=block)
 
@@ -686,18 +658,18 @@ class ReplayBuffer:
         if nest.contains_lists(self._data_spec):
             raise ValueError("as_dataset needs a data_spec without Python lists: convert "
                              f"them to tuples (data_spec={self._data_spec!r})")
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes and self._episodes is None:
             raise self._untracked_error()
         if single_deterministic_pass:
             if within_episodes:
                 raise ValueError("within_episodes applies to random sampling; the "
                                  "deterministic pass reads every step in order")
-            window_shift = _positive_or_none(window_shift, "window_shift")
+            window_shift = positive_or_none(window_shift, "window_shift")
             return DeterministicPass(self, sample_batch_size, num_steps, window_shift,
                                      drop_remainder)
-        num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
+        num_parallel_calls = positive_or_none(num_parallel_calls, "num_parallel_calls")
         if getattr(self._sampler, "consumes", False) and (num_parallel_calls or prefetch):
             raise ValueError(f"{type(self).__name__} reads each window once, in order: its "
                              "dataset samples on pull (no num_parallel_calls or prefetch), "

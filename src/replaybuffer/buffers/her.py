@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, overload
 
 import numpy as np
 
+from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo
 from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions, _rows_differ
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng

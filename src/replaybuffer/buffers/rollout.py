@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, 
 
 import numpy as np
 
+from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo
 from replaybuffer.buffers.transitions import (ACTION, REWARD, SINGLE_FLAGS, TERMINATED,
                                               TRUNCATED, TransitionReplayBuffer,
                                               _single_reward)

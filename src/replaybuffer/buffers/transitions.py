@@ -30,8 +30,9 @@ from typing import (TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, Sequence,
 
 import numpy as np
 
+from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo, ReplayBuffer
+from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.prioritized import PrioritizedMixin
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling import Ring, UniformSampler

@@ -46,8 +46,10 @@ import numpy as np
 import ray
 from ray.exceptions import RayError, RayTaskError
 
+from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo, ReplayBuffer, _positive_or_none
+from replaybuffer.arguments import positive_or_none
+from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.dataset import RandomStream
 from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.rate_limiter import RateLimitedError
@@ -500,8 +502,8 @@ class RayReplayBuffer:
         A shard whose rate limiter holds its part back for :data:`SHARD_WAIT_S` has
         that part drawn from the others; when every shard holds back, the draw waits
         (up to ``timeout`` seconds, then :class:`~replaybuffer.RateLimitedError`)."""
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout)
 
     def sample(self, batch_size: int, *, timeout: float | None = None
@@ -727,8 +729,8 @@ class RayReplayBuffer:
                    prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
         """An endless stream of ``get_next`` elements, prefetched from the shards by
         ``num_parallel_calls`` threads (see :class:`~replaybuffer.dataset.RandomStream`)."""
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
 
     def close(self) -> None:

@@ -48,8 +48,10 @@ from typing import Any, Callable, Iterable, Literal, Sequence, overload
 
 import numpy as np
 
+from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo, _positive_or_none, package
+from replaybuffer.arguments import positive_or_none
+from replaybuffer.buffers.base import package
 from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.dataset import RandomStream
 from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
@@ -470,8 +472,8 @@ class SharedReplayBuffer:
             RateLimitedError: ``timeout`` passed with the sample held back.
             BufferClosedError: the buffer was closed.
         """
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout,
                             block=block)
 
@@ -696,8 +698,8 @@ class SharedReplayBuffer:
         """An endless stream of ``get_next(sample_batch_size, num_steps)`` elements,
         sampled ahead by ``num_parallel_calls`` threads of this process (see
         :class:`~replaybuffer.dataset.RandomStream`)."""
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
 
     # ---------------------------------------------------------------- closing

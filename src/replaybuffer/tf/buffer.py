@@ -23,7 +23,8 @@ import numpy as np
 import tensorflow as tf
 
 from replaybuffer import nest
-from replaybuffer.buffers.base import BufferInfo, _positive_or_none
+from replaybuffer.arguments import positive_or_none
+from replaybuffer.protocols import BufferInfo
 from replaybuffer.buffers.uniform import UniformReplayBuffer
 from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
 from replaybuffer.sampling.deterministic import check_not_all_dropped
@@ -142,7 +143,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         self._frame_config = {"frame_stack": None, "stack_axis": stack_axis}
         self._scope = scope
         self._dataset_drop_remainder = bool(dataset_drop_remainder)
-        self._dataset_window_shift = _positive_or_none(dataset_window_shift,
+        self._dataset_window_shift = positive_or_none(dataset_window_shift,
                                                        "dataset_window_shift")
         self._stateful_dataset = bool(stateful_dataset)
         self._storage = TFStorage(self._specs, self._B * self._L, device, scope)
@@ -332,8 +333,8 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                 the same message, when the graph runs; ``num_steps > max_length`` is
                 refused when it is traced).
         """
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes:
             raise self._untracked_error()
         if (num_steps or 1) > self._L:
@@ -491,19 +492,19 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         if nest.contains_lists(self._data_spec):
             raise ValueError("as_dataset needs a data_spec without Python lists: convert "
                              f"them to tuples (data_spec={self._data_spec!r})")
-        sample_batch_size = _positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = _positive_or_none(num_steps, "num_steps")
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes:
             raise self._untracked_error()
         if single_deterministic_pass:
             drop = self._dataset_drop_remainder if drop_remainder is None else drop_remainder
-            shift = _positive_or_none(window_shift, "window_shift") or \
+            shift = positive_or_none(window_shift, "window_shift") or \
                 self._dataset_window_shift
             check_not_all_dropped(self._B, self._L, sample_batch_size, num_steps, drop)
             return ReplayDataset(self._deterministic_dataset(
                 sample_batch_size, num_steps, shift, bool(drop)), restart_on_error=False,
                 build=self._element_builder(()), count=len(self._specs) + 1)
-        num_parallel_calls = _positive_or_none(num_parallel_calls, "num_parallel_calls")
+        num_parallel_calls = positive_or_none(num_parallel_calls, "num_parallel_calls")
         if prefetch is not None and (isinstance(prefetch, bool) or
                                      not isinstance(prefetch, (int, np.integer)) or
                                      prefetch < 0):
