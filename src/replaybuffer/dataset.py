@@ -41,12 +41,12 @@ class SampleSource(Protocol):
     @property
     def rate_limiter(self) -> RateLimiter | None: ...
 
-    def _spawn_rng(self) -> np.random.Generator: ...
+    def spawn_rng(self) -> np.random.Generator: ...
 
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None
-                ) -> Element: ...
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None
+             ) -> Element: ...
 
 
 @atexit.register
@@ -95,14 +95,14 @@ class RandomStream:
 class _SyncIterator:
     def __init__(self, stream: RandomStream):
         self._stream = stream
-        self._rng = stream.buffer._spawn_rng()
+        self._rng = stream.buffer.spawn_rng()
 
     def __iter__(self) -> "_SyncIterator":
         return self
 
     def __next__(self) -> Element:
         s = self._stream
-        return s.buffer._sample(s.sample_batch_size, s.num_steps, True, self._rng,
+        return s.buffer.draw(s.sample_batch_size, s.num_steps, True, self._rng,
                                 s.within_episodes)
 
 
@@ -118,7 +118,7 @@ class _PrefetchIterator:
 
     def __init__(self, stream: RandomStream):
         self._stream = stream
-        self._seed = int(stream.buffer._spawn_rng().integers(0, 2**63 - 1))
+        self._seed = int(stream.buffer.spawn_rng().integers(0, 2**63 - 1))
         self._generation = 0
         self._closed = False
         self._threads: list[threading.Thread] = []
@@ -189,7 +189,7 @@ def _produce(stream: RandomStream, rng: np.random.Generator, out: queue.Queue[_P
         else 0.1
     while not stop.is_set():
         try:
-            item: _Produced = (True, buffer._sample(stream.sample_batch_size,
+            item: _Produced = (True, buffer.draw(stream.sample_batch_size,
                                                     stream.num_steps, True, rng,
                                                     stream.within_episodes, wait))
         except RateLimitedError:

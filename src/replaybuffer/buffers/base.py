@@ -547,25 +547,25 @@ class ReplayBuffer:
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return self._sample(sample_batch_size, num_steps, time_stacked,
+        return self.draw(sample_batch_size, num_steps, time_stacked,
                             within_episodes=within_episodes, timeout=timeout, block=block)
 
     @overload
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
 
     @overload
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: bool = True) -> tuple[Any, BufferInfo] | None: ...
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: bool = True) -> tuple[Any, BufferInfo] | None:
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None:
         """:meth:`get_next` after argument checks; ``rng`` overrides the sampler's."""
         drawn = self._sample_arrays(sample_batch_size or 1, num_steps, rng, within_episodes,
                                     timeout, block)
@@ -574,9 +574,22 @@ class ReplayBuffer:
         leaves, ids, info = drawn
         return self._package(leaves, ids, info, sample_batch_size, num_steps, time_stacked)
 
-    def _spawn_rng(self) -> np.random.Generator:
+    def spawn_rng(self) -> np.random.Generator:
+        """A new generator seeded from the sampler's (advancing its state): one per
+        dataset stream or prefetch worker, so a seeded buffer's streams reproduce."""
         with self._lock:
             return self._sampler.spawn_rng()
+
+    def window_mass(self, num_steps: int) -> float:
+        """What this buffer weighs in a draw of windows of ``num_steps`` across several
+        buffers (shards): its priority total over valid window starts (prioritized
+        samplers), else the number of valid windows it holds."""
+        with self._lock:
+            ring, sampler = self._ring, self._sampler
+            valid_mass = getattr(sampler, "valid_mass", None)
+            if valid_mass is not None:
+                return float(valid_mass(ring, num_steps))
+            return float(ring.batch_size * max(0, ring.items_per_row - num_steps + 1))
 
     def _package(self, leaves: list[Any], ids: np.ndarray, info: dict[str, np.ndarray],
                  sample_batch_size: int | None, num_steps: int | None,

@@ -103,16 +103,6 @@ class ShardLoss:
     at: float
 
 
-def _mass(buffer: Any, num_steps: int) -> float:
-    """How much a buffer weighs in a draw of windows of ``num_steps``: its priority
-    total (prioritized), else the number of windows it holds."""
-    ring, sampler = buffer._ring, buffer._sampler
-    valid_mass = getattr(sampler, "valid_mass", None)
-    if valid_mass is not None:
-        return float(valid_mass(ring, num_steps))
-    return float(ring.batch_size * max(0, ring.items_per_row - num_steps + 1))
-
-
 class _Shard:
     """One shard's actor (wrapped by ``ray.remote`` in :class:`RayReplayBuffer`)."""
 
@@ -160,13 +150,13 @@ class _Shard:
     def describe(self, num_steps: int = 1) -> dict[str, Any]:
         b = self.buffer
         return {"index": self.index, "incarnation": self.incarnation, "last_id": b.last_id,
-                "size": b.num_frames(), "mass": _mass(b, num_steps),
+                "size": b.num_frames(), "mass": b.window_mass(num_steps),
                 "restored_last_id": self.restored_last_id, "class": type(b).__name__,
                 "data_spec": b.data_spec, "beta": getattr(b, "beta", None),
                 "saved_last_id": self.saved_last_id}
 
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
-        return {k: _mass(self.buffer, k or 1) for k in keys}
+        return {k: self.buffer.window_mass(k or 1) for k in keys}
 
     @ray.method(concurrency_group="writes")
     def write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -206,7 +196,7 @@ class _Shard:
             items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
                                                                              timeout=timeout)
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
-                _mass(self.buffer, num_steps or 1), self.incarnation)
+                self.buffer.window_mass(num_steps or 1), self.incarnation)
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray,
                           keys: list[int | None]) -> tuple[int, dict[int | None, float]]:
@@ -504,17 +494,17 @@ class RayReplayBuffer:
         (up to ``timeout`` seconds, then :class:`~replaybuffer.RateLimitedError`)."""
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout)
+        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout)
 
     def sample(self, batch_size: int, *, timeout: float | None = None
                ) -> tuple[Any, BufferInfo]:
         """``sample`` over all shards (transition buffers), paced as :meth:`get_next`."""
         return self._draw("sample", int(batch_size), None, self._rng, timeout)
 
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: bool = True) -> tuple[Any, BufferInfo]:
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo]:
         if within_episodes:
             raise ValueError("within_episodes is not supported across shards")
         if not time_stacked:
@@ -721,7 +711,7 @@ class RayReplayBuffer:
         return [ray.get(ref) for ref in refs.values()]
 
     # -------------------------------------------------------------- iteration
-    def _spawn_rng(self) -> np.random.Generator:
+    def spawn_rng(self) -> np.random.Generator:
         return make_rng(np.random.SeedSequence(self._rng.integers(0, 2**63 - 1)))
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,

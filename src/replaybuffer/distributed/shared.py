@@ -474,25 +474,25 @@ class SharedReplayBuffer:
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return self._sample(sample_batch_size, num_steps, time_stacked, timeout=timeout,
+        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
                             block=block)
 
     @overload
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
 
     @overload
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: bool = True) -> tuple[Any, BufferInfo] | None: ...
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
-    def _sample(self, sample_batch_size: int | None, num_steps: int | None,
-                time_stacked: bool = True, rng: np.random.Generator | None = None,
-                within_episodes: bool = False, timeout: float | None = None,
-                block: bool = True) -> tuple[Any, BufferInfo] | None:
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None:
         if within_episodes:
             raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
         self._check_open()
@@ -689,7 +689,7 @@ class SharedReplayBuffer:
                                 inserts * self._limiter.samples_per_insert - samples)
 
     # -------------------------------------------------------------- iteration
-    def _spawn_rng(self) -> np.random.Generator:
+    def spawn_rng(self) -> np.random.Generator:
         return make_rng(np.random.SeedSequence(self._process_rng().integers(0, 2**63 - 1)))
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
