@@ -158,6 +158,19 @@ class ReplayBuffer:
         return self._storage.kind
 
     @property
+    def store(self) -> Any:
+        """The storage object holding the steps (a
+        :class:`~replaybuffer.storage.base.Storage`: its ``arrays`` are one array per
+        stored leaf, ``[capacity, *spec.shape]``, position ``slot * batch_size + row``).
+        During a save it is a copy-on-write view of that storage."""
+        return self._storage
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler that chooses which windows reads return."""
+        return self._sampler
+
+    @property
     def device(self) -> Any:
         return getattr(self._storage, "device", None)
 

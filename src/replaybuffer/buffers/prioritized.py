@@ -137,6 +137,9 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
             (:mod:`replaybuffer.sampling.torch_prioritized`; ids, probabilities and
             weights come back as tensors there); default ``None``: for torch storage
             on a GPU (without ``track_episodes``).
+        device_search: how device sampling searches the priorities: ``"prefix"``
+            (their running sums, the default) or ``"tree"`` (a sum tree); see
+            :mod:`replaybuffer.sampling.torch_prioritized`. Only with device sampling.
     """
 
     _sampler: PrioritizedSampler
@@ -147,7 +150,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                  seed: int | None = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0,
                  normalize: str = "batch", path: str | os.PathLike[str] | None = None,
-                 sample_on_device: bool | None = None):
+                 sample_on_device: bool | None = None, device_search: str | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
@@ -159,7 +162,11 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
 
             self._sampler = TorchPrioritizedSampler(
                 capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
-                seed=seed, normalize=normalize, device=self.device)
+                seed=seed, normalize=normalize, device=self.device,
+                search=device_search or "prefix")
+        elif device_search is not None:
+            raise ValueError(f"device_search={device_search!r} applies to sampling on the "
+                             "device only (sample_on_device=True, or torch storage on a GPU)")
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,

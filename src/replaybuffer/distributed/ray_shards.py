@@ -420,6 +420,12 @@ class RayReplayBuffer:
                 out.append(None)
         return out
 
+    @property
+    def actors(self) -> tuple[Any, ...]:
+        """The shards' Ray actor handles, in shard order (for tools that measure a
+        shard alone; the buffer's methods are the way to use them)."""
+        return tuple(self._actors)
+
     def __len__(self) -> int:
         return sum(d["size"] for d in self.describe() if d is not None)
 
