@@ -85,7 +85,7 @@ def test_a_snapshot_reads_what_the_buffer_held_when_it_was_taken(frame_stack, be
         buf.add_batch(item(t, B, frame_stack))
         t += 1
     with buf._lock:
-        state, streams = buf._snapshot()
+        state, streams = buf.snapshot()
         reference = {name: [np.array(a) for a in rows._read(np.arange(rows.count))]
                      for name, rows in streams.items()}
     got = {name: [[] for _ in rows.specs] for name, rows in streams.items()}
@@ -114,7 +114,7 @@ def test_a_snapshot_reads_what_the_buffer_held_when_it_was_taken(frame_stack, be
         for leaf, ref in zip(got[name], reference[name]):
             np.testing.assert_array_equal(np.concatenate(leaf), ref)
     with buf._lock:
-        buf._release_snapshot()
+        buf.release_snapshot()
     assert type(buf._storage) is rb.storage.NumpyStorage
     assert buf._codec is None or buf._codec.guard is None
 
@@ -138,7 +138,7 @@ def snapshot_during(buf, frame_stack, blocked_add, then):
         adder = threading.Thread(target=blocked_add)
         adder.start()
         after = then()
-        state, streams = buf._snapshot()
+        state, streams = buf.snapshot()
         reference = {name: [np.array(a) for a in rows._read(np.arange(rows.count))]
                      for name, rows in streams.items()}
     after()
@@ -148,7 +148,7 @@ def snapshot_during(buf, frame_stack, blocked_add, then):
         for name, rows in streams.items():
             for got, want in zip(rows.read(0, rows.count), reference[name]):
                 np.testing.assert_array_equal(got, want, err_msg=name)
-        buf._release_snapshot()
+        buf.release_snapshot()
     assert_consistent(buf, frame_stack)
 
 

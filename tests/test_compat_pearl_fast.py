@@ -383,7 +383,7 @@ def test_adds_during_a_save_leave_the_snapshot_as_it_was():
         obs = step(obs)
     core = fast.core
     with core._lock:
-        _, streams = core._snapshot()
+        _, streams = core.snapshot()
         reference = {name: [np.array(a) for a in rows._read(np.arange(rows.count))]
                      for name, rows in streams.items()}
     before = taken[0]
@@ -394,6 +394,6 @@ def test_adds_during_a_save_leave_the_snapshot_as_it_was():
         for name, rows in streams.items():
             for got, want in zip(rows.read(0, rows.count), reference[name]):
                 np.testing.assert_array_equal(got, want)
-        core._release_snapshot()
+        core.release_snapshot()
     obs = step(obs)
     assert taken[0] == before + 1  # and the shortcut again once it is closed

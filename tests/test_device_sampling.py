@@ -426,7 +426,7 @@ def test_restore_is_bit_exact(cls, search, tmp_path, device):
     restored = rb.load(tmp_path / "ckpt")
     # A restore builds the host sampler (the default on the CPU); ask for the device one.
     fresh = counter_buffer(cls, device, batch_size=2, max_length=10, adds=0, search=search)
-    fresh._restore({"last_id": buf._ring.last_id, "sampler": buf._sampler.state_dict()},
+    fresh.restore_state({"last_id": buf._ring.last_id, "sampler": buf._sampler.state_dict()},
                    [a.cpu().numpy().copy() for a in buf._storage.arrays])
     for _ in range(3):
         (x, ix), (y, iy) = buf.get_next(16, 2), fresh.get_next(16, 2)

@@ -217,21 +217,21 @@ def _write_checkpoint(buffer: ReplayBuffer, directory: Path, metadata: dict[str,
     with buffer._lock:
         if state_only is not None:
             metadata = {**metadata, **state_only()}
-        state, streams = buffer._snapshot()
+        state, streams = buffer.snapshot()
         if state_only is not None:
-            buffer._release_snapshot()
+            buffer.release_snapshot()
             streams = {"leaves": static_rows([], (), ())}
     try:
         entries = {name: _write_stream(directory, name, rows, buffer._lock)
                    for name, rows in streams.items()}
     finally:
         with buffer._lock:
-            buffer._release_snapshot()
+            buffer.release_snapshot()
     state = _externalise_arrays(state, directory)
     manifest = {
         "format": FORMAT, "version": VERSION, "buffer": type(buffer).__name__,
         "batch_size": buffer.batch_size, "max_length": buffer.max_length,
-        "storage": buffer.storage, "config": buffer._config(),
+        "storage": buffer.storage, "config": buffer.constructor_config(),
         # Torch storage comes back on the device it was saved from (as torch.load does).
         "device": str(buffer.device) if buffer.storage == "torch" else None,
         "data_spec": encode_spec(buffer.data_spec), "state": state,
@@ -553,7 +553,7 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         raise CheckpointError(f"{directory} holds the state of a buffer on mmap storage, "
                               f"whose data are its files: reopen it with "
                               f"replaybuffer.reopen({str(directory.parent.parent)!r})")
-    cls = ReplayBuffer._registry.get(manifest["buffer"])
+    cls = ReplayBuffer.registry.get(manifest["buffer"])
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     if buffer_class is not None and not issubclass(cls, buffer_class):
@@ -576,12 +576,12 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         # A checkpoint of a buffer on files is not tied to their path: it loads into RAM
         # unless told otherwise.
         saved_storage = "numpy" if manifest["storage"] == "mmap" else manifest["storage"]
-        buffer = cls._construct(saved_spec, manifest["batch_size"], manifest["max_length"],
+        buffer = cls.rebuild(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or saved_storage, device, manifest["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}{hint}") \
             from exc
-    targets = buffer._stream_targets(state)
+    targets = buffer.stream_targets(state)
     streams = {"leaves": manifest["leaves"], **manifest["streams"]}
     for name, entries in streams.items():
         if name not in targets:
@@ -591,7 +591,7 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         _read_stream(directory, entries, specs, count, write)
     state = _internalise_arrays(state, directory)
     try:
-        buffer._restore(state, None)
+        buffer.restore_state(state, None)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
     return buffer
@@ -622,20 +622,20 @@ def reopen(path: str | os.PathLike[str]) -> ReplayBuffer:
     directory = Path(manifest["directory"])
     if not manifest.get("state_only") or manifest["storage"] != "mmap":
         raise CheckpointError(f"{directory} is not the state of a buffer on mmap storage")
-    cls = ReplayBuffer._registry.get(manifest["buffer"])
+    cls = ReplayBuffer.registry.get(manifest["buffer"])
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     try:
         spec = decode_spec(manifest["data_spec"])
-        buffer = cls._construct(spec, manifest["batch_size"], manifest["max_length"], "mmap",
+        buffer = cls.rebuild(spec, manifest["batch_size"], manifest["max_length"], "mmap",
                                 None, {**manifest["config"], "path": Reopening(root)})
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild the buffer: {exc}") from exc
     storage = cast("MmapStorage", buffer._storage)
     last_id = storage.recover()
-    buffer._restore(_internalise_arrays(manifest["state"], directory), None)
+    buffer.restore_state(_internalise_arrays(manifest["state"], directory), None)
     stale = manifest["metadata"].get("mmap_epoch") != storage.epoch
-    buffer._catch_up(last_id, stale)
+    buffer.catch_up(last_id, stale)
     return buffer
 
 
@@ -729,7 +729,7 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     manifest = read_manifest(path)
     directory = Path(manifest["directory"])
-    if manifest["buffer"] not in ReplayBuffer._registry:
+    if manifest["buffer"] not in ReplayBuffer.registry:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     try:
         specs, _ = nest.flatten(decode_spec(manifest["data_spec"]))

@@ -65,11 +65,11 @@ class ReplayBuffer:
             :class:`~replaybuffer.collect.Trajectory`, or a dict key).
     """
 
-    _registry: ClassVar[dict[str, type["ReplayBuffer"]]] = {}
+    registry: ClassVar[dict[str, type["ReplayBuffer"]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        ReplayBuffer._registry[cls.__name__] = cls
+        ReplayBuffer.registry[cls.__name__] = cls
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, sampler: Sampler,
@@ -197,7 +197,7 @@ class ReplayBuffer:
                 f"frames={self.num_frames()}/{self.capacity})")
 
     # ----------------------------------------------------------------- write path
-    def _flatten_items(self, items: Any, method: str) -> Sequence[Any]:
+    def flatten_items(self, items: Any, method: str) -> Sequence[Any]:
         if self._fast_flatten is not None:
             leaves = self._fast_flatten(items)
             if leaves is not None:
@@ -273,9 +273,9 @@ class ReplayBuffer:
                         limiter.inserted(ring.batch_size)
                     return True
         if leaves is None:
-            leaves = self._flatten_items(items, "add_batch")
+            leaves = self.flatten_items(items, "add_batch")
         if self._codec is not None:  # one step in time-major layout is the batch itself
-            return self._write_steps(self._convert(leaves, self._outer, self._outer_names), 1,
+            return self.write_steps(self.convert_leaves(leaves, self._outer, self._outer_names), 1,
                                      timeout, block)
         arrays = self._storage.convert(leaves, self._paths, self._outer, self._outer_names)
         ring = self._ring
@@ -323,16 +323,16 @@ class ReplayBuffer:
 
         Equivalent to ``num_steps`` calls of :meth:`add_batch` with ``items[:, t]``.
         """
-        leaves = self._flatten_items(items, "extend")
+        leaves = self.flatten_items(items, "extend")
         B = self.batch_size
-        num_steps = self._leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
-        arrays = self._convert(leaves, (B, num_steps), f"[batch_size={B}, num_steps={num_steps}]")
+        num_steps = self.leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
+        arrays = self.convert_leaves(leaves, (B, num_steps), f"[batch_size={B}, num_steps={num_steps}]")
         # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
-        return self._write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
+        return self.write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
                                   for a, s in zip(arrays, self._specs)], num_steps, timeout,
                                  block)
 
-    def _convert(self, leaves: Sequence[Any], outer: tuple[int, ...], names: str) -> list[Any]:
+    def convert_leaves(self, leaves: Sequence[Any], outer: tuple[int, ...], names: str) -> list[Any]:
         """Validate leaves for storage; a deduplicated frame leaf stays whole until written."""
         if self._codec is None:
             return list(self._storage.convert(leaves, self._paths, outer, names))
@@ -345,7 +345,7 @@ class ReplayBuffer:
         arrays[i] = frames
         return arrays
 
-    def _leading_dim(self, leaves: Sequence[Any], axis: int, method: str, names: str) -> int:
+    def leading_dim(self, leaves: Sequence[Any], axis: int, method: str, names: str) -> int:
         """Size of dimension ``axis`` of the first leaf (the others are checked against it)."""
         shape = tuple(np.shape(leaves[0]))
         if len(shape) <= axis:
@@ -354,7 +354,7 @@ class ReplayBuffer:
                             f"{shape}")
         return int(shape[axis])
 
-    def _write_steps(self, time_major: list[Any], num_steps: int,
+    def write_steps(self, time_major: list[Any], num_steps: int,
                      timeout: float | None = None, block: bool = True) -> bool:
         """Write ``num_steps`` validated steps given as ``[num_steps * batch_size, ...]``
         leaves, oldest step first, wrapping around the ring; ``False`` if a rate limiter
@@ -438,7 +438,7 @@ class ReplayBuffer:
         assert limiter is not None  # callers check first
         return limiter.await_sample(n, self.__len__, timeout, block)
 
-    def _untracked_error(self) -> ValueError:
+    def untracked_error(self) -> ValueError:
         return ValueError(f"within_episodes=True needs a buffer built with "
                           f"track_episodes=True ({type(self).__name__} was not)")
 
@@ -450,7 +450,7 @@ class ReplayBuffer:
         episodes.record(first_id, starts, self._ring.oldest_id)
 
     # ------------------------------------------------------------------ read path
-    def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
+    def empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
                      ) -> EmptyBufferError:
         """The error for a read that needs ``num_steps`` steps per row, which rows lack."""
         name = type(self).__name__
@@ -474,13 +474,13 @@ class ReplayBuffer:
         steps = num_steps or 1
         episodes = self._episodes if within_episodes else None
         if within_episodes and episodes is None:
-            raise self._untracked_error()
+            raise self.untracked_error()
         with self._lock:
             if self._limiter is not None and not self._admit_sample(sample_batch_size,
                                                                     timeout, block):
                 return None
             if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
-                raise self._empty_error(steps)
+                raise self.empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng,
                                                           episodes)
             info_ids = self._info_ids(ids, positions)
@@ -687,7 +687,7 @@ class ReplayBuffer:
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes and self._episodes is None:
-            raise self._untracked_error()
+            raise self.untracked_error()
         if single_deterministic_pass:
             if within_episodes:
                 raise ValueError("within_episodes applies to random sampling; the "
@@ -701,7 +701,7 @@ class ReplayBuffer:
                              "dataset samples on pull (no num_parallel_calls or prefetch), "
                              "since prefetched windows would be reordered or lost")
         if num_steps is not None and num_steps > self._ring.max_length:
-            raise self._empty_error(num_steps)
+            raise self.empty_error(num_steps)
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch,
                             within_episodes)
 
@@ -713,7 +713,7 @@ class ReplayBuffer:
         ring = self._ring
         with self._lock:
             if ring.last_id < 0:
-                raise self._empty_error(action="asking the buffer for data")
+                raise self.empty_error(action="asking the buffer for data")
             first, n = ring.oldest_id, ring.items_per_row
         return plan(first, n, ring.batch_size, sample_batch_size, num_steps, shift,
                     drop_remainder)
@@ -764,7 +764,7 @@ class ReplayBuffer:
         if self._storage.kind == "mmap" and not cast("MmapStorage", self._storage).reopening:
             self.flush()
 
-    def _catch_up(self, last_id: int, stale: bool) -> None:
+    def catch_up(self, last_id: int, stale: bool) -> None:
         """After a reopen restored the state of the last flush: take in the steps the
         files committed since (``last_id`` is the files'), as adds would have. ``stale``:
         the buffer was cleared after that flush, so its state describes other data."""
@@ -811,23 +811,23 @@ class ReplayBuffer:
 
         return save(self, path, keep=keep, metadata=metadata)
 
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         """Constructor keywords a restored buffer needs besides spec and layout."""
         return {}
 
     @classmethod
-    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
                    device: Any, config: dict[str, Any]) -> "ReplayBuffer":
         """Build an empty buffer of this class for a restore."""
         return cls(data_spec, batch_size, max_length, storage=storage, device=device, **config)
 
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         """``(state, streams)`` for persistence; the caller holds the lock.
 
         ``state`` is a small nest (numpy arrays copied); ``streams`` are the large arrays
         frozen as they are now (``"leaves"``: the storage's filled positions, and the
         frame ring of deduplicated stacks), to be read in chunks while writers go on,
-        until :meth:`_release_snapshot`.
+        until :meth:`release_snapshot`.
         """
         state = {"last_id": self._ring.last_id, "sampler": self._sampler.state_dict()}
         leaves = storage_rows(self._storage, self._ring.num_frames, self._paths)
@@ -843,8 +843,8 @@ class ReplayBuffer:
         self._paused_writer, self._write_exact = self._write_exact, None
         return state, streams
 
-    def _release_snapshot(self) -> None:
-        """End what :meth:`_snapshot` started (the caller holds the lock): writes go
+    def release_snapshot(self) -> None:
+        """End what :meth:`snapshot` started (the caller holds the lock): writes go
         straight to storage again."""
         if isinstance(self._storage, CopyOnWriteStorage):
             self._storage = self._storage.wrapped
@@ -852,9 +852,9 @@ class ReplayBuffer:
         if self._codec is not None:
             self._codec.guard = None
 
-    def _stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
+    def stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
             tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]]:
-        """Where a restore of ``state`` writes each stream of :meth:`_snapshot`: its specs,
+        """Where a restore of ``state`` writes each stream of :meth:`snapshot`: its specs,
         its positions, and a function writing arrays ``[n, *spec.shape]`` at positions
         ``[start, start + n)``."""
         count = items_per_row(int(state["last_id"]), self.max_length) * self.batch_size
@@ -866,9 +866,9 @@ class ReplayBuffer:
                                  lambda start, arrays: codec.load_frames(start, arrays[0]))
         return targets
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         """Restore ``state``; ``arrays`` are the storage's leaves, or ``None`` where they
-        were streamed in already (through :meth:`_stream_targets`)."""
+        were streamed in already (through :meth:`stream_targets`)."""
         with self._lock:
             if arrays is not None:
                 self._storage.load(arrays)

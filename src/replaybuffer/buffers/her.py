@@ -277,7 +277,7 @@ class HERBuffer(TransitionReplayBuffer):
                 return None
             ring = self._ring
             if ring.last_id < 0:
-                raise self._empty_error()
+                raise self.empty_error()
             counts = self._completed_per_row()
             n = int(counts.sum())
             if n == 0:
@@ -372,16 +372,16 @@ class HERBuffer(TransitionReplayBuffer):
         self._current_start[:] = 0
 
     # ---------------------------------------------------------------- persistence
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
-        state, arrays = super()._snapshot()
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        state, arrays = super().snapshot()
         state["her"] = {"episode_start": self._episode_start.copy(),
                         "episode_end": self._episode_end.copy(),
                         "current_start": self._current_start.copy(),
                         "rng": self._rng.bit_generator.state}
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        super()._restore(state, arrays)
+    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        super().restore_state(state, arrays)
         her = state["her"]
         with self._lock:
             self._episode_start[:] = her["episode_start"]

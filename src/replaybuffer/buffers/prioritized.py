@@ -174,7 +174,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                                "stack_axis": stack_axis, "normalize": normalize}
         self._files_ready()
 
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         return dict(self._config_values)
 
 

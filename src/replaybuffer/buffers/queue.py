@@ -67,5 +67,5 @@ class ShuffledReplayBuffer(ReplayBuffer):
         """Epochs begun so far."""
         return self._sampler.epoch
 
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         return {"seed": self._seed}

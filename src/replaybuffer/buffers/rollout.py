@@ -259,7 +259,7 @@ class RolloutBuffer(TransitionReplayBuffer):
         with self._lock:
             ring = self._ring
             if ring.last_id < 0:
-                raise self._empty_error(action="computing advantages")
+                raise self.empty_error(action="computing advantages")
             ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
             positions = ring.positions(ids[None, :], np.arange(B, dtype=np.int64)[:, None])
             rewards, terminated, truncated, values = (
@@ -418,14 +418,14 @@ class RolloutBuffer(TransitionReplayBuffer):
         self._version += 1
 
     # ---------------------------------------------------------------- persistence
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
-        state, arrays = super()._snapshot()
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        state, arrays = super().snapshot()
         state.update(returns=self._returns.copy(), advantages=self._advantages.copy(),
                      gae_ready=self._gae_ready)
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        super()._restore(state, arrays)
+    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        super().restore_state(state, arrays)
         with self._lock:
             self._returns[:] = state["returns"]
             self._advantages[:] = state["advantages"]

@@ -346,9 +346,9 @@ class TransitionReplayBuffer(ReplayBuffer):
         if self._add_order is not None:
             leaves = self._add_order((observation, action, reward, terminated, truncated))
         else:
-            leaves = self._flatten_items({OBS: observation, ACTION: action, REWARD: reward,
+            leaves = self.flatten_items({OBS: observation, ACTION: action, REWARD: reward,
                                           TERMINATED: terminated, TRUNCATED: truncated}, "add")
-        arrays = self._convert(leaves, self._outer, self._add_names)
+        arrays = self.convert_leaves(leaves, self._outer, self._add_names)
         next_obs = self._convert_next(next_observation)
         host = arrays if self._host else [to_numpy(a) for a in arrays]
         self._check_ranges(host)
@@ -623,7 +623,7 @@ class TransitionReplayBuffer(ReplayBuffer):
                                                                     block):
                 return None
             if self._ring.last_id < 0:
-                raise self._empty_error()
+                raise self.empty_error()
             (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
             batch = self._read(ids, positions)
             info_ids = self._info_ids(ids, positions)
@@ -655,7 +655,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         with self._lock:
             held = self._ring.items_per_row
         if held == 0:
-            raise self._empty_error(action="asking the buffer for data")
+            raise self.empty_error(action="asking the buffer for data")
         return self.last(held)
 
     def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
@@ -762,7 +762,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._owns[:] = bytes(len(self._owns))
 
     # ---------------------------------------------------------------- persistence
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         from replaybuffer.persist import encode_spec
 
         config = dict(self._config_values)
@@ -771,7 +771,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         return config
 
     @classmethod
-    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
                    device: Any, config: dict[str, Any]) -> "TransitionReplayBuffer":
         from replaybuffer.persist import decode_spec
 
@@ -780,15 +780,15 @@ class TransitionReplayBuffer(ReplayBuffer):
             decode_spec(config.pop("action_spec"))
         return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
 
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
-        state, arrays = super()._snapshot()
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        state, arrays = super().snapshot()
         state["side"] = self._side.state_dict()
         state["side_ref"] = self._side_ref.copy()
         state["head_next"] = [h.copy() for h in self._head_next]
         return state, arrays
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        super()._restore(state, arrays)
+    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        super().restore_state(state, arrays)
         with self._lock:
             self._side.load_state_dict(state["side"])
             self._side_ref[:] = state["side_ref"]

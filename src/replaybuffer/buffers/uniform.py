@@ -77,7 +77,7 @@ class UniformReplayBuffer(ReplayBuffer):
         self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
         self._files_ready()
 
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         return {"seed": self._seed, "track_episodes": self._episodes is not None,
                 **self._frame_config}
 
@@ -87,17 +87,17 @@ class _TFUniformReplayBufferStandIn:
     (which imports tensorflow) is imported and registers the class itself."""
 
     @staticmethod
-    def _construct(data_spec: Any, batch_size: int, max_length: int, storage: str,
+    def rebuild(data_spec: Any, batch_size: int, max_length: int, storage: str,
                    device: Any, config: dict[str, Any]) -> ReplayBuffer:
         if storage != "tensorflow":
-            return UniformReplayBuffer._construct(data_spec, batch_size, max_length, storage,
+            return UniformReplayBuffer.rebuild(data_spec, batch_size, max_length, storage,
                                                   device, config)
         from replaybuffer.tf.buffer import TFUniformReplayBuffer
 
-        return TFUniformReplayBuffer._construct(data_spec, batch_size, max_length, storage,
+        return TFUniformReplayBuffer.rebuild(data_spec, batch_size, max_length, storage,
                                                 device, config)
 
 
 # Not a ReplayBuffer: a restore only calls the registered class's _construct.
-ReplayBuffer._registry.setdefault("TFUniformReplayBuffer",
+ReplayBuffer.registry.setdefault("TFUniformReplayBuffer",
                                   _TFUniformReplayBufferStandIn)  # type: ignore[arg-type]

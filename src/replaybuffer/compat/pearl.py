@@ -534,7 +534,7 @@ class BaseBuffer(ABC):
         with core._lock:
             ring = core._ring
             if ring.last_id < 0:
-                raise core._empty_error()
+                raise core.empty_error()
             if ids.min() < ring.oldest_id or ids.max() > ring.last_id:
                 raise EmptyBufferError(f"steps {ids.min()}..{ids.max()} are not stored "
                                        f"(held: {ring.oldest_id}..{ring.last_id})")
@@ -547,7 +547,7 @@ class BaseBuffer(ABC):
         ring = self.core._ring
         last_id = ring.last_id
         if last_id < 0:
-            raise self.core._empty_error()
+            raise self.core.empty_error()
         oldest = max(0, last_id + 1 - ring.max_length)
         return oldest + _draw(self._rng, last_id + 1 - oldest, _count(batch_size, "batch_size"))
 
@@ -716,7 +716,7 @@ class RolloutBuffer(BaseBuffer):
         ring = self.core._ring
         held = ring.items_per_row
         if held == 0:
-            raise self.core._empty_error()
+            raise self.core.empty_error()
         if steps > held:
             raise EmptyBufferError(f"Requesting {count} samples when only "
                                    f"{held * (self.num_envs if flatten_env else 1)} samples "
@@ -1236,7 +1236,7 @@ def _check_held(core: TransitionReplayBuffer, low: int, high: int) -> None:
     """``EmptyBufferError`` unless steps ``low..high`` are stored (``_read_steps``'s)."""
     ring = core._ring
     if ring.last_id < 0:
-        raise core._empty_error()
+        raise core.empty_error()
     if low < ring.oldest_id or high > ring.last_id:
         raise EmptyBufferError(f"steps {low}..{high} are not stored "
                                f"(held: {ring.oldest_id}..{ring.last_id})")

@@ -87,17 +87,17 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
                          frame_stack=frame_stack, stack_axis=stack_axis)
 
     @classmethod
-    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
                    device: Any, config: dict[str, Any]) -> "PyUniformReplayBuffer":
         return cls(data_spec, max_length, storage=storage, device=device, **config)
 
     # TF-Agents' signature: any number of items, nothing returned (no timeout or block).
     def add_batch(self, items: Any) -> None:  # type: ignore[override]
         """Append ``n`` items given with a leading dimension ``n`` (any ``n >= 0``)."""
-        leaves = self._flatten_items(items, "add_batch")
-        n = self._leading_dim(leaves, 0, "add_batch", "[n]")
+        leaves = self.flatten_items(items, "add_batch")
+        n = self.leading_dim(leaves, 0, "add_batch", "[n]")
         # One row: [n, ...] is already the time-major layout the ring writes.
-        self._write_steps(self._convert(leaves, (n,), f"[n={n}]"), n)
+        self.write_steps(self.convert_leaves(leaves, (n,), f"[n={n}]"), n)
 
     @property
     def size(self) -> int:

@@ -230,7 +230,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             SpecError: wrong structure, shape, batch size or dtype; the message names
                 the leaf. Nothing is written.
         """
-        leaves = self._flatten_items(items, "add_batch")
+        leaves = self.flatten_items(items, "add_batch")
         values = self._storage.convert_tensors(leaves, self._paths, self._outer,
                                                self._outer_names)
         self._add_fn(values)
@@ -243,7 +243,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             items: a nest matching ``data_spec`` whose leaves have shape
                 ``[batch_size, num_steps, *spec.shape]``, oldest step first.
         """
-        leaves = self._flatten_items(items, "extend")
+        leaves = self.flatten_items(items, "extend")
         B = self._B
         first = leaves[0]
         dims = tuple(first.shape.as_list()) if is_tensor(first) and first.shape.rank is not None \
@@ -288,7 +288,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return self._cs.execute(body)
 
     # ------------------------------------------------------------------ read path
-    def _empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
+    def empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
                      ) -> EmptyBufferError:
         """The error for ``num_steps`` longer than a row (known without reading state)."""
         return EmptyBufferError(f"num_steps={num_steps} can never be read from "
@@ -336,9 +336,9 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes:
-            raise self._untracked_error()
+            raise self.untracked_error()
         if (num_steps or 1) > self._L:
-            raise self._empty_error(num_steps or 1)
+            raise self.empty_error(num_steps or 1)
         fn = self._sample_function(sample_batch_size, num_steps, bool(time_stacked), False)
         if not tf.executing_eagerly():
             return self._unflatten_sample(fn(), num_steps, time_stacked)
@@ -495,7 +495,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
         if within_episodes:
-            raise self._untracked_error()
+            raise self.untracked_error()
         if single_deterministic_pass:
             drop = self._dataset_drop_remainder if drop_remainder is None else drop_remainder
             shift = positive_or_none(window_shift, "window_shift") or \
@@ -510,7 +510,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                                      prefetch < 0):
             raise ValueError(f"prefetch must be a non-negative int or None, got {prefetch!r}")
         if num_steps is not None and num_steps > self._L:
-            raise self._empty_error(num_steps)
+            raise self.empty_error(num_steps)
         return ReplayDataset(self._random_dataset(sample_batch_size, num_steps,
                                                   num_parallel_calls, prefetch),
                              restart_on_error=True, build=self._element_builder(None),
@@ -598,12 +598,12 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return start.flat_map(elements)
 
     # ---------------------------------------------------------------- persistence
-    def _config(self) -> dict[str, Any]:
+    def constructor_config(self) -> dict[str, Any]:
         # The keys of UniformReplayBuffer's, so that numpy and torch buffers load a save.
         return {"seed": self._seed, "track_episodes": False, **self._frame_config}
 
     @classmethod
-    def _construct(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
+    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
                    device: Any, config: dict[str, Any]) -> UniformReplayBuffer:
         if storage != "tensorflow":  # a TensorFlow save restored into another backend
             return UniformReplayBuffer(data_spec, batch_size, max_length, storage=storage,
@@ -638,7 +638,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                          "buffer adds and samples inside graphs: use storage='numpy' or "
                          "'torch' for a rate-limited buffer")
 
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         """``(state, streams)`` for persistence, read atomically in one graph call.
 
         The variables are copied to the host whole: TensorFlow writes them inside its
@@ -649,7 +649,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         leaves = static_rows([a.numpy() for a in arrays], self._storage.specs, self._paths)
         return {"last_id": int(last_id), "sampler": sampler}, {"leaves": leaves}
 
-    def _stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
+    def stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
             tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]]:
         count = items_per_row(int(state["last_id"]), self._L) * self._B
         return {"leaves": (self._storage.specs, count, self._load_slot_major)}
@@ -667,7 +667,7 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
             self._storage.scatter(tf.constant(positions),
                                   [tf.constant(np.array(a[i:i + n])) for a in arrays])
 
-    def _restore(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         with self._lock:
             if arrays is not None:
                 self._load_slot_major(0, arrays)
