@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 
-from replaybuffer import nest
-from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer import nest, registry
 from replaybuffer.errors import CheckpointError
 from replaybuffer.sampling.ring import items_per_row
 from replaybuffer.specs import ArraySpec, spec_from_dict
 from replaybuffer.storage.frozen import FrozenRows, static_rows
 
 if TYPE_CHECKING:
+    from replaybuffer.buffers.base import ReplayBuffer
     from replaybuffer.storage.mmap_storage import MmapStorage
 
 FORMAT = "replaybuffer"
@@ -553,7 +553,10 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         raise CheckpointError(f"{directory} holds the state of a buffer on mmap storage, "
                               f"whose data are its files: reopen it with "
                               f"replaybuffer.reopen({str(directory.parent.parent)!r})")
-    cls = ReplayBuffer.registry.get(manifest["buffer"])
+    # A checkpoint of a buffer on files is not tied to their path: it loads into RAM
+    # unless told otherwise.
+    saved_storage = "numpy" if manifest["storage"] == "mmap" else manifest["storage"]
+    cls: type[ReplayBuffer] | None = registry.buffer_class(manifest["buffer"], storage or saved_storage)
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     if buffer_class is not None and not issubclass(cls, buffer_class):
@@ -573,9 +576,6 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         hint = (f" (it was saved on {saved_device}; pass device=... to load it onto "
                 f"another device)")
     try:
-        # A checkpoint of a buffer on files is not tied to their path: it loads into RAM
-        # unless told otherwise.
-        saved_storage = "numpy" if manifest["storage"] == "mmap" else manifest["storage"]
         buffer = cls.rebuild(saved_spec, manifest["batch_size"], manifest["max_length"],
                                 storage or saved_storage, device, manifest["config"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -622,7 +622,7 @@ def reopen(path: str | os.PathLike[str]) -> ReplayBuffer:
     directory = Path(manifest["directory"])
     if not manifest.get("state_only") or manifest["storage"] != "mmap":
         raise CheckpointError(f"{directory} is not the state of a buffer on mmap storage")
-    cls = ReplayBuffer.registry.get(manifest["buffer"])
+    cls: type[ReplayBuffer] | None = registry.buffer_class(manifest["buffer"], "mmap")
     if cls is None:
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     try:
@@ -729,7 +729,7 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     manifest = read_manifest(path)
     directory = Path(manifest["directory"])
-    if manifest["buffer"] not in ReplayBuffer.registry:
+    if not registry.known(manifest["buffer"]):
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")
     try:
         specs, _ = nest.flatten(decode_spec(manifest["data_spec"]))

@@ -112,7 +112,10 @@ class RateLimiter:
         self.inserts = self.samples = 0
         self.insert_blocked_s = self.sample_blocked_s = 0.0
         self.inserts_blocked = self.samples_blocked = 0
-        self._largest_insert = self._largest_sample = 1
+        # The largest insert and sample seen: a call that could never go ahead beside
+        # them (the window too narrow) is refused instead of waiting forever. A shared
+        # buffer's limiter reads them from the shared control block before each check.
+        self.largest_insert = self.largest_sample = 1
         self._condition: threading.Condition | None = None
 
     def __repr__(self) -> str:
@@ -141,22 +144,22 @@ class RateLimiter:
         """Raise ``ValueError`` if an insert of ``n`` items, held back, could never go
         ahead beside samples as large as the largest seen."""
         window = self.max_diff - self.min_diff
-        if n * self.samples_per_insert + self._largest_sample > window:
+        if n * self.samples_per_insert + self.largest_sample > window:
             raise ValueError(
                 f"an insert of {n} items at {self.samples_per_insert} samples per insert "
-                f"needs a window of {n * self.samples_per_insert + self._largest_sample} "
-                f"beside samples of {self._largest_sample}; {self!r} has {window}: it "
+                f"needs a window of {n * self.samples_per_insert + self.largest_sample} "
+                f"beside samples of {self.largest_sample}; {self!r} has {window}: it "
                 "would wait forever")
 
     def check_sample_size(self, n: int) -> None:
         """Raise ``ValueError`` if a sample of ``n`` items, held back, could never go
         ahead beside inserts as large as the largest seen."""
         window = self.max_diff - self.min_diff
-        if n + self._largest_insert * self.samples_per_insert > window:
+        if n + self.largest_insert * self.samples_per_insert > window:
             raise ValueError(
                 f"a sample of {n} items needs a window of "
-                f"{n + self._largest_insert * self.samples_per_insert} beside inserts of "
-                f"{self._largest_insert}; {self!r} has {window}: it would wait forever")
+                f"{n + self.largest_insert * self.samples_per_insert} beside inserts of "
+                f"{self.largest_insert}; {self!r} has {window}: it would wait forever")
 
     def check_capacity(self, capacity: int) -> None:
         """Raise ``ValueError`` if a buffer of ``capacity`` items could never hold
@@ -233,14 +236,14 @@ class RateLimiter:
     def inserted(self, n: int) -> None:
         """Count ``n`` inserted items (holding the buffer's lock) and wake waiters."""
         self.inserts += n
-        self._largest_insert = max(self._largest_insert, n)
+        self.largest_insert = max(self.largest_insert, n)
         if self._condition is not None:
             self._condition.notify_all()
 
     def sampled(self, n: int) -> None:
         """Count ``n`` sampled items (holding the buffer's lock) and wake waiters."""
         self.samples += n
-        self._largest_sample = max(self._largest_sample, n)
+        self.largest_sample = max(self.largest_sample, n)
         if self._condition is not None:
             self._condition.notify_all()
 

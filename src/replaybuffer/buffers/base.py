@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Literal,
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Literal,
                     Sequence, cast, overload)
 
 import numpy as np
@@ -19,6 +19,7 @@ from replaybuffer import nest
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.arguments import positive_or_none
 from replaybuffer.protocols import BufferInfo
+from replaybuffer.registry import register_buffer
 from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
 from replaybuffer.sampling import Ring, Sampler
 from replaybuffer.sampling.episodes import EpisodeIndex
@@ -65,11 +66,9 @@ class ReplayBuffer:
             :class:`~replaybuffer.collect.Trajectory`, or a dict key).
     """
 
-    registry: ClassVar[dict[str, type["ReplayBuffer"]]] = {}
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        ReplayBuffer.registry[cls.__name__] = cls
+        register_buffer(cls)  # restorable by name (replaybuffer.registry)
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, sampler: Sampler,

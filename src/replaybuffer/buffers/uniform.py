@@ -80,24 +80,3 @@ class UniformReplayBuffer(ReplayBuffer):
     def constructor_config(self) -> dict[str, Any]:
         return {"seed": self._seed, "track_episodes": self._episodes is not None,
                 **self._frame_config}
-
-
-class _TFUniformReplayBufferStandIn:
-    """Rebuilds saved :class:`replaybuffer.tf.TFUniformReplayBuffer` s until that module
-    (which imports tensorflow) is imported and registers the class itself."""
-
-    @staticmethod
-    def rebuild(data_spec: Any, batch_size: int, max_length: int, storage: str,
-                   device: Any, config: dict[str, Any]) -> ReplayBuffer:
-        if storage != "tensorflow":
-            return UniformReplayBuffer.rebuild(data_spec, batch_size, max_length, storage,
-                                                  device, config)
-        from replaybuffer.tf.buffer import TFUniformReplayBuffer
-
-        return TFUniformReplayBuffer.rebuild(data_spec, batch_size, max_length, storage,
-                                                device, config)
-
-
-# Not a ReplayBuffer: a restore only calls the registered class's _construct.
-ReplayBuffer.registry.setdefault("TFUniformReplayBuffer",
-                                  _TFUniformReplayBufferStandIn)  # type: ignore[arg-type]

@@ -642,8 +642,8 @@ class SharedReplayBuffer:
         while True:
             with self._lock:
                 limiter.inserts, limiter.samples = int(control[INSERTS]), int(control[SAMPLES])
-                limiter._largest_insert = max(1, int(control[LARGEST_INSERT]))
-                limiter._largest_sample = max(1, int(control[LARGEST_SAMPLE]))
+                limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
+                limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
                 size = len(self)
                 ready = limiter.can_insert(n, size) if insert else limiter.can_sample(n, size)
                 if not checked and not ready:  # a call too large for the window
