@@ -11,8 +11,8 @@ pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
 from replaybuffer.collect.actors import ActorPool  # noqa: E402
-from replaybuffer.demos.dqn import DQNConfig  # noqa: E402
-from replaybuffer.demos.dqn_actors import PolicyWeights, make_env, train_actors  # noqa: E402
+from replaybuffer_demos.dqn import DQNConfig  # noqa: E402
+from replaybuffer_demos.dqn_actors import PolicyWeights, make_env, train_actors  # noqa: E402
 from replaybuffer.collect import StepDriver, to_transition  # noqa: E402
 from replaybuffer.distributed import SharedReplayBuffer  # noqa: E402
 

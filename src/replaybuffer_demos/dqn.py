@@ -336,19 +336,19 @@ def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
          ray: bool = False, echo: Callable[[str], None] = print) -> DQNResult:
     """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``.
     With ``actors``, collect with that many processes into a shared buffer
-    (:mod:`replaybuffer.demos.dqn_actors`); with ``ray``, with that many (default 2)
-    Ray collector actors into as many shards (:mod:`replaybuffer.demos.dqn_ray`)."""
+    (:mod:`replaybuffer_demos.dqn_actors`); with ``ray``, with that many (default 2)
+    Ray collector actors into as many shards (:mod:`replaybuffer_demos.dqn_ray`)."""
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
     if (actors or ray) and prioritized:
         raise ValueError("--actors and --ray run uniform replay (drop --prioritized)")
     if ray:
-        from replaybuffer.demos.dqn_ray import train_ray
+        from replaybuffer_demos.dqn_ray import train_ray
 
         result, _ = train_ray(config, actors or 2, progress=progress)
     elif actors:
-        from replaybuffer.demos.dqn_actors import train_actors
+        from replaybuffer_demos.dqn_actors import train_actors
 
         result, _ = train_actors(config, actors, progress=progress)
     else:

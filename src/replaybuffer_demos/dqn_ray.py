@@ -8,7 +8,7 @@ Q-network, and writes its trajectories, 32 steps per ``extend``, into one shard 
 shard holds whole sequences). Each shard's buffer carries a
 :class:`~replaybuffer.SampleToInsertRatio` at the single-process demo's ratio, so the
 collectors wait for the learner and the learner for data. The learner (this process)
-samples two-step windows across the shards and trains as :func:`replaybuffer.demos.dqn.train` does; it publishes its parameters to a
+samples two-step windows across the shards and trains as :func:`replaybuffer_demos.dqn.train` does; it publishes its parameters to a
 small :class:`ParameterStore` actor after every ``target_update`` gradient steps, and
 collectors pick them up every 32 steps.
 """
@@ -22,9 +22,9 @@ from typing import Any, Callable
 import numpy as np
 
 from replaybuffer.collect import StepDriver
-from replaybuffer.demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
+from replaybuffer_demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
     decay_learning_rate, gradient_step
-from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
+from replaybuffer_demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
 from replaybuffer.rate_limiter import RateLimitedError
 
 CHUNK = 32

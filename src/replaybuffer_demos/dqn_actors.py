@@ -4,7 +4,7 @@ Each actor (:class:`~replaybuffer.collect.actors.ActorPool`) steps its own CartP
 with an epsilon-greedy policy and writes its trajectories straight into a
 :class:`~replaybuffer.distributed.SharedReplayBuffer` (one row per actor); the learner,
 in the main process, samples two-step windows from it and trains as
-:func:`replaybuffer.demos.dqn.train` does. A :class:`~replaybuffer.SampleToInsertRatio`
+:func:`replaybuffer_demos.dqn.train` does. A :class:`~replaybuffer.SampleToInsertRatio`
 keeps the single-process demo's ratio (``gradient_steps * sample_batch_size /
 collect_steps`` sampled items per inserted step), so actors wait for the learner
 instead of filling the buffer with stale-policy data, and the learner waits for data.
@@ -28,7 +28,7 @@ import numpy as np
 
 from replaybuffer.collect import StepDriver
 from replaybuffer.collect.actors import ActorPool
-from replaybuffer.demos.dqn import (ENV_ID, DQNConfig, DQNResult, Selection, _progress,
+from replaybuffer_demos.dqn import (ENV_ID, DQNConfig, DQNResult, Selection, _progress,
                                     build_q_network, decay_learning_rate, gradient_step)
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.rate_limiter import RateLimitedError, SampleToInsertRatio
@@ -146,7 +146,7 @@ class Learner(NamedTuple):
 def learner(config: DQNConfig) -> Learner:
     """The Q-network, its target and optimizer and the collectors' data spec, with
     torch seeded and on one thread: the start of :func:`train_actors` and
-    :func:`~replaybuffer.demos.dqn_ray.train_ray`."""
+    :func:`~replaybuffer_demos.dqn_ray.train_ray`."""
     import torch
 
     torch.manual_seed(config.seed)

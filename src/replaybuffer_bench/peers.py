@@ -1,6 +1,6 @@
 """Peer-library benchmarks: the same workloads through cpprb, SB3, TorchRL and Tianshou.
 
-    python -m replaybuffer.bench.peers [--quick] [--workloads control,frames,prioritized]
+    python -m replaybuffer_bench.peers [--quick] [--workloads control,frames,prioritized]
                                        [--peers cpprb,sb3,...] [--retries N]
                                        [--json FILE] [--markdown FILE]
 
@@ -27,20 +27,20 @@ Workloads (capacities in full mode; ``quick`` shrinks them for a smoke run):
   beta 0.4), ``update(256)`` of sampled indices and ``sample+update(256)``.
 - ``pearl``: Pearl 0.4.1's own ``ReplayBuffer`` and ``RolloutBuffer`` (a seed system:
   ``replaybuffer.compat.pearl`` reproduces its API) against ours through that module,
-  on its tutorial's workload (:mod:`replaybuffer.bench.pearl_seed`). Pearl needs gym
+  on its tutorial's workload (:mod:`replaybuffer_bench.pearl_seed`). Pearl needs gym
   0.19 and numpy<2, so it runs in its own venv (``benchmarks/setup_pearl.sh``), with
   ours timed beside it in the same process; without that venv the rows say
   ``not installed``.
 - ``tf-agents``: TF-Agents 0.19's own ``TFUniformReplayBuffer`` and
   ``PyUniformReplayBuffer`` against ``compat.tf_agents`` on its tutorial's workload, both
   in ``.venv-tfagents`` (``benchmarks/setup_tf_agents.sh``: TensorFlow 2.15, numpy 1.26),
-  one process, interleaved; see :mod:`replaybuffer.bench.tf_agents_seed`. Without that
+  one process, interleaved; see :mod:`replaybuffer_bench.tf_agents_seed`. Without that
   venv its rows say ``not installed``.
 
 Every buffer is filled completely before anything is timed, so reads touch real pages
 and writes overwrite (the steady state). One peer's buffer at a time exists: it is
 dropped and garbage-collected before the next is built (200k frames are 5.6 GB a copy).
-Timings are :func:`replaybuffer.bench.timing.compare` medians, the ops of one buffer
+Timings are :func:`replaybuffer_bench.timing.compare` medians, the ops of one buffer
 interleaved. Torch runs with one intra-op thread by default (``torch_threads``), as the
 numpy peers do: on a small shared machine torch's OpenMP pool otherwise stalls for
 milliseconds whenever another process holds a core. Each timed row records
@@ -66,9 +66,9 @@ from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
-from replaybuffer.bench import pearl_seed, seed_venv, tf_agents_seed
-from replaybuffer.bench.timing import compare
-from replaybuffer.bench.workloads import fill, host_arrays, random_items
+from replaybuffer_bench import pearl_seed, seed_venv, tf_agents_seed
+from replaybuffer_bench.timing import compare
+from replaybuffer_bench.workloads import fill, host_arrays, random_items
 from replaybuffer.specs import ArraySpec
 
 _Rows = Generator[dict[str, Any], None, None]
@@ -434,7 +434,7 @@ def _numpy_limit(workload: str, sizes: Sizes, layout: str = "plain"
     (step, next step) pair with one ``take``: more bytes than ``plain`` (every field of
     the next step), but one cache miss per step instead of one per field.
     """
-    from replaybuffer.bench.workloads import (add_limit, gather_limit, position_sets,
+    from replaybuffer_bench.workloads import (add_limit, gather_limit, position_sets,
                                               record_arrays)
 
     spec = {k: v for k, v in (_control_spec() if workload == "control"
@@ -687,7 +687,9 @@ def _torchrl(workload: str, sizes: Sizes, layout: str = "td") -> _Rows:
     if workload == "frames":
         obs_bytes = None
         with contextlib.suppress(Exception):
-            st = rb._storage._storage  # the storage's tensors; no public accessor
+            # The storage's tensors, whole: the buffer is full, so get(slice(None)) is a
+            # view of every slot (basic slicing, no copy).
+            st = rb.storage.get(slice(None))
             obs_bytes = st["observation"].nbytes + st["next", "observation"].nbytes
         yield mem.row(obs_bytes, "observation and (next, observation) tensors")
     one, batch = pack(data["one"]), pack(data["batch"])
@@ -1083,7 +1085,7 @@ def _load() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replaybuffer.bench.peers",
+    parser = argparse.ArgumentParser(prog="python -m replaybuffer_bench.peers",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small capacities (smoke run)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
