@@ -22,10 +22,11 @@ from typing import Any, Callable
 import numpy as np
 
 from replaybuffer.collect import StepDriver
-from replaybuffer_demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
-    decay_learning_rate, gradient_step
-from replaybuffer_demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
 from replaybuffer.rate_limiter import RateLimitedError
+from replaybuffer_demos.actor_policy import EpsilonGreedyMLP
+from replaybuffer_demos.dqn_learner import (DQNConfig, DQNResult, Selection,
+                                            decay_learning_rate, gradient_step, learner,
+                                            make_env, progress_bar)
 
 CHUNK = 32
 """Steps a collector sends per ``extend`` (and between parameter checks)."""
@@ -155,7 +156,7 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
                   for i in range(num_collectors)]
     share = -(-config.steps // num_collectors)
     runs = [c.run.remote(share) for c in collectors]
-    bar = _progress(config.steps, progress)
+    bar = progress_bar(config.steps, progress)
     start = time.perf_counter()
     selection = Selection(config, on_eval)
     gradient_steps = inserted = 0
