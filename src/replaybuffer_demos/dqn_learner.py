@@ -57,6 +57,8 @@ class DQNConfig:
 
 @dataclass
 class DQNResult:
+    """What a DQN run returns: the selected network's score, the run's curve and evaluations."""
+
     config: DQNConfig
     final_return: float               # greedy return of the selected network
     last_network_return: float        # greedy return of the network at the end
@@ -69,6 +71,7 @@ class DQNResult:
 
 
 def build_q_network(obs_dim: int, num_actions: int, hidden: tuple[int, ...]) -> Any:
+    """An MLP ``[N, obs_dim]`` float32 -> ``[N, num_actions]`` Q-values (ReLU between layers)."""
     import torch.nn as nn
 
     layers: list[Any] = []
@@ -196,6 +199,7 @@ def progress_bar(total: int, enabled: bool) -> Any:
 
 
 def make_env() -> Any:
+    """One CartPole-v1 in a synchronous vector env (``[1, 4]`` float32 observations)."""
     import gymnasium as gym
 
     return gym.make_vec(ENV_ID, num_envs=1, vectorization_mode="sync")
@@ -215,7 +219,8 @@ class Learner(NamedTuple):
 
 def learner(config: DQNConfig) -> Learner:
     """The Q-network, its target and optimizer and the collectors' data spec, with
-    torch seeded and on one thread: the start of :func:`~replaybuffer_demos.dqn_actors.train_actors` and
+    torch seeded and on one thread: the start of
+    :func:`~replaybuffer_demos.dqn_actors.train_actors` and
     :func:`~replaybuffer_demos.dqn_ray.train_ray`."""
     import torch
 

@@ -8,9 +8,10 @@ Q-network, and writes its trajectories, 32 steps per ``extend``, into one shard 
 shard holds whole sequences). Each shard's buffer carries a
 :class:`~replaybuffer.SampleToInsertRatio` at the single-process demo's ratio, so the
 collectors wait for the learner and the learner for data. The learner (this process)
-samples two-step windows across the shards and trains as :func:`replaybuffer_demos.dqn.train` does; it publishes its parameters to a
-small :class:`ParameterStore` actor after every ``target_update`` gradient steps, and
-collectors pick them up every 32 steps.
+samples two-step windows across the shards and trains as
+:func:`replaybuffer_demos.dqn.train` does; it publishes its parameters to a small
+:class:`ParameterStore` actor after every ``target_update`` gradient steps, and collectors
+pick them up every 32 steps.
 """
 
 from __future__ import annotations
