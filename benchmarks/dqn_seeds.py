@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from replaybuffer.demos.dqn import DQNConfig, train
+from replaybuffer_demos.dqn import DQNConfig, train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,7 @@ fi
 
 # 3. the benchmark
 step "replaybuffer bench --gpu (log: bench.log)"
-PYTHONUNBUFFERED=1 timeout 240 "$PY" -m replaybuffer.bench.gpu --profile --json "$OUT/gpu.json" \
+PYTHONUNBUFFERED=1 timeout 240 "$PY" -m replaybuffer_bench.gpu --profile --json "$OUT/gpu.json" \
   >"$OUT/bench.log" 2>&1 || fail "bench --gpu (rc $?)"
 sed -n '/^# device/,$p' "$OUT/bench.log"
 tail -n 3 "$OUT/bench.log"

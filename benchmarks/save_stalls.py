@@ -23,7 +23,7 @@ import types
 from typing import Any, Callable
 
 from replaybuffer import persist
-from replaybuffer.bench import checkpoint
+from replaybuffer_bench import checkpoint
 from replaybuffer.storage import frozen
 
 Event = tuple[str, float, float]  # phase, start, end (perf_counter seconds)

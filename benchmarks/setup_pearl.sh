@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The Pearl seed environment (replaybuffer.bench.pearl_seed; the "pearl" workload of
+# The Pearl seed environment (replaybuffer_bench.pearl_seed; the "pearl" workload of
 # `replaybuffer bench --peers`):
 #
 #   bash benchmarks/setup_pearl.sh
-#   .venv-pearl/bin/python -m replaybuffer.bench.pearl_seed [--calls 500] [--json FILE]
+#   .venv-pearl/bin/python -m replaybuffer_bench.pearl_seed [--calls 500] [--json FILE]
 #
 # Creates (or reuses) .venv-pearl, never the project's test environment .venv nor the
 # other peers' .venv-bench / .venv-reverb, and installs, in this order:

@@ -2,7 +2,7 @@
 # The peer-library benchmark environment (see benchmarks/PEERS.md):
 #
 #   bash benchmarks/setup_peers.sh
-#   .venv-bench/bin/python -m replaybuffer.bench.peers [--quick]
+#   .venv-bench/bin/python -m replaybuffer_bench.peers [--quick]
 #
 # Creates (or reuses) .venv-bench, never the project's test environment .venv, and
 # installs, in this order:
@@ -120,7 +120,7 @@ import torch
 
 logging.disable(logging.INFO)
 import cpprb, gymnasium, stable_baselines3, tensordict, tianshou, torchrl  # noqa: E401,F401
-import replaybuffer.bench.peers  # noqa: F401
+import replaybuffer_bench.peers  # noqa: F401
 from torchrl._torchrl import MinSegmentTreeFp32, SumSegmentTreeFp32  # noqa: F401
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler

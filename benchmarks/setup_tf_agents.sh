@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The TF-Agents seed environment (src/replaybuffer/bench/tf_agents_seed.py):
+# The TF-Agents seed environment (src/replaybuffer_bench/tf_agents_seed.py):
 #
 #   bash benchmarks/setup_tf_agents.sh
-#   TF_USE_LEGACY_KERAS=1 .venv-tfagents/bin/python -m replaybuffer.bench.tf_agents_seed
+#   TF_USE_LEGACY_KERAS=1 .venv-tfagents/bin/python -m replaybuffer_bench.tf_agents_seed
 #   replaybuffer bench --peers --peer-workloads tf-agents    # the same, from any venv
 #
 # Creates (or reuses) .venv-tfagents, never the project's test environment .venv,

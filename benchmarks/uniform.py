@@ -2,7 +2,7 @@
 
     python benchmarks/uniform.py [--quick] [--storage numpy,torch] [--workloads control,frames]
 
-The same as ``replaybuffer bench``; the workloads live in ``replaybuffer.bench`` so the
+The same as ``replaybuffer bench``; the workloads live in ``replaybuffer_bench`` so the
 installed command can run them too. See benchmarks/README.md for what is measured.
 """
 

@@ -3,13 +3,13 @@
     PYTHONPATH=<tree>/src python benchmarks/within_episodes.py CAPACITY [ROUNDS] [KIND]
 
 KIND is ``prioritized`` (default) or ``uniform``. One full row of control-size steps
-(``replaybuffer.bench.scale``: episodes of 20 to 400 steps, log-normal priorities),
+(``replaybuffer_bench.scale``: episodes of 20 to 400 steps, log-normal priorities),
 then ROUNDS (default 7) rounds of two loops: ``get_next(256, num_steps=3,
 within_episodes=True)`` alone, and one ``add_batch`` of a step, that sample and
 ``update_priorities`` of the batch (a training step). Prints the median and the
 fastest round's microseconds per call.
 
-It uses only the public API and what ``replaybuffer.bench.scale`` has had since the
+It uses only the public API and what ``replaybuffer_bench.scale`` has had since the
 ``episodes`` row, so it runs against an older checkout too: to compare two trees,
 run it alternately with each one's ``src`` on ``PYTHONPATH``.
 """
@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from replaybuffer import nest
-from replaybuffer.bench import scale
+from replaybuffer_bench import scale
 from replaybuffer.buffers import PrioritizedReplayBuffer, UniformReplayBuffer
 
 

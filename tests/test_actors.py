@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
 
-from replaybuffer.collect.actors import ActorPool  # noqa: E402
-from replaybuffer.demos.dqn import DQNConfig  # noqa: E402
-from replaybuffer.demos.dqn_actors import PolicyWeights, make_env, train_actors  # noqa: E402
 from replaybuffer.collect import StepDriver, to_transition  # noqa: E402
+from replaybuffer.collect.actors import ActorPool  # noqa: E402
 from replaybuffer.distributed import SharedReplayBuffer  # noqa: E402
+from replaybuffer_demos.dqn_actors import PolicyWeights, train_actors  # noqa: E402
+from replaybuffer_demos.dqn_learner import DQNConfig, make_env  # noqa: E402
 
 
 def _broken_env():

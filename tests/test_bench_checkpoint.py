@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import replaybuffer as rb
-from replaybuffer.bench import checkpoint
+from replaybuffer_bench import checkpoint
 
 ROOT = Path(__file__).parent.parent
 

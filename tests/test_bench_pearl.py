@@ -1,11 +1,11 @@
-"""The Pearl seed benchmark (replaybuffer.bench.pearl_seed) and its rows in
+"""The Pearl seed benchmark (replaybuffer_bench.pearl_seed) and its rows in
 ``replaybuffer bench --peers``. Pearl itself lives in .venv-pearl
 (benchmarks/setup_pearl.sh); without it the rows say so. No timings are asserted."""
 
 import numpy as np
 import pytest
 
-from replaybuffer.bench import pearl_seed, peers
+from replaybuffer_bench import pearl_seed, peers
 
 
 def test_pearl_rows_say_not_installed_without_its_venv(monkeypatch, tmp_path):

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import replaybuffer as rb
+from replaybuffer import cli
 from replaybuffer.cli import main
-from replaybuffer.demos import tutorial
+from replaybuffer_demos import tutorial
 
 
 def test_help_lists_the_commands():
@@ -60,6 +61,31 @@ def test_bench_quick_smoke(tmp_path, capsys):
     assert "x numpy" in out and "x records" in out
 
 
+@pytest.mark.parametrize("command", [["demo", "--steps", "64"], ["tutorial"],
+                                     ["bench", "--quick"], ["bench", "--peers", "--quick"]])
+def test_harness_commands_say_they_run_from_a_checkout(command, monkeypatch, capsys):
+    # As from an installed wheel, which ships neither package.
+    for package in ("replaybuffer_demos", "replaybuffer_bench"):
+        monkeypatch.setitem(sys.modules, package, None)
+        for name in [m for m in sys.modules if m.startswith(package + ".")]:
+            monkeypatch.delitem(sys.modules, name)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"replaybuffer {command[0]} runs from a checkout of the repository" in err
+    assert "`make demo`" in err and "`make bench`" in err
+
+
+def test_a_missing_dependency_of_the_harness_is_not_a_missing_harness(monkeypatch):
+    def import_module(name):  # the harness is there; an optional dependency of it is not
+        raise ModuleNotFoundError("No module named 'gymnasium'", name="gymnasium")
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_module)
+    with pytest.raises(SystemExit, match="needs the demo extra"):
+        main(["demo", "--steps", "64"])
+    with pytest.raises(ModuleNotFoundError, match="gymnasium"):
+        main(["bench", "--quick"])
+
+
 def test_inspect(tmp_path, capsys):
     buf = rb.UniformReplayBuffer(rb.ArraySpec((2,), np.float32, "x"), 2, 3)
     buf.add_batch(np.zeros((2, 2), np.float32))
@@ -100,7 +126,7 @@ def test_bench_peers_quick_reports_every_peer(tmp_path, capsys):
 
 def test_bench_peers_reports_tf_agents_as_not_installed_without_its_venv(tmp_path,
                                                                          monkeypatch):
-    from replaybuffer.bench import peers, tf_agents_seed
+    from replaybuffer_bench import peers, tf_agents_seed
 
     monkeypatch.setenv("VENV_TFAGENTS", str(tmp_path / "missing"))
     rows = peers.run_peers(["tf-agents"], quick=True)
@@ -110,7 +136,7 @@ def test_bench_peers_reports_tf_agents_as_not_installed_without_its_venv(tmp_pat
 
 
 def test_bench_scale_smoke(tmp_path, capsys):
-    from replaybuffer.bench import scale
+    from replaybuffer_bench import scale
 
     out, png = tmp_path / "scale.json", tmp_path / "scale.png"
     assert scale.main(["--capacities", "1000,4000", "--min-time", "0.005", "--plot",
@@ -125,7 +151,7 @@ def test_bench_scale_smoke(tmp_path, capsys):
 
 
 def test_bench_scale_buffers_are_full_and_prioritized_everywhere():
-    from replaybuffer.bench import scale
+    from replaybuffer_bench import scale
 
     rng = np.random.default_rng(0)
     per = scale.filled("prioritized", 3000, rng)

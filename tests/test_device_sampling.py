@@ -491,7 +491,7 @@ def test_choice_of_sampler():
 
 
 def test_gpu_bench_smoke_on_the_cpu(capsys):
-    from replaybuffer.bench import gpu
+    from replaybuffer_bench import gpu
 
     assert gpu.main(["--device", "cpu", "--quick", "--workloads", "control",
                      "--no-torchrl", "--profile"]) == 0
@@ -505,7 +505,7 @@ def test_gpu_bench_smoke_on_the_cpu(capsys):
 def test_gpu_bench_without_cuda_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    from replaybuffer.bench import gpu
+    from replaybuffer_bench import gpu
 
     assert gpu.main(["--quick"]) == 2
     assert "no CUDA device" in capsys.readouterr().err

@@ -221,8 +221,8 @@ def test_collector_actors_write_sequences_paced_by_shard_limiters():
 def test_dqn_demo_on_ray_collectors_runs_end_to_end():
     pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
-    from replaybuffer.demos.dqn import DQNConfig
-    from replaybuffer.demos.dqn_ray import train_ray
+    from replaybuffer_demos.dqn_learner import DQNConfig
+    from replaybuffer_demos.dqn_ray import train_ray
 
     config = DQNConfig(steps=1500, learning_starts=400, eval_every=10_000, eval_episodes=1,
                        final_eval_episodes=1, hidden=(16,), buffer_length=2000)

@@ -1,17 +1,61 @@
-"""The ``replaybuffer`` command: ``demo``, ``tutorial``, ``bench`` and ``inspect``."""
+"""The ``replaybuffer`` command: ``demo``, ``tutorial``, ``bench`` and ``inspect``.
+
+``inspect`` is part of the library. ``demo``, ``tutorial`` and ``bench`` run the DQN demos
+(package ``replaybuffer_demos``) and the benchmark harness (``replaybuffer_bench``), which
+live beside the library in the repository's ``src/`` and are not shipped in the wheel: they
+are imported by name when the command runs, and from an installed wheel the command exits
+with status 2 and says to run it from a checkout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Sequence
+
+NOT_IN_CHECKOUT = 2
+"""Exit status of ``demo``, ``tutorial`` and ``bench`` where the harness is not importable."""
+
+
+class HarnessMissing(Exception):
+    """The demos or the benchmark harness are not importable (an installed wheel)."""
+
+
+def harness(module: str) -> ModuleType:
+    """Import ``module`` of ``replaybuffer_demos`` or ``replaybuffer_bench`` by name (the
+    library never imports them statically: they are not in the wheel).
+
+    Raises:
+        HarnessMissing: the package itself is not importable. Any other ImportError (a
+            missing optional dependency of the harness) propagates unchanged.
+    """
+    package = module.partition(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or (exc.name != package and not exc.name.startswith(package + ".")):
+            raise
+        raise HarnessMissing(module) from exc
+
+
+def _not_in_checkout(command: str) -> int:
+    print(f"replaybuffer {command} runs from a checkout of the repository: the demos "
+          "(replaybuffer_demos) and the benchmark harness (replaybuffer_bench) are not part of "
+          "the installed package. Clone the repository and run `make demo` or `make bench` "
+          f"there (or `replaybuffer {command} ...` with its src/ installed or on PYTHONPATH).",
+          file=sys.stderr)
+    return NOT_IN_CHECKOUT
 
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        from replaybuffer.demos import dqn
+        dqn = harness("replaybuffer_demos.dqn")
+    except HarnessMissing:
+        return _not_in_checkout("demo")
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise SystemExit(f"replaybuffer demo needs the demo extra "
                          f"(pip install 'replaybuffer[demo]'): {exc}") from exc
@@ -21,62 +65,54 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tutorial(args: argparse.Namespace) -> int:
-    from replaybuffer.demos import tutorial
-
+    try:
+        tutorial = harness("replaybuffer_demos.tutorial")
+    except HarnessMissing:
+        return _not_in_checkout("tutorial")
     tutorial.main(storage=args.storage)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.gpu:  # the torch storage on a GPU against TorchRL and the memory bandwidth
-        from replaybuffer.bench import gpu
+    try:
+        return _run_bench(args)
+    except HarnessMissing:
+        return _not_in_checkout("bench")
 
+
+def _run_bench(args: argparse.Namespace) -> int:
+    json_argv = ["--json", args.json] if args.json else []
+    if args.gpu:  # the torch storage on a GPU against TorchRL and the memory bandwidth
         argv = ["--workloads", args.workloads, "--device", args.device]
         argv += ["--quick"] if args.quick else []
-        return gpu.main(argv + (["--json", args.json] if args.json else []))
+        return int(harness("replaybuffer_bench.gpu").main(argv + json_argv))
     if args.peers:  # the issue-6 workloads through the peer libraries that are installed
-        from replaybuffer.bench import peers
-
         argv = ["--workloads", args.peer_workloads] + (["--quick"] if args.quick else [])
-        if args.json:
-            argv += ["--json", args.json]
-        return peers.main(argv)
+        return int(harness("replaybuffer_bench.peers").main(argv + json_argv))
     if args.sb3:  # on-policy and HER buffers against Stable-Baselines3's
-        from replaybuffer.bench import sb3_buffers
-
         argv = ["--min-time", "0.05", "--her-capacity", "5000"] if args.quick else []
-        return sb3_buffers.main(argv + (["--json", args.json] if args.json else []))
+        return int(harness("replaybuffer_bench.sb3_buffers").main(argv + json_argv))
     if args.scale or args.plot:  # sample cost against capacity, and its plot
-        from replaybuffer.bench import scale
-
         argv = ["--capacities", "10000,100000"] if args.quick else []
         if args.plot:
             argv += ["--plot", args.plot]
-        return scale.main(argv + (["--json", args.json] if args.json else []))
+        return int(harness("replaybuffer_bench.scale").main(argv + json_argv))
     if args.checkpoint:  # saving and loading a large buffer while it is in use
-        from replaybuffer.bench import checkpoint
-
-        return checkpoint.main(["--size-gb", str(0.2 if args.quick else args.size_gb)]
-                               + (["--json", args.json] if args.json else []))
+        argv = ["--size-gb", str(0.2 if args.quick else args.size_gb)]
+        return int(harness("replaybuffer_bench.checkpoint").main(argv + json_argv))
     if args.ray:  # shards as Ray actors, collectors as Ray tasks
-        from replaybuffer.bench import ray_bench
-
         argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
         if args.quick:
             argv += ["--shards", "1,2"]
-        return ray_bench.main(argv + (["--json", args.json] if args.json else []))
+        return int(harness("replaybuffer_bench.ray_bench").main(argv + json_argv))
     if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
-        from replaybuffer.bench import processes
-
         argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
         if args.quick:
             argv += ["--writers", "1,2", "--no-reverb"]
         if args.soak is not None:
             argv += ["--soak", str(args.soak)]
-        return processes.main(argv + (["--json", args.json] if args.json else []))
-    from replaybuffer.bench import run_and_report
-
-    return run_and_report(args)
+        return int(harness("replaybuffer_bench.processes").main(argv + json_argv))
+    return int(harness("replaybuffer_bench").run_and_report(args))
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from replaybuffer.bench.processes import WORKLOADS, run_single
-from replaybuffer.bench.workloads import random_items
+from replaybuffer_bench.processes import WORKLOADS, run_single
+from replaybuffer_bench.workloads import random_items
 
 SAMPLE = 256
 CHUNK = 32
@@ -64,7 +64,7 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float) -> dict
             buffer.extend(prefill, shard=shard)
         buffer.flush()
         items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
-        part = ray.get(buffer._actors[0].draw.remote("get_next", SAMPLE, None, 0.0))[0]
+        part = ray.get(buffer.actors[0].draw.remote("get_next", SAMPLE, None, 0.0))[0]
         # Arrays ray.get maps from the store are read-only; those it copied are not.
         mapped = sum(leaf.nbytes for leaf in part.values() if not leaf.flags.writeable)
         zero_copy_share = mapped / sum(leaf.nbytes for leaf in part.values())

@@ -8,9 +8,10 @@ Q-network, and writes its trajectories, 32 steps per ``extend``, into one shard 
 shard holds whole sequences). Each shard's buffer carries a
 :class:`~replaybuffer.SampleToInsertRatio` at the single-process demo's ratio, so the
 collectors wait for the learner and the learner for data. The learner (this process)
-samples two-step windows across the shards and trains as :func:`replaybuffer.demos.dqn.train` does; it publishes its parameters to a
-small :class:`ParameterStore` actor after every ``target_update`` gradient steps, and
-collectors pick them up every 32 steps.
+samples two-step windows across the shards and trains as
+:func:`replaybuffer_demos.dqn.train` does; it publishes its parameters to a small
+:class:`ParameterStore` actor after every ``target_update`` gradient steps, and collectors
+pick them up every 32 steps.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any, Callable
 import numpy as np
 
 from replaybuffer.collect import StepDriver
-from replaybuffer.demos.dqn import DQNConfig, DQNResult, Selection, _progress, \
-    decay_learning_rate, gradient_step
-from replaybuffer.demos.dqn_actors import EpsilonGreedyMLP, learner, make_env
 from replaybuffer.rate_limiter import RateLimitedError
+from replaybuffer_demos.actor_policy import EpsilonGreedyMLP
+from replaybuffer_demos.dqn_learner import (DQNConfig, DQNResult, Selection,
+                                            decay_learning_rate, gradient_step, learner,
+                                            make_env, progress_bar)
 
 CHUNK = 32
 """Steps a collector sends per ``extend`` (and between parameter checks)."""
@@ -155,7 +157,7 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
                   for i in range(num_collectors)]
     share = -(-config.steps // num_collectors)
     runs = [c.run.remote(share) for c in collectors]
-    bar = _progress(config.steps, progress)
+    bar = progress_bar(config.steps, progress)
     start = time.perf_counter()
     selection = Selection(config, on_eval)
     gradient_steps = inserted = 0

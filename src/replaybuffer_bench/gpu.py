@@ -1,7 +1,7 @@
 """``replaybuffer bench --gpu``: the torch storage on a GPU against TorchRL and the device.
 
 On one CUDA device (or ``--device cpu`` for a smoke run) it times, for the control and
-frames workloads (:mod:`replaybuffer.bench.workloads`' specs):
+frames workloads (:mod:`replaybuffer_bench.workloads`' specs):
 
 - ours: ``extend`` of 256 steps given as device tensors, and ``get_next(256, 2)``
   (each step with its next one) drawn by uniform and by prioritized sampling on the
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from replaybuffer import nest
-from replaybuffer.bench.workloads import control_spec, frames_spec, random_items
+from replaybuffer_bench.workloads import control_spec, frames_spec, random_items
 from replaybuffer.buffers import PrioritizedReplayBuffer, UniformReplayBuffer
 
 BATCH = 256
@@ -130,16 +130,9 @@ def _cycle(buf: Any, ids: Any, priorities: Any) -> None:
 
 def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> Any:
     """A device-sampling prioritized buffer whose sampler searches by ``search`` (its
-    default when None): the sampler is swapped before the first add, as the buffer
-    itself builds it."""
-    from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
-
-    buf: Any = PrioritizedReplayBuffer(spec, 1, capacity, storage="torch", device=device,
-                                       seed=0, sample_on_device=True)
-    if search is not None:
-        buf._sampler = TorchPrioritizedSampler(capacity, seed=0, device=buf.device,
-                                               search=search)
-    return buf
+    default when None)."""
+    return PrioritizedReplayBuffer(spec, 1, capacity, storage="torch", device=device,
+                                   seed=0, sample_on_device=True, device_search=search)
 
 
 def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
@@ -159,7 +152,7 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
         else:
             buf = _prioritized(spec, capacity, device, search)
             if search is None:  # named by the search it defaults to
-                name = f"prioritized[{buf._sampler.search}]"
+                name = f"prioritized[{buf.sampler.search}]"
         _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)

@@ -15,7 +15,7 @@
   vectorised ``compute_reward`` (negative distance > 0.05). Timed: ``add`` of one step
   and ``sample(256)`` (with relabelling and rewards), as torch tensors.
 
-Medians of interleaved rounds (:func:`replaybuffer.bench.timing.compare`), SB3 and
+Medians of interleaved rounds (:func:`replaybuffer_bench.timing.compare`), SB3 and
 ours alternating. Torch runs with one thread.
 """
 
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from replaybuffer.bench.timing import compare
+from replaybuffer_bench.timing import compare
 
 
 @dataclass

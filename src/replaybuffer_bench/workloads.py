@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from replaybuffer import nest
-from replaybuffer.bench.timing import compare
+from replaybuffer_bench.timing import compare
 from replaybuffer.buffers import UniformReplayBuffer
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.numpy_storage import packed_leaves, record_dtype
@@ -95,7 +95,7 @@ def limit_arrays(buffer: UniformReplayBuffer) -> list[np.ndarray]:
     so are TensorFlow variables (a view would pin the variable's buffer, and
     TensorFlow then copies the variable before every write).
     """
-    arrays = buffer._storage.arrays
+    arrays = buffer.store.arrays
     if buffer.storage == "tensorflow":
         return [np.array(a.numpy()) for a in arrays]
     return [np.ascontiguousarray(a if isinstance(a, np.ndarray) else a.numpy())
@@ -106,8 +106,8 @@ def host_arrays(buffer: UniformReplayBuffer) -> list[np.ndarray]:
     """The storage's leaves as numpy arrays, views where the storage allows (numpy and
     CPU torch storage), for inspecting sizes."""
     if buffer.storage == "tensorflow":
-        return [np.array(a.numpy()) for a in buffer._storage.arrays]
-    return [a if isinstance(a, np.ndarray) else a.numpy() for a in buffer._storage.arrays]
+        return [np.array(a.numpy()) for a in buffer.store.arrays]
+    return [a if isinstance(a, np.ndarray) else a.numpy() for a in buffer.store.arrays]
 
 
 def record_arrays(specs: list[ArraySpec], arrays: list[np.ndarray]
@@ -202,7 +202,7 @@ def _run_workload(name: str, spec: Any, batch_size: int, capacity: int, storage:
     label = f"{name} B={batch_size}"
     step = random_items(spec, (batch_size,), rng)
     arrays = limit_arrays(buffer)
-    _, records = record_arrays(list(buffer._storage.specs), arrays)
+    _, records = record_arrays(list(buffer.store.specs), arrays)
     step_leaves = nest.flatten(step)[0]
     t = compare({"ours": warmed(functools.partial(buffer.add_batch, step)),
                  "limit": add_limit(arrays, step_leaves)}, min_time)

@@ -1,7 +1,7 @@
 """Sample cost against capacity (``replaybuffer bench --scale [--plot]``).
 
 For capacities 10k to 10M control-size steps (float32 observation[17] and the control
-scalars, :func:`~replaybuffer.bench.workloads.control_spec`), one full buffer at a
+scalars, :func:`~replaybuffer_bench.workloads.control_spec`), one full buffer at a
 time: the median time of ``get_next(sample_batch_size=256)`` for
 
 * ``uniform``: :class:`~replaybuffer.UniformReplayBuffer`;
@@ -31,8 +31,8 @@ from typing import Callable
 import numpy as np
 
 from replaybuffer import nest
-from replaybuffer.bench.timing import compare
-from replaybuffer.bench.workloads import control_spec, random_items
+from replaybuffer_bench.timing import compare
+from replaybuffer_bench.workloads import control_spec, random_items
 from replaybuffer.buffers import PrioritizedReplayBuffer, ReplayBuffer, UniformReplayBuffer
 from replaybuffer.collect.trajectory import StepType
 

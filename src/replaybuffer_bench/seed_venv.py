@@ -2,7 +2,7 @@
 
 Pearl 0.4.1 needs numpy < 2 and gym 0.19, TF-Agents 0.19 needs TensorFlow 2.15: neither
 can share this project's venv, so ``replaybuffer bench --peers`` runs
-:mod:`~replaybuffer.bench.pearl_seed` and :mod:`~replaybuffer.bench.tf_agents_seed` in
+:mod:`~replaybuffer_bench.pearl_seed` and :mod:`~replaybuffer_bench.tf_agents_seed` in
 ``.venv-pearl`` and ``.venv-tfagents`` (built by ``benchmarks/setup_*.sh``), with this
 source tree first on the path, and reads the JSON report they print.
 """

@@ -1,7 +1,7 @@
 """TF-Agents 0.19's own replay buffers against ``replaybuffer.compat.tf_agents``, on the
 tutorial's workload, in one process on the same TensorFlow.
 
-    TF_USE_LEGACY_KERAS=1 .venv-tfagents/bin/python -m replaybuffer.bench.tf_agents_seed \\
+    TF_USE_LEGACY_KERAS=1 .venv-tfagents/bin/python -m replaybuffer_bench.tf_agents_seed \\
         [--calls 500] [--warmup 50] [--max-length 10000] [--json FILE] [--markdown FILE]
 
 TF-Agents 0.19 needs TensorFlow 2.15, tf-keras and numpy<2, so it lives in its own
@@ -63,7 +63,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from replaybuffer.bench.seed_venv import (NotInstalled, comparison_table, run_report,
+from replaybuffer_bench.seed_venv import (NotInstalled, comparison_table, run_report,
                                          venv_python)
 
 __all__ = ["OPS", "NotInstalled", "run", "peer_rows", "tf_agents_python", "versions",
@@ -391,14 +391,14 @@ def tf_agents_python() -> Path | None:
 
 
 def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
-    """Rows for ``replaybuffer.bench.peers``: this module run in the TF-Agents venv, one
+    """Rows for ``replaybuffer_bench.peers``: this module run in the TF-Agents venv, one
     row per op for ``tf-agents`` and one for ``replaybuffer`` (compat.tf_agents, timed
     in the same process). Raises :class:`NotInstalled` when the venv is missing."""
     python = tf_agents_python()
     if python is None:
         raise NotInstalled(".venv-tfagents: bash benchmarks/setup_tf_agents.sh")
     args = ["--calls", "100", "--warmup", "10", "--max-length", "1000"] if quick else []
-    report = run_report(python, "replaybuffer.bench.tf_agents_seed", args,
+    report = run_report(python, "replaybuffer_bench.tf_agents_seed", args,
                         {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     v = report["versions"]
     tf_version = v.get("tensorflow-cpu") or v.get("tensorflow", "?")
@@ -426,7 +426,7 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replaybuffer.bench.tf_agents_seed",
+    parser = argparse.ArgumentParser(prog="python -m replaybuffer_bench.tf_agents_seed",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=500, help="timed calls per op and side")
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls first")

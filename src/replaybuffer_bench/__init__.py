@@ -1,6 +1,6 @@
 """``replaybuffer bench``: throughput of the buffers against the plain numpy limit.
 
-See :mod:`replaybuffer.bench.workloads` for what is measured. Speed is measured
+See :mod:`replaybuffer_bench.workloads` for what is measured. Speed is measured
 here, never asserted in tests.
 """
 
@@ -11,7 +11,7 @@ import json
 import platform
 from dataclasses import asdict
 
-from replaybuffer.bench.workloads import Result, run
+from replaybuffer_bench.workloads import Result, run
 
 __all__ = ["Result", "run", "run_and_report", "format_table"]
 

@@ -1,6 +1,6 @@
 """The TF-Agents replay-buffer tutorial, cell by cell, in replaybuffer's API.
 
-Run it with ``replaybuffer demo`` (or ``python -m replaybuffer.demos.tutorial``).
+Run it with ``replaybuffer demo`` (or ``python -m replaybuffer_demos.tutorial``).
 It prints the same shapes as the tutorial's printed outputs: a sample is a
 2-tuple ``(items, info)``; ``as_dataset(sample_batch_size=4, num_steps=2)`` gives
 ``[4, 2, ...]`` leaves; ``gather_all`` gives ``[32, 6, ...]`` after six adds.

@@ -37,7 +37,7 @@ import numpy as np
 FRAME = (84, 84, 4)
 
 
-def _status(field: str) -> int:
+def process_status(field: str) -> int:
     """A ``/proc/self/status`` size field (``VmRSS``, ``VmHWM``) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -45,7 +45,7 @@ def _status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _reset_peak() -> bool:
+def reset_peak_rss() -> bool:
     """Reset the kernel's peak resident size (``VmHWM``) to the current one."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -117,12 +117,12 @@ def measure_save(buffer: Any, directory: Path, add_rate: float) -> dict[str, Any
     stop_collector = start_collector(buffer, add_rate, adds)
     time.sleep(2.0)  # adds at their pace before the save: the idle baseline
     before_save = len(adds)
-    rss = _status("VmRSS")
-    peak_reset = _reset_peak()
+    rss = process_status("VmRSS")
+    peak_reset = reset_peak_rss()
     start = time.perf_counter()
     written = buffer.save(directory)
     seconds = time.perf_counter() - start
-    peak = _status("VmHWM")
+    peak = process_status("VmHWM")
     after_save = len(adds)
     time.sleep(0.2)
     stop_collector()
@@ -142,13 +142,13 @@ LOAD_SCRIPT = """
 import json, sys, time
 from pathlib import Path
 import replaybuffer as rb
-from replaybuffer.bench.checkpoint import _status, _reset_peak
-rss = _status("VmRSS")
-_reset_peak()
+from replaybuffer_bench.checkpoint import process_status, reset_peak_rss
+rss = process_status("VmRSS")
+reset_peak_rss()
 start = time.perf_counter()
 buffer = rb.load(sys.argv[1])
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "rss_before": rss, "peak": _status("VmHWM"),
+print(json.dumps({"seconds": seconds, "rss_before": rss, "peak": process_status("VmHWM"),
                   "nbytes": buffer.nbytes, "frames": buffer.num_frames()}))
 """
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from replaybuffer.bench.workloads import control_spec, frames_spec, random_items
+from replaybuffer_bench.workloads import control_spec, frames_spec, random_items
 from replaybuffer.buffers.uniform import UniformReplayBuffer
 from replaybuffer.distributed.shared import SharedReplayBuffer
 from replaybuffer.rate_limiter import MinSize

@@ -4,7 +4,7 @@ Each actor (:class:`~replaybuffer.collect.actors.ActorPool`) steps its own CartP
 with an epsilon-greedy policy and writes its trajectories straight into a
 :class:`~replaybuffer.distributed.SharedReplayBuffer` (one row per actor); the learner,
 in the main process, samples two-step windows from it and trains as
-:func:`replaybuffer.demos.dqn.train` does. A :class:`~replaybuffer.SampleToInsertRatio`
+:func:`replaybuffer_demos.dqn.train` does. A :class:`~replaybuffer.SampleToInsertRatio`
 keeps the single-process demo's ratio (``gradient_steps * sample_batch_size /
 collect_steps`` sampled items per inserted step), so actors wait for the learner
 instead of filling the buffer with stale-policy data, and the learner waits for data.
@@ -17,22 +17,22 @@ follows the whole run's inserted steps, read from the buffer's shared counters.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 
-from replaybuffer.collect import StepDriver
 from replaybuffer.collect.actors import ActorPool
-from replaybuffer.demos.dqn import (ENV_ID, DQNConfig, DQNResult, Selection, _progress,
-                                    build_q_network, decay_learning_rate, gradient_step)
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.rate_limiter import RateLimitedError, SampleToInsertRatio
 from replaybuffer.storage.mmap_storage import map_npy
+from replaybuffer_demos.actor_policy import EpsilonGreedyMLP
+from replaybuffer_demos.dqn_learner import (DQNConfig, DQNResult, Selection,
+                                            decay_learning_rate, gradient_step, learner,
+                                            make_env, progress_bar)
 
 
 class PolicyWeights:
@@ -83,84 +83,10 @@ class PolicyWeights:
         return out
 
 
-class EpsilonGreedyMLP:
-    """An actor's policy: ``argmax`` of a numpy ReLU MLP (``torch.nn.Linear`` layers'
-    ``[weight, bias]`` pairs, from ``weights.read()``, which gives a newer list or
-    None), random actions with the epsilon of the run's ``steps()`` so far.
-
-    Observations ``[num_envs, obs_dim]`` float32 to int64 actions ``[num_envs]``.
-    """
-
-    def __init__(self, weights: Any, steps: Callable[[], int], config: DQNConfig,
-                 num_actions: int, index: int):
-        self.weights, self.steps, self.config = weights, steps, config
-        self.num_actions = num_actions
-        self.rng = np.random.default_rng([config.seed, index])
-        self.layers: list[np.ndarray] = []
-        while not self.layers:  # the learner publishes before starting actors
-            self.layers = weights.read() or []
-
-    def epsilon(self) -> float:
-        config = self.config
-        frac = min(1.0, self.steps() / max(1, int(config.epsilon_fraction * config.steps)))
-        return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        fresh = self.weights.read()
-        if fresh is not None:
-            self.layers = fresh
-        h = np.asarray(obs, np.float32)
-        for k in range(0, len(self.layers), 2):
-            h = h @ self.layers[k].T + self.layers[k + 1]
-            if k + 2 < len(self.layers):
-                np.maximum(h, 0, out=h)
-        greedy = h.argmax(1)
-        explore = self.rng.random(len(h)) < self.epsilon()
-        return np.where(explore, self.rng.integers(0, self.num_actions, len(h)), greedy)
-
-
 def inserted_steps(buffer: SharedReplayBuffer) -> int:
     """Steps every actor inserted so far (the buffer's shared limiter counters)."""
     stats = buffer.stats()
     return 0 if stats is None else stats.inserts
-
-
-def make_env() -> Any:
-    import gymnasium as gym
-
-    return gym.make_vec(ENV_ID, num_envs=1, vectorization_mode="sync")
-
-
-class Learner(NamedTuple):
-    """What a learner fed by collectors elsewhere starts from (:func:`learner`)."""
-
-    data_spec: Any
-    num_actions: int
-    q_net: Any
-    target_net: Any
-    optimizer: Any
-    ratio: float
-    """Samples per inserted step, as in the single-process demo (for the rate limiter)."""
-
-
-def learner(config: DQNConfig) -> Learner:
-    """The Q-network, its target and optimizer and the collectors' data spec, with
-    torch seeded and on one thread: the start of :func:`train_actors` and
-    :func:`~replaybuffer.demos.dqn_ray.train_ray`."""
-    import torch
-
-    torch.manual_seed(config.seed)
-    torch.set_num_threads(1)
-    probe_env = make_env()
-    spec = StepDriver(probe_env, lambda obs: np.zeros(len(obs), np.int64)).data_spec
-    num_actions = int(probe_env.single_action_space.n)
-    obs_dim = probe_env.single_observation_space.shape[0]
-    probe_env.close()
-    q_net = build_q_network(obs_dim, num_actions, config.hidden)
-    target_net = copy.deepcopy(q_net)
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
-    ratio = config.gradient_steps * config.sample_batch_size / config.collect_steps
-    return Learner(spec, num_actions, q_net, target_net, optimizer, ratio)
 
 
 def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
@@ -180,7 +106,7 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
         weights.publish([p.detach().numpy() for p in q_net.parameters()])
 
     publish()
-    bar = _progress(config.steps, progress)
+    bar = progress_bar(config.steps, progress)
     start = time.perf_counter()
     selection = Selection(config, on_eval)
     gradient_steps = 0

@@ -1,6 +1,6 @@
 """Pearl 0.4.1's own buffers against ``replaybuffer.compat.pearl``, on Pearl's workload.
 
-    .venv-pearl/bin/python -m replaybuffer.bench.pearl_seed [--calls 500] [--envs 1,4]
+    .venv-pearl/bin/python -m replaybuffer_bench.pearl_seed [--calls 500] [--envs 1,4]
                                                             [--json FILE] [--markdown FILE]
 
 Pearl (``pearll``) needs gym 0.19 and numpy<2, so it lives in its own virtualenv
@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from replaybuffer.bench.seed_venv import (NotInstalled, comparison_table, run_report,
+from replaybuffer_bench.seed_venv import (NotInstalled, comparison_table, run_report,
                                          venv_python)
 
 __all__ = ["OPS", "run", "peer_rows", "pearl_python", "format_table", "main"]
@@ -284,14 +284,14 @@ def pearl_python() -> Path | None:
 
 
 def peer_rows(quick: bool = False) -> Iterator[dict[str, Any]]:
-    """Rows for ``replaybuffer.bench.peers``: this module run in Pearl's venv, one row
+    """Rows for ``replaybuffer_bench.peers``: this module run in Pearl's venv, one row
     per op for ``pearl`` and one for ``replaybuffer`` (compat.pearl, timed in the same
     process). Raises :class:`NotInstalled` when the venv is missing."""
     python = pearl_python()
     if python is None:
         raise NotInstalled(".venv-pearl: bash benchmarks/setup_pearl.sh")
     args = ["--calls", "50", "--warmup", "10", "--buffer-size", "2000"] if quick else []
-    report = run_report(python, "replaybuffer.bench.pearl_seed", args)
+    report = run_report(python, "replaybuffer_bench.pearl_seed", args)
     v = report["versions"]
     for row in report["rows"]:
         for peer, key, what in (("pearl", "pearl_seconds", f"pearll {v['pearll']}"),
@@ -324,7 +324,7 @@ def format_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replaybuffer.bench.pearl_seed",
+    parser = argparse.ArgumentParser(prog="python -m replaybuffer_bench.pearl_seed",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", default="1,4", help="comma-separated env counts")
     parser.add_argument("--calls", type=int, default=500, help="timed calls per op")
