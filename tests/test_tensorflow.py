@@ -318,7 +318,7 @@ def test_python_iteration_gives_tf_data_s_own_elements(kwargs):
     it = iter(fast_buf.as_dataset(**kwargs))
     assert it._pull is not None
     fast = list(itertools.islice(it, 7))
-    generic = list(itertools.islice(generic_buf.as_dataset(**kwargs)._tf_iterator(), 7))
+    generic = list(itertools.islice(generic_buf.as_dataset(**kwargs).tf_iterator(), 7))
     assert len(fast) == len(generic) > 0
     for a, b in zip(fast, generic):
         same_elements(a, b)
