@@ -3,7 +3,9 @@ TF-Agents' constructor and tutorial, and the TF-op index arithmetic against nump
 
 The behaviour every backend shares (checklist items 1-24) runs in test_uniform_buffer.py,
 test_dataset.py and the other suites through the ``storage`` fixture's "tensorflow"
-parameter.
+parameter: ``UniformReplayBuffer(..., storage="tensorflow")``, the Python ring over
+TensorFlow variables. The TF-graph buffer is a class of its own, named here:
+``replaybuffer.tf.TFUniformReplayBuffer``.
 """
 
 import itertools
@@ -31,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def counter(batch_size=2, max_length=5, adds=0, **kwargs):
     """int64 scalars: row b at add t holds 100 * b + t."""
     kwargs.setdefault("seed", 0)
-    buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
-                                 storage="tensorflow", **kwargs)
+    buf = TFUniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length, **kwargs)
     for t in range(adds):
         buf.add_batch(np.arange(batch_size, dtype=np.int64) * 100 + t)
     return buf
@@ -44,13 +45,19 @@ def tensor_spec():
 
 
 # ------------------------------------------------------------------ construction
-def test_storage_tensorflow_builds_the_tf_class_and_leaves_others_alone():
+def test_the_tf_class_is_named_and_storage_tensorflow_keeps_the_class():
     buf = counter()
     assert type(buf) is TFUniformReplayBuffer and isinstance(buf, rb.UniformReplayBuffer)
-    assert buf.storage == "tensorflow" and isinstance(buf._storage, TFStorage)
+    assert buf.storage == "tensorflow" and isinstance(buf.store, TFStorage)
     assert all(isinstance(v, tf.Variable) for v in buf.variables())
     assert type(rb.UniformReplayBuffer(rb.ArraySpec((), np.int64))) is rb.UniformReplayBuffer
-    # Episode tracking keeps a Python ring: the generic class over tensorflow storage.
+    # UniformReplayBuffer(storage="tensorflow") is no longer swapped for the TF class: it
+    # stays the generic class, its ring in Python over tensorflow storage.
+    plain = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), 2, 5, storage="tensorflow")
+    assert type(plain) is rb.UniformReplayBuffer and isinstance(plain.store, TFStorage)
+    plain.add_batch(np.arange(2, dtype=np.int64))
+    assert isinstance(plain.get_next(2)[0], tf.Tensor)
+    # So does episode tracking: the generic class over tensorflow storage.
     tracked = rb.UniformReplayBuffer({"step_type": rb.ArraySpec((), np.int32)}, 1, 4,
                                      storage="tensorflow", track_episodes=True)
     assert type(tracked) is rb.UniformReplayBuffer and tracked.storage == "tensorflow"
@@ -147,7 +154,7 @@ def test_extend_with_unknown_length_casts_numpy_leaves():
     # and is cast like any other (float64 into a float32 leaf). It was refused with
     # "expected shape (2, None)" whenever its dtype was not the stored one.
     spec = {"a": rb.ArraySpec((), np.int64), "b": rb.ArraySpec((), np.float32)}
-    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow", seed=0)
+    buf = TFUniformReplayBuffer(spec, 2, 3, seed=0)
 
     @tf.function(input_signature=[tf.TensorSpec([2, None], tf.int64)])
     def extend(a):
@@ -196,7 +203,7 @@ def test_bad_items_fail_when_traced_and_change_nothing():
 
 
 def test_tensors_variables_and_safe_casts_are_accepted():
-    buf = rb.UniformReplayBuffer(tensor_spec(), 2, 4, storage="tensorflow")
+    buf = TFUniformReplayBuffer(tensor_spec(), 2, 4)
     step = (tf.Variable(tf.ones([2, 3], tf.float64)),
             (np.full((2, 5), 2, np.float64), tf.fill([2, 3, 2], 3.0)))
     buf.add_batch(step)
@@ -207,7 +214,7 @@ def test_tensors_variables_and_safe_casts_are_accepted():
 
 # ---------------------------------------------------------------------- tf.data
 def test_datasets_are_tf_data_with_the_data_spec_as_element_spec():
-    buf = rb.UniformReplayBuffer(tensor_spec(), 4, 6, storage="tensorflow", seed=1)
+    buf = TFUniformReplayBuffer(tensor_spec(), 4, 6, seed=1)
     for _ in range(6):
         buf.add_batch(tf.nest.map_structure(lambda s: tf.ones([4] + s.shape), tensor_spec()))
     random = buf.as_dataset(3, num_steps=2, num_parallel_calls=2)
@@ -286,7 +293,7 @@ def ordered_spec():
 
 
 def filled(spec, batch_size=3, max_length=6, adds=8, seed=5):
-    buf = rb.UniformReplayBuffer(spec, batch_size, max_length, storage="tensorflow", seed=seed)
+    buf = TFUniformReplayBuffer(spec, batch_size, max_length, seed=seed)
     rng = np.random.default_rng(0)
     for _ in range(adds):
         buf.add_batch(tf.nest.map_structure(
@@ -377,7 +384,7 @@ def test_gather_all_matches_numpy_at_every_fill_and_wrap():
         tf_buf.add_batch(step)
         np_buf.add_batch(step)
     spec = tensor_spec()  # leaves of rank 1 and 2
-    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow")
+    buf = TFUniformReplayBuffer(spec, 2, 3)
     for t in range(5):
         buf.add_batch(tf.nest.map_structure(lambda s, t=t: tf.fill([2] + s.shape, float(t)),
                                             spec))
@@ -430,8 +437,10 @@ def test_save_and_load_round_trip(tmp_path, adds):  # item 24 for the TF backend
     assert type(as_numpy) is rb.UniformReplayBuffer
     np.testing.assert_array_equal(as_numpy.gather_all(), to_np(buf.gather_all()))
     as_numpy.save(tmp_path / "np")
+    # A UniformReplayBuffer's save on tensorflow storage is a UniformReplayBuffer there
+    # (the class UniformReplayBuffer(storage="tensorflow") builds).
     back = rb.load(tmp_path / "np", storage="tensorflow")
-    assert type(back) is TFUniformReplayBuffer
+    assert type(back) is rb.UniformReplayBuffer and isinstance(back.store, TFStorage)
     np.testing.assert_array_equal(to_np(back.gather_all()), to_np(buf.gather_all()))
 
 
