@@ -8,6 +8,7 @@ TensorFlow variables. The TF-graph buffer is a class of its own, named here:
 ``replaybuffer.tf.TFUniformReplayBuffer``.
 """
 
+import inspect
 import itertools
 import runpy
 from pathlib import Path
@@ -63,6 +64,53 @@ def test_the_tf_class_is_named_and_storage_tensorflow_keeps_the_class():
     assert type(tracked) is rb.UniformReplayBuffer and tracked.storage == "tensorflow"
     tracked.add_batch({"step_type": np.zeros(1, np.int32)})
     assert isinstance(tracked.get_next(2)[0]["step_type"], tf.Tensor)
+
+
+def _shared_tests() -> list:
+    """The shared suite's tests of the ``storage`` fixture (checklist items 1-23)."""
+    import test_dataset
+    import test_uniform_buffer
+
+    return [pytest.param(module, name, id=f"{module.__name__}::{name}")
+            for module in (test_uniform_buffer, test_dataset)
+            for name, fn in vars(module).items()
+            if name.startswith("test_") and "storage" in inspect.signature(fn).parameters]
+
+
+def _parameter_sets(fn) -> list[dict]:
+    """Every combination of ``fn``'s ``pytest.mark.parametrize`` arguments."""
+    sets: list[dict] = [{}]
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) \
+            else list(mark.args[0])
+        values = [v if len(names) > 1 else (v,) for v in mark.args[1]]
+        sets = [{**base, **dict(zip(names, v))} for base in sets for v in values]
+    return sets
+
+
+@pytest.mark.parametrize("module,name", _shared_tests())
+def test_the_shared_suite_holds_for_the_named_class(module, name, monkeypatch):
+    # The shared suite builds rb.UniformReplayBuffer(..., storage="tensorflow"), which is
+    # the Python ring over TF variables; here the same tests run on the TF-graph class,
+    # as they did when UniformReplayBuffer swapped itself for it.
+    real, built = rb.UniformReplayBuffer, []
+
+    def build(*args, **kwargs):
+        if kwargs.get("storage") == "tensorflow":
+            built.append(TFUniformReplayBuffer(*args, **kwargs))
+            return built[-1]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rb, "UniformReplayBuffer", build)
+    fn = getattr(module, name)
+    for kwargs in _parameter_sets(fn):
+        try:
+            fn(storage={"storage": "tensorflow"}, **kwargs)
+        except pytest.skip.Exception:
+            return
+    assert built, "the test built no buffer of the TF class"
 
 
 def test_tf_agents_constructor_and_names():
