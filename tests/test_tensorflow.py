@@ -3,9 +3,12 @@ TF-Agents' constructor and tutorial, and the TF-op index arithmetic against nump
 
 The behaviour every backend shares (checklist items 1-24) runs in test_uniform_buffer.py,
 test_dataset.py and the other suites through the ``storage`` fixture's "tensorflow"
-parameter.
+parameter: ``UniformReplayBuffer(..., storage="tensorflow")``, the Python ring over
+TensorFlow variables. The TF-graph buffer is a class of its own, named here:
+``replaybuffer.tf.TFUniformReplayBuffer``.
 """
 
+import inspect
 import itertools
 import runpy
 from pathlib import Path
@@ -31,8 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def counter(batch_size=2, max_length=5, adds=0, **kwargs):
     """int64 scalars: row b at add t holds 100 * b + t."""
     kwargs.setdefault("seed", 0)
-    buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
-                                 storage="tensorflow", **kwargs)
+    buf = TFUniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length, **kwargs)
     for t in range(adds):
         buf.add_batch(np.arange(batch_size, dtype=np.int64) * 100 + t)
     return buf
@@ -44,18 +46,71 @@ def tensor_spec():
 
 
 # ------------------------------------------------------------------ construction
-def test_storage_tensorflow_builds_the_tf_class_and_leaves_others_alone():
+def test_the_tf_class_is_named_and_storage_tensorflow_keeps_the_class():
     buf = counter()
     assert type(buf) is TFUniformReplayBuffer and isinstance(buf, rb.UniformReplayBuffer)
-    assert buf.storage == "tensorflow" and isinstance(buf._storage, TFStorage)
+    assert buf.storage == "tensorflow" and isinstance(buf.store, TFStorage)
     assert all(isinstance(v, tf.Variable) for v in buf.variables())
     assert type(rb.UniformReplayBuffer(rb.ArraySpec((), np.int64))) is rb.UniformReplayBuffer
-    # Episode tracking keeps a Python ring: the generic class over tensorflow storage.
+    # UniformReplayBuffer(storage="tensorflow") is no longer swapped for the TF class: it
+    # stays the generic class, its ring in Python over tensorflow storage.
+    plain = rb.UniformReplayBuffer(rb.ArraySpec((), np.int64), 2, 5, storage="tensorflow")
+    assert type(plain) is rb.UniformReplayBuffer and isinstance(plain.store, TFStorage)
+    plain.add_batch(np.arange(2, dtype=np.int64))
+    assert isinstance(plain.get_next(2)[0], tf.Tensor)
+    # So does episode tracking: the generic class over tensorflow storage.
     tracked = rb.UniformReplayBuffer({"step_type": rb.ArraySpec((), np.int32)}, 1, 4,
                                      storage="tensorflow", track_episodes=True)
     assert type(tracked) is rb.UniformReplayBuffer and tracked.storage == "tensorflow"
     tracked.add_batch({"step_type": np.zeros(1, np.int32)})
     assert isinstance(tracked.get_next(2)[0]["step_type"], tf.Tensor)
+
+
+def _shared_tests() -> list:
+    """The shared suite's tests of the ``storage`` fixture (checklist items 1-23)."""
+    import test_dataset
+    import test_uniform_buffer
+
+    return [pytest.param(module, name, id=f"{module.__name__}::{name}")
+            for module in (test_uniform_buffer, test_dataset)
+            for name, fn in vars(module).items()
+            if name.startswith("test_") and "storage" in inspect.signature(fn).parameters]
+
+
+def _parameter_sets(fn) -> list[dict]:
+    """Every combination of ``fn``'s ``pytest.mark.parametrize`` arguments."""
+    sets: list[dict] = [{}]
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) \
+            else list(mark.args[0])
+        values = [v if len(names) > 1 else (v,) for v in mark.args[1]]
+        sets = [{**base, **dict(zip(names, v))} for base in sets for v in values]
+    return sets
+
+
+@pytest.mark.parametrize("module,name", _shared_tests())
+def test_the_shared_suite_holds_for_the_named_class(module, name, monkeypatch):
+    # The shared suite builds rb.UniformReplayBuffer(..., storage="tensorflow"), which is
+    # the Python ring over TF variables; here the same tests run on the TF-graph class,
+    # as they did when UniformReplayBuffer swapped itself for it.
+    real, built = rb.UniformReplayBuffer, []
+
+    def build(*args, **kwargs):
+        if kwargs.get("storage") == "tensorflow":
+            built.append(TFUniformReplayBuffer(*args, **kwargs))
+            return built[-1]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rb, "UniformReplayBuffer", build)
+    fn = getattr(module, name)
+    for kwargs in _parameter_sets(fn):
+        try:
+            fn(storage={"storage": "tensorflow"}, **kwargs)
+        except pytest.skip.Exception:
+            return
+    assert built, "the test built no buffer of the TF class"
 
 
 def test_tf_agents_constructor_and_names():
@@ -147,7 +202,7 @@ def test_extend_with_unknown_length_casts_numpy_leaves():
     # and is cast like any other (float64 into a float32 leaf). It was refused with
     # "expected shape (2, None)" whenever its dtype was not the stored one.
     spec = {"a": rb.ArraySpec((), np.int64), "b": rb.ArraySpec((), np.float32)}
-    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow", seed=0)
+    buf = TFUniformReplayBuffer(spec, 2, 3, seed=0)
 
     @tf.function(input_signature=[tf.TensorSpec([2, None], tf.int64)])
     def extend(a):
@@ -196,7 +251,7 @@ def test_bad_items_fail_when_traced_and_change_nothing():
 
 
 def test_tensors_variables_and_safe_casts_are_accepted():
-    buf = rb.UniformReplayBuffer(tensor_spec(), 2, 4, storage="tensorflow")
+    buf = TFUniformReplayBuffer(tensor_spec(), 2, 4)
     step = (tf.Variable(tf.ones([2, 3], tf.float64)),
             (np.full((2, 5), 2, np.float64), tf.fill([2, 3, 2], 3.0)))
     buf.add_batch(step)
@@ -207,7 +262,7 @@ def test_tensors_variables_and_safe_casts_are_accepted():
 
 # ---------------------------------------------------------------------- tf.data
 def test_datasets_are_tf_data_with_the_data_spec_as_element_spec():
-    buf = rb.UniformReplayBuffer(tensor_spec(), 4, 6, storage="tensorflow", seed=1)
+    buf = TFUniformReplayBuffer(tensor_spec(), 4, 6, seed=1)
     for _ in range(6):
         buf.add_batch(tf.nest.map_structure(lambda s: tf.ones([4] + s.shape), tensor_spec()))
     random = buf.as_dataset(3, num_steps=2, num_parallel_calls=2)
@@ -286,7 +341,7 @@ def ordered_spec():
 
 
 def filled(spec, batch_size=3, max_length=6, adds=8, seed=5):
-    buf = rb.UniformReplayBuffer(spec, batch_size, max_length, storage="tensorflow", seed=seed)
+    buf = TFUniformReplayBuffer(spec, batch_size, max_length, seed=seed)
     rng = np.random.default_rng(0)
     for _ in range(adds):
         buf.add_batch(tf.nest.map_structure(
@@ -318,7 +373,7 @@ def test_python_iteration_gives_tf_data_s_own_elements(kwargs):
     it = iter(fast_buf.as_dataset(**kwargs))
     assert it._pull is not None
     fast = list(itertools.islice(it, 7))
-    generic = list(itertools.islice(generic_buf.as_dataset(**kwargs)._tf_iterator(), 7))
+    generic = list(itertools.islice(generic_buf.as_dataset(**kwargs).tf_iterator(), 7))
     assert len(fast) == len(generic) > 0
     for a, b in zip(fast, generic):
         same_elements(a, b)
@@ -377,7 +432,7 @@ def test_gather_all_matches_numpy_at_every_fill_and_wrap():
         tf_buf.add_batch(step)
         np_buf.add_batch(step)
     spec = tensor_spec()  # leaves of rank 1 and 2
-    buf = rb.UniformReplayBuffer(spec, 2, 3, storage="tensorflow")
+    buf = TFUniformReplayBuffer(spec, 2, 3)
     for t in range(5):
         buf.add_batch(tf.nest.map_structure(lambda s, t=t: tf.fill([2] + s.shape, float(t)),
                                             spec))
@@ -430,8 +485,10 @@ def test_save_and_load_round_trip(tmp_path, adds):  # item 24 for the TF backend
     assert type(as_numpy) is rb.UniformReplayBuffer
     np.testing.assert_array_equal(as_numpy.gather_all(), to_np(buf.gather_all()))
     as_numpy.save(tmp_path / "np")
+    # A UniformReplayBuffer's save on tensorflow storage is a UniformReplayBuffer there
+    # (the class UniformReplayBuffer(storage="tensorflow") builds).
     back = rb.load(tmp_path / "np", storage="tensorflow")
-    assert type(back) is TFUniformReplayBuffer
+    assert type(back) is rb.UniformReplayBuffer and isinstance(back.store, TFStorage)
     np.testing.assert_array_equal(to_np(back.gather_all()), to_np(buf.gather_all()))
 
 

@@ -22,10 +22,12 @@ class UniformReplayBuffer(ReplayBuffer):
         batch_size: rows (parallel environments); each add has this leading dim.
         max_length: steps kept per row.
         storage: ``"numpy"`` returns numpy arrays; ``"torch"`` returns tensors on ``device``;
-            ``"tensorflow"`` builds a :class:`replaybuffer.tf.TFUniformReplayBuffer`
-            (state in TensorFlow variables, usable inside ``tf.function``, datasets
-            are ``tf.data``; with ``track_episodes`` the ring stays in Python instead
-            and the buffer is eager-only).
+            ``"tensorflow"`` keeps the data in TensorFlow variables and returns
+            ``tf.Tensor`` s, with the ring in Python (eager use only; datasets are this
+            library's Python iterators). This is always this class: for a buffer whose
+            whole state is TensorFlow's, usable inside ``tf.function``, with ``tf.data``
+            datasets, name :class:`replaybuffer.tf.TFUniformReplayBuffer` (earlier
+            versions built that class here in place of this one).
         device: torch device for ``storage="torch"``; TensorFlow device for
             ``storage="tensorflow"``.
         seed: seeds sampling, making ``get_next`` and ``as_dataset`` reproducible.
@@ -46,20 +48,6 @@ class UniformReplayBuffer(ReplayBuffer):
         >>> items.shape, info.probabilities.tolist()
         ((4, 3), [0.5, 0.5, 0.5, 0.5])
     """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "UniformReplayBuffer":
-        # storage="tensorflow" keeps the ring in TF state: a class of its own, imported
-        # (with tensorflow) only here. Episode tracking and frame stacks need the Python
-        # ring, so those buffers keep this class with tensorflow storage.
-        if (cls is UniformReplayBuffer and kwargs.get("storage") == "tensorflow"
-                and not kwargs.get("track_episodes") and kwargs.get("frame_stack") is None):
-            try:
-                from replaybuffer.tf.buffer import TFUniformReplayBuffer
-            except ImportError as exc:
-                raise ImportError("storage='tensorflow' needs TensorFlow: pip install "
-                                  "'replaybuffer[tensorflow]'") from exc
-            return super().__new__(TFUniformReplayBuffer)
-        return super().__new__(cls)
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,

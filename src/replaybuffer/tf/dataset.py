@@ -68,7 +68,9 @@ def flat_unpacker(element_spec: Any, build: Callable[[list[Any]], Any], count: i
     order: list[int] = []
     for marker, spec in zip(markers, specs):
         if marker is None:
-            if spec._flat_tensor_specs:  # a None must be a component without tensors
+            # A None must be a component without tensors (the public view of its
+            # flat tensor specs: its components, expanded).
+            if tf.nest.flatten(spec, expand_composites=True):
                 return None
         elif type(spec) is tf.TensorSpec:
             order.append(marker)
@@ -98,17 +100,26 @@ class ReplayDataset(tf.data.Dataset):  # type: ignore[misc]  # TensorFlow is unt
         build, count: how an element is made from its ``count`` tensors (see
             :func:`flat_unpacker`); without them Python iteration uses ``tf.data``'s
             own iterator.
+
+    Attributes:
+        restart_on_error: as the argument.
+        unpack_flat: the element from the iterator's flat tensors (``None``: use
+            ``tf.data``'s own restructuring).
+        flat_count: how many flat tensors an element has.
     """
 
     def __init__(self, dataset: tf.data.Dataset, restart_on_error: bool,
                  build: Callable[[list[Any]], Any] | None = None, count: int = 0):
         self._dataset = dataset
-        self._restart_on_error = restart_on_error
+        self.restart_on_error = restart_on_error
         self._build = build
-        super().__init__(dataset._variant_tensor)
-        self._unpack = None if build is None else flat_unpacker(self.element_spec, build,
-                                                                count)
-        self._count = count
+        # tf.data.Dataset's constructor takes the pipeline's variant tensor, which
+        # TensorFlow offers no public accessor for (its own wrapping datasets read it
+        # the same way).
+        super().__init__(dataset._variant_tensor)  # noqa: SLF001
+        self.unpack_flat = None if build is None else flat_unpacker(self.element_spec,
+                                                                    build, count)
+        self.flat_count = count
 
     def _inputs(self) -> list[tf.data.Dataset]:
         return [self._dataset]
@@ -122,14 +133,16 @@ class ReplayDataset(tf.data.Dataset):  # type: ignore[misc]  # TensorFlow is unt
         elements, this class's iterator and errors), as TF-Agents' tutorials write
         ``as_dataset(...).prefetch(3)``."""
         return ReplayDataset(super().prefetch(buffer_size, name=name),
-                             self._restart_on_error, self._build, self._count)
+                             self.restart_on_error, self._build, self.flat_count)
 
     def __iter__(self) -> Any:
         if not tf.executing_eagerly():  # inside tf.function: TensorFlow's own iterator
             return super().__iter__()
         return ReplayIterator(self)
 
-    def _tf_iterator(self) -> Any:
+    def tf_iterator(self) -> Any:
+        """TensorFlow's own iterator over this dataset (no :class:`ReplayIterator`
+        behaviour: errors are TensorFlow's, elements restructured by ``tf.data``)."""
         return super().__iter__()
 
     def to_torch(self) -> Any:
@@ -151,9 +164,9 @@ class ReplayIterator:
         self._start()
 
     def _start(self) -> None:
-        self._iterator = self._dataset._tf_iterator()
-        self._pull = _direct_pull(self._iterator, self._dataset._unpack,
-                                  self._dataset._count)
+        self._iterator = self._dataset.tf_iterator()
+        self._pull = _direct_pull(self._iterator, self._dataset.unpack_flat,
+                                  self._dataset.flat_count)
 
     @property
     def element_spec(self) -> Any:
@@ -175,7 +188,7 @@ class ReplayIterator:
             error = translate_error(exc)
             if error is None:
                 raise
-            if self._dataset._restart_on_error:
+            if self._dataset.restart_on_error:
                 self._iterator = None  # elements sampled ahead saw the empty buffer too
             else:
                 self.close()

@@ -1,0 +1,95 @@
+"""Checkpoints of the TensorFlow buffer: its state read out and written back.
+
+Checkpoints hold the stored slots in the numpy storage's slot-major order (``[slots,
+B]`` flattened), so that every backend loads them; the TensorFlow storage is row-major
+(:mod:`replaybuffer.tf.ring`), so both directions reorder. The variables are copied to
+the host whole: TensorFlow writes them inside its own graphs, where no copy-on-write
+hook can run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from replaybuffer.sampling.ring import items_per_row
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.frozen import FrozenRows, static_rows
+from replaybuffer.tf import ring
+from replaybuffer.tf.compiled import CompiledFunction
+from replaybuffer.tf.state import TFRingState
+
+#: A checkpoint stream's target: the specs of its arrays, how many rows it holds, and
+#: ``write(start, arrays)`` that stores rows ``[start, start + n)``.
+StreamTarget = tuple[tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]
+
+
+class TFCheckpoint:
+    """Reads a :class:`~replaybuffer.tf.state.TFRingState` out for a save and writes a
+    save back into it.
+
+    Args:
+        state: the buffer's TensorFlow state.
+        paths: the leaves' paths in the data spec (for the frozen rows' names).
+    """
+
+    def __init__(self, state: TFRingState, paths: Any):
+        self._state = state
+        self._paths = paths
+        self._read = CompiledFunction(self._snapshot_graph, [])
+
+    def _snapshot_graph(self) -> Any:
+        state = self._state
+        B, L = state.batch_size, state.max_length
+
+        def body() -> Any:
+            last_id = state.last_id.read_value()
+            slots = ring.items_per_row(last_id, L)
+            arrays = []
+            for var, spec in zip(state.storage.arrays, state.specs):
+                rows = tf.reshape(var.read_value(), (B, L) + spec.shape)[:, :slots]
+                slot_major = tf.transpose(rows, [1, 0, *range(2, 2 + len(spec.shape))])
+                arrays.append(tf.reshape(slot_major, (-1,) + spec.shape))
+            return last_id, state.sampler.generator.state.read_value(), arrays
+        return state.critical_section.execute(body)
+
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
+        """``(state, streams)`` for persistence, read atomically in one graph call:
+        ``{"last_id": int, "sampler": ...}`` and ``{"leaves": rows}``, the rows
+        ``[items_per_row * batch_size, *spec.shape]`` per leaf in slot-major order."""
+        last_id, rng_state, arrays = self._read()
+        sampler = self._state.sampler.state_dict(rng_state.numpy())
+        leaves = static_rows([a.numpy() for a in arrays], self._state.storage.specs,
+                             self._paths)
+        return {"last_id": int(last_id), "sampler": sampler}, {"leaves": leaves}
+
+    def stream_targets(self, saved: dict[str, Any]) -> dict[str, StreamTarget]:
+        """Where a save's ``"leaves"`` stream goes: all retained slots of ``saved``."""
+        state = self._state
+        count = items_per_row(int(saved["last_id"]), state.max_length) * state.batch_size
+        return {"leaves": (state.storage.specs, count, self.load_slot_major)}
+
+    def load_slot_major(self, start: int, arrays: list[np.ndarray]) -> None:
+        """Write ``arrays`` (``[n, *spec.shape]`` per leaf) at the slot-major positions
+        ``[start, start + n)`` of a checkpoint, in bounded chunks (sources may be
+        read-only memory maps)."""
+        state = self._state
+        count = len(arrays[0]) if arrays else 0
+        step = max(1, (64 << 20) // max(1, sum(a[:1].nbytes for a in arrays)))
+        for i in range(0, count, step):
+            n = min(step, count - i)
+            slot_major = np.arange(start + i, start + i + n, dtype=np.int64)
+            positions = ring.slot_major_to_positions(slot_major, state.max_length,
+                                                     state.batch_size)
+            state.storage.scatter(tf.constant(positions),
+                                  [tf.constant(np.array(a[i:i + n])) for a in arrays])
+
+    def restore(self, saved: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        """Set ``last_id`` and the generator from ``saved`` (a :meth:`snapshot` state)
+        and, when given, the data from ``arrays`` (slot-major, as :meth:`snapshot`)."""
+        if arrays is not None:
+            self.load_slot_major(0, arrays)
+        self._state.last_id.assign(int(saved["last_id"]))
+        self._state.sampler.load_state_dict(saved["sampler"])
