@@ -20,8 +20,9 @@ try:
         STORAGES.append("torch-cuda")
 except ImportError:  # torch is a test dependency; this only guards odd installs
     torch = None
-# "tensorflow" is UniformReplayBuffer's TensorFlow backend (replaybuffer.tf), and
-# tensorflow storage under the other buffer classes; an optional extra.
+# "tensorflow" is tensorflow storage (the Python ring over TF variables) under every
+# buffer class; the TF-graph buffer, replaybuffer.tf.TFUniformReplayBuffer, is named by
+# the tests that test it. An optional extra.
 HAVE_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 STORAGES.append("tensorflow")
 

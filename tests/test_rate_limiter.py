@@ -235,7 +235,10 @@ def test_detaching_stops_the_pacing():
 
 
 def test_tensorflow_buffers_refuse_a_limiter():
-    buf = rb.UniformReplayBuffer(SPEC, 1, 10, storage="tensorflow")
+    pytest.importorskip("tensorflow")
+    from replaybuffer.tf import TFUniformReplayBuffer
+
+    buf = TFUniformReplayBuffer(SPEC, 1, 10)
     with pytest.raises(ValueError, match="inside graphs"):
         buf.rate_limiter = rb.MinSize(1)
     assert buf.rate_limiter is None

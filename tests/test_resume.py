@@ -315,8 +315,7 @@ def test_tensorflow_buffer_resumes_exactly():
     # the script: a tf.data pipeline per call would cost seconds of tracing.
     from replaybuffer.compat.tf_agents import TFUniformReplayBuffer
 
-    case = Case(lambda seed: rb.UniformReplayBuffer(RING_SPEC, 2, 6, storage="tensorflow",
-                                                    seed=seed),
+    case = Case(lambda seed: TFUniformReplayBuffer(RING_SPEC, 2, 6, seed=seed),
                 ring_script(2, datasets=False), play_ring, before=60, after=40)
     assert TFUniformReplayBuffer is type(case.make(0))
     check_resume(case, 5)
