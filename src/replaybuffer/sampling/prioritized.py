@@ -154,11 +154,11 @@ class PrioritizedSampler:
             except OverflowError:
                 largest = math.inf
         if largest < _FINITE:
-            self._sum._assign(positions, scaled, largest)
+            self._sum.assign(positions, scaled, largest)
         else:  # priority ** alpha may have overflowed: the checked update reports it
             self._sum.update(positions, scaled)
         if self._min is not None:
-            self._min._assign(positions, np.where(scaled > 0, scaled, np.inf))
+            self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
         if self._outside is not None:
             self._outside.touch(positions)
 
@@ -213,7 +213,7 @@ class PrioritizedSampler:
             return 0.0
         hi = ring.valid_start_range(num_steps)[1]
         outside = (ring.last_id + 1 - hi) * ring.batch_size
-        excluded = _cyclic_sum(self._sum._slots, (hi % ring.max_length) * ring.batch_size,
+        excluded = _cyclic_sum(self._sum.leaves, (hi % ring.max_length) * ring.batch_size,
                                outside, ring.capacity) if outside else 0.0
         return max(0.0, self._sum.total() - excluded)
 
@@ -230,7 +230,7 @@ class PrioritizedSampler:
         else:
             positions, ids, valid_mass = self._draw_within(ring, sample_batch_size,
                                                            num_steps, rng, episodes)
-            values = self._sum._slots[positions]
+            values = self._sum.leaves[positions]
         # Divisions in float64, each rounded once to the float32 result, and the power in
         # float32 (the result is float32 anyway, and float32's power is cheaper). The
         # weight is (v_min / v) ** beta: a ratio <= 1 cannot overflow float32, stays
@@ -263,7 +263,7 @@ class PrioritizedSampler:
         total = self._sum.total()
         # The only mass outside the range: the newest num_steps - 1 steps of each row.
         outside = (ring.last_id + 1 - hi) * B
-        excluded = _cyclic_sum(self._sum._slots, (hi % L) * B, outside, cap) if outside else 0.0
+        excluded = _cyclic_sum(self._sum.leaves, (hi % L) * B, outside, cap) if outside else 0.0
         segments = None
         if excluded <= 0.5 * total:
             valid_mass = total - excluded  # loses at most a bit or two to cancellation
@@ -301,7 +301,7 @@ class PrioritizedSampler:
         Returns ``(positions, ids, values)`` (int64, int64, float64), fewer than
         ``count`` only after :data:`_ROUNDS` short rounds (practically never).
         """
-        slots = self._sum._slots
+        slots = self._sum.leaves
         B, L, cap = ring.batch_size, ring.max_length, ring.capacity
         first = (lo % L) * B
         # Offsets are floor(u * span) for u uniform in [0, 1). With span itself the
@@ -347,7 +347,7 @@ class PrioritizedSampler:
         ends = [first, min(first + span, cap)]
         if first + span > cap:  # the range wraps past the last position
             ends += [0, first + span - cap]
-        bounds = self._sum._prefix_sum(np.array(ends, np.int64))
+        bounds = self._sum.sums_before(np.array(ends, np.int64))
         return bounds[0::2], bounds[1::2] - bounds[0::2]
 
     def _draw_descending(self, ring: Ring, count: int, rng: np.random.Generator,
@@ -382,7 +382,7 @@ class PrioritizedSampler:
             else:
                 starts, masses = spans
                 targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
-            positions, values = self._sum._find(targets)
+            positions, values = self._sum.find(targets)
             ids = self._ids_of(ring, positions)
             if ids.max() < hi:  # one reduction for the usual all-valid batch
                 return positions, ids, values
