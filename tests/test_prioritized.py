@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import replaybuffer as rb
 from conftest import to_np
+from replaybuffer.sampling import prioritized
 
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {3: 16.27, 7: 24.32, 9: 27.88, 15: 37.70}
@@ -286,14 +287,13 @@ def test_plain_tuples_of_ids():
 
 
 # --------------------------------------------------------------------- the two draws
-def test_the_draw_follows_the_acceptance_rate():
+def test_the_draw_follows_the_acceptance_rate(monkeypatch):
     """Rejection while a candidate is kept often enough, descent once a few priorities
     dwarf the rest; a large buffer (whose tree has levels below the wide root), both."""
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 1, 20_000, seed=3)
     buf.extend(np.arange(20_000)[None])
-    sampler = buf._sampler
     calls = {"rejection": 0, "descent": 0}
-    rejecting, descending = sampler._draw_rejecting, sampler._draw_descending
+    rejecting, descending = prioritized.draw_rejecting, prioritized.draw_descending
 
     def count_rejecting(*args):
         calls["rejection"] += 1
@@ -303,7 +303,8 @@ def test_the_draw_follows_the_acceptance_rate():
         calls["descent"] += 1
         return descending(*args)
 
-    sampler._draw_rejecting, sampler._draw_descending = count_rejecting, count_descending
+    monkeypatch.setattr(prioritized, "draw_rejecting", count_rejecting)
+    monkeypatch.setattr(prioritized, "draw_descending", count_descending)
     rng = np.random.default_rng(0)
     priorities = rng.random(20_000) + 0.1
     buf.update_priorities(np.arange(20_000), priorities)
