@@ -247,6 +247,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
+        """The host sampler's state, its priorities read from the device, and the
+        device generator's state (uint8 ``[n]``)."""
         state = super().state_dict()  # the host trees are unused: priorities from ours
         # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
         state["priorities"] = self._tree.leaves.cpu().numpy().copy()
@@ -254,6 +256,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (or a host sampler's): the priorities go to
+        the device, and later draws are the original's."""
         super().load_state_dict(state)  # checks the shape, restores the host bookkeeping
         leaves = torch.from_numpy(np.array(state["priorities"], np.float64)).to(self.device)
         self._tree.load(leaves)
