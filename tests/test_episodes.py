@@ -338,10 +338,10 @@ def test_the_outside_mass_follows_priorities_loaded_into_the_sampler():
 def test_prioritized_within_episodes_draws_follow_the_priorities(accept_rounds, monkeypatch):
     """Empirical frequencies of 40,000 draws against ``p / valid mass`` (chi-square, a
     fixed seed), by rejection and by the enumerating fallback."""
-    from replaybuffer.sampling import prioritized
+    from replaybuffer.sampling import episode_draws
 
     if accept_rounds == "fallback":
-        monkeypatch.setattr(prioritized, "_ROUNDS", 0)
+        monkeypatch.setattr(episode_draws, "ROUNDS", 0)
     types = steps_of([3, 1, 4, 2, 5])
     buf = filled("prioritized", types, batch_size=2, alpha=1.0)
     n = len(types)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import replaybuffer as rb
 from conftest import to_np
+from replaybuffer.sampling import prioritized
 
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {3: 16.27, 7: 24.32, 9: 27.88, 15: 37.70}
@@ -286,14 +287,13 @@ def test_plain_tuples_of_ids():
 
 
 # --------------------------------------------------------------------- the two draws
-def test_the_draw_follows_the_acceptance_rate():
+def test_the_draw_follows_the_acceptance_rate(monkeypatch):
     """Rejection while a candidate is kept often enough, descent once a few priorities
     dwarf the rest; a large buffer (whose tree has levels below the wide root), both."""
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 1, 20_000, seed=3)
     buf.extend(np.arange(20_000)[None])
-    sampler = buf._sampler
     calls = {"rejection": 0, "descent": 0}
-    rejecting, descending = sampler._draw_rejecting, sampler._draw_descending
+    rejecting, descending = prioritized.draw_rejecting, prioritized.draw_descending
 
     def count_rejecting(*args):
         calls["rejection"] += 1
@@ -303,7 +303,8 @@ def test_the_draw_follows_the_acceptance_rate():
         calls["descent"] += 1
         return descending(*args)
 
-    sampler._draw_rejecting, sampler._draw_descending = count_rejecting, count_descending
+    monkeypatch.setattr(prioritized, "draw_rejecting", count_rejecting)
+    monkeypatch.setattr(prioritized, "draw_descending", count_descending)
     rng = np.random.default_rng(0)
     priorities = rng.random(20_000) + 0.1
     buf.update_priorities(np.arange(20_000), priorities)
@@ -396,3 +397,59 @@ def test_weights_over_a_huge_range_of_priorities(normalize):
     # The batch's smallest value is 1e300: weight 1; against the buffer's smallest,
     # 1e-300, the weight is 1e-600, 0 in float32 (and in float64).
     assert (w == (1.0 if normalize == "batch" else 0.0)).all()
+
+
+# ------------------------------------------------- the sampler's pieces, on plain numbers
+def test_the_beta_schedule_anneals_linearly_then_holds():
+    from replaybuffer.sampling.beta_schedule import annealed_beta
+
+    assert annealed_beta(0.4, None, 100, 50) == 0.4
+    assert annealed_beta(0.4, 1.0, 0, 50) == 0.4
+    assert annealed_beta(0.4, 1.0, 100, 0) == 0.4
+    assert annealed_beta(0.4, 1.0, 100, 50) == pytest.approx(0.7)
+    assert annealed_beta(0.4, 1.0, 100, 100) == annealed_beta(0.4, 1.0, 100, 10_000) == 1.0
+
+
+def test_item_ids_map_back_to_the_ring_positions_and_drop_stale_ones():
+    from replaybuffer.sampling.item_ids import ids_at, live_positions, to_item_ids
+    from replaybuffer.sampling.ring import Ring
+
+    for batch_size, max_length, last_id, key_base in ((1, 5, 2, 0), (1, 5, 12, 7),
+                                                      (3, 4, 9, 0), (3, 4, 9, 11)):
+        ring = Ring(batch_size, max_length)
+        ring.last_id = last_id
+        ids = np.repeat(np.arange(ring.oldest_id, last_id + 1), batch_size)
+        rows = np.tile(np.arange(batch_size), len(ids) // batch_size)
+        positions = ring.positions(ids, rows)
+        assert ids_at(ring, positions).tolist() == ids.tolist()
+        items = to_item_ids(ring, key_base, ids, positions)
+        assert items.tolist() == ((key_base + ids) * batch_size + rows).tolist()
+        stale = np.array([-1, (key_base + ring.oldest_id) * batch_size - 1,
+                          (key_base + last_id + 1) * batch_size], np.int64)
+        live, found = live_positions(ring, key_base, np.concatenate([items, stale]))
+        assert live.tolist() == [True] * len(items) + [False] * 3
+        assert found.tolist() == positions.tolist()
+
+
+def test_priority_scale_and_its_bound():
+    from replaybuffer.sampling.priority_scale import scale, scaled_bound
+
+    p = np.array([0.0, 0.25, 1.0, 9.0])
+    scaled, bound = scale(p, 0.5, 9.0)
+    assert scaled.tolist() == [0.0, 0.5, 1.0, 3.0] and 3.0 <= bound < 3.0 * (1 + 1e-11)
+    assert scale(p, 1.0, 9.0)[0] is p and scale(p, 1.0, 9.0)[1] == 9.0
+    assert scale(p, 0.0, 9.0)[0].tolist() == [0.0, 1.0, 1.0, 1.0]  # 0 stays unsampled
+    assert scaled_bound(4.0, 0.5, 0.0) >= 2.0 and scaled_bound(4.0, 0.5, 5.0) >= 5.0
+    assert scaled_bound(1e300, 2.0, 0.0) == float("inf")
+
+
+def test_the_valid_range_mass_wraps_and_rejection_pools_fill_a_batch():
+    from replaybuffer.sampling.priority_range import cyclic_sum
+    from replaybuffer.sampling.rejection import POOL_MAX, pool_size
+
+    values = np.arange(10, dtype=np.float64)
+    assert cyclic_sum(values, 3, 1, 10) == 3.0
+    assert cyclic_sum(values, 8, 4, 10) == 8 + 9 + 0 + 1
+    assert cyclic_sum(values, 0, 10, 10) == values.sum()
+    assert pool_size(256, 1.0) >= 256 and pool_size(256, 0.25) >= 4 * 256
+    assert pool_size(10**9, 1e-3) == POOL_MAX

@@ -439,7 +439,7 @@ def test_row_heights_and_stale_levels_between_them(capacity, row_heights):
     assert same_bits(sums.nodes, reference_nodes(model, np.add, 0.0))
 
 
-def test_internal_assign_and_find_match_the_checked_calls():
+def test_unchecked_assign_and_find_match_the_checked_calls():
     rng = np.random.default_rng(5)
     capacity = 3 * TOTAL_WIDTH + 5
     checked, unchecked = SumTree(capacity), SumTree(capacity)
@@ -447,16 +447,16 @@ def test_internal_assign_and_find_match_the_checked_calls():
         slots = rng.integers(0, capacity, k)
         values = rng.random(k) * (rng.random(k) < 0.9)
         checked.update(slots, values)
-        unchecked._assign(slots, values, float(values.max()))
+        unchecked.assign(slots, values, float(values.max()))
         assert same_bits(unchecked.nodes, checked.nodes)
         assert same_bits(unchecked.total(), checked.total())
     targets = rng.random(300) * checked.total()
-    found, values = unchecked._find(targets)
+    found, values = unchecked.find(targets)
     assert found.tolist() == checked.find_prefix(targets).tolist()
     assert same_bits(values, checked.get(found)) and (values > 0.0).all()
     # A bound that cannot rule out an overflow takes the path that can roll back.
     with pytest.raises(ValueError, match="expected a finite total priority"):
-        unchecked._assign(np.array([0, 1]), np.array([1e308, 1e308]), 1e308)
+        unchecked.assign(np.array([0, 1]), np.array([1e308, 1e308]), 1e308)
     assert same_bits(unchecked.nodes, checked.nodes)
 
 

@@ -138,7 +138,7 @@ def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, ke
     """The compiled item-id-to-position map of ``update_priorities``: all live ids map
     to the ring's positions, and any stale or negative id makes it report not all
     live (the numpy path then drops those)."""
-    from replaybuffer.sampling import prioritized
+    from replaybuffer.sampling import item_ids
     from replaybuffer.sampling.ring import Ring
 
     ring = Ring(batch_size, max_length)
@@ -148,7 +148,7 @@ def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, ke
     hi_item = (key_base + ring.last_id + 1) * batch_size - 1
     items = np.array(data.draw(st.lists(st.integers(lo_item, hi_item), min_size=1,
                                         max_size=20)), np.int64)
-    positions, live = prioritized._live_positions(items, key_base, batch_size, oldest,
+    positions, live = item_ids.all_live_positions(items, key_base, batch_size, oldest,
                                                   ring.last_id, max_length)
     assert live
     steps = items // batch_size - key_base
@@ -156,5 +156,5 @@ def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, ke
     # Each below the oldest live item id, above the newest, or negative.
     stale = data.draw(st.sampled_from([-1, lo_item - 1, hi_item + 1, -batch_size]))
     items[data.draw(st.integers(0, len(items) - 1))] = stale
-    assert not prioritized._live_positions(items, key_base, batch_size, oldest,
+    assert not item_ids.all_live_positions(items, key_base, batch_size, oldest,
                                            ring.last_id, max_length)[1]

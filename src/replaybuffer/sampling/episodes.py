@@ -26,6 +26,8 @@ state (``O(B T)``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from replaybuffer.errors import EmptyBufferError
@@ -184,17 +186,37 @@ class EpisodeIndex:
             self._keys = keys[keys % _ROW >= oldest_id]
 
     def clear(self) -> None:
+        """Forget every start (the buffer was emptied)."""
         self._keys = np.zeros(0, np.int64)
         self._new.clear()
         self._interior = None
         self._segments = None
 
+    # ------------------------------------------------------------- persistence
+    # Checkpointable: state_dict/load_state_dict, as every sampler. The buffer saves the
+    # compact form instead, state(ring): only the starts the ring still holds, which
+    # needs the ring (a state_dict takes no arguments). load() reads either.
+    def state_dict(self) -> dict[str, Any]:
+        """``{"starts": int64 [E]}``: every recorded start as a key (``row * 2**40 +
+        id``), sorted, a copy; starts the ring has evicted may be among them until
+        they are next merged away (they change no result)."""
+        keys = np.concatenate([self._keys, *self._new]) if self._new else self._keys
+        return {"starts": np.sort(keys, kind="stable")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: every later call answers as the original's
+        would (the caches are rebuilt from the starts)."""
+        self.load(state["starts"])
+
     def state(self, ring: Ring) -> np.ndarray:
-        """The retained episode starts as int64 keys, for saving."""
+        """The starts ``ring`` retains, int64 keys ``[E]`` (``row * 2**40 + id``, sorted;
+        a copy): the compact form a buffer's checkpoint holds."""
         keys: np.ndarray = self._current(ring).keys.copy()
         return keys
 
     def load(self, keys: np.ndarray) -> None:
+        """Replace the starts by ``keys`` (int64 ``[E]``, from :meth:`state` or a
+        :meth:`state_dict`'s ``"starts"``)."""
         self.clear()
         self._keys = np.asarray(keys, np.int64)
 

@@ -75,10 +75,12 @@ class FIFOSampler:
         self.next_start, self.next_row = 0, 0
 
     def state_dict(self) -> dict[str, Any]:
+        """The read cursor and the count of dropped steps, ints."""
         return {"next_start": self.next_start, "next_row": self.next_row,
                 "dropped": self.dropped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: later reads are the original's."""
         self.next_start = int(state["next_start"])
         self.next_row = int(state["next_row"])
         self.dropped = int(state["dropped"])

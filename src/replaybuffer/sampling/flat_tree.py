@@ -1,6 +1,6 @@
 """Sum and min trees in one flat float64 array, as pure functions.
 
-:class:`~replaybuffer.sampling.segment_tree.SumTree` keeps bookkeeping in Python
+:class:`~replaybuffer.sampling.trees.sum_tree.SumTree` keeps bookkeeping in Python
 attributes (lazily recomputed levels), so it cannot be shared between processes. These
 functions keep *everything* in the array they are given, which may live in memory
 shared by processes (:mod:`replaybuffer.distributed.shared`); callers serialise updates

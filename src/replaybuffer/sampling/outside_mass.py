@@ -1,8 +1,8 @@
 """The priority mass of the steps that cannot start a window within one episode.
 
-Prioritized sampling within episodes (:meth:`PrioritizedSampler._draw_within
-<replaybuffer.sampling.prioritized.PrioritizedSampler>`) needs the valid mass, the sum
-tree's total less the mass of the *outside* steps: the last ``T - 1`` steps of every
+Prioritized sampling within episodes
+(:func:`replaybuffer.sampling.episode_draws.draw_within`) needs the valid mass, the
+sum tree's total less the mass of the *outside* steps: the last ``T - 1`` steps of every
 segment (:mod:`replaybuffer.sampling.episodes`). Summing them all on every draw costs
 ``O(episodes * T)``. :meth:`EpisodeIndex.outside_parts
 <replaybuffer.sampling.episodes.EpisodeIndex.outside_parts>` splits them into the

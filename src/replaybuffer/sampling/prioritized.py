@@ -3,7 +3,7 @@
 Each storage position (one step of one row) has a priority ``p``; a window is drawn
 with probability ``p_start ** alpha / sum(p ** alpha)`` over the valid window starts,
 so with ``num_steps > 1`` the priority is that of the window's first step. A sum tree
-over positions (:mod:`replaybuffer.sampling.segment_tree`) keeps the total and the
+over positions (:mod:`replaybuffer.sampling.trees`) keeps the total and the
 prefix sums exact under ``O(K log N)`` updates.
 
 Validity without range queries: positions never written, or emptied by a clear, hold
@@ -20,15 +20,20 @@ Two exact ways to draw, chosen per call:
   candidates are exactly proportional draws, in the order drawn. A batch costs a dozen
   numpy calls over about ``K / a`` candidates, ``a = valid_mass / (range * bound)``
   being the chance of keeping one, against about five calls per tree level for a
-  descent; it is used while ``a >= 1/4``.
+  descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`).
 - Descent: targets drawn uniformly inside the range's share of the prefix sums, found
-  in the sum tree. Used when a few high priorities make ``a`` small.
+  in the sum tree. Used when a few high priorities make ``a`` small
+  (:mod:`~replaybuffer.sampling.proportional_descent`).
+
+Within episodes (``episodes=``), draws are made among the windows inside one episode
+(:mod:`~replaybuffer.sampling.episode_draws`).
 
 Item ids: ``BufferInfo.ids`` of a prioritized buffer identify one step of one row,
 ``(base + id) * batch_size + row``, where ``id`` is the logical add id and ``base``
 counts the ids used before the last ``clear()``, so ids are never reused. For one row
 and no clear they equal TF-Agents' add ids. ``update_priorities`` maps an id back to
-its position and ignores ids whose step has been overwritten (stale ids).
+its position and ignores ids whose step has been overwritten (stale ids)
+(:mod:`~replaybuffer.sampling.item_ids`).
 
 Importance weights: ``w_i = (N * P(i)) ** -beta / max_w`` with ``N`` the steps stored.
 By default (``normalize="batch"``, as Dopamine does) ``max_w`` is the largest weight in
@@ -37,6 +42,11 @@ cancel, leaving ``w_i = (v_i / min_j v_j) ** -beta`` for the batch's ``v = p ** 
 With ``normalize="buffer"`` (as OpenAI baselines does) it is ``(N * P_min) ** -beta``
 for the smallest positive priority stored, so that the largest weight any stored step
 could get is 1; that needs a min tree, which doubles the cost of every priority update.
+``beta`` may be annealed over sample calls (:mod:`~replaybuffer.sampling.beta_schedule`).
+
+The sampler wires these pieces: it holds the trees, the pending priorities of new
+steps, the schedule's counters and the generator, and is
+:class:`~replaybuffer.protocols.Checkpointable` (restores are bit-exact).
 """
 
 from __future__ import annotations
@@ -46,39 +56,24 @@ from typing import Any
 
 import numpy as np
 
-from replaybuffer.errors import EmptyBufferError
-from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
+from replaybuffer.sampling.beta_schedule import annealed_beta
+from replaybuffer.sampling.episode_draws import draw_within
+from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.importance import probabilities_and_ratios
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.item_ids import all_live_positions, live_positions, to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
+from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
+from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
+from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
+from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
-from replaybuffer.sampling.segment_tree import MinTree, SumTree
+from replaybuffer.sampling.trees import MinTree, SumTree
+
+__all__ = ["ACCEPT_MIN", "PrioritizedSampler"]
 
 _FLUSH_AT = 4096  # pending new-step priorities applied in one tree update
-
-#: Draw by rejection while a uniform candidate is kept at least this often (module
-#: docstring). At 1/4 a batch of 256 takes about 1,200 candidates, still well under
-#: the cost of a descent through a tree of 1e5-1e6 slots.
-ACCEPT_MIN = 0.25
-
-#: Relative slack on the rejection bound: ``np.power`` (vectorised) and ``math.pow`` may
-#: round ``p ** alpha`` a few ulp (2 ** -52 each) apart.
-_BOUND_SLACK = 1.0 + 2.0 ** -40
-
-#: ``segments`` for :meth:`PrioritizedSampler._draw_descending`: the whole tree.
-_WHOLE: Any = (None, None)
-
-#: Below the largest float by more than any slack used here.
-_FINITE = 1e307
-
-#: The most candidates in one round (a bound on memory when few are kept).
-_POOL_MAX = 1 << 20
-
-#: Rounds of rejection before the rest of a batch is drawn by descent. Each round's pool
-#: is sized to fill the batch with probability ~99%, so a second round is rare and a
-#: sixteenth unheard of.
-_ROUNDS = 16
 
 
 class PrioritizedSampler:
@@ -90,6 +85,8 @@ class PrioritizedSampler:
         beta: importance-sampling exponent in [0, 1]; annealed linearly to
             ``beta_final`` over ``beta_steps`` sample calls when those are given.
         seed: seed of the generator.
+        normalize: ``"batch"`` or ``"buffer"``: what the importance weights are
+            divided by (module docstring).
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
@@ -133,44 +130,25 @@ class PrioritizedSampler:
         """The importance-sampling exponent for the next sample call."""
         if self.beta_final is None or self.beta_steps == 0:
             return self.beta_start
-        frac = min(1.0, self.sample_calls / self.beta_steps)
-        return self.beta_start + frac * (self.beta_final - self.beta_start)
+        return annealed_beta(self.beta_start, self.beta_final, self.beta_steps,
+                             self.sample_calls)
 
     # ------------------------------------------------------------------- trees
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
         """Store raw priorities (float64 ``[K]``, ``K >= 1``, checked: finite and >= 0)
         at positions (int64 ``[K]``, in range); ``largest`` is ``priorities.max()``."""
-        if self.alpha == 1.0:
-            scaled = priorities
-        elif self.alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
-            scaled = np.where(priorities > 0, 1.0, 0.0)
-            largest = 1.0
-        else:
-            scaled = np.power(priorities, self.alpha)
-            # A bound of scaled.max() without another pass over it (math.pow and the
-            # vectorised np.power round a few ulp apart, far inside the slack).
-            try:
-                largest = math.pow(largest, self.alpha) * _BOUND_SLACK
-            except OverflowError:
-                largest = math.inf
-        if largest < _FINITE:
-            self._sum._assign(positions, scaled, largest)
+        scaled, largest = scale(priorities, self.alpha, largest)
+        if largest < FINITE:
+            self._sum.assign(positions, scaled, largest)
         else:  # priority ** alpha may have overflowed: the checked update reports it
             self._sum.update(positions, scaled)
         if self._min is not None:
-            self._min._assign(positions, np.where(scaled > 0, scaled, np.inf))
+            self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
         if self._outside is not None:
             self._outside.touch(positions)
 
-    def _bound(self) -> float:
-        """An upper bound of every stored ``priority ** alpha`` (``inf`` if unknown)."""
-        try:
-            top = math.pow(self.max_priority, self.alpha)
-        except OverflowError:
-            return math.inf
-        return max(top, self._floor) * _BOUND_SLACK
-
     def _flush(self) -> None:
+        """Apply the pending priorities of new steps (:meth:`on_add`) to the trees."""
         if not self._pending:
             return
         positions = np.concatenate([p for p, _ in self._pending])
@@ -213,14 +191,17 @@ class PrioritizedSampler:
             return 0.0
         hi = ring.valid_start_range(num_steps)[1]
         outside = (ring.last_id + 1 - hi) * ring.batch_size
-        excluded = _cyclic_sum(self._sum._slots, (hi % ring.max_length) * ring.batch_size,
-                               outside, ring.capacity) if outside else 0.0
+        excluded = cyclic_sum(self._sum.leaves, (hi % ring.max_length) * ring.batch_size,
+                              outside, ring.capacity) if outside else 0.0
         return max(0.0, self._sum.total() - excluded)
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        """Draw ``sample_batch_size`` window starts in proportion to ``priority ** alpha``
+        (:class:`~replaybuffer.sampling.sampler.Sampler`), with float32 ``[S]``
+        ``"probabilities"`` and importance ``"weights"`` (module docstring)."""
         if self._pending:
             self._flush()
         rng = rng or self._rng
@@ -228,9 +209,12 @@ class PrioritizedSampler:
             positions, ids, values, valid_mass = self._draw_in_range(
                 ring, sample_batch_size, num_steps, rng)
         else:
-            positions, ids, valid_mass = self._draw_within(ring, sample_batch_size,
-                                                           num_steps, rng, episodes)
-            values = self._sum._slots[positions]
+            if self._outside is None:
+                self._outside = OutsideMass(self.capacity)
+            positions, ids, valid_mass = draw_within(self._sum, self._outside, ring,
+                                                     sample_batch_size, num_steps, rng,
+                                                     episodes)
+            values = self._sum.leaves[positions]
         # Divisions in float64, each rounded once to the float32 result, and the power in
         # float32 (the result is float32 anyway, and float32's power is cheaper). The
         # weight is (v_min / v) ** beta: a ratio <= 1 cannot overflow float32, stays
@@ -250,7 +234,8 @@ class PrioritizedSampler:
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
                        rng: np.random.Generator
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-        """Draw starts in proportion to priority among the valid window starts.
+        """Draw starts in proportion to priority among the valid window starts, by
+        rejection or by descent (module docstring).
 
         Returns ``(positions, ids, values, valid_mass)``: int64 ``[count]`` positions
         and logical ids, float64 ``[count]`` their ``priority ** alpha``, and the mass
@@ -260,221 +245,44 @@ class PrioritizedSampler:
         B, L, cap = ring.batch_size, ring.max_length, ring.capacity
         first = (lo % L) * B  # the valid starts: the cyclic range [first, first + span)
         span = (hi - lo) * B
-        total = self._sum.total()
+        tree = self._sum
+        total = tree.total()
         # The only mass outside the range: the newest num_steps - 1 steps of each row.
         outside = (ring.last_id + 1 - hi) * B
-        excluded = _cyclic_sum(self._sum._slots, (hi % L) * B, outside, cap) if outside else 0.0
+        excluded = cyclic_sum(tree.leaves, (hi % L) * B, outside, cap) if outside else 0.0
         segments = None
         if excluded <= 0.5 * total:
             valid_mass = total - excluded  # loses at most a bit or two to cancellation
         else:  # mostly outside: sum the range itself, with no cancellation
-            segments = self._segments(first, span, cap)
+            segments = range_segments(tree, first, span, cap)
             valid_mass = float(segments[1].sum())
-        self._require_mass(valid_mass, num_steps)
-        bound = self._bound()
+        require_mass(valid_mass, num_steps)
+        bound = scaled_bound(self.max_priority, self.alpha, self._floor)
         accept = valid_mass / (span * bound)
         drawn = None
         if accept >= self._accept_min and accept > 0.0:  # (0: no finite bound)
-            drawn = self._draw_rejecting(ring, rng, count, lo, span, bound, min(accept, 1.0))
+            drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
+                                   min(accept, 1.0))
         if drawn is None or len(drawn[0]) < count:  # descent, for all or the rest
             rest = count - (0 if drawn is None else len(drawn[0]))
             if segments is None and excluded * rest < 0.05 * total:
-                segments = _WHOLE  # targets in the whole tree, the few outside redrawn
-            more = self._draw_descending(ring, rest, rng, first, span, hi, segments)
+                segments = WHOLE  # targets in the whole tree, the few outside redrawn
+            more = draw_descending(tree, ring, rest, rng, first, span, hi, segments)
             drawn = more if drawn is None else (np.concatenate((drawn[0], more[0])),
                                                 np.concatenate((drawn[1], more[1])),
                                                 np.concatenate((drawn[2], more[2])))
         return (*drawn, valid_mass)
 
-    def _draw_rejecting(self, ring: Ring, rng: np.random.Generator, count: int, lo: int,
-                        span: int, bound: float, accept: float
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Up to ``count`` valid starts, in proportion to their values, by rejection.
-
-        The valid starts are the ``span`` steps-and-rows from id ``lo`` on (the cyclic
-        position range ``[first, first + span)`` in slot-major order). Each candidate is
-        uniform over them and kept with probability ``value / bound`` (``bound`` >= every
-        value), so each kept one is an exact proportional draw, independent of the
-        others; kept ones are returned in the order drawn. ``accept`` is the chance of
-        keeping a candidate, ``valid_mass / (span * bound)``.
-
-        Returns ``(positions, ids, values)`` (int64, int64, float64), fewer than
-        ``count`` only after :data:`_ROUNDS` short rounds (practically never).
-        """
-        slots = self._sum._slots
-        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
-        first = (lo % L) * B
-        # Offsets are floor(u * span) for u uniform in [0, 1). With span itself the
-        # product can round up to span (u = 1 - 2**-53, span a power of two); scaled by
-        # 1 - 2**-53 it stays below span, and the buckets change by 2**-53 relative.
-        scale = span * (1.0 - 2.0 ** -53)
-        kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        need = count
-        for _ in range(_ROUNDS):
-            n = _pool_size(need, accept)
-            u = rng.random(2 * n)
-            pick = u[:n]
-            pick *= scale
-            offset = pick.astype(np.int64)  # in [0, span)
-            if B == 1:  # the offset counts steps: the id is lo + offset
-                ids = offset
-                ids += lo
-                pos = ids % L if lo else ids  # ids below max_length are their positions
-            else:
-                ids = None
-                pos = offset
-                pos += first
-                if first + span > cap:  # the range wraps past the last position
-                    pos[pos >= cap] -= cap
-            vals = slots[pos]
-            # The first `need` kept (never a value of 0); indices gather faster than masks.
-            keep = (u[n:] * bound < vals).nonzero()[0][:need]
-            pos, vals = pos[keep], vals[keep]
-            ids = self._ids_of(ring, pos) if ids is None else ids[keep]
-            kept.append((pos, ids, vals))
-            need -= len(pos)
-            if not need:
-                break
-        if len(kept) == 1:
-            return kept[0]
-        positions, ids_kept, values = zip(*kept)
-        return np.concatenate(positions), np.concatenate(ids_kept), np.concatenate(values)
-
-    def _segments(self, first: int, span: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(starts, masses)``, float64 ``[S]``: the prefix sum before each of the
-        ``S <= 2`` position segments of the cyclic range ``[first, first + span)``, and
-        the segment's mass."""
-        ends = [first, min(first + span, cap)]
-        if first + span > cap:  # the range wraps past the last position
-            ends += [0, first + span - cap]
-        bounds = self._sum._prefix_sum(np.array(ends, np.int64))
-        return bounds[0::2], bounds[1::2] - bounds[0::2]
-
-    def _draw_descending(self, ring: Ring, count: int, rng: np.random.Generator,
-                         first: int, span: int, hi: int,
-                         segments: tuple[np.ndarray, np.ndarray] | None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``count`` starts of the cyclic position range ``[first, first + span)``, in
-        proportion to their values, by descent of the sum tree: targets are drawn
-        inside the range's share of the prefix sums, so this is exact however little
-        of the mass the range holds. ``hi`` bounds the ids of valid starts;
-        ``segments`` is :meth:`_segments` output if known, or :data:`_WHOLE` to draw
-        over the whole tree and redraw the starts outside the range (cheaper while the
-        range holds all but a sliver of the mass).
-
-        Returns ``(positions, ids, values)`` (int64, int64, float64 ``[count]``).
-        """
-        spans: tuple[np.ndarray, np.ndarray] | None  # (starts, masses)
-        if segments is _WHOLE:  # the whole tree: exact too, since starts outside it are
-            spans = None  # redrawn below, but rarely worth a prefix sum
-            mass = self._sum.total()
-        else:
-            spans = segments if segments is not None else \
-                self._segments(first, span, ring.capacity)
-            mass = float(spans[1].sum())
-        u = rng.random(count) * mass
-        # Rounding can land a target a hair outside the range: redraw those (rare).
-        for _ in range(100):
-            if spans is None:
-                targets = u
-            elif len(spans[0]) == 1:
-                targets = spans[0][0] + u
-            else:
-                starts, masses = spans
-                targets = np.where(u < masses[0], starts[0] + u, starts[-1] + u - masses[0])
-            positions, values = self._sum._find(targets)
-            ids = self._ids_of(ring, positions)
-            if ids.max() < hi:  # one reduction for the usual all-valid batch
-                return positions, ids, values
-            bad = ids >= hi
-            u[bad] = rng.random(int(bad.sum())) * mass
-        raise RuntimeError("prioritized sampling could not find valid windows")  # pragma: no cover
-
-    def _draw_within(self, ring: Ring, count: int, num_steps: int, rng: np.random.Generator,
-                     episodes: EpisodeIndex) -> tuple[np.ndarray, np.ndarray, float]:
-        """Draw starts in proportion to priority among windows inside one episode.
-
-        Rejection from the whole tree while it accepts often; otherwise the exact
-        distribution over the enumerated valid windows (``O(windows)``, a fallback).
-        The valid mass is the total less the outside steps' mass
-        (:mod:`~replaybuffer.sampling.outside_mass`: cached, ``O(B T)`` per call while
-        no episode starts come or go); it only picks the way and scales the
-        probabilities and sizes the pools, rejection itself never reads it.
-        """
-        leaves = self._sum.leaves
-        total = self._sum.total()
-        if episodes.count(ring, num_steps) == 0:
-            raise no_window_error(num_steps)
-        if self._outside is None:
-            self._outside = OutsideMass(self.capacity)
-        valid_mass = total - self._outside.get(ring, num_steps, episodes, leaves)
-        if valid_mass > 1e-3 * total:  # rejection accepts often enough (and is exact)
-            # Candidates from the whole tree, kept if they start a window within an
-            # episode (which they do with probability valid_mass / total): kept ones,
-            # in the order drawn, are exact draws. A pool sized to fill the batch in
-            # one round saves the second round (a descent and a check) that redrawing
-            # the few rejected ones took.
-            accept = min(valid_mass / total, 1.0)
-            kept: list[tuple[np.ndarray, np.ndarray]] = []
-            need = count
-            for _ in range(_ROUNDS):
-                positions = self._sum.find_prefix(rng.random(_pool_size(need, accept)) * total)
-                ids = self._ids_of(ring, positions)
-                keep = episodes.within(ring, ids, positions % ring.batch_size,
-                                       num_steps).nonzero()[0][:need]
-                kept.append((positions[keep], ids[keep]))
-                need -= len(keep)
-                if not need:
-                    if len(kept) == 1:
-                        return (*kept[0], valid_mass)
-                    return (np.concatenate([p for p, _ in kept]),
-                            np.concatenate([i for _, i in kept]), valid_mass)
-        # Little of the mass is valid (or rejection was unlucky): draw exactly from the
-        # enumerated valid windows, whose mass is summed directly, without cancellation.
-        firsts, lengths, rows = episodes.segments(ring)
-        per_segment = np.maximum(lengths - num_steps + 1, 0)
-        segment = np.repeat(np.arange(len(firsts)), per_segment)
-        offsets = np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment,
-                                                      per_segment)
-        valid_ids = firsts[segment] + offsets
-        valid_positions = ring.positions(valid_ids, rows[segment])
-        cumulative = np.cumsum(leaves[valid_positions])
-        valid_mass = float(cumulative[-1])
-        self._require_mass(valid_mass, num_steps)
-        picks = np.searchsorted(cumulative, rng.random(count) * valid_mass, side="right")
-        picks = np.minimum(picks, len(cumulative) - 1)
-        return valid_positions[picks], valid_ids[picks].copy(), valid_mass
-
-    @staticmethod
-    def _require_mass(valid_mass: float, num_steps: int) -> None:
-        if not valid_mass > 0.0:
-            raise EmptyBufferError(f"every window of num_steps={num_steps} has priority 0; "
-                                   "update_priorities with positive values first")
-
-    @staticmethod
-    def _ids_of(ring: Ring, positions: np.ndarray) -> np.ndarray:
-        """Logical ids (int64, a new array) of the steps at stored positions."""
-        slots = positions // ring.batch_size if ring.batch_size > 1 else positions
-        oldest = ring.oldest_id
-        if not oldest:  # the ring has not wrapped: the slot is the id
-            return slots.copy() if slots is positions else slots
-        ids = slots - oldest % ring.max_length
-        ids %= ring.max_length
-        ids += oldest
-        return ids
-
     def spawn_rng(self) -> np.random.Generator:
+        """A new generator seeded from this sampler's, advancing its state."""
         return make_rng(int(self._rng.integers(0, 2**63 - 1)))
 
     # ---------------------------------------------------------------- item ids
     def item_ids(self, ring: Ring, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Item ids (module docstring) of steps given by logical id and position; may
-        return ``ids`` itself (one row, no clear yet: the item ids are the ids)."""
-        if ring.batch_size == 1:
-            return ids + self.key_base if self.key_base else ids
-        item_ids: np.ndarray = (self.key_base + ids) * ring.batch_size \
-            + positions % ring.batch_size
-        return item_ids
+        """Item ids (module docstring) of steps given by logical id and position (int64
+        ``[S]``); may return ``ids`` itself (one row, no clear yet: the item ids are
+        the ids)."""
+        return to_item_ids(ring, self.key_base, ids, positions)
 
     def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
                           largest: float | None = None) -> int:
@@ -488,8 +296,9 @@ class PrioritizedSampler:
             self._flush()
         B = ring.batch_size
         if tree_kernels.AVAILABLE and item_ids.size:  # all live, the usual case, in one call
-            positions, all_live = _live_positions(item_ids, self.key_base, B, ring.oldest_id,
-                                                  ring.last_id, ring.max_length)
+            positions, all_live = all_live_positions(item_ids, self.key_base, B,
+                                                     ring.oldest_id, ring.last_id,
+                                                     ring.max_length)
             if all_live:
                 if largest is None:
                     largest = float(np.maximum.reduce(priorities))
@@ -522,29 +331,26 @@ class PrioritizedSampler:
         return len(values)
 
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
-        """Current ``priority ** alpha`` of live item ids (NaN for stale ones)."""
+        """Current ``priority ** alpha`` (float64 ``[S]``) of live item ids (int64
+        ``[S]``; NaN for stale ones)."""
         self._flush()
-        live, positions = self._live(ring, item_ids)
+        live, positions = live_positions(ring, self.key_base, item_ids)
         out = np.full(item_ids.shape, np.nan)
         out[live] = self._sum.get(positions)
         return out
 
-    def _live(self, ring: Ring, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(live, positions)``: bool ``[K]``, whether each item id names a stored step,
-        and int64 positions of the live ones."""
-        B = ring.batch_size
-        ids = item_ids // B - self.key_base
-        live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
-        return live, ring.positions(ids[live], item_ids[live] % B)
-
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
+        """The generator, the schedule's and ids' counters, the rejection bound and the
+        priorities (float64 ``[capacity]``, a copy), pending ones applied first."""
         self._flush()
         return {"rng": self._rng.bit_generator.state, "max_priority": self.max_priority,
                 "sample_calls": self.sample_calls, "key_base": self.key_base,
                 "bound_floor": self._floor, "priorities": self._sum.state_dict()["leaves"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: the sampler then draws exactly what the
+        original drew. Raises ``ValueError`` on priorities of another capacity."""
         leaves = np.asarray(state["priorities"], np.float64)
         if leaves.shape != (self.capacity,):
             raise ValueError(f"priorities of shape {leaves.shape} for a capacity of "
@@ -559,7 +365,7 @@ class PrioritizedSampler:
         # raises it to its largest value, so that the bound holds.
         self._floor = float(state.get("bound_floor", 0.0))
         largest = float(leaves.max()) if leaves.size else 0.0
-        if largest > self._bound():
+        if largest > scaled_bound(self.max_priority, self.alpha, self._floor):
             self._floor = largest
         self.sample_calls = int(state["sample_calls"])
         self.key_base = int(state["key_base"])
@@ -567,41 +373,3 @@ class PrioritizedSampler:
         self._pending_count = 0
         if self._outside is not None:
             self._outside.reset()
-
-
-@tree_kernels.compile_kernel
-def _live_positions(item_ids: np.ndarray, key_base: int, batch_size: int, oldest: int,
-                    last_id: int, max_length: int) -> tuple[np.ndarray, bool]:
-    """:meth:`PrioritizedSampler.update_priorities`' usual case compiled: the storage
-    positions (int64 ``[S]``) of item ids (int64 ``[S]``), and whether all of them are
-    live (``oldest <= id <= last_id``); when not, the positions are incomplete and the
-    caller takes the numpy path, which drops the stale ones."""
-    count = item_ids.shape[0]
-    positions = np.empty(count, np.int64)
-    for k in range(count):
-        item = item_ids[k]
-        step = item // batch_size - key_base  # (floor division, as numpy's)
-        if item < 0 or step < oldest or step > last_id:
-            return positions, False
-        positions[k] = (step % max_length) * batch_size + item % batch_size
-    return positions, True
-
-
-def _pool_size(need: int, accept: float) -> int:
-    """Candidates for one round of rejection that keep ``need`` or more with probability
-    ~99% (2.5 standard deviations of the binomial count kept) when each is kept with
-    probability ``accept`` (in ``(0, 1]``), so one round usually does; at most
-    :data:`_POOL_MAX`."""
-    n = math.ceil((need + 2.5 * math.sqrt(need * (1.0 - accept)) + 2.0) / accept)
-    return min(n, _POOL_MAX)
-
-
-def _cyclic_sum(values: np.ndarray, start: int, count: int, size: int) -> float:
-    """The sum of ``count`` (1 to ``size``) entries of ``values`` (float64 ``[size]``)
-    from ``start``, wrapping past the end."""
-    if count == 1:
-        return float(values[start])
-    end = start + count
-    if end <= size:
-        return float(values[start:end].sum())
-    return float(values[start:].sum()) + float(values[:end - size].sum())

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from replaybuffer.protocols import Checkpointable
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.ring import Ring
 
@@ -30,7 +31,11 @@ class SampleIndices(NamedTuple):
     start_positions: np.ndarray
 
 
-class Sampler(Protocol):
+class Sampler(Checkpointable, Protocol):
+    """Which windows a read takes: index arithmetic over the ring, never data, and
+    :class:`~replaybuffer.protocols.Checkpointable` (a restored sampler draws exactly
+    what the original would have)."""
+
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
                episodes: EpisodeIndex | None = None
@@ -52,9 +57,11 @@ class Sampler(Protocol):
     def on_clear(self, ring: Ring) -> None:
         """The buffer is about to be emptied (``ring`` still shows what it held)."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's whole state: numpy arrays and Python scalars, no aliases."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output into a sampler built alike."""
 
 
 def make_rng(seed: int | np.random.SeedSequence | None) -> np.random.Generator:

@@ -91,11 +91,13 @@ class ShuffledSampler:
         self._cursor = 0
 
     def state_dict(self) -> dict[str, Any]:
+        """The generator, the epoch's order (int64 ``[n]``, a copy) and its cursor."""
         return {"rng": self._rng.bit_generator.state, "epoch": self.epoch,
                 "key_base": self.key_base, "order": self._order.copy(),
                 "cursor": self._cursor, "num_steps": self._num_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: later reads are the original's."""
         self._rng.bit_generator.state = state["rng"]
         self.epoch = int(state["epoch"])
         self.key_base = int(state["key_base"])

@@ -41,10 +41,12 @@ import torch
 
 from replaybuffer.device_copy import to_device
 from replaybuffer.sampling.episodes import EpisodeIndex
+from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.prioritized import PrioritizedSampler
+from replaybuffer.sampling.priority_range import require_mass
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
-from replaybuffer.sampling.segment_tree import MinTree, SumTree
+from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
@@ -207,7 +209,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
             positions = torch.where(outside, tree.find(middle), positions)
         if self._zeros:  # one scalar back to the host, only where a range may be empty
-            self._require_mass(float(mass), num_steps)
+            require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
         ids = self._ids_on_device(ring, positions)
         probabilities = (values / mass).to(torch.float32)
@@ -238,13 +240,15 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` of live item ids (NaN for stale ones), numpy."""
         self._flush()
-        live, positions = self._live(ring, item_ids)
+        live, positions = live_positions(ring, self.key_base, item_ids)
         out = np.full(item_ids.shape, np.nan)
         out[live] = self._tree.leaves[torch.from_numpy(positions).to(self.device)].cpu().numpy()
         return out
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
+        """The host sampler's state, its priorities read from the device, and the
+        device generator's state (uint8 ``[n]``)."""
         state = super().state_dict()  # the host trees are unused: priorities from ours
         # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
         state["priorities"] = self._tree.leaves.cpu().numpy().copy()
@@ -252,6 +256,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (or a host sampler's): the priorities go to
+        the device, and later draws are the original's."""
         super().load_state_dict(state)  # checks the shape, restores the host bookkeeping
         leaves = torch.from_numpy(np.array(state["priorities"], np.float64)).to(self.device)
         self._tree.load(leaves)

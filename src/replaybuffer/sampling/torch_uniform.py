@@ -60,9 +60,12 @@ class TorchUniformSampler(UniformSampler):
         return SampleIndices(ids, positions), {"probabilities": probabilities}  # type: ignore[arg-type]
 
     def state_dict(self) -> dict[str, Any]:
+        """The host generator's state and the device generator's (uint8 ``[n]``)."""
         # "rng" as the host sampler saves it, so either sampler restores the other's state.
         return {"rng": self._rng.bit_generator.state, "device_rng": self._generator.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (or a host sampler's: the device generator
+        is then seeded from the restored host one): later draws are the original's."""
         self._rng.bit_generator.state = state["rng"]
         self._generator.restore(state, self._rng)

@@ -1,6 +1,6 @@
 """Compiled loops for the segment trees, with numba (the optional ``fast`` extra).
 
-The numpy tree (:mod:`replaybuffer.sampling.segment_tree`) walks a batch of ``K`` paths
+The numpy tree (:mod:`replaybuffer.sampling.trees`) walks a batch of ``K`` paths
 one level at a time, about five numpy calls per level, and those calls' fixed costs
 are most of a search or an update on a large tree. These kernels do the same walks
 in one compiled loop each. They are the reference's arithmetic, operation for
@@ -56,7 +56,8 @@ def compile_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
 def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
             height: int, t: np.ndarray) -> np.ndarray:
     """Leaf nodes (int64 ``[K]``) reached by targets ``t`` (float64 ``[K]`` in
-    ``[0, total())``, consumed): :meth:`SumTree._descend` compiled.
+    ``[0, total())``, consumed): :func:`replaybuffer.sampling.trees.descent.descend`
+    compiled.
 
     ``nodes`` is the tree's flat node array, ``upto`` the wide root's inclusive
     running sums (``root_width`` of them) and ``runs`` the same behind a leading 0.
@@ -98,7 +99,8 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
 def find(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: int,
          height: int, targets: np.ndarray, limit: float
          ) -> tuple[np.ndarray, np.ndarray, int]:
-    """:meth:`SumTree._find`'s usual case in one call: ``(slots, values, odd)``.
+    """:meth:`SumTree.find <replaybuffer.sampling.trees.sum_tree.SumTree.find>`'s usual
+    case in one call: ``(slots, values, odd)``.
 
     ``targets`` (float64 ``[K]``, finite, >= 0) are left unchanged; ``limit`` is the
     lower of the total and the last running sum. Returns the slots (int64 ``[K]``) the

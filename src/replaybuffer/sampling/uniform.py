@@ -74,7 +74,9 @@ class UniformSampler:
         pass
 
     def state_dict(self) -> dict[str, Any]:
+        """``{"rng": the generator's state}`` (a fresh dict)."""
         return {"rng": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: later draws are the original's."""
         self._rng.bit_generator.state = state["rng"]
