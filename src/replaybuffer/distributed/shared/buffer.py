@@ -32,106 +32,49 @@ Rate limiters: any :class:`~replaybuffer.RateLimiter` except :class:`~replaybuff
 Queue` (whose items must be consumed by reads); its counters live in shared memory, so
 every writer and sampler is paced by the same totals. A held-back call polls (50 us,
 doubling to 2 ms) until it may go, ``timeout`` passes, or, with ``block=False``, at once.
+
+What the local buffers have and this one lacks yet (episodes and ``within_episodes``,
+``clear()``, ``save()``, the ``Queue`` limiter) is refused with an error that names it
+(:class:`~replaybuffer.distributed.errors.NotSupportedError` for methods); issue 24 adds
+them. The parts live beside this module: :mod:`.layout` (the shared control block),
+:mod:`.process_lock`, :mod:`.writer` (claiming rows, publishing steps),
+:mod:`.sampling` (whole windows), :mod:`.priorities` (the shared sum tree) and
+:mod:`.admission` (the rate limiter on shared counters).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import tempfile
-import threading
-import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence, overload
+from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, Sequence, overload
 
 import numpy as np
 
-from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
 from replaybuffer.arguments import positive_or_none
 from replaybuffer.buffers.base import package
-from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.dataset import RandomStream
-from replaybuffer.errors import EmptyBufferError, ReplayBufferError, SpecError
-from replaybuffer.rate_limiter import Queue, RateLimitedError, RateLimiter, RateLimiterStats
-from replaybuffer.sampling import flat_tree
+from replaybuffer.distributed.errors import BufferClosedError, not_supported
+from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.layout import ATTACHED, CLOSED, SharedLayout
+from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.process_lock import ProcessLock, remove_directory
+from replaybuffer.distributed.shared.sampling import SharedSampler
+from replaybuffer.distributed.shared.writer import SharedWriter
+from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.protocols import BufferInfo
+from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
+if TYPE_CHECKING:
+    from replaybuffer.protocols import Buffer, PrioritizedBuffer
+
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
-
-(INSERTS, SAMPLES, LARGEST_INSERT, LARGEST_SAMPLE, INSERTS_BLOCKED, SAMPLES_BLOCKED,
- INSERT_BLOCKED_NS, SAMPLE_BLOCKED_NS, CLOSED, ATTACHED) = range(10)
-"""Fields of the shared int64 ``control`` array."""
-
-MAX_REDRAWS = 10_000
-"""Rounds of redrawing samples that met steps being written before giving up (a
-round redraws only those; in practice one or two rounds)."""
-
-
-class BufferClosedError(ReplayBufferError, RuntimeError):
-    """The shared buffer was closed by the process that made it."""
-
-
-class _ProcessLock:
-    """An exclusive ``flock`` on a file, per process (reopened after a fork: a forked
-    child shares its parent's open file, and with it the lock), plus a thread lock
-    (``flock`` does not exclude threads sharing a descriptor). The kernel releases the
-    ``flock`` of a process that dies, so a killed holder never deadlocks the others."""
-
-    def __init__(self, file: Path):
-        self._file = file
-        self._pid = -1
-        self._fd = -1
-        self._threads = threading.Lock()
-
-    def _open(self) -> None:
-        self._fd = os.open(self._file, os.O_RDWR | os.O_CREAT, 0o600)
-        self._threads = threading.Lock()
-        self._pid = os.getpid()
-
-    def __enter__(self) -> None:
-        if self._pid != os.getpid():
-            self._open()
-        self._threads.acquire()
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._threads.release()
-            raise
-
-    def __exit__(self, *exc: Any) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._threads.release()
-
-    def close(self) -> None:
-        if self._pid == os.getpid() and self._fd >= 0:
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
-
-
-def _process_ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie, not yet reaped, has ended too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _remove(path: str, creator: int) -> None:
-    if os.getpid() == creator:  # never from a forked child that inherited the finalizer
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class SharedReplayBuffer:
@@ -194,43 +137,52 @@ class SharedReplayBuffer:
             "seed": seed, "path": str(directory)}
         self._map(create=True)
         self._creator = os.getpid()
-        self._remover = (weakref.finalize(self, _remove, str(directory), os.getpid())
+        self._remover = (weakref.finalize(self, remove_directory, str(directory), os.getpid())
                          if temporary else None)
 
     # ----------------------------------------------------------------- mapping
+    def __getstate__(self) -> dict[str, Any]:
+        """A handle: the configuration (directory, spec, sizes), never the data."""
+        return self._config
+
+    def __setstate__(self, config: dict[str, Any]) -> None:
+        """Unpickled (in another process): map the files the creator made."""
+        self._config = config
+        self._creator, self._remover = -1, None
+        self._map(create=False)
+
     def _map(self, create: bool) -> None:
+        """Make (``create``) or attach the files, and wire the parts over them."""
         config = self._config
         self._data_spec = config["data_spec"]
         specs, self._structure = nest.flatten(self._data_spec)
         self._specs: tuple[ArraySpec, ...] = tuple(specs)
         self._leaf_paths = nest.leaf_paths(self._data_spec)
         self._fast_flatten = nest.fast_flattener(self._data_spec)
-        self._rows_total: int = config["num_rows"]
-        self._length: int = config["max_length"]
-        capacity = self._rows_total * self._length
+        rows: int = config["num_rows"]
+        length: int = config["max_length"]
+        self._rows_total, self._length = rows, length
         self.path = Path(config["path"])
-        self._storage = SharedStorage(self._specs, capacity, self.path, create)
-        shared = self._storage.map
-        self._version = shared("version", (capacity,), np.int64)
-        self._next_id = shared("next_id", (self._rows_total,), np.int64)
-        self._owner = shared("owner", (self._rows_total,), np.int64)
-        self._control = shared("control", (16,), np.int64)
-        self._lock = _ProcessLock(self.path / "lock")
+        self._storage = SharedStorage(self._specs, rows * length, self.path, create)
+        self._layout = layout = SharedLayout(self._storage, rows, length,
+                                             config["prioritized"], create)
+        self._next_id, self._control = layout.next_id, layout.control
+        self._lock = ProcessLock(self.path / "lock")
         self._prioritized = config["prioritized"]
-        if self._prioritized:
-            self._tree = shared("priorities", (flat_tree.tree_nodes(capacity),), np.float64)
-            self._max_priority = shared("max_priority", (1,), np.float64)
-            if create:
-                self._max_priority[0] = 1.0
-        self._alpha, self._beta = config["alpha"], config["beta"]
+        self._priorities = SharedPriorities(layout, self._lock, rows, length,
+                                            config["alpha"]) if self._prioritized else None
+        self._sampler = SharedSampler(layout, self._storage, rows, length, self._priorities,
+                                      config["beta"])
         self._limiter: RateLimiter | None = config["rate_limiter"]
         # A limiter that can never hold an insert back (max_diff = inf, as MinSize)
         # needs no admission: inserts are counted in the commit's critical section.
-        self._counts_at_commit = self._limiter is not None and \
+        counts_at_commit = self._limiter is not None and \
             self._limiter.max_diff == float("inf")
-        self._admits_inserts = self._limiter is not None and not self._counts_at_commit
-        self._rows: tuple[int, int] | None = None  # (first row, count) this process owns
-        self._owner_pid = -1
+        self._admits_inserts = self._limiter is not None and not counts_at_commit
+        self._admission = None if self._limiter is None else SharedAdmission(
+            self._limiter, self._control, self._lock, self.__len__, self._check_open)
+        self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
+                                    config["alpha"], counts_at_commit)
         self._rng_pid = -1
         self._process_rng()
 
@@ -246,9 +198,6 @@ class SharedReplayBuffer:
                                  else np.random.SeedSequence(seed, spawn_key=(attached,)))
             self._rng_pid = os.getpid()
         return self._rng
-
-    def __reduce__(self) -> tuple[Callable[..., "SharedReplayBuffer"], tuple[Any, ...]]:
-        return _attach, (self._config,)
 
     # -------------------------------------------------------------- properties
     @property
@@ -272,18 +221,25 @@ class SharedReplayBuffer:
     @property
     def rows(self) -> tuple[int, int] | None:
         """``(first row, count)`` this process writes to, once it has added."""
-        return self._rows if self._owner_pid == os.getpid() else None
+        return self._writer.rows
 
     @property
     def rate_limiter(self) -> RateLimiter | None:
         return self._limiter
 
     @property
+    def layout(self) -> SharedLayout:
+        """The shared control block (versions, row heads, owners, counters, the
+        priority tree), for tools and tests that inspect it; writing to it bypasses
+        the buffer's protocol."""
+        return self._layout
+
+    @property
     def max_priority(self) -> float:
         """The largest priority seen (``prioritized`` buffers); new steps enter with it."""
-        if not self._prioritized:
+        if self._priorities is None:
             raise ValueError("max_priority: the buffer is not prioritized")
-        return float(self._max_priority[0])
+        return self._priorities.max_priority
 
     def __len__(self) -> int:
         """Items held: the steps of every row, up to ``max_length`` each."""
@@ -334,45 +290,7 @@ class SharedReplayBuffer:
                 more than the buffer has.
             ValueError: no such rows are free now.
         """
-        pid = os.getpid()
-        if self._owner_pid == pid and self._rows is not None:
-            first, owned = self._rows
-            if owned != count:
-                raise SpecError(f"add_batch: this process writes {owned} rows "
-                                f"({first}..{first + owned - 1}); got a batch of {count}")
-            return self._rows
-        if count > self._rows_total:
-            raise SpecError(f"add_batch: a batch of {count} needs {count} rows; the buffer "
-                            f"has {self._rows_total}")
-        with self._lock:
-            owner, heads = self._owner, self._next_id
-            free = [owner[r] == 0 or owner[r] == pid or _process_ended(int(owner[r]))
-                    for r in range(self._rows_total)]
-            self._repair_heads([r for r in range(self._rows_total) if free[r] and owner[r]])
-            unowned = [bool(owner[r] == 0) for r in range(self._rows_total)]
-            # Rows no process held first (a new writer starts on its own rows), then
-            # the rows of ended writers, whose steps it continues.
-            for usable in (unowned, free):
-                for first in range(self._rows_total - count + 1):
-                    block = slice(first, first + count)
-                    if all(usable[block]) and (heads[block] == heads[first]).all():
-                        owner[block] = pid
-                        self._rows, self._owner_pid = (first, count), pid
-                        return self._rows
-        raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
-                         f"counts) among {self._rows_total}; rows are owned by processes "
-                         f"{sorted({int(p) for p in owner if p})}: give the buffer more "
-                         "rows, or end a writer")
-
-    def _repair_heads(self, rows: list[int]) -> None:
-        """Advance the head of each of ``rows`` (of ended writers) past a step written
-        whole whose head update its writer did not finish: a writer killed while
-        publishing a step may have moved some of its rows' heads and not others."""
-        for row in rows:
-            head = int(self._next_id[row])
-            position = (head % self._length) * self._rows_total + row
-            if self._version[position] == 2 * head + 2:
-                self._next_id[row] = head + 1
+        return self._writer.claim_rows(count)
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> bool:
@@ -398,10 +316,11 @@ class SharedReplayBuffer:
         (count,) = self._outer_size(leaves, "add_batch", 1)
         arrays = self._storage.convert(leaves, self._leaf_paths, (count,),
                                        f"[batch={count}]")
-        first, _ = self.claim_rows(count)
+        writer = self._writer
+        first, _ = writer.claim_rows(count)
         if self._admits_inserts and not self._admit(True, count, timeout, block):
             return False
-        self._write_step(first, count, arrays)
+        writer.write_step(first, count, arrays)
         return True
 
     def extend(self, items: Any, *, timeout: float | None = None,
@@ -413,36 +332,17 @@ class SharedReplayBuffer:
         count, steps = self._outer_size(leaves, "extend", 2)
         arrays = self._storage.convert(leaves, self._leaf_paths, (count, steps),
                                        f"[batch={count}, steps={steps}]")
-        first, _ = self.claim_rows(count)
+        writer = self._writer
+        first, _ = writer.claim_rows(count)
         if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
             return False
         for t in range(steps):
-            self._write_step(first, count, [a[:, t] for a in arrays])
+            writer.write_step(first, count, [a[:, t] for a in arrays])
         return True
 
-    def _write_step(self, first: int, count: int, arrays: Any) -> None:
-        """Write one step to rows ``first ..`` under the version protocol."""
-        step = int(self._next_id[first])
-        start = (step % self._length) * self._rows_total + first
-        span = slice(start, start + count)
-        if self._prioritized:  # not drawn while rewritten
-            with self._lock:
-                self._version[span] = 2 * step + 1
-                flat_tree.update(self._tree, np.arange(start, start + count),
-                                 np.zeros(count))
-        else:
-            self._version[span] = 2 * step + 1
-        self._storage.write(start, arrays)
-        with self._lock:
-            self._version[span] = 2 * step + 2
-            self._next_id[first:first + count] = step + 1
-            if self._counts_at_commit:
-                self._control[INSERTS] += count
-                self._control[LARGEST_INSERT] = max(int(self._control[LARGEST_INSERT]),
-                                                    count)
-            if self._prioritized:
-                flat_tree.update(self._tree, np.arange(start, start + count),
-                                 np.full(count, self._max_priority[0] ** self._alpha))
+    def flush(self) -> None:
+        """Nothing to wait for: a write is in shared memory when ``add_batch`` returns
+        (here for the buffer surface, where the Ray buffer's writes are asynchronous)."""
 
     # ---------------------------------------------------------------- sampling
     @overload
@@ -493,6 +393,9 @@ class SharedReplayBuffer:
              time_stacked: bool = True, rng: np.random.Generator | None = None,
              within_episodes: bool = False, timeout: float | None = None,
              block: bool = True) -> tuple[Any, BufferInfo] | None:
+        """:meth:`get_next` after its argument checks, drawing from ``rng`` (default:
+        this process's generator); the :class:`~replaybuffer.protocols.SampleSource`
+        seam of dataset streams. ``within_episodes`` is refused (no episodes yet)."""
         if within_episodes:
             raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
         self._check_open()
@@ -504,96 +407,12 @@ class SharedReplayBuffer:
         if self._limiter is not None and not self._admit(False, count, timeout, block):
             return None
         rng = self._process_rng() if rng is None else rng
-        leaves, ids, info = self._draw(count, steps, rng)
+        leaves, ids, info = self._sampler.draw(count, steps, rng)
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
             ids = ids[:, 0]
         return package(self._structure, identity, leaves, ids, info, sample_batch_size,
                        num_steps, time_stacked)
-
-    def _draw(self, count: int, steps: int, rng: np.random.Generator
-              ) -> tuple[list[np.ndarray], np.ndarray, dict[str, np.ndarray]]:
-        """``count`` windows of ``steps`` whose every step was whole while copied:
-        leaves ``[count, steps, ...]``, item ids ``[count, steps]``, ``info``."""
-        rows_total, length = self._rows_total, self._length
-        offsets = np.arange(steps, dtype=np.int64)
-        todo = np.arange(count)
-        leaves: list[np.ndarray] | None = None
-        ids = np.empty((count, steps), np.int64)
-        chance = np.empty(count, np.float64)
-        for _ in range(MAX_REDRAWS):
-            rows, starts, p = (self._draw_prioritized if self._prioritized
-                               else self._draw_uniform)(len(todo), steps, rng)
-            step_ids = starts[:, None] + offsets
-            positions = (step_ids % length) * rows_total + rows[:, None]
-            expected = 2 * step_ids + 2
-            before = self._version.take(positions)
-            got = self._storage.gather(positions)
-            whole = ((before == expected) & (self._version.take(positions) == expected)
-                     ).all(1) & (p > 0)
-            if leaves is None:  # the first round fills every slot, whole or not
-                leaves = got
-                if whole.all():  # the usual case: nothing to draw again
-                    ids = step_ids * rows_total + rows[:, None]
-                    chance = p
-                    break
-            else:
-                for out, new in zip(leaves, got):
-                    out[todo[whole]] = new[whole]
-            ids[todo[whole]] = step_ids[whole] * rows_total + rows[whole, None]
-            chance[todo[whole]] = p[whole]
-            todo = todo[~whole]
-            if not len(todo):
-                break
-        else:
-            raise RuntimeError(f"get_next: {len(todo)} of {count} samples met steps being "
-                               f"written in {MAX_REDRAWS} rounds of drawing")
-        info: dict[str, np.ndarray] = {"probabilities": chance.astype(np.float32)}
-        if self._prioritized:
-            weights = np.power(chance.min() / chance, self._beta).astype(np.float32)
-            info["weights"] = weights
-        assert leaves is not None
-        return leaves, ids, info
-
-    def _draw_uniform(self, count: int, steps: int, rng: np.random.Generator
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, first step ids and probabilities of ``count`` windows drawn uniformly
-        among the windows the rows hold now."""
-        heads = self._next_id.copy()
-        windows = np.maximum(np.minimum(heads, self._length) - steps + 1, 0)
-        ends = np.cumsum(windows)
-        total = int(ends[-1])
-        if total == 0:
-            raise EmptyBufferError(f"get_next: no row holds {steps} step(s) yet (the most "
-                                   f"any row holds: {int(heads.max())})")
-        draws = rng.integers(0, total, count)
-        rows = np.searchsorted(ends, draws, side="right")
-        oldest = np.maximum(heads - self._length, 0)
-        starts = oldest[rows] + draws - (ends[rows] - windows[rows])
-        return rows, starts, np.full(count, 1.0 / total)
-
-    def _draw_prioritized(self, count: int, steps: int, rng: np.random.Generator
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, first step ids and probabilities of ``count`` steps drawn by priority;
-        a draw whose window would run past its row's head gets probability 0 (so it is
-        drawn again)."""
-        with self._lock:
-            total = float(self._tree[1])
-            if not total > 0:
-                raise EmptyBufferError("get_next: no step with a positive priority (the "
-                                       "buffer is empty, or every priority is 0)")
-            positions = flat_tree.find_prefix(self._tree, rng.random(count) * total)
-            p = flat_tree.leaves_of(self._tree, positions) / total
-            heads = self._next_id.copy()
-        rows = positions % self._rows_total
-        slots = positions // self._rows_total
-        row_heads = heads[rows]
-        # The newest step id at each slot: the last id below the head with that slot.
-        starts = slots + self._length * ((row_heads - 1 - slots) // self._length)
-        bad = (starts < 0) | (starts + steps > row_heads)
-        p[bad] = 0.0  # rejected by the caller, as zero leaves rounding may land on
-        starts[bad] = 0
-        return rows, starts, p
 
     # -------------------------------------------------------------- priorities
     def update_priorities(self, ids: Any, priorities: Any) -> int:
@@ -609,87 +428,26 @@ class SharedReplayBuffer:
                 negative priority; an id no sample could have returned. Nothing is
                 changed then.
         """
-        if not self._prioritized:
+        if self._priorities is None:
             raise ValueError("update_priorities: the buffer was built without "
                              "prioritized=True")
         self._check_open()
-        id_array, values, largest = checked_priorities(ids, priorities)
-        if len(id_array) and (id_array.min() < 0):
-            i = int(np.argmin(id_array))
-            raise ValueError(f"update_priorities: ids[{i}] = {int(id_array[i])} is no item "
-                             "id (they are >= 0)")
-        steps, rows = np.divmod(id_array, self._rows_total)
-        positions = (steps % self._length) * self._rows_total + rows
-        if largest is None and len(values):
-            largest = float(values.max())
-        with self._lock:
-            current = self._version[positions] == 2 * steps + 2
-            flat_tree.update(self._tree, positions[current],
-                             np.power(values[current], self._alpha))
-            if largest is not None and largest > self._max_priority[0]:
-                self._max_priority[0] = largest
-        return int(current.sum())
+        return self._priorities.update(ids, priorities)
 
     # ----------------------------------------------------------------- pacing
     def _admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
-        """Wait until the rate limiter lets ``n`` items be inserted (or sampled); count
-        them in the shared counters. See the module docstring."""
-        limiter = self._limiter
-        assert limiter is not None
-        control = self._control
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause, started, checked = 50e-6, None, False
-        while True:
-            with self._lock:
-                limiter.inserts, limiter.samples = int(control[INSERTS]), int(control[SAMPLES])
-                limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
-                limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
-                size = len(self)
-                ready = limiter.can_insert(n, size) if insert else limiter.can_sample(n, size)
-                if not checked and not ready:  # a call too large for the window
-                    (limiter.check_insert_size if insert else limiter.check_sample_size)(n)
-                    control[INSERTS_BLOCKED if insert else SAMPLES_BLOCKED] += 1
-                    checked = True
-                if ready:
-                    field, largest = (INSERTS, LARGEST_INSERT) if insert else \
-                        (SAMPLES, LARGEST_SAMPLE)
-                    control[field] += n
-                    control[largest] = max(int(control[largest]), n)
-                    if started is not None:
-                        control[INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS] += \
-                            time.monotonic_ns() - started
-                    return True
-            if started is None:
-                started = time.monotonic_ns()
-            if not block:
-                return False
-            if deadline is not None and time.monotonic() >= deadline:
-                with self._lock:
-                    control[INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS] += \
-                        time.monotonic_ns() - started
-                stats = self.stats()
-                assert stats is not None  # there is a limiter
-                raise RateLimitedError(
-                    f"{'insert' if insert else 'sample'} of {n} items held back by "
-                    f"{limiter!r} for {timeout} s: {stats.inserts} inserts, "
-                    f"{stats.samples} samples (diff {stats.diff:g}), {stats.size} items held")
-            self._check_open()
-            time.sleep(pause)
-            pause = min(2 * pause, 2e-3)
+        """Wait until the rate limiter lets ``n`` items be inserted (or sampled); see
+        :class:`~replaybuffer.distributed.shared.admission.SharedAdmission`."""
+        assert self._admission is not None
+        return self._admission.admit(insert, n, timeout, block)
 
     def stats(self) -> RateLimiterStats | None:
         """The rate limiter's counters over every process (``None`` without one)."""
-        if self._limiter is None:
-            return None
-        c = self._control
-        inserts, samples = int(c[INSERTS]), int(c[SAMPLES])
-        return RateLimiterStats(inserts, samples, len(self), c[INSERT_BLOCKED_NS] / 1e9,
-                                c[SAMPLE_BLOCKED_NS] / 1e9, int(c[INSERTS_BLOCKED]),
-                                int(c[SAMPLES_BLOCKED]),
-                                inserts * self._limiter.samples_per_insert - samples)
+        return None if self._admission is None else self._admission.stats()
 
     # -------------------------------------------------------------- iteration
     def spawn_rng(self) -> np.random.Generator:
+        """A generator for a dataset stream, seeded from this process's generator."""
         return make_rng(np.random.SeedSequence(self._process_rng().integers(0, 2**63 - 1)))
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
@@ -702,17 +460,30 @@ class SharedReplayBuffer:
         num_steps = positive_or_none(num_steps, "num_steps")
         return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
 
+    # ------------------------------------------------------ not supported yet
+    def clear(self) -> NoReturn:
+        """Refused: a shared buffer cannot be emptied yet (issue 24).
+
+        Raises:
+            NotSupportedError: always.
+        """
+        raise not_supported(type(self), "clear()", "make a new SharedReplayBuffer")
+
+    def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
+        """Refused: a shared buffer has no checkpoints yet (issue 24).
+
+        Raises:
+            NotSupportedError: always.
+        """
+        raise not_supported(type(self), "save()", "use a ReplayBuffer (its save() and "
+                            "replaybuffer.load) for checkpoints")
+
     # ---------------------------------------------------------------- closing
     def close(self) -> None:
         """Give up this process's rows. In the process that made the buffer, also mark
         it closed for every process and remove its temporary directory."""
-        if self._owner_pid == os.getpid() and self._rows is not None and \
-                not self._control[CLOSED]:
-            first, count = self._rows
-            with self._lock:
-                mine = self._owner[first:first + count] == os.getpid()
-                self._owner[first:first + count][mine] = 0
-            self._rows = None
+        if not self._control[CLOSED]:
+            self._writer.release_rows()
         if self._creator == os.getpid():
             self._control[CLOSED] = 1
             if self._remover is not None:
@@ -726,10 +497,9 @@ class SharedReplayBuffer:
         self.close()
 
 
-def _attach(config: dict[str, Any]) -> SharedReplayBuffer:
-    """A :class:`SharedReplayBuffer` mapping the files another process made."""
-    buffer = SharedReplayBuffer.__new__(SharedReplayBuffer)
-    buffer._config = config
-    buffer._creator, buffer._remover = -1, None
-    buffer._map(create=False)
-    return buffer
+if TYPE_CHECKING:  # the buffer surface, checked by mypy
+    def _is_a_buffer(buffer: SharedReplayBuffer) -> Buffer:
+        return buffer
+
+    def _is_a_prioritized_buffer(buffer: SharedReplayBuffer) -> PrioritizedBuffer:
+        return buffer
