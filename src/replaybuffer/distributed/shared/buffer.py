@@ -45,10 +45,9 @@ them. The parts live beside this module: :mod:`.layout` (the shared control bloc
 from __future__ import annotations
 
 import os
-import tempfile
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, Sequence, overload
+from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
 
 import numpy as np
 
@@ -58,16 +57,17 @@ from replaybuffer.buffers.base import package
 from replaybuffer.dataset import RandomStream
 from replaybuffer.distributed.errors import BufferClosedError, not_supported
 from replaybuffer.distributed.shared.admission import SharedAdmission
-from replaybuffer.distributed.shared.layout import ATTACHED, CLOSED, SharedLayout
+from replaybuffer.distributed.shared.config import SharedConfig
+from replaybuffer.distributed.shared.items import ItemChecker
+from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock, remove_directory
 from replaybuffer.distributed.shared.sampling import SharedSampler
 from replaybuffer.distributed.shared.writer import SharedWriter
-from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
-from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
+from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
 from replaybuffer.sampling.sampler import make_rng
-from replaybuffer.specs import ArraySpec, as_data_spec
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -107,45 +107,20 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
                  path: str | os.PathLike[str] | None = None, seed: int | None = None):
-        for name, value in (("num_rows", num_rows), ("max_length", max_length)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name, number in (("alpha", alpha), ("beta", beta)):
-            if not (isinstance(number, (int, float)) and np.isfinite(number) and number >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {number!r}")
-        if rate_limiter is not None:
-            if not isinstance(rate_limiter, RateLimiter):
-                raise ValueError(f"rate_limiter must be a RateLimiter, got "
-                                 f"{type(rate_limiter).__name__}")
-            if isinstance(rate_limiter, Queue):
-                raise ValueError("a Queue rate limiter needs reads that consume items "
-                                 "(FIFOReplayBuffer); a SharedReplayBuffer's samples do not")
-            rate_limiter.check_capacity(int(num_rows) * int(max_length))
-        if path is None:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            directory, temporary = Path(tempfile.mkdtemp(prefix="replaybuffer-", dir=shm)), True
-        else:
-            directory, temporary = Path(path), False
-            if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-                raise ValueError(f"{directory} is not a new or empty directory")
-            directory.mkdir(parents=True, exist_ok=True)
-        self._config: dict[str, Any] = {
-            "data_spec": as_data_spec(data_spec), "num_rows": int(num_rows),
-            "max_length": int(max_length), "prioritized": bool(prioritized),
-            "alpha": float(alpha), "beta": float(beta), "rate_limiter": rate_limiter,
-            "seed": seed, "path": str(directory)}
+        self._config, temporary = SharedConfig.checked(
+            data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
+            seed)
         self._map(create=True)
         self._creator = os.getpid()
-        self._remover = (weakref.finalize(self, remove_directory, str(directory), os.getpid())
-                         if temporary else None)
+        self._remover = (weakref.finalize(self, remove_directory, self._config.path,
+                                          os.getpid()) if temporary else None)
 
     # ----------------------------------------------------------------- mapping
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> SharedConfig:
         """A handle: the configuration (directory, spec, sizes), never the data."""
         return self._config
 
-    def __setstate__(self, config: dict[str, Any]) -> None:
+    def __setstate__(self, config: SharedConfig) -> None:
         """Unpickled (in another process): map the files the creator made."""
         self._config = config
         self._creator, self._remover = -1, None
@@ -154,26 +129,21 @@ class SharedReplayBuffer:
     def _map(self, create: bool) -> None:
         """Make (``create``) or attach the files, and wire the parts over them."""
         config = self._config
-        self._data_spec = config["data_spec"]
+        self._data_spec = config.data_spec
         specs, self._structure = nest.flatten(self._data_spec)
-        self._specs: tuple[ArraySpec, ...] = tuple(specs)
-        self._leaf_paths = nest.leaf_paths(self._data_spec)
-        self._fast_flatten = nest.fast_flattener(self._data_spec)
-        rows: int = config["num_rows"]
-        length: int = config["max_length"]
-        self._rows_total, self._length = rows, length
-        self.path = Path(config["path"])
-        self._storage = SharedStorage(self._specs, rows * length, self.path, create)
+        rows, length = self._rows_total, self._length = config.num_rows, config.max_length
+        self.path = Path(config.path)
+        self._storage = SharedStorage(specs, rows * length, self.path, create)
+        self._items = ItemChecker(self._data_spec, self._storage)
         self._layout = layout = SharedLayout(self._storage, rows, length,
-                                             config["prioritized"], create)
+                                             config.prioritized, create)
         self._next_id, self._control = layout.next_id, layout.control
         self._lock = ProcessLock(self.path / "lock")
-        self._prioritized = config["prioritized"]
         self._priorities = SharedPriorities(layout, self._lock, rows, length,
-                                            config["alpha"]) if self._prioritized else None
-        self._sampler = SharedSampler(layout, self._storage, rows, length, self._priorities,
-                                      config["beta"])
-        self._limiter: RateLimiter | None = config["rate_limiter"]
+                                            config.alpha) if config.prioritized else None
+        self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
+                                      self._priorities, config.beta, config.seed)
+        self._limiter: RateLimiter | None = config.rate_limiter
         # A limiter that can never hold an insert back (max_diff = inf, as MinSize)
         # needs no admission: inserts are counted in the commit's critical section.
         counts_at_commit = self._limiter is not None and \
@@ -182,22 +152,8 @@ class SharedReplayBuffer:
         self._admission = None if self._limiter is None else SharedAdmission(
             self._limiter, self._control, self._lock, self.__len__, self._check_open)
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    config["alpha"], counts_at_commit)
-        self._rng_pid = -1
-        self._process_rng()
-
-    def _process_rng(self) -> np.random.Generator:
-        """This process's generator: a process that attached, or was forked, numbers
-        itself in the shared count and seeds from it (so two samplers never draw alike)."""
-        if self._rng_pid != os.getpid():
-            with self._lock:
-                attached = int(self._control[ATTACHED])
-                self._control[ATTACHED] += 1
-            seed = self._config["seed"]
-            self._rng = make_rng(None if seed is None
-                                 else np.random.SeedSequence(seed, spawn_key=(attached,)))
-            self._rng_pid = os.getpid()
-        return self._rng
+                                    config.alpha, counts_at_commit)
+        self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties
     @property
@@ -255,25 +211,6 @@ class SharedReplayBuffer:
             raise BufferClosedError(f"the shared buffer in {self.path} was closed by the "
                                     "process that made it")
 
-    def _leaves(self, items: Any, method: str) -> Sequence[Any]:
-        leaves = None if self._fast_flatten is None else self._fast_flatten(items)
-        if leaves is not None:
-            return leaves
-        leaves, structure = nest.flatten(items)
-        if structure != self._structure:
-            raise SpecError(f"{method}: items do not match the data_spec structure: "
-                            f"expected {nest.describe(self._structure)}, got "
-                            f"{nest.describe(structure)}")
-        return leaves
-
-    def _outer_size(self, leaves: Sequence[Any], method: str, axes: int) -> tuple[int, ...]:
-        shape = np.shape(leaves[0])
-        spec = self._specs[0]
-        if len(shape) != axes + len(spec.shape):
-            raise SpecError(f"{method}: {self._leaf_paths[0]} has shape {shape}; expected "
-                            f"{'[B, T]' if axes == 2 else '[B]'} + {list(spec.shape)}")
-        return tuple(shape[:axes])
-
     def steps_written(self) -> np.ndarray:
         """Steps written so far to each row, int64 ``[num_rows]`` (a copy): the next
         step of a row gets this id."""
@@ -312,10 +249,7 @@ class SharedReplayBuffer:
             BufferClosedError: the buffer was closed.
         """
         self._check_open()
-        leaves = self._leaves(items, "add_batch")
-        (count,) = self._outer_size(leaves, "add_batch", 1)
-        arrays = self._storage.convert(leaves, self._leaf_paths, (count,),
-                                       f"[batch={count}]")
+        arrays, (count,) = self._items.arrays(items, "add_batch", 1)
         writer = self._writer
         first, _ = writer.claim_rows(count)
         if self._admits_inserts and not self._admit(True, count, timeout, block):
@@ -328,10 +262,7 @@ class SharedReplayBuffer:
         """Append ``T`` steps to each of this process's rows: leaves ``[B, T, *shape]``
         (the rate limiter admits ``B * T`` items at once). As :meth:`add_batch`."""
         self._check_open()
-        leaves = self._leaves(items, "extend")
-        count, steps = self._outer_size(leaves, "extend", 2)
-        arrays = self._storage.convert(leaves, self._leaf_paths, (count, steps),
-                                       f"[batch={count}, steps={steps}]")
+        arrays, (count, steps) = self._items.arrays(items, "extend", 2)
         writer = self._writer
         first, _ = writer.claim_rows(count)
         if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
@@ -406,7 +337,7 @@ class SharedReplayBuffer:
                                    f"(max_length={self._length})")
         if self._limiter is not None and not self._admit(False, count, timeout, block):
             return None
-        rng = self._process_rng() if rng is None else rng
+        rng = self._sampler.process_rng() if rng is None else rng
         leaves, ids, info = self._sampler.draw(count, steps, rng)
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
@@ -448,7 +379,7 @@ class SharedReplayBuffer:
     # -------------------------------------------------------------- iteration
     def spawn_rng(self) -> np.random.Generator:
         """A generator for a dataset stream, seeded from this process's generator."""
-        return make_rng(np.random.SeedSequence(self._process_rng().integers(0, 2**63 - 1)))
+        return make_rng(np.random.SeedSequence(self._sampler.process_rng().integers(0, 2**63 - 1)))
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                    num_parallel_calls: int | None = None,
@@ -462,19 +393,13 @@ class SharedReplayBuffer:
 
     # ------------------------------------------------------ not supported yet
     def clear(self) -> NoReturn:
-        """Refused: a shared buffer cannot be emptied yet (issue 24).
-
-        Raises:
-            NotSupportedError: always.
-        """
+        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer cannot
+        be emptied yet."""
         raise not_supported(type(self), "clear()", "make a new SharedReplayBuffer")
 
     def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
-        """Refused: a shared buffer has no checkpoints yet (issue 24).
-
-        Raises:
-            NotSupportedError: always.
-        """
+        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer has no
+        checkpoints yet."""
         raise not_supported(type(self), "save()", "use a ReplayBuffer (its save() and "
                             "replaybuffer.load) for checkpoints")
 

@@ -10,11 +10,15 @@ again (a round redraws only those; in practice one or two rounds).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from replaybuffer.distributed.shared.layout import SharedLayout
+from replaybuffer.distributed.shared.layout import ATTACHED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
+from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.storage.shared_storage import SharedStorage
 
 MAX_REDRAWS = 10_000
@@ -29,18 +33,38 @@ class SharedSampler:
     Args:
         layout: the buffer's control arrays.
         storage: its data.
+        lock: its process lock.
         num_rows, max_length: its shape.
         priorities: the prioritized tree (``None``: uniform).
         beta: the importance-sampling exponent (prioritized).
+        seed: the buffer's seed (see :meth:`process_rng`).
     """
 
-    def __init__(self, layout: SharedLayout, storage: SharedStorage, num_rows: int,
-                 max_length: int, priorities: SharedPriorities | None, beta: float):
+    def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
+                 num_rows: int, max_length: int, priorities: SharedPriorities | None,
+                 beta: float, seed: int | None):
         self._version, self._next_id = layout.version, layout.next_id
+        self._control = layout.control
         self._storage = storage
+        self._lock = lock
         self._rows_total, self._length = num_rows, max_length
         self._priorities = priorities
         self._beta = beta
+        self._seed = seed
+        self._rng_pid = -1
+
+    def process_rng(self) -> np.random.Generator:
+        """This process's generator: a process that attached, or was forked, numbers
+        itself in the shared count and seeds from it (so two samplers never draw alike):
+        process ``k`` draws from ``SeedSequence(seed, spawn_key=(k,))``."""
+        if self._rng_pid != os.getpid():
+            with self._lock:
+                attached = int(self._control[ATTACHED])
+                self._control[ATTACHED] += 1
+            self._rng = make_rng(None if self._seed is None
+                                 else np.random.SeedSequence(self._seed, spawn_key=(attached,)))
+            self._rng_pid = os.getpid()
+        return self._rng
 
     def draw(self, count: int, steps: int, rng: np.random.Generator
              ) -> tuple[list[np.ndarray], np.ndarray, dict[str, np.ndarray]]:
