@@ -112,7 +112,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_reports_the_loss(tmp_pa
     with RayReplayBuffer(make_buffer, 2, checkpoint_dir=tmp_path, checkpoint_every=10,
                          seed=3) as buffer:
         fill(buffer, range(50))  # 25 steps each; shard 0 saved at last_id 9 and 19
-        ray.kill(buffer._actors[0], no_restart=False)
+        ray.kill(buffer.actors[0], no_restart=False)
         time.sleep(0.2)
         # Meanwhile the client samples from shard 1 alone (odd x), then shard 0 is back.
         seen_alone = False
@@ -138,7 +138,7 @@ def test_stale_ids_from_an_earlier_incarnation_are_ignored(tmp_path):
         fill(buffer, range(20))
         _, info = buffer.get_next(64)
         shard0 = (info.ids & ((1 << 48) - 1)) % 2 == 0
-        ray.kill(buffer._actors[0], no_restart=False)
+        ray.kill(buffer.actors[0], no_restart=False)
         time.sleep(0.5)
         buffer.wait_for_shards()
         applied = buffer.update_priorities(info.ids, np.full(64, 5.0))
@@ -157,7 +157,7 @@ def test_bad_input_and_failures_give_clear_errors(tmp_path):
         with pytest.raises(SpecError, match="x"):
             buffer.add_batch({"x": np.array([[1, 2]])})
         assert [d["size"] for d in buffer.describe()] == [2, 2]  # nothing reached a shard
-        for actor in buffer._actors:
+        for actor in buffer.actors:
             ray.kill(actor, no_restart=True)
         with pytest.raises(ShardsUnavailableError, match="all 2 shards are down"):
             for _ in range(3):
