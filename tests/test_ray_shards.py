@@ -47,10 +47,12 @@ def alternating_factory(counter: str):
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Shard processes import this module's factories by name.
+    # Shard processes import this module's factories by name (and replaybuffer from
+    # wherever the caller's PYTHONPATH put it, as a checkout's src/).
     here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": here}})
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()
 

@@ -35,8 +35,8 @@ Parts: :mod:`.shard` (the shard actor), :mod:`.outbox` (writes in flight,
 :class:`ShardWriter`), :mod:`.health` (shards down and back, :class:`ShardLoss`),
 :mod:`.batches` (one batch from the shards' parts). What the buffer surface
 (:class:`~replaybuffer.protocols.Buffer`) asks and the shards cannot do yet
-(``clear()``, ``save()``, ``block=False``, ``time_stacked=False``, episodes) is refused
-with an error that names it (issue 25).
+(``save(path)``, ``block=False``, ``time_stacked=False``, episodes) is refused with an
+error that names it (issue 25).
 """
 
 from __future__ import annotations
@@ -375,23 +375,28 @@ class RayReplayBuffer:
         """The shards' rate-limiter counters, summed over the shards that answer
         (``None`` when no shard has a rate limiter). A restarted shard's counters
         start again from 0 (issue 25)."""
-        refs = {i: a.stats.remote() for i, a in enumerate(self._actors) if self._up[i]}
-        found: list[RateLimiterStats] = []
-        for i, ref in refs.items():
-            try:
-                shard_stats = ray.get(ref)
-            except RayError:
-                self._down(i)
-                continue
-            if shard_stats is not None:
-                found.append(shard_stats)
-        if not found:
-            return None
-        return RateLimiterStats(*(sum(column) for column in zip(*found)))
+        found = [s for s in self._health.ask("stats").values() if s is not None]
+        return RateLimiterStats(*(sum(column) for column in zip(*found))) if found else None
 
-    def clear(self) -> NoReturn:
-        """Refused (issue 25): raises :class:`NotSupportedError`."""
-        raise not_supported(type(self), "clear()", "make a new RayReplayBuffer")
+    def clear(self) -> None:
+        """Empty every shard (after the writes in flight from this client land); each
+        comes back as a new incarnation, so ids drawn before are ignored by
+        :meth:`update_priorities`. Writes in flight from other writers
+        (:meth:`writer`) may land after it.
+
+        Raises:
+            ShardsUnavailableError: a shard was down (it keeps its steps).
+        """
+        self.flush()
+        answers = self._health.ask("clear")
+        for i, info in answers.items():
+            self._health.incarnation[i] = info["incarnation"]
+            self._last_id[i] = info["last_id"]
+        self._sampler.forget_masses()
+        missed = [i for i in range(self.num_shards) if i not in answers]
+        if missed:
+            raise ShardsUnavailableError(f"clear: shards {missed} were down and keep "
+                                         "their steps")
 
     def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
         """Refused (issue 25): raises :class:`NotSupportedError`; shards save to the

@@ -72,6 +72,19 @@ class ShardHealth:
             self.up[shard] = False
             self._last_ping[shard] = time.monotonic()
 
+    def ask(self, method: str, *args: Any) -> dict[int, Any]:
+        """Call ``method`` on every shard that is up and wait for the answers, by shard;
+        a shard that does not answer is marked down and left out."""
+        refs = {i: getattr(actor, method).remote(*args)
+                for i, actor in enumerate(self._actors) if self.up[i]}
+        answers = {}
+        for i, ref in refs.items():
+            try:
+                answers[i] = ray.get(ref)
+            except RayError:
+                self.down(i)
+        return answers
+
     def probe(self, interval: float = 0.2) -> None:
         """Ping down shards (at most every ``interval`` s, without waiting); one that
         answers is up again, and its loss is recorded."""

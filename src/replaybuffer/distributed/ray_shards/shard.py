@@ -147,6 +147,19 @@ class ShardActor:
         prioritized = cast("PrioritizedMixin", self.buffer)  # asked of prioritized ones only
         return prioritized.update_priorities(ids, priorities), self.masses(keys)
 
+    @ray.method(concurrency_group="writes")
+    def clear(self) -> dict[str, Any]:
+        """Forget every step, as a new incarnation (ids drawn before are stale); with a
+        checkpoint directory, save the empty buffer so that a restart does not bring
+        the steps back. Returns :meth:`describe`."""
+        self.buffer.clear()
+        self.incarnation = self._next_incarnation()
+        self.restored_last_id = -1
+        self.saved_last_id = self.buffer.last_id
+        if self.root is not None:
+            self.save()  # type: ignore[operator]
+        return self.describe()
+
     def stats(self) -> RateLimiterStats | None:
         """The shard buffer's rate-limiter counters (``None`` without a limiter)."""
         return self.buffer.stats()
