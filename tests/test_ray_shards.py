@@ -121,7 +121,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_reports_the_loss(tmp_pa
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not buffer.losses:
             items, _ = buffer.get_next(32)
-            if not buffer._up[0]:
+            if not buffer.shards_up()[0]:
                 assert (items["x"] % 2 == 1).all()
                 seen_alone = True
             time.sleep(0.05)
