@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import replaybuffer as rb
-from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.distributed import NotSupportedError, SharedReplayBuffer
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.protocols import Buffer, PrioritizedBuffer
 
@@ -323,6 +323,18 @@ def test_draws_follow_the_priorities_set(make, kind):
 
 
 # ------------------------------------------------------------ save, clear, episodes
+@pytest.mark.parametrize("kind,call", [
+    ("shared", lambda b, path: b.clear()), ("shared", lambda b, path: b.save(path)),
+    ("ray", lambda b, path: b.save(path)),
+    ("ray", lambda b, path: b.add_batch(items(0), block=False))])
+def test_what_a_buffer_cannot_do_yet_is_refused_by_name(make, kind, call, tmp_path):
+    buffer = make(kind)
+    with pytest.raises(NotSupportedError, match=type(buffer).__name__):
+        call(buffer, tmp_path / "saved")
+    assert isinstance(NotSupportedError(), NotImplementedError)
+
+
+
 @pytest.mark.parametrize("kind", kinds(
     ALL, **{k: "no checkpoints of a shared buffer yet (issue 24)" for k in SHARED},
     **{k: "save(path) of the whole sharded buffer: shards save to checkpoint_dir "
