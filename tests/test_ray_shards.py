@@ -147,6 +147,29 @@ def test_stale_ids_from_an_earlier_incarnation_are_ignored(tmp_path):
         assert applied == int((~shard0).sum())  # shard 0's are from its old incarnation
 
 
+def test_clear_empties_every_shard_as_a_new_incarnation(tmp_path):
+    factory = functools.partial(make_buffer, "prioritized")
+    with RayReplayBuffer(factory, 2, checkpoint_dir=tmp_path, checkpoint_every=5,
+                         seed=7) as buffer:
+        fill(buffer, range(20))
+        _, info = buffer.get_next(16)
+        buffer.clear()
+        assert len(buffer) == 0 and [d["size"] for d in buffer.describe()] == [0, 0]
+        with pytest.raises(rb.EmptyBufferError):
+            buffer.get_next(2)
+        assert buffer.update_priorities(info.ids, np.full(16, 2.0)) == 0  # stale ids
+        fill(buffer, range(100, 104))
+        # The empty buffer was saved at the clear: a restart does not bring 0..19 back.
+        ray.kill(buffer.actors[0], no_restart=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not buffer.losses:
+            buffer.get_next(8)
+            time.sleep(0.05)
+        buffer.wait_for_shards()
+        items, _ = buffer.get_next(400)
+        assert set(items["x"].tolist()) == {101, 103}  # shard 0's two steps were lost
+
+
 def test_bad_input_and_failures_give_clear_errors(tmp_path):
     with pytest.raises(ShardStartError, match="shard 0 could not start: MemoryError: no room"):
         RayReplayBuffer(failing_factory, 2)
