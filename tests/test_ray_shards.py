@@ -47,10 +47,12 @@ def alternating_factory(counter: str):
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Shard processes import this module's factories by name.
+    # Shard processes import this module's factories by name (and replaybuffer from
+    # wherever the caller's PYTHONPATH put it, as a checkout's src/).
     here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": here}})
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()
 
@@ -112,14 +114,14 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_reports_the_loss(tmp_pa
     with RayReplayBuffer(make_buffer, 2, checkpoint_dir=tmp_path, checkpoint_every=10,
                          seed=3) as buffer:
         fill(buffer, range(50))  # 25 steps each; shard 0 saved at last_id 9 and 19
-        ray.kill(buffer._actors[0], no_restart=False)
+        ray.kill(buffer.actors[0], no_restart=False)
         time.sleep(0.2)
         # Meanwhile the client samples from shard 1 alone (odd x), then shard 0 is back.
         seen_alone = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not buffer.losses:
             items, _ = buffer.get_next(32)
-            if not buffer._up[0]:
+            if not buffer.shards_up()[0]:
                 assert (items["x"] % 2 == 1).all()
                 seen_alone = True
             time.sleep(0.05)
@@ -138,11 +140,34 @@ def test_stale_ids_from_an_earlier_incarnation_are_ignored(tmp_path):
         fill(buffer, range(20))
         _, info = buffer.get_next(64)
         shard0 = (info.ids & ((1 << 48) - 1)) % 2 == 0
-        ray.kill(buffer._actors[0], no_restart=False)
+        ray.kill(buffer.actors[0], no_restart=False)
         time.sleep(0.5)
         buffer.wait_for_shards()
         applied = buffer.update_priorities(info.ids, np.full(64, 5.0))
         assert applied == int((~shard0).sum())  # shard 0's are from its old incarnation
+
+
+def test_clear_empties_every_shard_as_a_new_incarnation(tmp_path):
+    factory = functools.partial(make_buffer, "prioritized")
+    with RayReplayBuffer(factory, 2, checkpoint_dir=tmp_path, checkpoint_every=5,
+                         seed=7) as buffer:
+        fill(buffer, range(20))
+        _, info = buffer.get_next(16)
+        buffer.clear()
+        assert len(buffer) == 0 and [d["size"] for d in buffer.describe()] == [0, 0]
+        with pytest.raises(rb.EmptyBufferError):
+            buffer.get_next(2)
+        assert buffer.update_priorities(info.ids, np.full(16, 2.0)) == 0  # stale ids
+        fill(buffer, range(100, 104))
+        # The empty buffer was saved at the clear: a restart does not bring 0..19 back.
+        ray.kill(buffer.actors[0], no_restart=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not buffer.losses:
+            buffer.get_next(8)
+            time.sleep(0.05)
+        buffer.wait_for_shards()
+        items, _ = buffer.get_next(400)
+        assert set(items["x"].tolist()) == {101, 103}  # shard 0's two steps were lost
 
 
 def test_bad_input_and_failures_give_clear_errors(tmp_path):
@@ -157,7 +182,7 @@ def test_bad_input_and_failures_give_clear_errors(tmp_path):
         with pytest.raises(SpecError, match="x"):
             buffer.add_batch({"x": np.array([[1, 2]])})
         assert [d["size"] for d in buffer.describe()] == [2, 2]  # nothing reached a shard
-        for actor in buffer._actors:
+        for actor in buffer.actors:
             ray.kill(actor, no_restart=True)
         with pytest.raises(ShardsUnavailableError, match="all 2 shards are down"):
             for _ in range(3):

@@ -133,14 +133,14 @@ def test_prioritized_draws_follow_priorities_and_skip_stale_ids():
 def test_bad_priorities_change_nothing():
     with SharedReplayBuffer(SPEC, 1, 4, prioritized=True, seed=3) as buffer:
         write_steps(buffer, 1, 4)
-        tree = buffer._tree.copy()
+        tree = buffer.layout.tree.copy()
         with pytest.raises(ValueError, match=r"priorities\[1\] is nan"):
             buffer.update_priorities(np.array([0, 1]), np.array([1.0, np.nan]))
         with pytest.raises(ValueError, match="same S"):
             buffer.update_priorities(np.array([0, 1]), np.array([1.0]))
         with pytest.raises(ValueError, match="no item id"):
             buffer.update_priorities(np.array([-1]), np.array([1.0]))
-        np.testing.assert_array_equal(buffer._tree, tree)
+        np.testing.assert_array_equal(buffer.layout.tree, tree)
     with SharedReplayBuffer(SPEC, 1, 4) as plain, \
             pytest.raises(ValueError, match="prioritized=True"):
         plain.update_priorities(np.array([0]), np.array([1.0]))
@@ -173,7 +173,7 @@ def test_a_step_being_written_is_never_returned(buffer):
     item when there is one."""
     write_steps(buffer, 4, 3)
     position = (1 % buffer.max_length) * buffer.num_rows + 2  # row 2, step 1
-    buffer._version[position] = 2 * 1 + 1
+    buffer.layout.version[position] = 2 * 1 + 1
     items, info = buffer.get_next(5_000)
     assert not ((items["row"] == 2) & (items["step"] == 1)).any()
     assert len(set(zip(items["row"].tolist(), items["step"].tolist()))) == 11
@@ -208,7 +208,7 @@ def test_rows_of_an_ended_writer_are_reclaimed_with_their_steps():
 # --------------------------------------------------------------------- bad input
 def test_bad_items_raise_and_write_nothing(buffer):
     write_steps(buffer, 2, 2)
-    before = (len(buffer), buffer.steps_written().copy(), buffer._version.copy())
+    before = (len(buffer), buffer.steps_written().copy(), buffer.layout.version.copy())
     good = items_for(np.arange(2), np.array([2, 2]))
     with pytest.raises(SpecError, match="structure"):
         buffer.add_batch({"row": good["row"], "step": good["step"]})
@@ -219,7 +219,7 @@ def test_bad_items_raise_and_write_nothing(buffer):
     with pytest.raises(SpecError, match="writes 2 rows"):
         buffer.add_batch(items_for(np.arange(3), np.zeros(3)))
     assert (len(buffer), buffer.steps_written().tolist()) == (before[0], before[1].tolist())
-    np.testing.assert_array_equal(buffer._version, before[2])
+    np.testing.assert_array_equal(buffer.layout.version, before[2])
 
 
 def test_bad_constructions_are_refused(tmp_path):
@@ -351,13 +351,13 @@ def _send_wrong_spec(buffer: SharedReplayBuffer, out) -> None:
 
 def test_a_writer_with_a_wrong_spec_fails_in_its_own_process(buffer):
     write_steps(buffer, 1, 3)
-    before = (buffer.steps_written().tolist(), buffer._version.copy())
+    before = (buffer.steps_written().tolist(), buffer.layout.version.copy())
     out = SPAWN.Queue()
     in_process(_send_wrong_spec, buffer, out)
     message = out.get(timeout=5)
     assert message.startswith("leaf ['obs']: expected shape (1, 3)") and "got (1, 5)" in message
     assert buffer.steps_written().tolist() == before[0]
-    np.testing.assert_array_equal(buffer._version, before[1])
+    np.testing.assert_array_equal(buffer.layout.version, before[1])
     write_steps(buffer, 1, 1)  # this process goes on writing
     assert len(buffer) == 4
 

@@ -1,0 +1,430 @@
+"""One buffer, many processes: writers and samplers on one machine, data in shared memory.
+
+:class:`SharedReplayBuffer` keeps its steps in ``.npy`` files mapped by every process
+that uses it (:class:`~replaybuffer.storage.shared_storage.SharedStorage`, by default
+under ``/dev/shm``, so in RAM). Hand the buffer to a ``multiprocessing.Process`` (it
+pickles as its directory and spec, never its data) and call ``add_batch``/``extend``/
+``get_next``/``as_dataset``/``update_priorities`` there: batches go straight into and
+out of the shared arrays, never through a pipe.
+
+Layout and writers. The buffer has ``num_rows`` rows of ``max_length`` steps, as
+TF-Agents' buffers do. A process's first ``add_batch`` of ``B`` items claims ``B``
+adjacent free rows for that process (an env worker with ``B`` envs owns ``B`` rows);
+each row has one writer, so writes need no lock against each other. Rows of a process
+that ended (however it ended) are free again, with their steps, for the next claim.
+
+Torn steps. Every position carries a version: ``2 * id + 1`` while step ``id`` is being
+written there, ``2 * id + 2`` once written. A reader reads the versions of the positions
+it drew, copies the data, reads the versions again, and keeps a sample only when both
+reads show exactly the steps it meant (a window's consecutive ids): a step half written,
+overwritten while copied, or left half written by a writer that was killed is never
+returned; such draws are drawn again. The version stores and the row heads are
+published under the buffer's lock (an ``flock``, released by the kernel when a holder
+dies), whose system calls order the data stores before them; readers' loads are
+ordered by the processor (x86-64 keeps loads in order).
+
+Priorities (``prioritized=True``): a flat sum tree of ``priority ** alpha`` in shared
+memory (:mod:`replaybuffer.sampling.flat_tree`), read and written under the lock. A
+position's priority is 0 while it is rewritten, so it is not drawn; then the largest
+priority seen. ``update_priorities`` ignores ids whose step was overwritten since.
+
+Rate limiters: any :class:`~replaybuffer.RateLimiter` except :class:`~replaybuffer.
+Queue` (whose items must be consumed by reads); its counters live in shared memory, so
+every writer and sampler is paced by the same totals. A held-back call polls (50 us,
+doubling to 2 ms) until it may go, ``timeout`` passes, or, with ``block=False``, at once.
+
+What the local buffers have and this one lacks yet (episodes and ``within_episodes``,
+``clear()``, ``save()``, the ``Queue`` limiter) is refused with an error that names it
+(:class:`~replaybuffer.distributed.errors.NotSupportedError` for methods); issue 24 adds
+them. The parts live beside this module: :mod:`.layout` (the shared control block),
+:mod:`.process_lock`, :mod:`.writer` (claiming rows, publishing steps),
+:mod:`.sampling` (whole windows), :mod:`.priorities` (the shared sum tree) and
+:mod:`.admission` (the rate limiter on shared counters).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.arguments import positive_or_none
+from replaybuffer.buffers.base import package
+from replaybuffer.dataset import RandomStream
+from replaybuffer.distributed.errors import BufferClosedError, not_supported
+from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.config import SharedConfig
+from replaybuffer.distributed.shared.items import ItemChecker
+from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
+from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.process_lock import ProcessLock, remove_directory
+from replaybuffer.distributed.shared.sampling import SharedSampler
+from replaybuffer.distributed.shared.writer import SharedWriter
+from replaybuffer.errors import EmptyBufferError
+from replaybuffer.protocols import BufferInfo
+from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
+from replaybuffer.sampling.sampler import make_rng
+from replaybuffer.storage.base import identity
+from replaybuffer.storage.shared_storage import SharedStorage
+
+if TYPE_CHECKING:
+    from replaybuffer.protocols import Buffer, PrioritizedBuffer
+
+__all__ = ["SharedReplayBuffer", "BufferClosedError"]
+
+
+class SharedReplayBuffer:
+    """A replay buffer that processes on one machine write to and sample from at once.
+
+    Args:
+        data_spec: a nest of :class:`ArraySpec` (or anything :func:`as_data_spec`
+            takes) describing one item.
+        num_rows: rows of the ring; each writing process claims as many as its
+            ``add_batch`` has items (so the rows bound the total envs writing).
+        max_length: steps per row. Capacity is ``num_rows * max_length`` items.
+        prioritized: sample in proportion to ``priority ** alpha`` (see the module
+            docstring); ``update_priorities`` sets them.
+        alpha, beta: the prioritization and importance-sampling exponents.
+        rate_limiter: paces every process's inserts and samples (not a ``Queue``).
+        path: a new or empty directory for the files (default: a fresh one under
+            ``/dev/shm``, removed by :meth:`close`; a given path is left in place).
+        seed: seeds the sampling generators: process ``k`` to attach (the creator is
+            0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
+
+    The object pickles as a handle: unpickled in another process (a
+    ``multiprocessing.Process`` argument) it maps the same files.
+
+    Raises:
+        ValueError: a bad size, exponent or limiter (a ``Queue``, or a
+            ``min_size_to_sample`` above the capacity), or a path in use.
+    """
+
+    def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 rate_limiter: RateLimiter | None = None,
+                 path: str | os.PathLike[str] | None = None, seed: int | None = None):
+        self._config, temporary = SharedConfig.checked(
+            data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
+            seed)
+        self._map(create=True)
+        self._creator = os.getpid()
+        self._remover = (weakref.finalize(self, remove_directory, self._config.path,
+                                          os.getpid()) if temporary else None)
+
+    # ----------------------------------------------------------------- mapping
+    def __getstate__(self) -> SharedConfig:
+        """A handle: the configuration (directory, spec, sizes), never the data."""
+        return self._config
+
+    def __setstate__(self, config: SharedConfig) -> None:
+        """Unpickled (in another process): map the files the creator made."""
+        self._config = config
+        self._creator, self._remover = -1, None
+        self._map(create=False)
+
+    def _map(self, create: bool) -> None:
+        """Make (``create``) or attach the files, and wire the parts over them."""
+        config = self._config
+        self._data_spec = config.data_spec
+        specs, self._structure = nest.flatten(self._data_spec)
+        rows, length = self._rows_total, self._length = config.num_rows, config.max_length
+        self.path = Path(config.path)
+        self._storage = SharedStorage(specs, rows * length, self.path, create)
+        self._items = ItemChecker(self._data_spec, self._storage)
+        self._layout = layout = SharedLayout(self._storage, rows, length,
+                                             config.prioritized, create)
+        self._next_id, self._control = layout.next_id, layout.control
+        self._lock = ProcessLock(self.path / "lock")
+        self._priorities = SharedPriorities(layout, self._lock, rows, length,
+                                            config.alpha) if config.prioritized else None
+        self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
+                                      self._priorities, config.beta, config.seed)
+        self._limiter: RateLimiter | None = config.rate_limiter
+        # A limiter that can never hold an insert back (max_diff = inf, as MinSize)
+        # needs no admission: inserts are counted in the commit's critical section.
+        counts_at_commit = self._limiter is not None and \
+            self._limiter.max_diff == float("inf")
+        self._admits_inserts = self._limiter is not None and not counts_at_commit
+        self._admission = None if self._limiter is None else SharedAdmission(
+            self._limiter, self._control, self._lock, self.__len__, self._check_open)
+        self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
+                                    config.alpha, counts_at_commit)
+        self._sampler.process_rng()  # the creator is process 0 of the seed
+
+    # -------------------------------------------------------------- properties
+    @property
+    def data_spec(self) -> Any:
+        """The nest of :class:`ArraySpec` describing one item (no batch dimension)."""
+        return self._data_spec
+
+    @property
+    def num_rows(self) -> int:
+        return self._rows_total
+
+    @property
+    def max_length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """``num_rows * max_length`` items."""
+        return self._rows_total * self._length
+
+    @property
+    def rows(self) -> tuple[int, int] | None:
+        """``(first row, count)`` this process writes to, once it has added."""
+        return self._writer.rows
+
+    @property
+    def rate_limiter(self) -> RateLimiter | None:
+        return self._limiter
+
+    @property
+    def layout(self) -> SharedLayout:
+        """The shared control block (versions, row heads, owners, counters, the
+        priority tree), for tools and tests that inspect it; writing to it bypasses
+        the buffer's protocol."""
+        return self._layout
+
+    @property
+    def max_priority(self) -> float:
+        """The largest priority seen (``prioritized`` buffers); new steps enter with it."""
+        if self._priorities is None:
+            raise ValueError("max_priority: the buffer is not prioritized")
+        return self._priorities.max_priority
+
+    def __len__(self) -> int:
+        """Items held: the steps of every row, up to ``max_length`` each."""
+        return int(np.minimum(self._next_id, self._length).sum())
+
+    def __repr__(self) -> str:
+        return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
+                f"max_length={self._length}, items={len(self)}, path='{self.path}')")
+
+    # ----------------------------------------------------------------- writing
+    def _check_open(self) -> None:
+        if self._control[CLOSED]:
+            raise BufferClosedError(f"the shared buffer in {self.path} was closed by the "
+                                    "process that made it")
+
+    def steps_written(self) -> np.ndarray:
+        """Steps written so far to each row, int64 ``[num_rows]`` (a copy): the next
+        step of a row gets this id."""
+        steps: np.ndarray = self._next_id.copy()
+        return steps
+
+    def claim_rows(self, count: int) -> tuple[int, int]:
+        """The rows this process writes, ``(first, count)``: claimed by its first add
+        (or this call) as ``count`` adjacent rows that no live process owns and whose
+        step counts agree. Later calls return the same rows.
+
+        Raises:
+            SpecError: this process owns a different number of rows, or ``count`` is
+                more than the buffer has.
+            ValueError: no such rows are free now.
+        """
+        return self._writer.claim_rows(count)
+
+    def add_batch(self, items: Any, *, timeout: float | None = None,
+                  block: bool = True) -> bool:
+        """Append one step to each of this process's rows.
+
+        Args:
+            items: a nest matching ``data_spec``, leaves ``[B, *spec.shape]``; the first
+                call claims ``B`` rows for this process, later calls must keep ``B``.
+            timeout, block: as :meth:`replaybuffer.ReplayBuffer.add_batch`, with the
+                rate limiter.
+
+        Returns:
+            ``True`` once written; ``False`` with ``block=False`` when held back.
+
+        Raises:
+            SpecError: wrong structure, shape, dtype or batch size (naming the leaf);
+                nothing is written.
+            RateLimitedError: ``timeout`` passed with the insert held back.
+            BufferClosedError: the buffer was closed.
+        """
+        self._check_open()
+        arrays, (count,) = self._items.arrays(items, "add_batch", 1)
+        writer = self._writer
+        first, _ = writer.claim_rows(count)
+        if self._admits_inserts and not self._admit(True, count, timeout, block):
+            return False
+        writer.write_step(first, count, arrays)
+        return True
+
+    def extend(self, items: Any, *, timeout: float | None = None,
+               block: bool = True) -> bool:
+        """Append ``T`` steps to each of this process's rows: leaves ``[B, T, *shape]``
+        (the rate limiter admits ``B * T`` items at once). As :meth:`add_batch`."""
+        self._check_open()
+        arrays, (count, steps) = self._items.arrays(items, "extend", 2)
+        writer = self._writer
+        first, _ = writer.claim_rows(count)
+        if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
+            return False
+        for t in range(steps):
+            writer.write_step(first, count, [a[:, t] for a in arrays])
+        return True
+
+    def flush(self) -> None:
+        """Nothing to wait for: a write is in shared memory when ``add_batch`` returns
+        (here for the buffer surface, where the Ray buffer's writes are asynchronous)."""
+
+    # ---------------------------------------------------------------- sampling
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, timeout: float | None = None,
+                 block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, timeout: float | None = None,
+                 block: bool = True) -> tuple[Any, BufferInfo] | None: ...
+
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True, *, timeout: float | None = None,
+                 block: bool = True) -> tuple[Any, BufferInfo] | None:
+        """Sample items as :meth:`replaybuffer.ReplayBuffer.get_next` does (same shapes).
+
+        ``BufferInfo.ids`` are item ids (``step * num_rows + row``), unique per step and
+        row, for :meth:`update_priorities`; ``probabilities`` are float32 ``[S]``;
+        prioritized buffers add ``weights`` (``(P_min / P(i)) ** beta`` over the batch,
+        so the batch's largest is 1). A window lies in one row, consecutive steps,
+        never across the write head.
+
+        Raises:
+            EmptyBufferError: no row holds ``num_steps`` steps (nothing with a positive
+                priority, for prioritized buffers).
+            RateLimitedError: ``timeout`` passed with the sample held back.
+            BufferClosedError: the buffer was closed.
+        """
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
+        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
+                            block=block)
+
+    @overload
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
+
+    @overload
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None: ...
+
+    def draw(self, sample_batch_size: int | None, num_steps: int | None,
+             time_stacked: bool = True, rng: np.random.Generator | None = None,
+             within_episodes: bool = False, timeout: float | None = None,
+             block: bool = True) -> tuple[Any, BufferInfo] | None:
+        """:meth:`get_next` after its argument checks, drawing from ``rng`` (default:
+        this process's generator); the :class:`~replaybuffer.protocols.SampleSource`
+        seam of dataset streams. ``within_episodes`` is refused (no episodes yet)."""
+        if within_episodes:
+            raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
+        self._check_open()
+        count = sample_batch_size or 1
+        steps = num_steps or 1
+        if steps > self._length:
+            raise EmptyBufferError(f"num_steps={steps} is longer than a row "
+                                   f"(max_length={self._length})")
+        if self._limiter is not None and not self._admit(False, count, timeout, block):
+            return None
+        rng = self._sampler.process_rng() if rng is None else rng
+        leaves, ids, info = self._sampler.draw(count, steps, rng)
+        if num_steps is None:
+            leaves = [leaf[:, 0] for leaf in leaves]
+            ids = ids[:, 0]
+        return package(self._structure, identity, leaves, ids, info, sample_batch_size,
+                       num_steps, time_stacked)
+
+    # -------------------------------------------------------------- priorities
+    def update_priorities(self, ids: Any, priorities: Any) -> int:
+        """Set the priorities of sampled items (``BufferInfo.ids``: ``[S]``, or
+        ``[S, T]`` windows, whose first step carries the priority).
+
+        Returns:
+            How many were applied: ids of steps overwritten since they were drawn are
+            ignored.
+
+        Raises:
+            ValueError: not prioritized; mismatched shapes; a NaN, infinite or
+                negative priority; an id no sample could have returned. Nothing is
+                changed then.
+        """
+        if self._priorities is None:
+            raise ValueError("update_priorities: the buffer was built without "
+                             "prioritized=True")
+        self._check_open()
+        return self._priorities.update(ids, priorities)
+
+    # ----------------------------------------------------------------- pacing
+    def _admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
+        """Wait until the rate limiter lets ``n`` items be inserted (or sampled); see
+        :class:`~replaybuffer.distributed.shared.admission.SharedAdmission`."""
+        assert self._admission is not None
+        return self._admission.admit(insert, n, timeout, block)
+
+    def stats(self) -> RateLimiterStats | None:
+        """The rate limiter's counters over every process (``None`` without one)."""
+        return None if self._admission is None else self._admission.stats()
+
+    # -------------------------------------------------------------- iteration
+    def spawn_rng(self) -> np.random.Generator:
+        """A generator for a dataset stream, seeded from this process's generator."""
+        return make_rng(np.random.SeedSequence(self._sampler.process_rng().integers(0, 2**63 - 1)))
+
+    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                   num_parallel_calls: int | None = None,
+                   prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
+        """An endless stream of ``get_next(sample_batch_size, num_steps)`` elements,
+        sampled ahead by ``num_parallel_calls`` threads of this process (see
+        :class:`~replaybuffer.dataset.RandomStream`)."""
+        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
+        num_steps = positive_or_none(num_steps, "num_steps")
+        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
+
+    # ------------------------------------------------------ not supported yet
+    def clear(self) -> NoReturn:
+        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer cannot
+        be emptied yet."""
+        raise not_supported(type(self), "clear()", "make a new SharedReplayBuffer")
+
+    def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
+        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer has no
+        checkpoints yet."""
+        raise not_supported(type(self), "save()", "use a ReplayBuffer (its save() and "
+                            "replaybuffer.load) for checkpoints")
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Give up this process's rows. In the process that made the buffer, also mark
+        it closed for every process and remove its temporary directory."""
+        if not self._control[CLOSED]:
+            self._writer.release_rows()
+        if self._creator == os.getpid():
+            self._control[CLOSED] = 1
+            if self._remover is not None:
+                self._remover()
+        self._lock.close()
+
+    def __enter__(self) -> "SharedReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+if TYPE_CHECKING:  # the buffer surface, checked by mypy
+    def _is_a_buffer(buffer: SharedReplayBuffer) -> Buffer:
+        return buffer
+
+    def _is_a_prioritized_buffer(buffer: SharedReplayBuffer) -> PrioritizedBuffer:
+        return buffer

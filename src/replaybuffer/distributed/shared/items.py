@@ -1,0 +1,54 @@
+"""Items coming into a shared buffer: checked against the spec, converted to the
+storage's arrays, in the writing process before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from replaybuffer import nest
+from replaybuffer.errors import SpecError
+from replaybuffer.storage.shared_storage import SharedStorage
+
+
+class ItemChecker:
+    """Checks a nest of items against ``data_spec`` and converts its leaves for
+    ``storage``.
+
+    Args:
+        data_spec: the buffer's nest of :class:`~replaybuffer.ArraySpec`.
+        storage: the buffer's storage (its ``convert`` checks each leaf's shape and
+            dtype, naming the leaf).
+    """
+
+    def __init__(self, data_spec: Any, storage: SharedStorage):
+        specs, self._structure = nest.flatten(data_spec)
+        self._first_shape = list(specs[0].shape)
+        self._paths = nest.leaf_paths(data_spec)
+        self._fast_flatten = nest.fast_flattener(data_spec)
+        self._storage = storage
+
+    def arrays(self, items: Any, method: str, axes: int
+               ) -> tuple[Sequence[Any], tuple[int, ...]]:
+        """The leaves of ``items`` as storage arrays ``[B, *shape]`` (``axes=1``) or
+        ``[B, T, *shape]`` (``axes=2``), and that outer shape.
+
+        Raises:
+            SpecError: wrong structure, shape or dtype (naming the leaf, for ``method``).
+        """
+        leaves = None if self._fast_flatten is None else self._fast_flatten(items)
+        if leaves is None:
+            leaves, structure = nest.flatten(items)
+            if structure != self._structure:
+                raise SpecError(f"{method}: items do not match the data_spec structure: "
+                                f"expected {nest.describe(self._structure)}, got "
+                                f"{nest.describe(structure)}")
+        shape = np.shape(leaves[0])
+        if len(shape) != axes + len(self._first_shape):
+            raise SpecError(f"{method}: {self._paths[0]} has shape {shape}; expected "
+                            f"{'[B, T]' if axes == 2 else '[B]'} + {self._first_shape}")
+        outer = tuple(shape[:axes])
+        names = f"[batch={outer[0]}]" if axes == 1 else \
+            f"[batch={outer[0]}, steps={outer[1]}]"
+        return self._storage.convert(leaves, self._paths, outer, names), outer

@@ -1,0 +1,56 @@
+"""The shared control block: the arrays beside the data that every process maps.
+
+Next to the data (:class:`~replaybuffer.storage.shared_storage.SharedStorage`, one
+position per ``slot * num_rows + row``) a shared buffer keeps, as ``.npy`` files in
+its directory:
+
+- ``version`` int64 ``[capacity]``: per position, ``2 * id + 1`` while step ``id`` is
+  being written there, ``2 * id + 2`` once written (the seqlock readers check);
+- ``next_id`` int64 ``[num_rows]``: steps written to each row (the row's write head);
+- ``owner`` int64 ``[num_rows]``: the pid writing each row (0: none);
+- ``control`` int64 ``[16]``: the fields named below (rate-limiter totals, closed flag,
+  how many processes attached);
+- prioritized buffers only: ``priorities`` float64, a flat sum tree of
+  ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`), and
+  ``max_priority`` float64 ``[1]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaybuffer.sampling import flat_tree
+from replaybuffer.storage.shared_storage import SharedStorage
+
+(INSERTS, SAMPLES, LARGEST_INSERT, LARGEST_SAMPLE, INSERTS_BLOCKED, SAMPLES_BLOCKED,
+ INSERT_BLOCKED_NS, SAMPLE_BLOCKED_NS, CLOSED, ATTACHED) = range(10)
+"""Fields of the shared int64 ``control`` array."""
+
+
+class SharedLayout:
+    """The control arrays of a shared buffer, made (``create``) or attached in
+    ``storage``'s directory (see the module docstring for each array's shape and dtype).
+
+    Attributes:
+        version, next_id, owner, control: int64 arrays, mapped shared.
+        prioritized: whether the layout has priorities.
+        tree, max_priority: float64 arrays (prioritized layouts; otherwise an empty
+            tree and a private ``[1.0]``, never read).
+    """
+
+    def __init__(self, storage: SharedStorage, num_rows: int, max_length: int,
+                 prioritized: bool, create: bool):
+        capacity = num_rows * max_length
+        shared = storage.map
+        self.version = shared("version", (capacity,), np.int64)
+        self.next_id = shared("next_id", (num_rows,), np.int64)
+        self.owner = shared("owner", (num_rows,), np.int64)
+        self.control = shared("control", (16,), np.int64)
+        self.prioritized = prioritized
+        self.tree: np.ndarray = np.zeros(0)
+        self.max_priority: np.ndarray = np.ones(1)
+        if prioritized:
+            self.tree = shared("priorities", (flat_tree.tree_nodes(capacity),), np.float64)
+            self.max_priority = shared("max_priority", (1,), np.float64)
+            if create:
+                self.max_priority[0] = 1.0

@@ -1,0 +1,133 @@
+"""The write path of a shared buffer: claiming rows, and publishing steps under the
+version protocol.
+
+A process's first write of ``B`` items claims ``B`` adjacent free rows (an env worker
+with ``B`` envs owns ``B`` rows); each row has one writer, so writes need no lock
+against each other. Rows of a process that ended (however it ended) are free again,
+with their steps, for the next claim. A step is written as: versions to ``2 * id + 1``
+(and, prioritized, its priority to 0 so it is not drawn), the data, then under the lock
+versions to ``2 * id + 2``, the row heads, the insert count and the priority.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from replaybuffer.distributed.shared.layout import INSERTS, LARGEST_INSERT, SharedLayout
+from replaybuffer.distributed.shared.process_lock import ProcessLock, process_ended
+from replaybuffer.errors import SpecError
+from replaybuffer.sampling import flat_tree
+from replaybuffer.storage.shared_storage import SharedStorage
+
+
+class SharedWriter:
+    """This process's rows of a shared buffer and the steps it writes to them.
+
+    Args:
+        layout: the buffer's control arrays.
+        storage: its data.
+        lock: its process lock.
+        num_rows, max_length: its shape.
+        alpha: the prioritization exponent (prioritized layouts).
+        counts_at_commit: count inserts in the commit's critical section (a rate
+            limiter that never holds an insert back, so admits none).
+    """
+
+    def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
+                 num_rows: int, max_length: int, alpha: float, counts_at_commit: bool):
+        self._version, self._next_id = layout.version, layout.next_id
+        self._owner, self._control = layout.owner, layout.control
+        self._tree, self._max_priority = layout.tree, layout.max_priority
+        self._prioritized = layout.prioritized
+        self._storage = storage
+        self._lock = lock
+        self._rows_total, self._length = num_rows, max_length
+        self._alpha = alpha
+        self._counts_at_commit = counts_at_commit
+        self._rows: tuple[int, int] | None = None  # (first row, count) this process owns
+        self._owner_pid = -1
+
+    @property
+    def rows(self) -> tuple[int, int] | None:
+        """``(first row, count)`` this process writes to, once it has claimed them."""
+        return self._rows if self._owner_pid == os.getpid() else None
+
+    def claim_rows(self, count: int) -> tuple[int, int]:
+        """The rows this process writes, ``(first, count)`` (see
+        :meth:`~replaybuffer.distributed.SharedReplayBuffer.claim_rows`)."""
+        pid = os.getpid()
+        if self._owner_pid == pid and self._rows is not None:
+            first, owned = self._rows
+            if owned != count:
+                raise SpecError(f"add_batch: this process writes {owned} rows "
+                                f"({first}..{first + owned - 1}); got a batch of {count}")
+            return self._rows
+        if count > self._rows_total:
+            raise SpecError(f"add_batch: a batch of {count} needs {count} rows; the buffer "
+                            f"has {self._rows_total}")
+        with self._lock:
+            owner, heads = self._owner, self._next_id
+            free = [owner[r] == 0 or owner[r] == pid or process_ended(int(owner[r]))
+                    for r in range(self._rows_total)]
+            self._repair_heads([r for r in range(self._rows_total) if free[r] and owner[r]])
+            unowned = [bool(owner[r] == 0) for r in range(self._rows_total)]
+            # Rows no process held first (a new writer starts on its own rows), then
+            # the rows of ended writers, whose steps it continues.
+            for usable in (unowned, free):
+                for first in range(self._rows_total - count + 1):
+                    block = slice(first, first + count)
+                    if all(usable[block]) and (heads[block] == heads[first]).all():
+                        owner[block] = pid
+                        self._rows, self._owner_pid = (first, count), pid
+                        return self._rows
+        raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
+                         f"counts) among {self._rows_total}; rows are owned by processes "
+                         f"{sorted({int(p) for p in owner if p})}: give the buffer more "
+                         "rows, or end a writer")
+
+    def _repair_heads(self, rows: list[int]) -> None:
+        """Advance the head of each of ``rows`` (of ended writers) past a step written
+        whole whose head update its writer did not finish: a writer killed while
+        publishing a step may have moved some of its rows' heads and not others."""
+        for row in rows:
+            head = int(self._next_id[row])
+            position = (head % self._length) * self._rows_total + row
+            if self._version[position] == 2 * head + 2:
+                self._next_id[row] = head + 1
+
+    def release_rows(self) -> None:
+        """Give up this process's rows (they keep their steps for the next claim)."""
+        if self._owner_pid == os.getpid() and self._rows is not None:
+            first, count = self._rows
+            with self._lock:
+                mine = self._owner[first:first + count] == os.getpid()
+                self._owner[first:first + count][mine] = 0
+            self._rows = None
+
+    def write_step(self, first: int, count: int, arrays: Any) -> None:
+        """Write one step to rows ``first .. first + count - 1`` under the version
+        protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
+        step = int(self._next_id[first])
+        start = (step % self._length) * self._rows_total + first
+        span = slice(start, start + count)
+        if self._prioritized:  # not drawn while rewritten
+            with self._lock:
+                self._version[span] = 2 * step + 1
+                flat_tree.update(self._tree, np.arange(start, start + count),
+                                 np.zeros(count))
+        else:
+            self._version[span] = 2 * step + 1
+        self._storage.write(start, arrays)
+        with self._lock:
+            self._version[span] = 2 * step + 2
+            self._next_id[first:first + count] = step + 1
+            if self._counts_at_commit:
+                self._control[INSERTS] += count
+                self._control[LARGEST_INSERT] = max(int(self._control[LARGEST_INSERT]),
+                                                    count)
+            if self._prioritized:
+                flat_tree.update(self._tree, np.arange(start, start + count),
+                                 np.full(count, self._max_priority[0] ** self._alpha))
