@@ -4,6 +4,12 @@ A storage holds one array per leaf spec, each of shape ``[capacity, *spec.shape]
 It validates and converts incoming leaves, writes a block of consecutive
 positions, and gathers arbitrary positions. It knows nothing of rows, rings,
 randomness or episodes: positions are plain integers in ``[0, capacity)``.
+
+A user may pass a storage object of their own as a buffer's ``storage=`` (a subclass of
+:class:`~replaybuffer.storage.numpy_storage.NumpyStorage`, say): it must have every
+member of :class:`Storage` (:data:`STORAGE_ATTRIBUTES`, :data:`STORAGE_METHODS`) and
+hold the buffer's specs and capacity (checked by
+:func:`~replaybuffer.storage.conformance.checked_storage`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ __all__ = ["LeafChecker", "STORAGE_ATTRIBUTES", "STORAGE_METHODS", "Storage",
 
 
 class Storage(Checkpointable, Protocol):
+    """What a buffer needs of the place its steps live (see the module docstring): the
+    attributes and methods below, and :class:`~replaybuffer.protocols.Checkpointable`."""
+
     kind: str
-    """Backend name: ``"numpy"``, ``"torch"``."""
+    """Backend name: ``"numpy"``, ``"torch"``, ... (a checkpoint records it)."""
     specs: tuple[ArraySpec, ...]
     """One spec per leaf, in nest flatten order."""
     capacity: int
