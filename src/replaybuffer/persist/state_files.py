@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.errors import CheckpointError
-from replaybuffer.persist.durable import naming, sync
+import replaybuffer.persist.durable as durable
 
 
 def externalise_arrays(state: Any, directory: Path, prefix: str = "state") -> Any:
@@ -25,9 +25,9 @@ def externalise_arrays(state: Any, directory: Path, prefix: str = "state") -> An
     if isinstance(state, np.ndarray):
         name = f"{prefix}.npy"
         arr = np.ascontiguousarray(state)
-        with naming(directory / name), open(directory / name, "wb") as fh:
+        with durable.naming(directory / name), open(directory / name, "wb") as fh:
             np.save(fh, arr, allow_pickle=False)
-            sync(fh)
+            durable.sync(fh)
         return {"__npy__": name, "shape": list(arr.shape), "dtype": arr.dtype.str,
                 "crc32": zlib.crc32(arr.data)}
     if isinstance(state, dict):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from replaybuffer.errors import CheckpointError
-from replaybuffer.persist.durable import naming, sync
+import replaybuffer.persist.durable as durable
 from replaybuffer.persist.layout import stream_files
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows
@@ -48,11 +48,11 @@ def write_stream(directory: Path, name: str, rows: FrozenRows, lock: Any, chunk_
             for k, (fh, arr) in enumerate(zip(handles, chunk)):
                 data = bytes_of(arr, rows.specs[k].dtype)
                 crcs[k] = zlib.crc32(data, crcs[k])
-                with naming(fh.name):
+                with durable.naming(fh.name):
                     fh.write(data)
         for fh in handles:
-            with naming(fh.name):
-                sync(fh)
+            with durable.naming(fh.name):
+                durable.sync(fh)
     return [{"file": f, "path": path, "shape": list(shape), "dtype": spec.dtype.str,
              "crc32": crc}
             for f, path, shape, spec, crc in zip(files, rows.names, shapes, rows.specs, crcs)]

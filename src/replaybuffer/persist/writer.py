@@ -8,6 +8,10 @@ position not saved yet first copies the old contents aside
 moment the save began. Every file is written under a temporary name in the series
 and ``fsync``-ed, the manifest last; the directory is then renamed to ``ckpt-N``
 (:func:`~replaybuffer.persist.series.publish`) and older checkpoints pruned.
+
+The series and durability functions are called through their modules
+(``series.publish``, ``durable.sync``), so that ``benchmarks/save_stalls.py`` can time
+each phase by replacing them there.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replaybuffer.errors import CheckpointError
-from replaybuffer.persist.durable import naming, sync, sync_directory
+import replaybuffer.persist.durable as durable
+import replaybuffer.persist.series as series
 from replaybuffer.persist.layout import FORMAT, MANIFEST, TMP, VERSION
 from replaybuffer.persist.manifest import manifest_checksum
 from replaybuffer.persist.savable import SavableBuffer
-from replaybuffer.persist.series import prune, publish, remove_abandoned
 from replaybuffer.persist.spec_codec import encode_spec
 from replaybuffer.persist.state_files import externalise_arrays
 from replaybuffer.persist.streams import write_stream
@@ -54,12 +58,12 @@ def save_series(buffer: SavableBuffer, root: Path, keep: int, metadata: dict[str
         tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)
-            remove_abandoned(root)
+            series.remove_abandoned(root)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
             _write_checkpoint(buffer, tmp, metadata, chunk_bytes, state_only)
-            final = publish(tmp, root)
+            final = series.publish(tmp, root)
             tmp = None
-            prune(root, keep)
+            series.prune(root, keep)
         except OSError as exc:
             raise CheckpointError(f"cannot save to {root}: {exc}") from exc
         finally:
@@ -98,7 +102,7 @@ def _write_checkpoint(buffer: SavableBuffer, directory: Path, metadata: dict[str
         "state_only": state_only is not None,
     }
     manifest["checksum"] = manifest_checksum(manifest)
-    with naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
+    with durable.naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
         fh.write(json.dumps(manifest, indent=1))
-        sync(fh)
-    sync_directory(directory)
+        durable.sync(fh)
+    durable.sync_directory(directory)
