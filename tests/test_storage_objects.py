@@ -91,6 +91,11 @@ def test_a_storage_object_without_an_attribute_is_refused_naming_it(missing):
         rb.UniformReplayBuffer(SPEC, 2, 5, storage=_Partial(missing))
 
 
+def test_a_storage_class_instead_of_an_object_is_refused():
+    with pytest.raises(TypeError, match="storage=NumpyStorage is a class: pass a storage object"):
+        rb.UniformReplayBuffer(SPEC, 2, 5, storage=NumpyStorage)
+
+
 def test_the_checked_members_are_the_protocols():
     members = {name for name in vars(Storage) if not name.startswith("_")} | \
         {name for name in typing.get_type_hints(Storage) if not name.startswith("_")}

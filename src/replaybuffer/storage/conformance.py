@@ -22,11 +22,14 @@ def checked_storage(storage: Any, specs: Sequence[ArraySpec], capacity: int) -> 
         capacity: the buffer's ``batch_size * max_length``.
 
     Raises:
-        TypeError: a member of the protocol is missing (the message names the class and
-            the member).
+        TypeError: a class rather than an object, or a member of the protocol is missing
+            (the message names the class and the member).
         SpecError: its ``specs`` are not the buffer's.
         ValueError: its ``capacity`` is not the buffer's.
     """
+    if isinstance(storage, type):
+        raise TypeError(f"storage={storage.__name__} is a class: pass a storage object (built "
+                        f"with the buffer's leaf specs and capacity) or a backend's name")
     name = type(storage).__name__
     for method in STORAGE_METHODS:
         if not callable(getattr(storage, method, None)):
