@@ -386,7 +386,7 @@ def test_a_read_only_disk_fails_the_save_and_touches_nothing(tmp_path, monkeypat
     def read_only(file, *args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
 
-    monkeypatch.setattr(persist, "open", read_only, raising=False)
+    monkeypatch.setattr(persist.streams, "open", read_only, raising=False)  # opens the data files
     with pytest.raises(rb.CheckpointError, match=r"Read-only file system: '.*leaf_000\.npy'"):
         buf.save(tmp_path / "c")
     monkeypatch.undo()
@@ -430,7 +430,7 @@ def test_a_newer_format_names_the_version_needed(tmp_path):
     written = make().save(tmp_path / "c")
     manifest = json.loads((written / "manifest.json").read_text())
     manifest["version"] = persist.VERSION + 1
-    manifest["checksum"] = persist._manifest_checksum(manifest)
+    manifest["checksum"] = persist.manifest_checksum(manifest)
     (written / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(rb.CheckpointError, match=f"format version {persist.VERSION + 1}; "
                                                  "this replaybuffer reads versions 1, 2: "

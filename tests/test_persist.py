@@ -8,7 +8,7 @@ import pytest
 
 import replaybuffer as rb
 from conftest import to_np
-from replaybuffer.persist import _manifest_checksum, decode_spec, encode_spec, verify
+from replaybuffer.persist import decode_spec, encode_spec, manifest_checksum, verify
 
 Obs = collections.namedtuple("Obs", "pixels speed")
 
@@ -104,7 +104,7 @@ def rewrite(d, change, fix_checksum=True):
     m = json.loads((d / "manifest.json").read_text())
     change(m)
     if fix_checksum:
-        m["checksum"] = _manifest_checksum(m)
+        m["checksum"] = manifest_checksum(m)
     (d / "manifest.json").write_text(json.dumps(m))
 
 

@@ -693,7 +693,7 @@ def test_saves_without_the_newer_state_keys_still_load(tmp_path):
     # Saves written before the side store's free list and the frame codec's newest step
     # were kept: they load, and the restored buffer reads and continues correctly (its
     # later internal choices may differ, so only outputs are compared).
-    from replaybuffer.persist import MANIFEST, _manifest_checksum
+    from replaybuffer.persist import MANIFEST, manifest_checksum
 
     case = TRANSITION_CASES["transitions-frames"]
     a, writer = case.make(3), case.script(3)
@@ -705,7 +705,7 @@ def test_saves_without_the_newer_state_keys_still_load(tmp_path):
     del state["side"]["free"]
     for key in ("last_id", "last_tails", "last_refs", "last_slides"):
         del state["frames"][key]
-    manifest["checksum"] = _manifest_checksum(manifest)
+    manifest["checksum"] = manifest_checksum(manifest)
     (saved / MANIFEST).write_text(json.dumps(manifest))
     b = rb.load(tmp_path / "a")
     continuation = writer(case.after)

@@ -28,6 +28,7 @@ side). A refusal says why.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 import warnings
@@ -251,6 +252,42 @@ class RateLimiter:
         return RateLimiterStats(self.inserts, self.samples, size, self.insert_blocked_s,
                                 self.sample_blocked_s, self.inserts_blocked,
                                 self.samples_blocked, self.diff)
+
+    # ------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """The counters (:class:`~replaybuffer.protocols.Checkpointable`): ``inserts``,
+        ``samples``, ``inserts_blocked``, ``samples_blocked``, ``largest_insert``,
+        ``largest_sample`` (ints) and ``insert_blocked_s``, ``sample_blocked_s``
+        (floats). The configuration (ratio, window) is the constructor's, not state."""
+        return {name: getattr(self, name) for name in _COUNTERS}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the counters of :meth:`state_dict` back (a restarted shard's limiter
+        resumes where the lost one stood). On an attached limiter, call it holding the
+        buffer's lock; waiters see the new counters at their next wake-up.
+
+        Raises:
+            ValueError: a counter is missing or not a number of its kind (nothing is
+                changed then).
+        """
+        values: dict[str, float] = {}
+        for name in _COUNTERS:
+            value = state.get(name)
+            kind = float if name.endswith("_s") else int
+            number = float(value) if isinstance(value, numbers.Real) and \
+                not isinstance(value, bool) else math.nan
+            if not (math.isfinite(number) and number >= 0) or \
+                    (kind is int and not number.is_integer()):
+                raise ValueError(f"rate limiter state: {name} must be a non-negative "
+                                 f"{kind.__name__}, got {value!r}")
+            values[name] = kind(number)
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+_COUNTERS = ("inserts", "samples", "insert_blocked_s", "sample_blocked_s", "inserts_blocked",
+             "samples_blocked", "largest_insert", "largest_sample")
+"""The attributes of a :class:`RateLimiter` that change as it is used."""
 
 
 class MinSize(RateLimiter):

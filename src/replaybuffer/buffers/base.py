@@ -879,6 +879,14 @@ class ReplayBuffer:
             if self._codec is not None:
                 self._codec.load_state_dict(state["frames"])
 
+    # --- seams for persist (added by the persist helper)
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock every read and write of the buffer holds (a ``threading.Lock``, not
+        reentrant): :mod:`replaybuffer.persist` holds it to take a snapshot and to read
+        each chunk of one, so that a save sees one moment of the buffer."""
+        return self._lock
+
 
 def package(structure: Any, to_backend: Callable[[np.ndarray], Any], leaves: list[Any],
             ids: np.ndarray, info: dict[str, np.ndarray], sample_batch_size: int | None,

@@ -4,29 +4,44 @@ A storage holds one array per leaf spec, each of shape ``[capacity, *spec.shape]
 It validates and converts incoming leaves, writes a block of consecutive
 positions, and gathers arbitrary positions. It knows nothing of rows, rings,
 randomness or episodes: positions are plain integers in ``[0, capacity)``.
+
+A user may pass a storage object of their own as a buffer's ``storage=`` (a subclass of
+:class:`~replaybuffer.storage.numpy_storage.NumpyStorage`, say): it must have every
+member of :class:`Storage` (:data:`STORAGE_ATTRIBUTES`, :data:`STORAGE_METHODS`) and
+hold the buffer's specs and capacity (checked by
+:func:`~replaybuffer.storage.conformance.checked_storage`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from replaybuffer.specs import ArraySpec, as_leaf_array, check_leaf
+from replaybuffer.protocols import Checkpointable
+from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.exact_writer import ExactWriter
+from replaybuffer.storage.leaf_checker import LeafChecker
 
-if TYPE_CHECKING:
-    from replaybuffer.storage.exact_writer import ExactWriter
+__all__ = ["LeafChecker", "STORAGE_ATTRIBUTES", "STORAGE_METHODS", "Storage",
+           "checked_leaves", "identity", "leaf_nbytes", "leaves_state", "to_numpy"]
 
 
-class Storage(Protocol):
+class Storage(Checkpointable, Protocol):
+    """What a buffer needs of the place its steps live (see the module docstring): the
+    attributes and methods below, and :class:`~replaybuffer.protocols.Checkpointable`."""
+
     kind: str
-    """Backend name: ``"numpy"``, ``"torch"``."""
+    """Backend name: ``"numpy"``, ``"torch"``, ... (a checkpoint records it)."""
     specs: tuple[ArraySpec, ...]
     """One spec per leaf, in nest flatten order."""
     capacity: int
     """Number of positions."""
-    _checker: LeafChecker
+    checker: LeafChecker
     """Validates numpy leaves against ``specs`` (buffers check related leaves with it)."""
+    _checker: LeafChecker
+    """The old name of :attr:`checker`, still read by ``buffers/transitions.py``; it goes
+    once that reads ``checker`` (not required of a storage object)."""
 
     @property
     def arrays(self) -> Sequence[Any]:
@@ -69,36 +84,22 @@ class Storage(Protocol):
         """Write numpy arrays (``[n, *spec.shape]`` each, in the stored dtype) at positions
         ``[start, start + n)`` of every leaf (for restoring, chunk by chunk)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """The stored data: ``capacity`` and ``leaves``, a numpy copy of every leaf's
+        array ``[capacity, *spec.shape]`` (plus what a backend keeps beside them). A
+        checkpoint streams the arrays in chunks instead (:mod:`replaybuffer.persist`);
+        this copies the whole storage at once."""
 
-class LeafChecker:
-    """Validates incoming leaves against specs, with the expected shapes cached.
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`state_dict` returned. Raises ``ValueError`` (a capacity,
+        leaf count, shape or dtype other than this storage's) before writing anything."""
 
-    Shared by the backends: numpy arrays are checked the same way whatever the
-    storage, and the fast path (an ndarray of exactly the leaf's dtype and shape)
-    costs two comparisons.
-    """
 
-    def __init__(self, specs: Sequence[ArraySpec]):
-        self.specs = tuple(specs)
-        self.dtypes = [s.dtype for s in self.specs]
-        self._full_shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-
-    def full_shapes(self, outer_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """``outer_shape + spec.shape`` for every leaf."""
-        shapes = self._full_shapes.get(outer_shape)
-        if shapes is None:
-            shapes = self._full_shapes[outer_shape] = [outer_shape + s.shape for s in self.specs]
-        return shapes
-
-    def numpy_leaf(self, i: int, leaf: Any, full_shape: tuple[int | None, ...], path: str,
-                   outer_shape: tuple[int | None, ...], outer_names: str) -> np.ndarray:
-        """Leaf ``i`` as a validated numpy array; ``SpecError`` naming ``path`` if it is not.
-
-        A ``None`` dimension (not known to the caller) matches no array."""
-        arr = leaf if type(leaf) is np.ndarray else as_leaf_array(leaf, path)
-        if arr.dtype is not self.dtypes[i] or arr.shape != full_shape:
-            check_leaf(path, arr.shape, arr.dtype, self.specs[i], outer_shape, outer_names)
-        return arr
+STORAGE_ATTRIBUTES = ("kind", "specs", "capacity", "checker", "arrays", "nbytes")
+"""The data members of :class:`Storage`, which a storage object must have."""
+STORAGE_METHODS = ("convert", "write", "exact_writer", "gather", "from_numpy", "zero",
+                   "load", "state_dict", "load_state_dict")
+"""The methods of :class:`Storage`, which a storage object must have."""
 
 
 def to_numpy(array: Any) -> np.ndarray:
@@ -120,3 +121,30 @@ def identity(array: np.ndarray) -> np.ndarray:
 def leaf_nbytes(specs: Sequence[ArraySpec], capacity: int) -> int:
     """Total bytes of ``capacity`` items of every spec."""
     return sum(s.nbytes for s in specs) * capacity
+
+
+def leaves_state(storage: Storage) -> dict[str, Any]:
+    """A storage's ``state_dict``: ``capacity`` and a numpy copy of every leaf's array."""
+    return {"capacity": storage.capacity,
+            "leaves": [np.array(to_numpy(a), copy=True) for a in storage.arrays]}
+
+
+def checked_leaves(storage: Storage, state: dict[str, Any]) -> list[np.ndarray]:
+    """The ``leaves`` of a storage state, once they are checked to fit ``storage``.
+
+    Raises:
+        ValueError: another capacity, leaf count, or a leaf of another shape or dtype
+            than ``[capacity, *spec.shape]`` in the spec's dtype.
+    """
+    capacity, leaves = int(state["capacity"]), [np.asarray(a) for a in state["leaves"]]
+    if capacity != storage.capacity or len(leaves) != len(storage.specs):
+        raise ValueError(f"a storage state of capacity {capacity} with {len(leaves)} leaves "
+                         f"for a storage of capacity {storage.capacity} with "
+                         f"{len(storage.specs)} leaves")
+    for i, (leaf, spec) in enumerate(zip(leaves, storage.specs)):
+        shape = (storage.capacity,) + spec.shape
+        if leaf.shape != shape or leaf.dtype != spec.dtype:
+            raise ValueError(f"storage state leaf {i}: expected shape {shape} dtype "
+                             f"{spec.dtype.name}, got shape {leaf.shape} dtype "
+                             f"{leaf.dtype.name}")
+    return leaves

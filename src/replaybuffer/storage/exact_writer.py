@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from replaybuffer.storage.base import LeafChecker
+from replaybuffer.storage.leaf_checker import LeafChecker
 
 ExactWriter = Callable[[int, Sequence[Any]], bool]
 """``write(start, leaves) -> bool``: writes ``leaves`` at positions ``start ..`` and

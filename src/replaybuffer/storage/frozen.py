@@ -145,5 +145,10 @@ class CopyOnWriteStorage:
         self.frozen.preserve(slice(0, None))
         self.wrapped.zero()
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The wrapped storage's, with every open position preserved first."""
+        self.frozen.preserve(slice(0, None))
+        self.wrapped.load_state_dict(state)
+
     def exact_writer(self, outer_shape: tuple[int, ...]) -> None:
         return None  # writes must go through write(), where they are preserved first

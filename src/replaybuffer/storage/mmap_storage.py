@@ -35,6 +35,7 @@ import numpy as np
 
 from replaybuffer.errors import CheckpointError
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.base import checked_leaves
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
 LAST_ID, COMMITTED, JOURNAL_START, JOURNAL_COUNT, JOURNAL_LAST_ID, EPOCH = range(6)
@@ -228,7 +229,34 @@ class MmapStorage(NumpyStorage):
 
     @property
     def epoch(self) -> int:
+        """How many times the buffer on these files was cleared (a state saved in an
+        earlier epoch describes other data)."""
         return int(self.header[EPOCH])
+
+    # ------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """:class:`NumpyStorage`'s (``capacity``, ``leaves``) and the header's committed
+        ``last_id`` and ``epoch``. Writes staged but not committed are not in it."""
+        return {**super().state_dict(), "last_id": int(self.header[LAST_ID]),
+                "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Write the leaves to the files in place and record ``last_id`` and ``epoch``
+        as committed; writes staged and not committed are dropped.
+
+        Raises:
+            ValueError: the storage is closed, or the state does not fit it (nothing is
+                written then).
+        """
+        if self._lock_file is None:
+            raise ValueError(f"the buffer on {self.path} is closed: reopen it with "
+                             "replaybuffer.reopen(path) to write again")
+        leaves = checked_leaves(self, state)
+        self._staged = []
+        self.load(leaves)
+        header = self.header
+        header[LAST_ID], header[EPOCH] = int(state["last_id"]), int(state["epoch"])
+        header[COMMITTED] = 0
 
     def flush(self) -> None:
         """``msync`` every file: what is written survives a power loss."""

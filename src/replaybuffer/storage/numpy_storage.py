@@ -7,8 +7,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from replaybuffer.specs import ArraySpec
-from replaybuffer.storage.base import LeafChecker, identity
+from replaybuffer.storage.base import checked_leaves, identity, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
+from replaybuffer.storage.leaf_checker import LeafChecker
 
 PACK_MAX_BYTES = 512
 """Leaves of at most this many bytes per item share one record per position.
@@ -93,7 +94,9 @@ class NumpyStorage:
                 self.arrays[i] = self._allocate(f"leaf_{i:03d}", (self.capacity,) + spec.shape,
                                                 spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
-        self._checker = LeafChecker(self.specs)
+        self.checker = LeafChecker(self.specs)
+        # The old name, for callers not yet moved to ``checker`` (buffers/transitions.py).
+        self._checker = self.checker
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A zeroed array for the records or one leaf (``name``); subclasses put it
@@ -108,19 +111,19 @@ class NumpyStorage:
 
     def convert(self, leaves: Sequence[Any], paths: Sequence[str],
                 outer_shape: tuple[int, ...], outer_names: str) -> Sequence[np.ndarray]:
-        shapes = self._checker.full_shapes(outer_shape)
+        shapes = self.checker.full_shapes(outer_shape)
         # Fast path: arrays of exactly the stored dtype and shape need no conversion.
-        for leaf, shape, dtype in zip(leaves, shapes, self._checker.dtypes):
+        for leaf, shape, dtype in zip(leaves, shapes, self.checker.dtypes):
             if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != shape:
                 break
         else:
             return leaves
-        check = self._checker.numpy_leaf
+        check = self.checker.numpy_leaf
         return [check(i, leaf, shape, paths[i], outer_shape, outer_names)
                 for i, (leaf, shape) in enumerate(zip(leaves, shapes))]
 
     def exact_writer(self, outer_shape: tuple[int, ...]) -> ExactWriter | None:
-        return exact_writer(self.arrays, self._checker, outer_shape)
+        return exact_writer(self.arrays, self.checker, outer_shape)
 
     def write(self, start: int, leaves: Sequence[np.ndarray]) -> None:
         stop = start + len(leaves[0])
@@ -161,3 +164,14 @@ class NumpyStorage:
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         for dst, src in zip(self.arrays, arrays):
             dst[start:start + len(src)] = src
+
+    def state_dict(self) -> dict[str, Any]:
+        """``capacity`` and ``leaves``: a copy of every leaf's array, ``[capacity,
+        *spec.shape]`` in its spec's dtype, C-contiguous (packed leaves too)."""
+        return leaves_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Write back the leaves of :meth:`state_dict` (checked first: ``ValueError`` for
+        another capacity, leaf count, shape or dtype, before anything is written)."""
+        self.load(checked_leaves(self, state))
+

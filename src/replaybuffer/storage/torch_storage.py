@@ -10,8 +10,9 @@ import torch
 from replaybuffer.device_copy import to_device
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec, check_leaf
-from replaybuffer.storage.base import LeafChecker, leaf_nbytes
+from replaybuffer.storage.base import checked_leaves, leaf_nbytes, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
+from replaybuffer.storage.leaf_checker import LeafChecker
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
 _TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
@@ -91,7 +92,9 @@ class TorchStorage:
                 raise SpecError(f"torch storage on {self.device} cannot gather dtype "
                                 f"{spec.dtype.name}: {exc}") from exc
         self._shapes = [s.shape for s in self.specs]
-        self._checker = LeafChecker(self.specs)
+        self.checker = LeafChecker(self.specs)
+        # The old name, for callers not yet moved to ``checker`` (buffers/transitions.py).
+        self._checker = self.checker
         self._host = self._records.arrays if self._records is not None else None
         self._cuda = self.device.type == "cuda"
         self._write_event: Any = None
@@ -109,14 +112,14 @@ class TorchStorage:
         Everything that can fail happens here, before any write, so a failing leaf
         leaves the storage untouched.
         """
-        shapes = self._checker.full_shapes(outer_shape)
+        shapes = self.checker.full_shapes(outer_shape)
         out: list[torch.Tensor | np.ndarray] = []
         for i, (leaf, shape) in enumerate(zip(leaves, shapes)):
             if isinstance(leaf, torch.Tensor):
                 out.append(self._convert_tensor(i, leaf, shape, paths[i], outer_shape,
                                                 outer_names))
                 continue
-            arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], outer_shape, outer_names)
+            arr = self.checker.numpy_leaf(i, leaf, shape, paths[i], outer_shape, outer_names)
             if self._host is not None:
                 out.append(arr)  # numpy assignment into the host view casts as needed
                 continue
@@ -146,7 +149,7 @@ class TorchStorage:
         """Numpy leaves written through the host views (CPU); ``None`` on a device."""
         if self._host is None:
             return None
-        return exact_writer(self._host, self._checker, outer_shape)
+        return exact_writer(self._host, self.checker, outer_shape)
 
     def write(self, start: int, leaves: Sequence[Any]) -> None:
         # ``leaves`` as convert() gives them: tensors on a device; on the CPU, numpy
@@ -236,3 +239,14 @@ class TorchStorage:
             for i in range(0, len(src), step):
                 chunk = np.array(src[i:i + step])
                 dst[start + i:start + i + len(chunk)].copy_(torch.from_numpy(chunk))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``capacity`` and ``leaves``: every tensor copied to a numpy array on the host,
+        ``[capacity, *spec.shape]`` in its spec's dtype."""
+        return leaves_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Write back the leaves of :meth:`state_dict` onto this storage's device
+        (checked first: ``ValueError`` for another capacity, leaf count, shape or dtype,
+        before anything is written)."""
+        self.load(checked_leaves(self, state))

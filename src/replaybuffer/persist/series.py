@@ -1,0 +1,126 @@
+"""A series of checkpoints in one directory: publish the next, prune old ones, list
+them, find the newest.
+
+A checkpoint is published by renaming its complete temporary directory to the next
+free ``ckpt-N`` (atomic); old ones are renamed aside before they are removed, so a
+kill mid-removal never leaves a half-deleted ``ckpt-N``. Directories of processes
+that no longer run (abandoned saves and removals) are removed by the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from replaybuffer.errors import CheckpointError
+from replaybuffer.persist.durable import sync_directory
+from replaybuffer.persist.layout import CHECKPOINT, MANIFEST, TMP, TRASH
+
+
+def publish(tmp: Path, root: Path) -> Path:
+    """Rename a complete checkpoint to the next free ``ckpt-N`` (atomic)."""
+    while True:
+        seq = max((sequence(p) for p in root.iterdir()), default=0) + 1
+        final = root / f"{CHECKPOINT}{seq:06d}"
+        try:
+            os.rename(tmp, final)  # a checkpoint is never empty, so this never replaces one
+        except OSError:
+            if final.exists():  # another process published the same number first
+                continue
+            raise
+        sync_directory(root)
+        return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints, each renamed aside first."""
+    done = checkpoints(root)
+    legacy = (root / MANIFEST).is_file()
+    excess = len(done) + legacy - keep
+    if excess > 0 and legacy:  # a format-1 save at the top: the oldest
+        _remove_legacy(root)
+        excess -= 1
+    for old in done[:max(0, excess)]:
+        trash = root / f"{TRASH}{os.getpid()}-{old.name}"
+        try:
+            os.rename(old, trash)
+        except FileNotFoundError:  # another process saving here pruned it first
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_legacy(root: Path) -> None:
+    """Remove a format-1 save's files from ``root``, its manifest first (so that a
+    kill midway leaves no manifest pointing at missing files)."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).unlink()
+    names = [e.get("file") for e in manifest.get("leaves", []) if isinstance(e, dict)]
+    names += [p.name for p in root.glob("state*.npy")]
+    for name in names:
+        if isinstance(name, str) and "/" not in name and (root / name).is_file():
+            (root / name).unlink()
+
+
+def remove_abandoned(root: Path) -> None:
+    """Remove temporary and trash directories of processes that no longer run."""
+    for entry in root.iterdir():
+        if entry.is_dir() and entry.name.startswith((TMP, TRASH)):
+            pid = entry.name.split("-")[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def sequence(entry: Path) -> int:
+    """The number of a ``ckpt-N`` directory name, 0 for any other name."""
+    name = entry.name
+    if name.startswith(CHECKPOINT) and name[len(CHECKPOINT):].isdigit():
+        return int(name[len(CHECKPOINT):])
+    return 0
+
+
+def checkpoints(path: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoints under ``path``, oldest first (``[]`` if there are none)."""
+    root = Path(path)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if sequence(p) > 0 and (p / MANIFEST).is_file()]
+    return sorted(found, key=sequence)
+
+
+def is_checkpoint_root(root: Path) -> bool:
+    """Empty, or holding checkpoints, saves under way, or a format-1 save."""
+    return all(sequence(p) > 0 or p.name.startswith((TMP, TRASH)) for p in root.iterdir()) \
+        or (root / MANIFEST).is_file()
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint directory that ``path`` names: the newest complete checkpoint of a
+    series, or ``path`` itself when it holds a manifest (one checkpoint, or a format-1
+    save). Raises :class:`CheckpointError` when there is none."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory")
+    done = checkpoints(root)
+    if done:
+        return done[-1]
+    if (root / MANIFEST).is_file():
+        return root
+    partial = [p.name for p in root.iterdir() if p.name.startswith(TMP)]
+    raise CheckpointError(f"{root} holds no {MANIFEST}: not a replaybuffer save, or an "
+                          "incomplete one" + (f" ({len(partial)} incomplete save(s) ignored: "
+                                               f"{', '.join(sorted(partial))})"
+                                               if partial else ""))
