@@ -23,6 +23,7 @@ import types
 from typing import Any, Callable
 
 from replaybuffer import persist
+from replaybuffer.persist import durable, series, streams
 from replaybuffer_bench import checkpoint
 from replaybuffer.storage import frozen
 
@@ -55,16 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         persist.CHUNK_BYTES = int(args.chunk_mb * (1 << 20))
 
     events: list[Event] = []
-    for owner, name, phase in [(persist, "_sync", "fsync"), (persist, "_publish", "publish"),
-                               (persist, "_prune", "prune"),
-                               (persist, "_bytes_of", "contiguous copy"),
+    for owner, name, phase in [(durable, "sync", "fsync"), (series, "publish", "publish"),
+                               (series, "prune", "prune"),
+                               (streams, "bytes_of", "contiguous copy"),
                                (frozen.FrozenRows, "read", "chunk read (locked)"),
                                (frozen.FrozenRows, "preserve", "preserve")]:
         timed(owner, name, phase, events)
-    # persist's zlib swapped for a namespace with crc32 timed (zlib itself stays as it
+    # persist's streams' zlib swapped for a namespace with crc32 timed (zlib itself stays as it
     # is; persist calls only crc32)
-    persist.zlib = types.SimpleNamespace(crc32=persist.zlib.crc32)
-    timed(persist.zlib, "crc32", "crc32", events)
+    streams.zlib = types.SimpleNamespace(crc32=streams.zlib.crc32)  # type: ignore[assignment]
+    timed(streams.zlib, "crc32", "crc32", events)
 
     buffer = checkpoint.build(args.size_gb)
     adds: list[tuple[float, float]] = []  # start, seconds

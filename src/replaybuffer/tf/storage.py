@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec, can_store, check_leaf
-from replaybuffer.storage.base import LeafChecker, leaf_nbytes
+from replaybuffer.storage.base import LeafChecker, checked_leaves, leaf_nbytes, leaves_state
 
 
 def tf_dtype(dtype: np.dtype) -> tf.DType:
@@ -72,7 +72,7 @@ class TFStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self.dtypes = [tf_dtype(s.dtype) for s in self.specs]
-        self._checker = LeafChecker(self.specs)
+        self.checker = self._checker = LeafChecker(self.specs)
         self._shapes = [tuple(s.shape) for s in self.specs]
         placement = tf.device(device) if device is not None else contextlib.nullcontext()
         try:
@@ -212,6 +212,14 @@ class TFStorage:
 
     def zero(self) -> None:
         self.zero_ops()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``capacity`` and ``leaves``: every variable's value as a numpy array."""
+        return leaves_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Write back the leaves of :meth:`state_dict` (checked first)."""
+        self.load(checked_leaves(self, state))
 
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
