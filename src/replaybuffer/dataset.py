@@ -10,7 +10,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -19,9 +19,9 @@ from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.sampler import make_rng
 
 if TYPE_CHECKING:
-    from replaybuffer.buffers.base import ReplayBuffer
     from replaybuffer.protocols import BufferInfo
     from replaybuffer.rate_limiter import RateLimiter
+    from replaybuffer.sampling.deterministic import Index
 
 Element = tuple[Any, "BufferInfo"]
 _Produced = tuple[bool, Any]
@@ -47,6 +47,24 @@ class SampleSource(Protocol):
              time_stacked: bool = True, rng: np.random.Generator | None = None,
              within_episodes: bool = False, timeout: float | None = None
              ) -> Element: ...
+
+
+class BlockSource(Protocol):
+    """What a :class:`DeterministicPass` reads: a buffer's layout, its plan of blocks
+    over the retained steps, and each block read (a :class:`~replaybuffer.ReplayBuffer`'s
+    ``deterministic_plan`` and ``read_block``)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+    def deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
+                           shift: int | None, drop_remainder: bool
+                           ) -> Iterable[tuple[Index, Index]]: ...
+
+    def read_block(self, ids: Index, rows: Index) -> Element: ...
 
 
 @atexit.register
@@ -214,7 +232,7 @@ class DeterministicPass:
     Adding to the buffer while iterating may skip or repeat steps.
     """
 
-    def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
+    def __init__(self, buffer: BlockSource, sample_batch_size: int | None,
                  num_steps: int | None, shift: int | None, drop_remainder: bool):
         check_not_all_dropped(buffer.batch_size, buffer.max_length, sample_batch_size,
                               num_steps, drop_remainder)
@@ -226,10 +244,10 @@ class DeterministicPass:
 
     def __iter__(self) -> Iterator[Element]:
         buffer = self.buffer
-        blocks = buffer._deterministic_plan(self.sample_batch_size, self.num_steps,
-                                            self.shift, self.drop_remainder)
+        blocks = buffer.deterministic_plan(self.sample_batch_size, self.num_steps,
+                                           self.shift, self.drop_remainder)
         for ids, rows in blocks:
-            yield buffer._read_block(ids, rows)
+            yield buffer.read_block(ids, rows)
 
     def to_torch(self) -> Any:
         """This pass as a ``torch.utils.data.IterableDataset``."""
