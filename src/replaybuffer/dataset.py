@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from replaybuffer.protocols import SampleSource
 from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.sampler import make_rng
@@ -33,20 +34,16 @@ _LIVE_STOPS: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
 _LIVE_WORKERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
 
-class SampleSource(Protocol):
-    """What a :class:`RandomStream` samples: a :class:`~replaybuffer.ReplayBuffer`,
+class PacedSource(SampleSource, Protocol):
+    """What a :class:`RandomStream` samples: a
+    :class:`~replaybuffer.protocols.SampleSource` (a
+    :class:`~replaybuffer.ReplayBuffer`,
     :class:`~replaybuffer.distributed.SharedReplayBuffer` or
-    :class:`~replaybuffer.distributed.RayReplayBuffer`."""
+    :class:`~replaybuffer.distributed.RayReplayBuffer`) that may be paced by a rate
+    limiter, which prefetch workers wait on in short rounds."""
 
     @property
     def rate_limiter(self) -> RateLimiter | None: ...
-
-    def spawn_rng(self) -> np.random.Generator: ...
-
-    def draw(self, sample_batch_size: int | None, num_steps: int | None,
-             time_stacked: bool = True, rng: np.random.Generator | None = None,
-             within_episodes: bool = False, timeout: float | None = None
-             ) -> Element: ...
 
 
 class BlockSource(Protocol):
@@ -88,7 +85,7 @@ class RandomStream:
         prefetch: elements buffered ahead in total (default ``2 * num_parallel_calls``).
     """
 
-    def __init__(self, buffer: SampleSource, sample_batch_size: int | None,
+    def __init__(self, buffer: PacedSource, sample_batch_size: int | None,
                  num_steps: int | None, num_parallel_calls: int | None = None,
                  prefetch: int | None = None, within_episodes: bool = False):
         if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
@@ -120,8 +117,10 @@ class _SyncIterator:
 
     def __next__(self) -> Element:
         s = self._stream
-        return s.buffer.draw(s.sample_batch_size, s.num_steps, True, self._rng,
+        element = s.buffer.draw(s.sample_batch_size, s.num_steps, True, self._rng,
                                 s.within_episodes)
+        assert element is not None  # a blocking draw (block=True) always returns one
+        return element
 
 
 class _PrefetchIterator:
