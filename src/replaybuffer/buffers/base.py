@@ -53,7 +53,9 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
     Each :meth:`add_batch` writes one step to every row at the same logical id; once
     a row is full the oldest step is overwritten. Reads never cross the write head.
     All methods are thread-safe: a collector may add while learners sample, and no
-    sampled step mixes leaves from two different writes.
+    sampled step mixes leaves from two different writes. A buffer is
+    :class:`~replaybuffer.protocols.Checkpointable`: :meth:`state_dict` copies its whole
+    state into memory, :meth:`load_state_dict` puts it into a buffer built alike.
 
     Args:
         data_spec: a nest of :class:`~replaybuffer.ArraySpec` (or gymnasium spaces,
