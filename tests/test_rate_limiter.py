@@ -109,6 +109,28 @@ def test_attaching_checks_the_buffer():
         counter(limiter=limiter)
 
 
+@pytest.mark.parametrize("make", [
+    lambda **kw: rb.ReplayBuffer(SPEC, 1, 20, sampler=rb.sampling.UniformSampler(0), **kw),
+    lambda **kw: rb.PrioritizedReplayBuffer(SPEC, 1, 20, seed=0, **kw),
+    lambda **kw: rb.FIFOReplayBuffer(SPEC, 1, 20, **kw),
+    lambda **kw: rb.ShuffledReplayBuffer(SPEC, 1, 20, seed=0, **kw),
+], ids=["ReplayBuffer", "Prioritized", "FIFO", "Shuffled"])
+def test_the_constructor_takes_a_limiter_as_the_setter_does(make):
+    limiter = rb.MinSize(2)
+    buf = make(rate_limiter=limiter)
+    assert buf.rate_limiter is limiter
+    add(buf, 0)
+    assert buf.get_next(1, block=False) is None  # paced from the first add
+    add(buf, 1)
+    assert buf.get_next(1, block=False) is not None
+    assert buf.stats().inserts == 2 and buf.stats().samples == 1
+    with pytest.raises(ValueError, match="attached to a buffer already"):
+        make(rate_limiter=limiter)
+    with pytest.raises(ValueError, match=r"min_size_to_sample \(50\) is more than the "
+                                         r"buffer can hold \(20\)"):
+        make(rate_limiter=rb.MinSize(50))
+    assert make().rate_limiter is None
+
 def test_a_call_too_large_for_the_window_is_refused_not_left_waiting():
     buf = counter(limiter=rb.SampleToInsertRatio(1.0, 10, 10.0))
     for t in range(10):

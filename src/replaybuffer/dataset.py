@@ -10,18 +10,19 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from replaybuffer.protocols import SampleSource
 from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.sampler import make_rng
 
 if TYPE_CHECKING:
-    from replaybuffer.buffers.base import ReplayBuffer
     from replaybuffer.protocols import BufferInfo
     from replaybuffer.rate_limiter import RateLimiter
+    from replaybuffer.sampling.deterministic import Index
 
 Element = tuple[Any, "BufferInfo"]
 _Produced = tuple[bool, Any]
@@ -33,20 +34,34 @@ _LIVE_STOPS: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
 _LIVE_WORKERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
 
-class SampleSource(Protocol):
-    """What a :class:`RandomStream` samples: a :class:`~replaybuffer.ReplayBuffer`,
+class PacedSource(SampleSource, Protocol):
+    """What a :class:`RandomStream` samples: a
+    :class:`~replaybuffer.protocols.SampleSource` (a
+    :class:`~replaybuffer.ReplayBuffer`,
     :class:`~replaybuffer.distributed.SharedReplayBuffer` or
-    :class:`~replaybuffer.distributed.RayReplayBuffer`."""
+    :class:`~replaybuffer.distributed.RayReplayBuffer`) that may be paced by a rate
+    limiter, which prefetch workers wait on in short rounds."""
 
     @property
     def rate_limiter(self) -> RateLimiter | None: ...
 
-    def spawn_rng(self) -> np.random.Generator: ...
 
-    def draw(self, sample_batch_size: int | None, num_steps: int | None,
-             time_stacked: bool = True, rng: np.random.Generator | None = None,
-             within_episodes: bool = False, timeout: float | None = None
-             ) -> Element: ...
+class BlockSource(Protocol):
+    """What a :class:`DeterministicPass` reads: a buffer's layout, its plan of blocks
+    over the retained steps, and each block read (a :class:`~replaybuffer.ReplayBuffer`'s
+    ``deterministic_plan`` and ``read_block``)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+    def deterministic_plan(self, sample_batch_size: int | None, num_steps: int | None,
+                           shift: int | None, drop_remainder: bool
+                           ) -> Iterable[tuple[Index, Index]]: ...
+
+    def read_block(self, ids: Index, rows: Index) -> Element: ...
 
 
 @atexit.register
@@ -70,7 +85,7 @@ class RandomStream:
         prefetch: elements buffered ahead in total (default ``2 * num_parallel_calls``).
     """
 
-    def __init__(self, buffer: SampleSource, sample_batch_size: int | None,
+    def __init__(self, buffer: PacedSource, sample_batch_size: int | None,
                  num_steps: int | None, num_parallel_calls: int | None = None,
                  prefetch: int | None = None, within_episodes: bool = False):
         if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
@@ -102,8 +117,10 @@ class _SyncIterator:
 
     def __next__(self) -> Element:
         s = self._stream
-        return s.buffer.draw(s.sample_batch_size, s.num_steps, True, self._rng,
+        element = s.buffer.draw(s.sample_batch_size, s.num_steps, True, self._rng,
                                 s.within_episodes)
+        assert element is not None  # a blocking draw (block=True) always returns one
+        return element
 
 
 class _PrefetchIterator:
@@ -214,7 +231,7 @@ class DeterministicPass:
     Adding to the buffer while iterating may skip or repeat steps.
     """
 
-    def __init__(self, buffer: "ReplayBuffer", sample_batch_size: int | None,
+    def __init__(self, buffer: BlockSource, sample_batch_size: int | None,
                  num_steps: int | None, shift: int | None, drop_remainder: bool):
         check_not_all_dropped(buffer.batch_size, buffer.max_length, sample_batch_size,
                               num_steps, drop_remainder)
@@ -226,10 +243,10 @@ class DeterministicPass:
 
     def __iter__(self) -> Iterator[Element]:
         buffer = self.buffer
-        blocks = buffer._deterministic_plan(self.sample_batch_size, self.num_steps,
-                                            self.shift, self.drop_remainder)
+        blocks = buffer.deterministic_plan(self.sample_batch_size, self.num_steps,
+                                           self.shift, self.drop_remainder)
         for ids, rows in blocks:
-            yield buffer._read_block(ids, rows)
+            yield buffer.read_block(ids, rows)
 
     def to_torch(self) -> Any:
         """This pass as a ``torch.utils.data.IterableDataset``."""

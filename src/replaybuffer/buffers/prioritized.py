@@ -9,6 +9,7 @@ import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.device_sampling import samples_on_device
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import Ring
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.storage.base import to_numpy
@@ -140,6 +141,8 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
         device_search: how device sampling searches the priorities: ``"prefix"``
             (their running sums, the default) or ``"tree"`` (a sum tree); see
             :mod:`replaybuffer.sampling.torch_prioritized`. Only with device sampling.
+        rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
+            (as setting :attr:`rate_limiter`).
     """
 
     _sampler: PrioritizedSampler
@@ -150,13 +153,15 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                  seed: int | None = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0,
                  normalize: str = "batch", path: str | os.PathLike[str] | None = None,
-                 sample_on_device: bool | None = None, device_search: str | None = None):
+                 sample_on_device: bool | None = None, device_search: str | None = None,
+                 rate_limiter: RateLimiter | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=sampler, track_episodes=track_episodes,
-                         frame_stack=frame_stack, stack_axis=stack_axis, path=path)
+                         frame_stack=frame_stack, stack_axis=stack_axis, path=path,
+                         rate_limiter=rate_limiter)
         if samples_on_device(storage, device, sample_on_device, track_episodes):
             from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
 

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling.fifo import FIFOSampler
 from replaybuffer.sampling.shuffled import ShuffledSampler
 
@@ -19,15 +20,22 @@ class FIFOReplayBuffer(ReplayBuffer):
     Steps overwritten before they were read are skipped and counted in
     :attr:`dropped`. Useful to hand on-policy data to a learner in order.
     ``as_dataset`` reads on pull: prefetch workers would consume windows out of order.
+
+    Args:
+        data_spec, batch_size, max_length, storage, device, path: as for
+            :class:`~replaybuffer.ReplayBuffer`.
+        rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
+            (as setting :attr:`rate_limiter`).
     """
 
     _sampler: FIFOSampler
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None,
-                 path: str | os.PathLike[str] | None = None):
+                 path: str | os.PathLike[str] | None = None,
+                 rate_limiter: RateLimiter | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=FIFOSampler(), path=path)
+                         sampler=FIFOSampler(), path=path, rate_limiter=rate_limiter)
         self._files_ready()
 
     @property
@@ -50,15 +58,18 @@ class ShuffledReplayBuffer(ReplayBuffer):
 
     Args:
         seed: seeds the shuffles.
+        rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
+            (as setting :attr:`rate_limiter`).
     """
 
     _sampler: ShuffledSampler
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
-                 path: str | os.PathLike[str] | None = None):
+                 path: str | os.PathLike[str] | None = None,
+                 rate_limiter: RateLimiter | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
-                         sampler=ShuffledSampler(seed), path=path)
+                         sampler=ShuffledSampler(seed), path=path, rate_limiter=rate_limiter)
         self._seed = seed
         self._files_ready()
 
