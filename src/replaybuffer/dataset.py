@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from replaybuffer import nest
 from replaybuffer.protocols import SampleSource
 from replaybuffer.rate_limiter import RateLimitedError
 from replaybuffer.sampling.deterministic import check_not_all_dropped
@@ -104,7 +105,7 @@ class RandomStream:
 
     def to_torch(self) -> Any:
         """This stream as a ``torch.utils.data.IterableDataset``."""
-        return to_torch(self)
+        return to_torch(self, _holds_tf_tensors(self.buffer))
 
 
 class _SyncIterator:
@@ -250,18 +251,25 @@ class DeterministicPass:
 
     def to_torch(self) -> Any:
         """This pass as a ``torch.utils.data.IterableDataset``."""
-        return to_torch(self)
+        return to_torch(self, _holds_tf_tensors(self.buffer))
 
 
 _TORCH_DATASET_CLASS: Any = None
 
 
-def to_torch(dataset: Any) -> Any:
+def _holds_tf_tensors(buffer: Any) -> bool:
+    """Whether a buffer's reads return TensorFlow tensors (its storage is TensorFlow's),
+    which torch's data loading does not convert by itself."""
+    return getattr(buffer, "storage", None) == "tensorflow"
+
+
+def to_torch(dataset: Any, tf_tensors: bool = False) -> Any:
     """Wrap an iterable of elements in a ``torch.utils.data.IterableDataset``.
 
     Use it with ``DataLoader(ds, batch_size=None, num_workers=0)``: elements are
     already batched, and worker processes would each copy the buffer. Parallel
-    sampling comes from ``num_parallel_calls`` instead.
+    sampling comes from ``num_parallel_calls`` instead. ``tf_tensors``: the elements'
+    leaves are TensorFlow tensors, copied into torch tensors (through numpy) on the way.
     """
     global _TORCH_DATASET_CLASS
     if _TORCH_DATASET_CLASS is None:
@@ -270,12 +278,19 @@ def to_torch(dataset: Any) -> Any:
         class ReplayIterableDataset(IterableDataset[Element]):
             """A replaybuffer dataset seen by torch's data loading."""
 
-            def __init__(self, source: Any):
+            def __init__(self, source: Any, tf_tensors: bool):
                 super().__init__()
                 self.source = source
+                self.tf_tensors = tf_tensors
 
             def __iter__(self) -> Iterator[Element]:
-                return iter(self.source)
+                if not self.tf_tensors:
+                    return iter(self.source)
+                import torch
+
+                return (nest.map_structure(
+                    lambda t: torch.from_numpy(np.array(t)) if hasattr(t, "numpy") else t,
+                    element) for element in self.source)
 
         _TORCH_DATASET_CLASS = ReplayIterableDataset
-    return _TORCH_DATASET_CLASS(dataset)
+    return _TORCH_DATASET_CLASS(dataset, tf_tensors)
