@@ -111,10 +111,11 @@ def test_attaching_checks_the_buffer():
 
 @pytest.mark.parametrize("make", [
     lambda **kw: rb.ReplayBuffer(SPEC, 1, 20, sampler=rb.sampling.UniformSampler(0), **kw),
+    lambda **kw: rb.UniformReplayBuffer(SPEC, 1, 20, seed=0, **kw),
     lambda **kw: rb.PrioritizedReplayBuffer(SPEC, 1, 20, seed=0, **kw),
     lambda **kw: rb.FIFOReplayBuffer(SPEC, 1, 20, **kw),
     lambda **kw: rb.ShuffledReplayBuffer(SPEC, 1, 20, seed=0, **kw),
-], ids=["ReplayBuffer", "Prioritized", "FIFO", "Shuffled"])
+], ids=["ReplayBuffer", "Uniform", "Prioritized", "FIFO", "Shuffled"])
 def test_the_constructor_takes_a_limiter_as_the_setter_does(make):
     limiter = rb.MinSize(2)
     buf = make(rate_limiter=limiter)

@@ -162,7 +162,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                          sampler=sampler, track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path,
                          rate_limiter=rate_limiter)
-        if samples_on_device(storage, device, sample_on_device, track_episodes):
+        if samples_on_device(self.storage, device, sample_on_device, track_episodes):
             from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
 
             self._sampler = TorchPrioritizedSampler(

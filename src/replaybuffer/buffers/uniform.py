@@ -7,7 +7,9 @@ from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.device_sampling import samples_on_device
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import UniformSampler
+from replaybuffer.storage.base import Storage
 
 
 class UniformReplayBuffer(ReplayBuffer):
@@ -26,8 +28,8 @@ class UniformReplayBuffer(ReplayBuffer):
             ``tf.Tensor`` s, with the ring in Python (eager use only; datasets are this
             library's Python iterators). This is always this class: for a buffer whose
             whole state is TensorFlow's, usable inside ``tf.function``, with ``tf.data``
-            datasets, name :class:`replaybuffer.tf.TFUniformReplayBuffer` (earlier
-            versions built that class here in place of this one).
+            datasets, name :class:`replaybuffer.tf.TFUniformReplayBuffer`. Or a storage
+            object of your own (see :class:`ReplayBuffer`).
         device: torch device for ``storage="torch"``; TensorFlow device for
             ``storage="tensorflow"``.
         seed: seeds sampling, making ``get_next`` and ``as_dataset`` reproducible.
@@ -38,6 +40,8 @@ class UniformReplayBuffer(ReplayBuffer):
             probabilities come back as tensors there, with no host round trip); default
             ``None``: for torch storage on a GPU (without ``track_episodes``). See
             :mod:`replaybuffer.buffers.device_sampling`.
+        rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
+            (the same as setting :attr:`rate_limiter` afterwards).
 
     Example:
         >>> import numpy as np, replaybuffer as rb
@@ -50,14 +54,16 @@ class UniformReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, data_spec: Any, batch_size: int = 1, max_length: int = 1000, *,
-                 storage: str = "numpy", device: Any = None, seed: int | None = None,
+                 storage: str | Storage = "numpy", device: Any = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
                  stack_axis: int = 0, path: str | os.PathLike[str] | None = None,
-                 sample_on_device: bool | None = None):
+                 sample_on_device: bool | None = None,
+                 rate_limiter: RateLimiter | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=UniformSampler(seed), track_episodes=track_episodes,
-                         frame_stack=frame_stack, stack_axis=stack_axis, path=path)
-        if samples_on_device(storage, device, sample_on_device, track_episodes):
+                         frame_stack=frame_stack, stack_axis=stack_axis, path=path,
+                         rate_limiter=rate_limiter)
+        if samples_on_device(self.storage, device, sample_on_device, track_episodes):
             from replaybuffer.sampling.torch_uniform import TorchUniformSampler
 
             self._sampler = TorchUniformSampler(self.device, seed)
