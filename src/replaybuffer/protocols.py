@@ -7,7 +7,7 @@
   iterate, stats, length, save, clear). The local buffers
   (:class:`~replaybuffer.ReplayBuffer` and its kinds), the shared-memory buffer
   (:class:`~replaybuffer.distributed.SharedReplayBuffer`) and the Ray buffer
-  (:class:`~replaybuffer.distributed.ray.RayReplayBuffer`) all satisfy it; one
+  (:class:`~replaybuffer.distributed.RayReplayBuffer`) all satisfy it; one
   conformance suite (``tests/test_conformance.py``) runs the same tests over each.
   A buffer that cannot do something yet refuses it with an error that says so,
   never by missing the method.
