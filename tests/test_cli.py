@@ -3,6 +3,7 @@
 import argparse
 import json
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -301,3 +302,32 @@ def test_inspect_mmap_says_what_it_checked(tmp_path, capsys):
     assert "checksums verified: 0" not in out and "0 bytes" not in out
     assert "checked: the state's manifest by checksum; the 3 data file(s) by their .npy " \
         "headers" in out
+
+
+def test_bench_as_dataset_times_the_consumers_wait():
+    """The dataset row pulls from a fresh iterator each round, so no prefetched element
+    comes free: with two worker threads on at most two cores it cannot beat the numpy
+    gather limit by more than the parallelism (the old timing, on one long-lived
+    iterator, reported 1/100 of it)."""
+    from replaybuffer_bench import workloads
+
+    rows = list(workloads.run_workload("frames[84,84,4]", workloads.frames_spec(), 1, 2000,
+                                       "numpy", (64,), 0.02))
+    dataset = next(r for r in rows if r.op.startswith("as_dataset(64, 2"))
+    assert dataset.ratio is not None and dataset.record_ratio is not None
+    assert dataset.ratio > 0.5 and dataset.record_ratio > 0.5, dataset
+
+
+def test_fresh_pulls_start_from_an_empty_queue():
+    from replaybuffer_bench.workloads import FreshPulls
+
+    class Slow:  # a producer that takes 20 ms an element
+        def __iter__(self):
+            while True:
+                time.sleep(0.02)
+                yield None
+
+    pulls = FreshPulls(Slow(), 3)
+    pulls()
+    pulls()
+    assert len(pulls.seconds) == 2 and min(pulls.seconds) >= 0.02
