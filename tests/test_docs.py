@@ -17,9 +17,11 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 from pathlib import Path
 
@@ -166,3 +168,41 @@ def test_mkdocs_build_strict(tmp_path: Path):
     # Nothing on a page loads from the network (fonts, scripts, styles, images).
     fetched = {str(p.relative_to(site)): EXTERNAL.findall(p.read_text()) for p in pages}
     assert not {k: v for k, v in fetched.items() if v}
+
+
+# ------------------------------------------------------------ the README's two commands
+def make_dry_run(tmp_path: Path, target: str, *stamps: str) -> str:
+    """``make -n target`` in a copy of the Makefile and pyproject.toml, with ``stamps``
+    (paths under .venv) present and newer than both."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for stamp in stamps:
+        path = tmp_path / ".venv" / stamp
+        path.touch()
+        os.utime(path, (time.time() + 10, time.time() + 10))
+    done = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+def test_make_demo_installs_the_demo_extra_only(tmp_path: Path):
+    out = make_dry_run(tmp_path, "demo")
+    installs = [line for line in out.splitlines() if "pip install" in line]
+    assert "torch==" in installs[-2]  # the torch pin first
+    assert installs[-1].endswith("-e '.[demo]'")
+    assert "tensorflow" not in out and "touch .venv/.installed-demo" in out
+
+
+def test_make_test_installs_everything_even_after_make_demo(tmp_path: Path):
+    out = make_dry_run(tmp_path, "test", ".installed-demo")
+    assert "tensorflow,ray,torchrl" in out and "touch .venv/.installed" in out
+    assert "lint-imports" in out and "-m pytest -q" in out
+
+
+def test_make_demo_reuses_the_full_install(tmp_path: Path):
+    out = make_dry_run(tmp_path, "demo", ".installed")
+    assert "pip install" not in out and "replaybuffer demo" in out
