@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# Both create (or reuse) .venv and install what they need.
+# Both create (or reuse) .venv. `make demo` installs only what the demo needs (torch,
+# gymnasium, tqdm, matplotlib: the demo extra); `make test` installs every extra it tests.
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,20 +9,33 @@ PIP := $(PY) -m pip
 # torch is installed from its pin first, so that no resolver ever pulls another
 # build (with its several GB of CUDA packages).
 TORCH_PIN := torch==2.13.0
+# The full install (every extra) and the demo's install each have a stamp of their own:
+# a venv made by `make demo` still gets the full install from `make test`.
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test bench docs venv clean release-check
+.PHONY: demo test bench docs venv venv-demo clean release-check
 
 venv: $(STAMP)
+
+venv-demo: $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -e '.[torch,gymnasium,demo,dev,tensorflow,ray,torchrl,release,fast,sb3,docs]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+# A venv with the full install already runs the demo: no second install.
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(VENV)/bin/replaybuffer demo
 
 test: $(STAMP)

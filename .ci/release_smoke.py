@@ -54,11 +54,12 @@ assert whole["step"].tolist() == [[2, 3, 4, 5], [2, 3, 4, 5]], whole["step"]
 
 # The command line: inspect works from the wheel; the harness commands say where they run.
 script = str(Path(sys.executable).with_name("replaybuffer"))
-inspected = subprocess.run([script, "inspect", "release-smoke/checkpoint", "--json"],
+inspected = subprocess.run([script, "inspect", "release-smoke/checkpoint"],
                            capture_output=True, text=True, check=True).stdout
 assert "UniformReplayBuffer: batch_size=2 max_length=4 capacity=8" in inspected, inspected
 assert "checksums verified" in inspected and saved.name in inspected, inspected
-manifest = json.loads(inspected[inspected.index("\n{") + 1:])
+manifest = json.loads(subprocess.run([script, "inspect", "release-smoke/checkpoint", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
 assert manifest["state"]["last_id"] == 5, manifest["state"]
 for command in (["demo", "--steps", "64", "--no-progress"], ["tutorial"], ["bench", "--quick"]):
     run = subprocess.run([script, *command], capture_output=True, text=True)

@@ -1,7 +1,9 @@
 """The command line: help, the demo's printed shapes, a bench smoke run, inspect."""
 
+import argparse
 import json
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -45,6 +47,10 @@ def test_demo_prints_the_tutorials_shapes(storage):
     assert result["iterator_shapes"] == [((4, 2, 3), ((4, 2, 5), (4, 2, 3, 2)))] * 3
     assert result["gather_all_shapes"] == ((32, 6, 3), ((32, 6, 5), (32, 6, 3, 2)))
     assert "Iterator trajectories:" in lines and "Trajectories from gather all:" in lines
+    # Every printed value has a label: no bare "2".
+    assert "2" not in lines
+    assert "len(get_next(sample_batch_size=10, num_steps=1)) = 2 (a pair: items, info)" \
+        in lines
 
 
 def test_bench_quick_smoke(tmp_path, capsys):
@@ -93,7 +99,8 @@ def test_inspect(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "UniformReplayBuffer: batch_size=2 max_length=3 capacity=6" in out
-    assert "frames=2/6" in out and "checksums verified" in out and "ckpt-000001" in out
+    assert "steps=2/6" in out and "checksums verified" in out and "ckpt-000001" in out
+    assert "frames=" not in out
     assert "leaf_000.npy" in out and f"{2 * 2 * 4 + 128:,} bytes" in out  # header + data
     leaf = rb.checkpoints(tmp_path / "c")[-1] / "leaf_000.npy"
     data = bytearray(leaf.read_bytes())
@@ -178,3 +185,149 @@ def test_bench_sb3_smoke(tmp_path):
         ("rollout", "add"), ("rollout", "GAE"), ("rollout", "one"), ("her", "add"),
         ("her", "sample(256)")}
     assert all(r["sb3_us"] > 0 and r["ours_us"] > 0 for r in rows)
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "replaybuffer", *argv], capture_output=True,
+                          text=True)
+
+
+def test_version():
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"replaybuffer {rb.__version__}"
+
+
+def test_top_level_help_lists_the_bench_modes():
+    out = run_cli("--help").stdout
+    for mode in ("--peers", "--sb3", "--scale", "--checkpoint", "--processes", "--ray",
+                 "--gpu", "--quick"):
+        assert f"replaybuffer bench {mode}" in out or mode in out
+    assert "replaybuffer bench --peers" in out and "replaybuffer bench --gpu" in out
+
+
+def test_every_option_has_help_and_its_default():
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        formatter = sub.formatter_class(prog=sub.prog)
+        # ArgumentDefaultsHelpFormatter appends each option's default to its help.
+        assert isinstance(formatter, argparse.ArgumentDefaultsHelpFormatter)
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+            if action.option_strings:
+                assert "%(default)" in formatter._get_help_string(action), \
+                    f"{name} {action.option_strings}: its default is not shown"
+    demo = " ".join(subparsers.choices["demo"].format_help().split())
+    assert "(default: 0)" in demo and "(default: demo-out)" in demo
+    assert "(default: 50000)" in demo
+    assert "(default: numpy)" in " ".join(subparsers.choices["tutorial"].format_help().split())
+    bench = " ".join(subparsers.choices["bench"].format_help().split())
+    assert "(default: numpy,torch)" in bench and "(default: 5.0)" in bench
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--steps", "-5"], "argument --steps: must be a positive integer, got -5"),
+    (["demo", "--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    (["demo", "--seed", "x"], "argument --seed: must be an integer, got 'x'"),
+    (["demo", "--seed", "-1"], "argument --seed: must be a non-negative integer, got -1"),
+    (["demo", "--actors", "0"], "argument --actors: must be a positive integer, got 0"),
+    (["demo", "--actors", "2", "--prioritized"],
+     "--actors and --ray run uniform replay (drop --prioritized)"),
+    (["tutorial", "--storage", "jax"], "argument --storage: invalid choice: 'jax'"),
+    (["bench", "--seconds", "0"], "argument --seconds: must be a positive number, got 0"),
+    (["bench", "--seconds", "soon"], "argument --seconds: must be a number, got 'soon'"),
+    (["bench", "--size-gb", "-1"], "argument --size-gb: must be a positive number, got -1"),
+    (["bench", "--soak", "nan"], "argument --soak: must be a positive number, got nan"),
+    (["bench", "--storage", "numpy,cupy"], "argument --storage: expected a comma-separated "
+     "list of numpy, torch, tensorflow, mmap; got 'numpy,cupy'"),
+    (["bench", "--workloads", ""], "argument --workloads: expected a comma-separated list"),
+    (["bench", "--peer-workloads", "atari"], "argument --peer-workloads: expected"),
+])
+def test_invalid_arguments_exit_2_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage: replaybuffer")
+
+
+def test_inspect_json_is_pure_json(tmp_path):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((2,), np.float32, "x"), 2, 3)
+    buf.add_batch(np.zeros((2, 2), np.float32))
+    buf.save(tmp_path / "c")
+    done = run_cli("inspect", str(tmp_path / "c"), "--json")
+    assert done.returncode == 0
+    manifest = json.loads(done.stdout)  # nothing before or after it
+    assert manifest["buffer"] == "UniformReplayBuffer" and manifest["batch_size"] == 2
+    assert manifest["state"]["last_id"] == 0
+
+
+def test_inspect_counts_transitions_and_lists_state_files(tmp_path, capsys):
+    buf = rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32), rb.ArraySpec((), np.int64),
+                                    100)
+    for _ in range(3):
+        buf.add(np.zeros((1, 2), np.float32), np.ones(1, np.int64), np.full(1, 0.5, np.float32),
+                np.ones((1, 2), np.float32), np.zeros(1, bool), np.zeros(1, bool))
+    buf.save(tmp_path / "t")
+    assert main(["inspect", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "transitions=3/100" in out and "steps=" not in out and "frames=" not in out
+    directory = rb.checkpoints(tmp_path / "t")[-1]
+    state = sorted(p.name for p in directory.glob("state.*.npy"))
+    assert state and all(f"  {name}: " in out for name in state)
+    files = len(list(directory.glob("*.npy")))
+    assert f"checksums verified: {files} file(s)" in out
+
+
+def test_inspect_names_stacked_frames(tmp_path, capsys):
+    buf = rb.UniformReplayBuffer({"o": rb.ArraySpec((4, 8, 8), np.uint8)}, 1, 10,
+                                 frame_stack="o")
+    buf.add_batch({"o": np.zeros((1, 4, 8, 8), np.uint8)})
+    buf.save(tmp_path / "f")
+    assert main(["inspect", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert "steps=1/10" in out and "frame_stack='o'" in out and "frames in the ring" in out
+
+
+def test_inspect_mmap_says_what_it_checked(tmp_path, capsys):
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((2,), np.float32, "x"), 2, 3, storage="mmap",
+                                 path=tmp_path / "m")
+    buf.add_batch(np.zeros((2, 2), np.float32))
+    buf.flush()
+    assert main(["inspect", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "a buffer on mmap storage" in out and "data/header.npy" in out
+    assert "checksums verified: 0" not in out and "0 bytes" not in out
+    assert "checked: the state's manifest by checksum; the 3 data file(s) by their .npy " \
+        "headers" in out
+
+
+def test_bench_as_dataset_times_the_consumers_wait():
+    """The dataset row pulls from a fresh iterator each round, so no prefetched element
+    comes free: with two worker threads on at most two cores it cannot beat the numpy
+    gather limit by more than the parallelism (the old timing, on one long-lived
+    iterator, reported 1/100 of it)."""
+    from replaybuffer_bench import workloads
+
+    rows = list(workloads.run_workload("frames[84,84,4]", workloads.frames_spec(), 1, 2000,
+                                       "numpy", (64,), 0.02))
+    dataset = next(r for r in rows if r.op.startswith("as_dataset(64, 2"))
+    assert dataset.ratio is not None and dataset.record_ratio is not None
+    assert dataset.ratio > 0.5 and dataset.record_ratio > 0.5, dataset
+
+
+def test_fresh_pulls_start_from_an_empty_queue():
+    from replaybuffer_bench.workloads import FreshPulls
+
+    class Slow:  # a producer that takes 20 ms an element
+        def __iter__(self):
+            while True:
+                time.sleep(0.02)
+                yield None
+
+    pulls = FreshPulls(Slow(), 3)
+    pulls()
+    pulls()
+    assert len(pulls.seconds) == 2 and min(pulls.seconds) >= 0.02

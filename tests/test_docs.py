@@ -1,6 +1,6 @@
-"""The documentation site: every Python example on its pages runs, and it builds.
+"""The documentation site and the README: every Python example runs, and the site builds.
 
-Each ```python block of ``docs/**/*.md`` is executed; the blocks of one page run in
+Each ```python block of ``docs/**/*.md`` and of ``README.md`` is executed; the blocks of one page run in
 order in one namespace (a page may build an example up), in a fresh temporary working
 directory. A block preceded by the line ``<!-- no-test -->`` is skipped: only for code
 that needs a Ray cluster, processes started by ``spawn`` from a real module, or a long
@@ -17,9 +17,11 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 from pathlib import Path
 
@@ -30,9 +32,13 @@ DOCS = ROOT / "docs"
 NO_TEST = "<!-- no-test -->"
 OPEN = re.compile(r"^(\s*)```python\s*$")
 # Optional dependencies: a page whose example needs one that is missing is skipped.
-OPTIONAL = {"torch", "tensorflow", "gymnasium", "ray"}
+OPTIONAL = {"torch", "tensorflow", "gymnasium", "ray", "stable_baselines3", "tensordict",
+            "torchrl"}
 # Opt-outs are for what cannot run here; keep them few.
 MAX_OPT_OUTS = 6
+README = ROOT / "README.md"
+README_MAX_LINES = 250
+README_MAX_OPT_OUTS = 1  # the Ray example: it needs a cluster
 
 
 def python_blocks(page: Path) -> list[tuple[int, str, bool]]:
@@ -74,8 +80,38 @@ def test_opt_outs_are_few():
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
 def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    run_blocks(page, tmp_path, monkeypatch)
+
+
+def test_readme_is_short_and_its_examples_run(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch):
+    lines = README.read_text().splitlines()
+    assert len(lines) < README_MAX_LINES, len(lines)
+    blocks = python_blocks(README)
+    assert len(blocks) >= 8  # one example per buffer family at least
+    assert sum(skip for _, _, skip in blocks) <= README_MAX_OPT_OUTS
+    run_blocks(README, tmp_path, monkeypatch, blocks_may_skip=True)
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file of the repository."""
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text()):
+        if "://" in target:
+            continue
+        assert (ROOT / target).exists(), target
+
+
+def run_blocks(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               blocks_may_skip: bool = False) -> None:
+    """Run the ```python blocks of ``page`` in order in one namespace, in ``tmp_path``.
+
+    A page skips (``pytest.skip``) at its first block that needs a missing optional
+    dependency; with ``blocks_may_skip`` (the README, whose blocks each stand on the
+    blocks before them, not on the optional ones) only that block is skipped and the
+    rest still run."""
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__main__"}
+    missing_for: list[str] = []
     for line, code, skipped in python_blocks(page):
         if skipped:
             continue
@@ -87,7 +123,10 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
                 missing = (exc.name or "").split(".")[0] \
                     if isinstance(exc, ModuleNotFoundError) else None
                 if missing in OPTIONAL:
-                    pytest.skip(f"{name} needs {missing}")
+                    if not blocks_may_skip:
+                        pytest.skip(f"{name} needs {missing}")
+                    missing_for.append(f"{name} needs {missing}")
+                    continue
                 # The page line that raised: the block's first line + the frame's line.
                 frames = [f for f in traceback.extract_tb(exc.__traceback__)
                           if f.filename == name]
@@ -95,6 +134,8 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
                     if frames else name
                 raise AssertionError(f"the example at {where} raised "
                                      f"{type(exc).__name__}: {exc}") from exc
+    if missing_for:
+        pytest.skip("; ".join(missing_for))
 
 
 # ------------------------------------------------------------------------ the site
@@ -126,3 +167,41 @@ def test_mkdocs_build_strict(tmp_path: Path):
     # Nothing on a page loads from the network (fonts, scripts, styles, images).
     fetched = {str(p.relative_to(site)): EXTERNAL.findall(p.read_text()) for p in pages}
     assert not {k: v for k, v in fetched.items() if v}
+
+
+# ------------------------------------------------------------ the README's two commands
+def make_dry_run(tmp_path: Path, target: str, *stamps: str) -> str:
+    """``make -n target`` in a copy of the Makefile and pyproject.toml, with ``stamps``
+    (paths under .venv) present and newer than both."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for stamp in stamps:
+        path = tmp_path / ".venv" / stamp
+        path.touch()
+        os.utime(path, (time.time() + 10, time.time() + 10))
+    done = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+def test_make_demo_installs_the_demo_extra_only(tmp_path: Path):
+    out = make_dry_run(tmp_path, "demo")
+    installs = [line for line in out.splitlines() if "pip install" in line]
+    assert "torch==" in installs[-2]  # the torch pin first
+    assert installs[-1].endswith("-e '.[demo]'")
+    assert "tensorflow" not in out and "touch .venv/.installed-demo" in out
+
+
+def test_make_test_installs_everything_even_after_make_demo(tmp_path: Path):
+    out = make_dry_run(tmp_path, "test", ".installed-demo")
+    assert "tensorflow,ray,torchrl" in out and "touch .venv/.installed" in out
+    assert "lint-imports" in out and "-m pytest -q" in out
+
+
+def test_make_demo_reuses_the_full_install(tmp_path: Path):
+    out = make_dry_run(tmp_path, "demo", ".installed")
+    assert "pip install" not in out and "replaybuffer demo" in out

@@ -51,7 +51,8 @@ def main(storage: str = "numpy", echo: Callable[[str], None] = print) -> dict[st
     for _ in range(5):
         replay_buffer.add_batch(values_batched)
     sample = replay_buffer.get_next(sample_batch_size=10, num_steps=1)
-    echo(str(len(sample)))
+    echo(f"len(get_next(sample_batch_size=10, num_steps=1)) = {len(sample)} "
+         "(a pair: items, info)")
 
     dataset = replay_buffer.as_dataset(sample_batch_size=4, num_steps=2)
     iterator = iter(dataset)
