@@ -39,7 +39,9 @@ import numpy as np
 
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions, _rows_differ
+from replaybuffer.buffers.side_observations import rows_differ
+from replaybuffer.buffers.transition_fields import OBS, Transitions
+from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
@@ -191,7 +193,7 @@ class HERBuffer(TransitionReplayBuffer):
         # the general path gets here (add's shortcut takes steps that follow on).
         cut = np.zeros(self.num_envs, bool)
         for i, head in zip(self._obs_leaves, self._head_next):
-            cut |= _rows_differ(host[i], head)
+            cut |= rows_differ(host[i], head)
         self._close_episodes(cut & (self._current_start <= self._ring.last_id))
         super()._keep_previous_next(host)
 

@@ -34,9 +34,9 @@ import numpy as np
 
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.transitions import (ACTION, REWARD, SINGLE_FLAGS, TERMINATED,
-                                              TRUNCATED, TransitionReplayBuffer,
-                                              _single_reward)
+from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
+from replaybuffer.buffers.transition_fields import ACTION, REWARD, TERMINATED, TRUNCATED
+from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
@@ -45,7 +45,7 @@ from replaybuffer.storage.frozen import FrozenRows
 
 VALUE, LOG_PROB = "value", "log_prob"
 _FLOAT32 = np.dtype(np.float32)
-_ZERO = 0.0  # _add_single's default value and log_prob (packed as float32)
+_ZERO = 0.0  # add_single's default value and log_prob (packed as float32)
 
 # Paths of the wrapped action nest as users see them (they never see the wrapping).
 _PUBLIC_PATHS = ((f"['{ACTION}']['{ACTION}']", f"['{ACTION}']"),
@@ -146,7 +146,7 @@ class RolloutBuffer(TransitionReplayBuffer):
             SpecError: a leaf that does not fit its spec or a batch that is not
                 ``num_envs`` long. Nothing is written.
         """
-        if self._add_usual(observation, action, reward, next_observation, terminated,
+        if self.add_usual(observation, action, reward, next_observation, terminated,
                            truncated, value, log_prob):
             return
         policy = {ACTION: action, VALUE: self._per_env(value, VALUE, "add"),
@@ -158,10 +158,10 @@ class RolloutBuffer(TransitionReplayBuffer):
         except SpecError as exc:
             raise SpecError(_public(str(exc))) from None
 
-    def _add_usual(self, observation: Any, action: Any, reward: Any,
+    def add_usual(self, observation: Any, action: Any, reward: Any,
                    next_observation: Any, terminated: Any, truncated: Any = None,
                    value: Any = None, log_prob: Any = None) -> bool:
-        """:meth:`add`'s shortcut alone, as :meth:`TransitionReplayBuffer._add_usual
+        """:meth:`add`'s shortcut alone, as :meth:`TransitionReplayBuffer.add_usual
         <replaybuffer.TransitionReplayBuffer>`; ``value`` and ``log_prob`` as
         :meth:`add` takes them."""
         # The default (None) inline: _per_env's call costs ~0.1 us of a ~3 us add.
@@ -174,11 +174,11 @@ class RolloutBuffer(TransitionReplayBuffer):
             observation, (observation, action, value, log_prob, reward, terminated,
                           truncated), next_observation, terminated, truncated)
 
-    def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
-                    next_observation: np.ndarray, terminated: Any, truncated: Any = None,
-                    value: Any = None, log_prob: Any = None) -> None:
+    def add_single(self, observation: np.ndarray, action: Any, reward: Any,
+                   next_observation: np.ndarray, terminated: Any, truncated: Any = None,
+                   value: Any = None, log_prob: Any = None) -> None:
         """:meth:`add` of one env's transition without the env axis, as
-        :meth:`TransitionReplayBuffer._add_single <replaybuffer.TransitionReplayBuffer>`;
+        :meth:`TransitionReplayBuffer.add_single <replaybuffer.TransitionReplayBuffer>`;
         ``value`` and ``log_prob`` Python floats or float32 of shape ``()`` (or ``None``:
         0) for the shortcut, anything :meth:`add` takes otherwise."""
         if truncated is None:
@@ -190,7 +190,7 @@ class RolloutBuffer(TransitionReplayBuffer):
                     _ZERO if log_prob is None else log_prob, reward, terminated, truncated),
                     next_observation, terminated, truncated, write):
             return
-        self.add(observation[None], action[None], _single_reward(reward),
+        self.add(observation[None], action[None], single_reward(reward),
                  next_observation[None], terminated[None], truncated[None], value=value,
                  log_prob=log_prob)
 

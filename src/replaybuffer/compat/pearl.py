@@ -447,8 +447,8 @@ class BaseBuffer(ABC):
         (:meth:`_single_leaves`)."""
         core = self.core
         if self.vector:
-            if not (self._direct and core._add_usual(observation, action, reward,
-                                                     next_observation, done, truncated,
+            if not (self._direct and core.add_usual(observation, action, reward,
+                                                    next_observation, done, truncated,
                                                      *policy)):
                 core.add(*self._core_leaves(observation, action, reward, next_observation,
                                             done, truncated), *policy)
@@ -456,7 +456,7 @@ class BaseBuffer(ABC):
         single = self._single_leaves(observation, action, reward, next_observation, done,
                                      truncated)
         if single is not None:
-            core._add_single(*single, *policy)
+            core.add_single(*single, *policy)
         else:
             core.add(*self._core_leaves(observation, action, reward, next_observation,
                                         done, truncated), *policy)
