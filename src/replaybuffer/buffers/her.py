@@ -368,6 +368,22 @@ class HERBuffer(TransitionReplayBuffer):
             batch = self._read(ids, ring.positions(ids, rows))
         return batch if self.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
 
+    def next_achieved_goals(self) -> np.ndarray:
+        """The achieved goal of each stored step's next observation, by storage position
+        (step ``t`` of env ``e`` at ``t % max_length * num_envs + e``): a numpy copy
+        ``[capacity, *goal_shape]``, zeros where nothing is stored."""
+        spec = self._obs_specs[self._achieved]
+        out = np.zeros((self._ring.capacity,) + spec.shape, spec.dtype)
+        with self._lock:
+            ring = self._ring
+            if ring.last_id >= 0:
+                ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
+                positions = ring.positions(ids[:, None], np.arange(self.num_envs)[None, :])
+                goals = self._next_observations(positions.ravel(),
+                                                np.repeat(ids, self.num_envs))[self._achieved]
+                out[positions.ravel()] = to_numpy(goals)
+        return out
+
     def _clear_state(self) -> None:
         super()._clear_state()
         self._episode_end[:] = -1

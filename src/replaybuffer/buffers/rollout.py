@@ -34,6 +34,7 @@ import numpy as np
 
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
+from replaybuffer.buffers.gae import generalized_advantages
 from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
 from replaybuffer.buffers.transition_fields import ACTION, REWARD, TERMINATED, TRUNCATED
 from replaybuffer.buffers.transitions import TransitionReplayBuffer
@@ -91,6 +92,8 @@ class RolloutBuffer(TransitionReplayBuffer):
         storage, device, seed, memory: as for :class:`~replaybuffer.TransitionReplayBuffer`
             (``seed`` also seeds the minibatch shuffles).
     """
+
+    _serves_flat_reads = True  # its reads' transition fields are the base class's
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, storage: str = "numpy", device: Any = None,
@@ -290,18 +293,8 @@ class RolloutBuffer(TransitionReplayBuffer):
                 raise ValueError(f"value_fn returned {boot.size} values for "
                                  f"{int(bootstrap.sum())} observations")
             next_values[bootstrap] = boot.reshape(-1)
-        next_values[terminated] = 0.0
-        # The trace flows into the next stored step only if it continues this trajectory.
-        continues = ~(detached | terminated | truncated)
-        continues[:, -1] = False
-        deltas = rewards + gamma * next_values - values
-        advantages = np.empty(positions.shape, np.float64)
-        running = np.zeros(B, np.float64)
-        for t in range(positions.shape[1] - 1, -1, -1):
-            running = deltas[:, t] + gamma * gae_lambda * continues[:, t] * running
-            advantages[:, t] = running
-        returns = (advantages + values).astype(np.float32)
-        advantages = advantages.astype(np.float32)
+        returns, advantages = generalized_advantages(rewards, values, next_values, terminated,
+                                                     truncated | detached, gamma, gae_lambda)
         with self._lock:
             if self._version != version:
                 raise RuntimeError("the buffer changed while advantages were computed")

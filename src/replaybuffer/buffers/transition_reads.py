@@ -16,6 +16,7 @@ import numpy as np
 
 from replaybuffer.buffers.transition_add import TransitionAdds
 from replaybuffer.buffers.transition_fields import Transitions
+from replaybuffer.errors import EmptyBufferError
 from replaybuffer.storage.base import to_numpy
 
 
@@ -33,6 +34,25 @@ class TransitionReads(TransitionAdds):
     _step_discounts: np.ndarray  # float64 [n_step]: gamma ** k
     _action_leaves: list[int]
     _action_structure: Any
+
+    def read_steps(self, ids: np.ndarray) -> Transitions:
+        """The transitions of steps ``ids`` (int64 ``[K]``) of every env: leaves
+        ``[num_envs, K, ...]``. No ids: no rows, in the fields' shapes and dtypes.
+
+        Raises:
+            EmptyBufferError: a step is not stored (or nothing is).
+        """
+        rows = np.arange(self.num_envs, dtype=np.int64)[:, None]
+        with self._lock:
+            ring = self._ring
+            if len(ids):
+                if ring.last_id < 0:
+                    raise self.empty_error()
+                if ids.min() < ring.oldest_id or ids.max() > ring.last_id:
+                    raise EmptyBufferError(f"steps {ids.min()}..{ids.max()} are not stored "
+                                           f"(held: {ring.oldest_id}..{ring.last_id})")
+            return self._read(np.broadcast_to(ids, (self.num_envs, len(ids))),
+                              ring.positions(ids[None, :], rows))
 
     def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
         """Gather transitions (with ``n``-step returns) at steps ``ids``/``positions``."""

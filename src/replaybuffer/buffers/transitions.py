@@ -25,12 +25,14 @@ return that ends by time limit or by the ``n_step`` horizon, 0 after termination
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, overload
 
 import numpy as np
 
 from replaybuffer import nest
+from replaybuffer.buffers.flat_reads import FlatReads
 from replaybuffer.buffers.prioritized import PrioritizedMixin
+from replaybuffer.buffers.recent_steps import NextObservations
 from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, rows_differ
 from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
 from replaybuffer.buffers.transition_fields import (ACTION, OBS, REWARD, TERMINATED,
@@ -44,6 +46,7 @@ from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_f
 from replaybuffer.storage.base import LeafChecker, identity
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
+from replaybuffer.storage.numpy_storage import NumpyStorage
 from replaybuffer.storage.side_store import SideStore
 
 if TYPE_CHECKING:
@@ -71,6 +74,15 @@ class TransitionReplayBuffer(TransitionReads):
         stack_axis: the axis of the observation's shape that stacks frames (0 for
             ``[K, H, W]``, -1 for ``[H, W, K]``).
     """
+
+    # Whether flat_reads() serves this class: a subclass whose reads return what this
+    # class's do says so in its body (RolloutBuffer); any other gets None.
+    _serves_flat_reads: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_serves_flat_reads" not in vars(cls):
+            cls._serves_flat_reads = False
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
@@ -272,6 +284,45 @@ class TransitionReplayBuffer(TransitionReads):
         if held == 0:
             raise self.empty_error(action="asking the buffer for data")
         return self.last(held)
+
+    # ---------------------------------------------------------------- the parts
+    @property
+    def observation_spec(self) -> Any:
+        """The spec of one environment's observation (a nest of ArraySpecs)."""
+        return self._config_values["observation_spec"]
+
+    @property
+    def action_spec(self) -> Any:
+        """The spec of one environment's action, as given to the constructor."""
+        return self._config_values["action_spec"]
+
+    @property
+    def generation(self) -> int:
+        """A count of the clears and restores: what was read before it changed may no
+        longer be what the buffer holds (caches of the data start afresh)."""
+        return self._generation
+
+    def flat_reads(self, action_path: str, env_axis: bool) -> FlatReads | None:
+        """Lean reads of the fields observation, action (the leaf at ``action_path`` of
+        the stored nest, e.g. ``"['action']"``), reward, next observation and
+        terminated as numpy arrays (:class:`~replaybuffer.buffers.flat_reads.FlatReads`),
+        for adapters that return those (compat.pearl). Its runs of consecutive steps
+        carry the env axis when ``env_axis``.
+
+        ``None`` where they do not apply: a subclass that changes what a read returns
+        (HER; :class:`~replaybuffer.RolloutBuffer` reads the same), storage other than
+        numpy, ``n_step > 1``, an observation that is not one array, frame stacking,
+        an episode index, or no leaf at ``action_path``."""
+        storage = self._storage
+        if not self._serves_flat_reads or type(storage) is not NumpyStorage or \
+                self._codec is not None or self.n_step != 1 or self._episodes is not None \
+                or not self._obs_is_leaf or len(self._obs_leaves) != 1 or \
+                action_path not in self._paths:
+            return None
+        read = [self._obs_leaves[0], self._paths.index(action_path), self._reward,
+                self._terminated]
+        next_obs = NextObservations(self._side, self._side_ref, self._head_next[0])
+        return FlatReads(self, storage, self._ring, self._lock, next_obs, read, env_axis)
 
     # ---------------------------------------------------------------- persistence
     def constructor_config(self) -> dict[str, Any]:
