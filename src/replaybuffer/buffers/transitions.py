@@ -20,6 +20,16 @@ last step's observation are referenced, not copied).
 ``terminated`` and ``truncated`` stay apart. ``discounts`` in a sample is the factor
 of the value of ``next_observations`` in a TD target: ``gamma ** m`` for an ``m``-step
 return that ends by time limit or by the ``n_step`` horizon, 0 after termination.
+
+The class is built of parts, one concept per module, each a base class of the next:
+:mod:`~replaybuffer.buffers.side_observations` (the next-observation bookkeeping of
+every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
+the usual step, one env's step without the env axis) and
+:mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
+given steps); this module wires them, samples, and saves.
+:meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
+(:mod:`~replaybuffer.buffers.flat_reads`, with the cache of recent steps of
+:mod:`~replaybuffer.buffers.recent_steps`).
 """
 
 from __future__ import annotations

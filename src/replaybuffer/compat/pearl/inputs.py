@@ -38,13 +38,13 @@ class PearlInputs:
         A vector env's step goes to the core's shortcut as it came (the usual step:
         arrays of the stored dtypes, float64 rewards included, checked once by the
         fused writer) and is converted (:meth:`_core_leaves`) only when the shortcut did
-        not take it; one env's step to the core's ``_add_single``
+        not take it; one env's step to the core's ``add_single``
         (:meth:`_single_leaves`)."""
         core = self.core
         if self.vector:
             if not (self._direct and core.add_usual(observation, action, reward,
-                                                     next_observation, done, truncated,
-                                                     *policy)):
+                                                    next_observation, done, truncated,
+                                                    *policy)):
                 core.add(*self._core_leaves(observation, action, reward, next_observation,
                                             done, truncated), *policy)
             return
@@ -59,7 +59,7 @@ class PearlInputs:
     def _single_leaves(self, observation: Any, action: Any, reward: Any,
                        next_observation: Any, done: Any, truncated: Any
                        ) -> tuple[Any, Any, Any, Any, Any, Any] | None:
-        """One env's inputs as the core's ``_add_single`` takes them (no env axis:
+        """One env's inputs as the core's ``add_single`` takes them (no env axis:
         arrays as they come, the reward a Python float, the flags bool 0-d arrays), when
         they are what an env gives (array observations and actions, a float reward,
         bool flags); ``None`` otherwise (and for a vector env), for
