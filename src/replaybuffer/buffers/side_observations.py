@@ -72,9 +72,12 @@ class SideObservations(ReplayBuffer):
         positions are ``start .. start + num_envs``; ``ended`` (bool ``[num_envs]``) marks
         the rows whose episode ended with it, ``None`` when none did."""
 
-
     def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
                           next_obs: list[np.ndarray], ended: np.ndarray) -> None:
+        """Write one step (the general path; lock held): ``arrays`` the stored leaves
+        (backend arrays, ``[num_envs, ...]``), ``host`` the same as numpy, ``next_obs``
+        the next observations' leaves, ``ended`` bool ``[num_envs]``; with the
+        side-store bookkeeping of the step and of the step it overwrites."""
         # The common case (the observation is the previous next observation, nothing
         # ends, the overwritten step owns no side observation) costs a few whole-add
         # bytes comparisons; only the rare cases look at rows.
