@@ -199,8 +199,6 @@ class RecentSteps:
                 nxt[row + np.flatnonzero(from_side)] = next_obs.side.take(side[from_side])[0]
 
 
-
-
 def copy_rows(dst: np.ndarray, at: int, src: np.ndarray, start: int, n: int,
               capacity: int) -> None:
     """``dst[at:at + n] = src[start:start + n]``, rows of ``src`` taken modulo

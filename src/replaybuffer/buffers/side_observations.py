@@ -214,7 +214,6 @@ class SideObservations(ReplayBuffer):
         self._owns[:] = bytes(len(self._owns))
 
 
-
 def rows_differ(new: np.ndarray, head: np.ndarray) -> np.ndarray:
     """bool ``[num_envs]``: rows of ``new`` whose bytes differ from ``head``'s (both
     ``[num_envs, *spec.shape]``). Bytes, not values: -0.0 is not 0.0, and a NaN is

@@ -322,4 +322,3 @@ class TransitionAdds(SideObservations):
                 raise SpecError(f"add: leaf {self._paths[i]} has values outside its space "
                                 f"[{spec.minimum.min()}, {spec.maximum.max()}]: "
                                 f"{values.ravel()[:8].tolist()}")
-

@@ -30,5 +30,3 @@ class Transitions(NamedTuple):
 
 OBS, ACTION, REWARD, TERMINATED, TRUNCATED = ("observation", "action", "reward",
                                               "terminated", "truncated")
-
-

@@ -115,4 +115,3 @@ class TransitionReads(TransitionAdds):
 
     def _unflatten_action(self, leaves: list[Any]) -> Any:
         return self._action_structure.unflatten([leaves[i] for i in self._action_leaves])
-

@@ -391,7 +391,5 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
                                    beta_steps=beta_steps, normalize=normalize)
 
 
-
-
 __all__ = ["COPY_COMPARE_MAX", "SINGLE_FLAGS", "PrioritizedTransitionReplayBuffer",
            "TransitionReplayBuffer", "Transitions", "rows_differ", "single_reward"]

@@ -337,5 +337,3 @@ def index_of(value: Any, i: int) -> Any:
     if isinstance(value, dict):
         return {key: v[i] for key, v in value.items()}
     return value[i]
-
-

@@ -219,4 +219,3 @@ class HERBuffer(BaseBuffer):
         """Every stored transition, oldest first, as stored."""
         out: DictTrajectories = self._all(flatten_env, dtype)
         return out
-

@@ -122,4 +122,3 @@ class PearlInputs:
             return True
         index = self._paths.index(which) if which in self._paths else None
         return index is not None and self._specs[index].shape == ()
-

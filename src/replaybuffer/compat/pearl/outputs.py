@@ -77,7 +77,6 @@ class PearlOutputs:
         return data.reshape((-1,) + data.shape[2:])
 
 
-
 class FastPaths:
     """The adapters' reads for the common case, each giving exactly what the general
     path gives (tests/test_compat_pearl_fast.py compares them on random scripts).
@@ -191,5 +190,3 @@ def strided_for_torch(x: np.ndarray) -> np.ndarray:
     if all(s >= 0 and s % size == 0 for s in x.strides):
         return x
     return np.ascontiguousarray(x)
-
-
