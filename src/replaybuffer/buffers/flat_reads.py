@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from replaybuffer.buffers.recent_steps import NextObservations, RecentSteps
-from replaybuffer.errors import EmptyBufferError
 
 if TYPE_CHECKING:
     from replaybuffer.buffers.transitions import TransitionReplayBuffer
@@ -37,7 +36,10 @@ class FlatReads:
     parts.
 
     Attributes:
-        recent: the cache of recent steps behind :meth:`run`.
+        recent: the cache of recent steps behind ``run``.
+        run: :meth:`RecentSteps.run <replaybuffer.buffers.recent_steps.RecentSteps.run>`:
+            views of runs of consecutive steps.
+        check_held: ``EmptyBufferError`` unless steps ``low..high`` are stored.
         obs_scalar, act_scalar: whether the observation (action) spec is a scalar.
     """
 
@@ -55,7 +57,17 @@ class FlatReads:
         specs = storage.specs
         self.obs_scalar = specs[read[0]].shape == ()
         self.act_scalar = specs[read[1]].shape == ()
-        self.recent = RecentSteps(core, ring, storage.arrays, specs, read, next_obs, env_axis)
+        self.recent = RecentSteps(core, ring, lock, storage.arrays, specs, read, next_obs,
+                                  env_axis)
+        # run(first, steps, window, writable) -> (fields, steps): views of steps
+        # first .. first + steps - 1 (first None: the newest; steps None: all stored) of
+        # every env, [steps, num_envs, ...] ([steps, ...] without the env axis), scalar
+        # observations and actions, rewards and dones (float32) with a trailing axis of
+        # 1; read-only unless writable; the cache keeps window steps from now on. The
+        # cache's own method (RecentSteps.run), bound: reads of runs cost a few us, and
+        # a call through this class would add one.
+        self.run = self.recent.run
+        self.check_held = self.recent.check_held
 
     def gather(self, ids: np.ndarray, positions: np.ndarray) -> Fields:
         """The fields of the steps ``ids`` at ``positions`` (``[K]``, or ``[K, num_envs]``
@@ -101,45 +113,3 @@ class FlatReads:
             self.check_held(int(ids.min()), int(ids.max()))
             fields = self.gather(ids, positions)
         return tuple(x.swapaxes(0, 1) for x in fields)
-
-    def run(self, first: int | None, steps: int | None, window: int, writable: bool
-            ) -> tuple[Fields, int]:
-        """Views of ``steps`` consecutive steps (``None``: every one stored) from
-        ``first`` (``None``: the newest ``steps``, as the buffer's ``last``) of every
-        env, and ``steps``: ``[steps, num_envs, ...]`` (``[steps, ...]`` without the env
-        axis), scalar observations and actions, rewards and dones (float32) with a
-        trailing axis of 1.
-
-        Views of :attr:`recent`, which keeps the newest ``window`` steps (or more) from
-        now on; read-only unless ``writable`` (see :meth:`RecentSteps.view`).
-
-        Raises:
-            EmptyBufferError: asking for more steps than are stored, or steps that are
-                not stored.
-        """
-        ring = self.ring
-        with self.lock:
-            last_id = ring.last_id
-            if first is None:
-                held = min(last_id + 1, ring.max_length)
-                if steps is None:
-                    steps = held
-                elif steps > held:
-                    raise EmptyBufferError(f"last({steps}) asks for more transitions than "
-                                           f"each env holds ({held})")
-                first = last_id - steps + 1
-            elif steps is None:
-                raise ValueError("run: steps=None reads from the oldest step (first=None)")
-            elif first < last_id + 1 - ring.max_length or first < 0 or \
-                    first + steps - 1 > last_id:
-                self.check_held(first, first + steps - 1)
-            return self.recent.view(first, steps, window, writable), steps
-
-    def check_held(self, low: int, high: int) -> None:
-        """``EmptyBufferError`` unless steps ``low..high`` are stored."""
-        ring = self.ring
-        if ring.last_id < 0:
-            raise self.core.empty_error()
-        if low < ring.oldest_id or high > ring.last_id:
-            raise EmptyBufferError(f"steps {low}..{high} are not stored "
-                                   f"(held: {ring.oldest_id}..{ring.last_id})")

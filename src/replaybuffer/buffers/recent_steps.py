@@ -2,14 +2,18 @@
 change: what adapters hand out as views of runs of consecutive steps.
 
 Built by :meth:`replaybuffer.TransitionReplayBuffer.flat_reads` (through
-:class:`~replaybuffer.buffers.flat_reads.FlatReads`), which gives it the buffer's parts.
+:class:`~replaybuffer.buffers.flat_reads.FlatReads`, whose ``run`` is
+:meth:`RecentSteps.run`), which gives it the buffer's parts.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import numpy as np
+
+from replaybuffer.errors import EmptyBufferError
 
 if TYPE_CHECKING:
     from replaybuffer.sampling import Ring
@@ -17,11 +21,15 @@ if TYPE_CHECKING:
     from replaybuffer.storage.side_store import SideStore
 
 
-class SupportsGeneration(Protocol):
-    """A buffer whose ``generation`` changes on every clear and restore."""
+class CoreBuffer(Protocol):
+    """The buffer a cache serves: its ``generation`` changes on every clear and
+    restore; ``empty_error()`` is the error for reading it empty."""
 
     @property
     def generation(self) -> int: ...
+
+    def empty_error(self, num_steps: int = 1, action: str = "sampling the buffer"
+                    ) -> Exception: ...
 
 
 class NextObservations(NamedTuple):
@@ -68,15 +76,15 @@ class RecentSteps:
     per step two observations, an action and 8 bytes.
     """
 
-    def __init__(self, core: SupportsGeneration, ring: Ring, arrays: Sequence[np.ndarray],
-                 specs: Sequence[ArraySpec], read: list[int], next_obs: NextObservations,
-                 env_axis: bool):
+    def __init__(self, core: CoreBuffer, ring: Ring, lock: threading.Lock,
+                 arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec], read: list[int],
+                 next_obs: NextObservations, env_axis: bool):
         """``core``: the buffer (its ``generation`` tells clears and restores); ``ring``
-        its ring; ``arrays`` and ``specs`` its numpy storage's, of which ``read`` names
+        and ``lock`` its ring and lock; ``arrays`` and ``specs`` its numpy storage's, of which ``read`` names
         the observation, action, reward and terminated leaves; ``next_obs`` its side
         store, side references and newest next observation; ``env_axis``: views carry
         the env axis (``[steps, num_envs, ...]``)."""
-        self.core, self.ring = core, ring
+        self.core, self.ring, self.lock = core, ring, lock
         self.next_obs = next_obs
         self.B = self.ring.batch_size
         self.per_step = (self.B,) if env_axis else ()  # a step's rows, as reads see them
@@ -93,26 +101,57 @@ class RecentSteps:
         self.first = self.count = self.window = 0
         self.generation = -1
 
-    def view(self, first: int, steps: int, window: int, writable: bool
-             ) -> tuple[np.ndarray, ...]:
-        """Observations, actions, rewards, next observations and dones of steps
-        ``first .. first + steps - 1`` (stored, the lock held): ``[steps, num_envs,
+    def run(self, first: int | None, steps: int | None, window: int, writable: bool
+            ) -> tuple[tuple[np.ndarray, ...], int]:
+        """Observations, actions, rewards, next observations and dones of ``steps``
+        consecutive steps (``None``: every one stored) from ``first`` (``None``: the
+        newest ``steps``, as the buffer's ``last``), and ``steps``: ``[steps, num_envs,
         ...]`` views (``[steps, ...]`` without an env axis), read-only unless
-        ``writable``. Keeps ``window`` steps from now on (or more).
+        ``writable``. Keeps ``window`` steps from now on (or more). Takes the lock.
 
         The views stay valid and unchanged for good: nothing ever writes those rows
         again. Callers must not write into them either (later reads return the same
         rows): numpy outputs are read-only; a tensor made of them must be cloned
-        before an in-place change."""
-        start = first - self.first
-        # Steps added since the last catch-up are copied in when a read needs them (a
-        # RolloutBuffer.sample of older steps does not).
-        if start < 0 or start + steps > self.count or window > self.window or \
-                self.core.generation != self.generation:
-            self.catch_up(max(window, self.ring.last_id - first + 1))
+        before an in-place change.
+
+        Raises:
+            EmptyBufferError: asking for more steps than are stored, or steps that are
+                not stored.
+        """
+        ring = self.ring
+        with self.lock:
+            last_id = ring.last_id
+            if first is None:
+                held = min(last_id + 1, ring.max_length)
+                if steps is None:
+                    steps = held
+                elif steps > held:
+                    raise EmptyBufferError(f"last({steps}) asks for more transitions than "
+                                           f"each env holds ({held})")
+                first = last_id - steps + 1
+            elif steps is None:
+                raise ValueError("run: steps=None reads from the oldest step (first=None)")
+            elif first < last_id + 1 - ring.max_length or first < 0 or \
+                    first + steps - 1 > last_id:
+                self.check_held(first, first + steps - 1)
             start = first - self.first
-        stop = start + steps
-        return tuple(x[start:stop] for x in self.steps[writable])
+            # Steps added since the last catch-up are copied in when a read needs them
+            # (a RolloutBuffer.sample of older steps does not).
+            if start < 0 or start + steps > self.count or window > self.window or \
+                    self.core.generation != self.generation:
+                self.catch_up(max(window, last_id - first + 1))
+                start = first - self.first
+            stop = start + steps
+            return tuple(x[start:stop] for x in self.steps[writable]), steps
+
+    def check_held(self, low: int, high: int) -> None:
+        """``EmptyBufferError`` unless steps ``low..high`` are stored."""
+        ring = self.ring
+        if ring.last_id < 0:
+            raise self.core.empty_error()
+        if low < ring.oldest_id or high > ring.last_id:
+            raise EmptyBufferError(f"steps {low}..{high} are not stored "
+                                   f"(held: {ring.oldest_id}..{ring.last_id})")
 
     def catch_up(self, window: int) -> None:
         """Copy in the steps added since the last read (the lock held); keep at least
