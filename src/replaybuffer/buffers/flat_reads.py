@@ -59,7 +59,7 @@ class FlatReads:
         self.act_scalar = specs[read[1]].shape == ()
         self.recent = RecentSteps(core, ring, lock, storage.arrays, specs, read, next_obs,
                                   env_axis)
-        # run(first, steps, window, writable) -> (fields, steps): views of steps
+        # run(first, steps, window, writable) -> fields: views of steps
         # first .. first + steps - 1 (first None: the newest; steps None: all stored) of
         # every env, [steps, num_envs, ...] ([steps, ...] without the env axis), scalar
         # observations and actions, rewards and dones (float32) with a trailing axis of

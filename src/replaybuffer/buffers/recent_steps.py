@@ -102,11 +102,10 @@ class RecentSteps:
         self.generation = -1
 
     def run(self, first: int | None, steps: int | None, window: int, writable: bool
-            ) -> tuple[tuple[np.ndarray, ...], int]:
+            ) -> tuple[np.ndarray, ...]:
         """Observations, actions, rewards, next observations and dones of ``steps``
         consecutive steps (``None``: every one stored) from ``first`` (``None``: the
-        newest ``steps``, as the buffer's ``last``), and ``steps``: ``[steps, num_envs,
-        ...]`` views (``[steps, ...]`` without an env axis), read-only unless
+        newest ``steps``, as the buffer's ``last``): ``[steps, num_envs, ...]`` views (``[steps, ...]`` without an env axis), read-only unless
         ``writable``. Keeps ``window`` steps from now on (or more). Takes the lock.
 
         The views stay valid and unchanged for good: nothing ever writes those rows
@@ -142,7 +141,7 @@ class RecentSteps:
                 self.catch_up(max(window, last_id - first + 1))
                 start = first - self.first
             stop = start + steps
-            return tuple(x[start:stop] for x in self.steps[writable]), steps
+            return tuple(x[start:stop] for x in self.steps[writable])
 
     def check_held(self, low: int, high: int) -> None:
         """``EmptyBufferError`` unless steps ``low..high`` are stored."""

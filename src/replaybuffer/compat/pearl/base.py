@@ -92,6 +92,8 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
                                         spec_from_space(action_space),
                                         self.buffer_size * num_envs, num_envs=num_envs,
                                         seed=seed, memory=memory, **core_kwargs)
+        # Steps each env holds (the core's ring: fixed for its life).
+        self._max_length = self.core.max_length
         # The core's stored leaves, by path (the spec's nest flattened).
         data_spec = self.core.data_spec
         self._paths = nest.leaf_paths(data_spec)
@@ -267,7 +269,7 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         last_id = core.last_id
         if last_id < 0:
             raise core.empty_error()
-        oldest = max(0, last_id + 1 - core.max_length)
+        oldest = max(0, last_id + 1 - self._max_length)
         return oldest + draw(self._rng, last_id + 1 - oldest, count_of(batch_size, "batch_size"))
 
     def _last(self, batch_size: int, flatten_env: bool, dtype: Any, read: Any = None) -> Any:
@@ -295,7 +297,7 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         fast = self._fast
         if fast is not None and (self.num_envs > 1 or not self.vector):
             return fast.run(None, None, flatten_env and self.vector, None, dtype,
-                            core.max_length)
+                            self._max_length)
         return self._output(self.core.all(), flatten_env, dtype)
 
     def _nothing(self) -> Any:

@@ -102,19 +102,19 @@ class RolloutBuffer(BaseBuffer):
         steps = math.ceil(count / self.num_envs) if flatten_env and self.vector else count
         core = self.core
         last_id = core.last_id
-        held = items_per_row(last_id, core.max_length)
+        held = items_per_row(last_id, self._max_length)
         if held == 0:
             raise core.empty_error()
         if steps > held:
             raise EmptyBufferError(f"Requesting {count} samples when only "
                                    f"{held * (self.num_envs if flatten_env else 1)} samples "
                                    "have been collected")
-        start = oldest_id(last_id, core.max_length) + draw(self._rng, held - steps + 1)
+        start = oldest_id(last_id, self._max_length) + draw(self._rng, held - steps + 1)
         fast = self._fast
         if fast is not None:
             flat = flatten_env and self.vector
             return fast.run(start, steps, flat, count if flat else None, dtype,
-                            core.max_length)
+                            self._max_length)
         batch = self._read_steps(np.arange(start, start + steps, dtype=np.int64))
         if not self.vector:
             batch = nest.map_structure(lambda x: x[0], batch)

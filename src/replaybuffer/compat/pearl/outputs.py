@@ -133,14 +133,13 @@ class FastPaths:
         (:class:`~replaybuffer.buffers.recent_steps.RecentSteps`), which keeps the newest
         ``window`` steps (or more) from now on. Numpy outputs are read-only; tensors
         share its memory."""
-        B = self.B
         torch = (kind_of(dtype) or trajectory_type(dtype)) is TrajectoryType.TORCH
-        fields, steps = self.run_views(first, steps, window, torch)
+        fields = self.run_views(first, steps, window, torch)
         if self.vector:
             if not flat:  # [num_envs, steps] views, as Pearl's swapaxes gave
                 fields = tuple(x.swapaxes(0, 1) for x in fields)
             else:  # time-major, as stored
-                fields = tuple(x.reshape((steps * B,) + x.shape[2:]) for x in fields)
+                fields = tuple(x.reshape((-1,) + x.shape[2:]) for x in fields)
                 if keep is not None:
                     part = slice(keep, None) if keep < 0 else slice(None, keep)
                     fields = tuple(x[part] for x in fields)
