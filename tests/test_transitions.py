@@ -362,9 +362,10 @@ def test_one_step_transitions_are_byte_exact(num_envs, per_row, steps, split, fl
 def test_next_observations_are_the_ones_added_byte_for_byte(monkeypatch, copy_compare_max):
     """An observation equal in value to the last next observation but not in its bytes
     (-0.0 for 0.0) does not follow on from it; NaN does (the same bytes)."""
-    from replaybuffer.buffers import transitions
+    from replaybuffer.buffers import side_observations, transition_add
 
-    monkeypatch.setattr(transitions, "_COPY_COMPARE_MAX", copy_compare_max)
+    monkeypatch.setattr(side_observations, "COPY_COMPARE_MAX", copy_compare_max)
+    monkeypatch.setattr(transition_add, "COPY_COMPARE_MAX", copy_compare_max)
     buffer = rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32), ACT, 10, num_envs=2)
     zero = np.zeros(2, np.int64)
     added = [(np.float32([[1, 1], [1, 1]]), np.float32([[0.0, np.nan], [0.0, 2]])),
@@ -622,7 +623,7 @@ SINGLE_KINDS = ["exact", "exact", "exact", "0-d", "float64", "wrong shape", "dis
 
 
 def single_inputs(rng, cur, nxt, kind, box_action):
-    """One env's step as ``_add_single`` takes it (no env axis): numpy scalars for the
+    """One env's step as ``add_single`` takes it (no env axis): numpy scalars for the
     reward and flags, or 0-d arrays, or something the shortcut refuses (then the
     general path converts or raises)."""
     action = rng.uniform(-1, 1, 2).astype(np.float32) if box_action else \
@@ -677,7 +678,7 @@ def assert_same_core_state(a, b):
 def test_single_env_adds_without_the_env_axis_are_adds_with_it(per_row, steps, seed,
                                                                 storage, box_action,
                                                                 rollout):
-    """``_add_single`` (one env's leaves without the env axis, as compat adapters get
+    """``add_single`` (one env's leaves without the env axis, as compat adapters get
     them) against ``add`` of the same leaves with the axis added, on a twin that never
     takes the shortcut: the same errors, the same stored bytes, side store and heads,
     for steps that follow on, jump (also to the same values with other bytes), end,
@@ -711,7 +712,7 @@ def test_single_env_adds_without_the_env_axis_are_adds_with_it(per_row, steps, s
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # the overflow's cast
                     if single:
-                        buffer._add_single(*leaves, **extra)
+                        buffer.add_single(*leaves, **extra)
                     else:
                         *first, truncated = (x if x is None else np.asarray(x)[None]
                                              for x in leaves)
@@ -752,7 +753,7 @@ def test_an_env_loop_of_single_adds_takes_the_shortcut_every_step(storage, rollo
         action = rng.uniform(-1, 1, 2).astype(np.float32)
         terminated, truncated = np.bool_(t % 5 == 4), np.bool_(t % 7 == 6)
         resets.append(t > 0 and ((t - 1) % 5 == 4 or (t - 1) % 7 == 6))
-        fast._add_single(cur, action, np.float32(t), nxt, terminated, truncated)
+        fast.add_single(cur, action, np.float32(t), nxt, terminated, truncated)
         slow.add(cur[None], action[None], np.float32(t)[None], nxt[None], terminated[None],
                  truncated[None])
         cur = rng.normal(size=2).astype(np.float32) if terminated or truncated else nxt
@@ -764,7 +765,7 @@ def test_an_env_loop_of_single_adds_takes_the_shortcut_every_step(storage, rollo
 
 @pytest.mark.parametrize("rollout", [False, True])
 def test_the_shortcut_alone_takes_the_usual_step_or_writes_nothing(rollout):
-    """``_add_usual`` (what compat.pearl calls first for a vector env's step): True
+    """``add_usual`` (what compat.pearl calls first for a vector env's step): True
     having written the step as ``add`` would (float64 rewards cast to the float32 leaf),
     or False having written nothing (a reset observation: not the previous next one)."""
     rng = np.random.default_rng(5)
@@ -778,13 +779,13 @@ def test_the_shortcut_alone_takes_the_usual_step_or_writes_nothing(rollout):
         flags = np.array([t % 4 == 3, False]), np.zeros(2, bool)
         if t % 4 == 0 and t:  # a reset: the step must go to the general path
             before = fast._ring.last_id, [a.copy() for a in fast._storage.arrays]
-            assert fast._add_usual(cur, action, reward, nxt, *flags) is False
+            assert fast.add_usual(cur, action, reward, nxt, *flags) is False
             assert fast._ring.last_id == before[0]
             for a, b in zip(fast._storage.arrays, before[1]):
                 assert a.tobytes() == b.tobytes()
             fast.add(cur, action, reward, nxt, *flags)
         else:
-            assert fast._add_usual(cur, action, reward, nxt, *flags) is True
+            assert fast.add_usual(cur, action, reward, nxt, *flags) is True
         slow.add(cur, action, reward.astype(np.float32), nxt, *flags)
         cur = rng.normal(size=(2, 2)).astype(np.float32) if t % 4 == 3 else nxt
     assert_same_core_state(fast, slow)

@@ -39,7 +39,9 @@ import numpy as np
 
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.transitions import OBS, TransitionReplayBuffer, Transitions, _rows_differ
+from replaybuffer.buffers.side_observations import rows_differ
+from replaybuffer.buffers.transition_fields import OBS, Transitions
+from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec
@@ -191,7 +193,7 @@ class HERBuffer(TransitionReplayBuffer):
         # the general path gets here (add's shortcut takes steps that follow on).
         cut = np.zeros(self.num_envs, bool)
         for i, head in zip(self._obs_leaves, self._head_next):
-            cut |= _rows_differ(host[i], head)
+            cut |= rows_differ(host[i], head)
         self._close_episodes(cut & (self._current_start <= self._ring.last_id))
         super()._keep_previous_next(host)
 
@@ -365,6 +367,22 @@ class HERBuffer(TransitionReplayBuffer):
             rows = np.arange(self.num_envs, dtype=np.int64)[:, None]
             batch = self._read(ids, ring.positions(ids, rows))
         return batch if self.num_envs > 1 else nest.map_structure(lambda x: x[0], batch)
+
+    def next_achieved_goals(self) -> np.ndarray:
+        """The achieved goal of each stored step's next observation, by storage position
+        (step ``t`` of env ``e`` at ``t % max_length * num_envs + e``): a numpy copy
+        ``[capacity, *goal_shape]``, zeros where nothing is stored."""
+        spec = self._obs_specs[self._achieved]
+        out = np.zeros((self._ring.capacity,) + spec.shape, spec.dtype)
+        with self._lock:
+            ring = self._ring
+            if ring.last_id >= 0:
+                ids = np.arange(ring.oldest_id, ring.last_id + 1, dtype=np.int64)
+                positions = ring.positions(ids[:, None], np.arange(self.num_envs)[None, :])
+                goals = self._next_observations(positions.ravel(),
+                                                np.repeat(ids, self.num_envs))[self._achieved]
+                out[positions.ravel()] = to_numpy(goals)
+        return out
 
     def _clear_state(self) -> None:
         super()._clear_state()

@@ -34,9 +34,10 @@ import numpy as np
 
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.transitions import (ACTION, REWARD, SINGLE_FLAGS, TERMINATED,
-                                              TRUNCATED, TransitionReplayBuffer,
-                                              _single_reward)
+from replaybuffer.buffers.gae import generalized_advantages
+from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
+from replaybuffer.buffers.transition_fields import ACTION, REWARD, TERMINATED, TRUNCATED
+from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.errors import SpecError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.specs import ArraySpec, as_data_spec, as_leaf_array
@@ -45,7 +46,7 @@ from replaybuffer.storage.frozen import FrozenRows
 
 VALUE, LOG_PROB = "value", "log_prob"
 _FLOAT32 = np.dtype(np.float32)
-_ZERO = 0.0  # _add_single's default value and log_prob (packed as float32)
+_ZERO = 0.0  # add_single's default value and log_prob (packed as float32)
 
 # Paths of the wrapped action nest as users see them (they never see the wrapping).
 _PUBLIC_PATHS = ((f"['{ACTION}']['{ACTION}']", f"['{ACTION}']"),
@@ -91,6 +92,8 @@ class RolloutBuffer(TransitionReplayBuffer):
         storage, device, seed, memory: as for :class:`~replaybuffer.TransitionReplayBuffer`
             (``seed`` also seeds the minibatch shuffles).
     """
+
+    _serves_flat_reads = True  # its reads' transition fields are the base class's
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, storage: str = "numpy", device: Any = None,
@@ -146,7 +149,7 @@ class RolloutBuffer(TransitionReplayBuffer):
             SpecError: a leaf that does not fit its spec or a batch that is not
                 ``num_envs`` long. Nothing is written.
         """
-        if self._add_usual(observation, action, reward, next_observation, terminated,
+        if self.add_usual(observation, action, reward, next_observation, terminated,
                            truncated, value, log_prob):
             return
         policy = {ACTION: action, VALUE: self._per_env(value, VALUE, "add"),
@@ -158,10 +161,10 @@ class RolloutBuffer(TransitionReplayBuffer):
         except SpecError as exc:
             raise SpecError(_public(str(exc))) from None
 
-    def _add_usual(self, observation: Any, action: Any, reward: Any,
+    def add_usual(self, observation: Any, action: Any, reward: Any,
                    next_observation: Any, terminated: Any, truncated: Any = None,
                    value: Any = None, log_prob: Any = None) -> bool:
-        """:meth:`add`'s shortcut alone, as :meth:`TransitionReplayBuffer._add_usual
+        """:meth:`add`'s shortcut alone, as :meth:`TransitionReplayBuffer.add_usual
         <replaybuffer.TransitionReplayBuffer>`; ``value`` and ``log_prob`` as
         :meth:`add` takes them."""
         # The default (None) inline: _per_env's call costs ~0.1 us of a ~3 us add.
@@ -174,11 +177,11 @@ class RolloutBuffer(TransitionReplayBuffer):
             observation, (observation, action, value, log_prob, reward, terminated,
                           truncated), next_observation, terminated, truncated)
 
-    def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
-                    next_observation: np.ndarray, terminated: Any, truncated: Any = None,
-                    value: Any = None, log_prob: Any = None) -> None:
+    def add_single(self, observation: np.ndarray, action: Any, reward: Any,
+                   next_observation: np.ndarray, terminated: Any, truncated: Any = None,
+                   value: Any = None, log_prob: Any = None) -> None:
         """:meth:`add` of one env's transition without the env axis, as
-        :meth:`TransitionReplayBuffer._add_single <replaybuffer.TransitionReplayBuffer>`;
+        :meth:`TransitionReplayBuffer.add_single <replaybuffer.TransitionReplayBuffer>`;
         ``value`` and ``log_prob`` Python floats or float32 of shape ``()`` (or ``None``:
         0) for the shortcut, anything :meth:`add` takes otherwise."""
         if truncated is None:
@@ -190,7 +193,7 @@ class RolloutBuffer(TransitionReplayBuffer):
                     _ZERO if log_prob is None else log_prob, reward, terminated, truncated),
                     next_observation, terminated, truncated, write):
             return
-        self.add(observation[None], action[None], _single_reward(reward),
+        self.add(observation[None], action[None], single_reward(reward),
                  next_observation[None], terminated[None], truncated[None], value=value,
                  log_prob=log_prob)
 
@@ -290,18 +293,8 @@ class RolloutBuffer(TransitionReplayBuffer):
                 raise ValueError(f"value_fn returned {boot.size} values for "
                                  f"{int(bootstrap.sum())} observations")
             next_values[bootstrap] = boot.reshape(-1)
-        next_values[terminated] = 0.0
-        # The trace flows into the next stored step only if it continues this trajectory.
-        continues = ~(detached | terminated | truncated)
-        continues[:, -1] = False
-        deltas = rewards + gamma * next_values - values
-        advantages = np.empty(positions.shape, np.float64)
-        running = np.zeros(B, np.float64)
-        for t in range(positions.shape[1] - 1, -1, -1):
-            running = deltas[:, t] + gamma * gae_lambda * continues[:, t] * running
-            advantages[:, t] = running
-        returns = (advantages + values).astype(np.float32)
-        advantages = advantages.astype(np.float32)
+        returns, advantages = generalized_advantages(rewards, values, next_values, terminated,
+                                                     truncated | detached, gamma, gae_lambda)
         with self._lock:
             if self._version != version:
                 raise RuntimeError("the buffer changed while advantages were computed")

@@ -20,61 +20,50 @@ last step's observation are referenced, not copied).
 ``terminated`` and ``truncated`` stay apart. ``discounts`` in a sample is the factor
 of the value of ``next_observations`` in a TD target: ``gamma ** m`` for an ``m``-step
 return that ends by time limit or by the ``n_step`` horizon, 0 after termination.
+
+The class is built of parts, one concept per module, each a base class of the next:
+:mod:`~replaybuffer.buffers.side_observations` (the next-observation bookkeeping of
+every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
+the usual step, one env's step without the env axis) and
+:mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
+given steps); this module wires them, samples, and saves.
+:meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
+(:mod:`~replaybuffer.buffers.flat_reads`, with the cache of recent steps of
+:mod:`~replaybuffer.buffers.recent_steps`).
 """
 
 from __future__ import annotations
 
 import operator
-from typing import (TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, Sequence,
-                    overload)
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, overload
 
 import numpy as np
 
-from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
-from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.buffers.flat_reads import FlatReads
 from replaybuffer.buffers.prioritized import PrioritizedMixin
+from replaybuffer.buffers.recent_steps import NextObservations
+from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, rows_differ
+from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
+from replaybuffer.buffers.transition_fields import (ACTION, OBS, REWARD, TERMINATED,
+                                                    TRUNCATED, Transitions)
+from replaybuffer.buffers.transition_reads import TransitionReads
 from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
-from replaybuffer.storage.base import identity, to_numpy
-from replaybuffer.storage.exact_writer import ExactWriter, reordered
+from replaybuffer.storage.base import LeafChecker, identity
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
+from replaybuffer.storage.numpy_storage import NumpyStorage
 from replaybuffer.storage.side_store import SideStore
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class Transitions(NamedTuple):
-    """A batch of transitions; every field has the leading sample dims (``[S]``).
-
-    Attributes:
-        observations, actions: at ``t`` (nests as the specs).
-        rewards: float32; the discounted ``n``-step return when ``n_step > 1``.
-        next_observations: the observation the value is bootstrapped from.
-        terminated, truncated: bool, how the episode ended within the return's steps.
-        dones: ``terminated | truncated`` (Pearl's field).
-        discounts: float32 factor of ``V(next_observations)`` in the TD target.
-    """
-
-    observations: Any
-    actions: Any
-    rewards: Any
-    next_observations: Any
-    terminated: Any
-    truncated: Any
-    dones: Any
-    discounts: Any
-
-
-OBS, ACTION, REWARD, TERMINATED, TRUNCATED = ("observation", "action", "reward",
-                                              "terminated", "truncated")
-
-
-class TransitionReplayBuffer(ReplayBuffer):
+class TransitionReplayBuffer(TransitionReads):
     """Uniform replay of transitions, observations stored once.
 
     Args:
@@ -95,6 +84,15 @@ class TransitionReplayBuffer(ReplayBuffer):
         stack_axis: the axis of the observation's shape that stacks frames (0 for
             ``[K, H, W]``, -1 for ``[H, W, K]``).
     """
+
+    # Whether flat_reads() serves this class: a subclass whose reads return what this
+    # class's do says so in its body (RolloutBuffer); any other gets None.
+    _serves_flat_reads: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_serves_flat_reads" not in vars(cls):
+            cls._serves_flat_reads = False
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
@@ -173,11 +171,12 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._host = self._storage.from_numpy is identity  # storage arrays are numpy
         self._obs_is_leaf = self._obs_structure.is_leaf()
         prefix = len(f"['{OBS}']")
+        leaf_checker = LeafChecker(self._specs)  # the storage's rules, for next observations
         self._next_checks = []  # (checker, its leaf index, full shape, path) per obs leaf
         for i in self._obs_leaves:
             # A deduplicated leaf holds frame references in storage: check whole stacks.
             checker, k = (self._frame_checker, 0) if self._codec is not None else \
-                (self._storage._checker, i)
+                (leaf_checker, i)
             self._next_checks.append((checker, k, self._outer + self._specs[i].shape,
                                       "['next_observation']" + self._paths[i][prefix:]))
         # A whole add's flags are tested with one bytes comparison against this.
@@ -191,7 +190,7 @@ class TransitionReplayBuffer(ReplayBuffer):
         self._head_raw: bytes | None = None
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._no_truncation.flags.writeable = False
-        # _add_single's next observation: one observation leaf's own shape.
+        # add_single's next observation: one observation leaf's own shape.
         self._single_shape = self._head_next[0].shape[1:] if self._head_next else ()
         # Discrete actions: their range as Python ints, checked on one value without
         # numpy calls when the leaf holds one value (one env, a scalar action).
@@ -205,56 +204,9 @@ class TransitionReplayBuffer(ReplayBuffer):
         if self._write_exact is None and self._episodes is None:
             self._write_exact = self._storage.exact_writer(self._outer)
         self._use_exact_order({ACTION: 1, REWARD: 2, TERMINATED: 3, TRUNCATED: 4})
-        # Calls the shortcut skips where they would do nothing: _written of this class,
-        # on_add of the uniform sampler.
-        self._written_hook = type(self)._written is not TransitionReplayBuffer._written
+        # A call the shortcut skips where it would do nothing: on_add of the uniform
+        # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
-
-    def _use_exact_order(self, rest: dict[str, Any]) -> None:
-        """Set up add's shortcut for ``parts`` (see :meth:`_add_exact`) of the
-        observation and the fields in ``rest``, which gives the index in ``parts`` of
-        every other top-level field (a nest of indices for a nested field; the
-        observation is at 0). The shortcut hands the fused writer
-        ``(*observation leaves, *parts[1:])`` (for one observation leaf that is ``parts``
-        itself), so it gets a writer that takes its leaves in that order
-        (``_write_parts``), and the discrete ranges by their place there. No shortcut
-        when the observation is neither one leaf nor a one-level dict, a field is not
-        one leaf, or the storage's writer is not a fused one."""
-        self._write_parts: ExactWriter | None = None
-        self._write_single: ExactWriter | None = None
-        self._exact_ranges: list[tuple[int, int, int]] = []
-        if (self._obs_is_leaf or self._obs_flatten is not None) \
-                and self._write_exact is not None:
-            n = len(self._obs_leaves)
-            template = {OBS: self._obs_structure.unflatten(list(range(n))),
-                        **nest.map_structure(lambda k: k + n - 1, rest)}
-            taken_from = nest.flatten(template)[0]  # storage leaf i is flat[taken_from[i]]
-            if sorted(taken_from) == list(range(len(self._paths))):
-                order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
-                self._write_parts = reordered(self._write_exact, order)
-                if self._ring.batch_size == 1 and self._obs_is_leaf:
-                    # _add_single's: one env's leaves as they come, without the env axis.
-                    self._write_single = reordered(self._write_exact, order, ())
-                self._exact_ranges = [(taken_from[i], low, high)
-                                      for i, low, high in self._scalar_ranges]
-        self._exact_add = self._exact_add_possible()
-
-    def _exact_add_possible(self) -> bool:
-        """Whether add may take :meth:`_add_exact`: an observation of one leaf or a
-        one-level dict, compared as copies; storage written by the fused writer (numpy,
-        or torch on the CPU) with the leaves in a known order (``_write_parts``); no
-        frame codec; integer ranges that are scalars; and no subclass that does more
-        per write than :meth:`_written` (HER keeps its episodes there) and
-        :meth:`_keep_previous_next` (never called on the shortcut)."""
-        return (self._codec is None and self._write_parts is not None
-                and sum(h.nbytes for h in self._head_next) <= _COPY_COMPARE_MAX
-                and len(self._scalar_ranges) == len(self._int_checks)
-                and type(self)._write_transition is TransitionReplayBuffer._write_transition)
-
-    def _written(self, start: int, ended: np.ndarray | None) -> None:
-        """Called (lock held) after every write of a step, by either path: the step's
-        positions are ``start .. start + num_envs``; ``ended`` (bool ``[num_envs]``) marks
-        the rows whose episode ended with it, ``None`` when none did."""
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -269,324 +221,9 @@ class TransitionReplayBuffer(ReplayBuffer):
                    capacity, **kwargs)
 
     @property
-    def num_envs(self) -> int:
-        return self._ring.batch_size
-
-    @property
     def nbytes(self) -> int:
         return super().nbytes + self._side.nbytes + self._side_ref.nbytes + \
             sum(a.nbytes for a in self._head_next)
-
-    # ---------------------------------------------------------------- writing
-    def add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-            terminated: Any, truncated: Any = None, *, timeout: float | None = None,
-            block: bool = True) -> bool:
-        """Add one transition per environment (every leaf ``[num_envs, ...]``).
-
-        ``timeout`` and ``block`` apply when a :attr:`rate_limiter` holds the insert back
-        (as for :meth:`add_batch`); ``False`` means it was not added (``block=False``).
-
-        Raises:
-            SpecError: a leaf that does not fit its spec, a batch that is not
-                ``num_envs`` long, or an integer (discrete) value outside its space.
-                Nothing is written.
-            RateLimitedError: ``timeout`` passed with the insert held back.
-        """
-        if truncated is None:
-            truncated = self._no_truncation
-        if self._exact_add and self._limiter is None and self._add_exact(
-                observation, (observation, action, reward, terminated, truncated),
-                next_observation, terminated, truncated):
-            return True
-        return self._add_general(observation, action, reward, next_observation, terminated,
-                                 truncated, timeout, block)
-
-    def _add_usual(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-                   terminated: Any, truncated: Any = None) -> bool:
-        """:meth:`add`'s shortcut alone (:meth:`_add_exact`): ``True`` having added the
-        usual step, ``False`` having written nothing. For adapters (compat.pearl) that
-        convert their inputs only when the step as it came was not taken (checking them
-        first would repeat the fused writer's checks, ~0.5 us of a ~4 us add)."""
-        if truncated is None:
-            truncated = self._no_truncation
-        return self._exact_add and self._limiter is None and self._add_exact(
-            observation, (observation, action, reward, terminated, truncated),
-            next_observation, terminated, truncated)
-
-    def _add_single(self, observation: np.ndarray, action: Any, reward: Any,
-                    next_observation: np.ndarray, terminated: Any, truncated: Any = None
-                    ) -> None:
-        """:meth:`add` of one env's transition as the env gives it, without the env axis
-        (``num_envs`` 1): observation and next observation ``[*spec.shape]``, the action
-        as its spec, ``reward`` a Python float (or float32 of shape ``()``) and the flags
-        bool of shape ``()`` (0-d arrays such as :data:`SINGLE_FLAGS`, or numpy scalars),
-        as compat adapters get them from a single env.
-
-        The usual step goes to :meth:`_add_exact` as it is (adding the axis costs a view
-        per leaf and converting the reward an array, ~0.6 us of a ~3 us add); anything
-        else, and a buffer without that shortcut, to :meth:`add` with the axis added
-        (``x[None]`` of every leaf, the reward cast to float32 ``[1]``), which converts,
-        checks and raises as for any add. Without a rate limiter.
-        """
-        if truncated is None:
-            truncated = SINGLE_FLAGS[0]
-        write = self._write_single
-        if write is not None and self._exact_add and self._limiter is None and \
-                self._add_exact(observation, (observation, action, reward, terminated,
-                                              truncated), next_observation, terminated,
-                                truncated, write):
-            return
-        self.add(observation[None], action[None], _single_reward(reward), next_observation[None],
-                 terminated[None], truncated[None])
-
-    def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
-                     terminated: Any, truncated: Any, timeout: float | None, block: bool
-                     ) -> bool:
-        """:meth:`add` by the path that converts, checks and handles every case."""
-        if self._add_order is not None:
-            leaves = self._add_order((observation, action, reward, terminated, truncated))
-        else:
-            leaves = self.flatten_items({OBS: observation, ACTION: action, REWARD: reward,
-                                          TERMINATED: terminated, TRUNCATED: truncated}, "add")
-        arrays = self.convert_leaves(leaves, self._outer, self._add_names)
-        next_obs = self._convert_next(next_observation)
-        host = arrays if self._host else [to_numpy(a) for a in arrays]
-        self._check_ranges(host)
-        ended = host[self._terminated] | host[self._truncated]  # bool leaves: bool arrays
-        with self._lock:
-            if self._limiter is not None and not self._admit(self.num_envs, timeout, block):
-                return False
-            self._write_transition(arrays, host, next_obs, ended)
-            if self._limiter is not None:
-                self._limiter.inserted(self.num_envs)
-        return True
-
-    def _add_exact(self, observation: Any, parts: tuple[Any, ...], next_observation: Any,
-                   terminated: Any, truncated: Any, single: ExactWriter | None = None
-                   ) -> bool:
-        """:meth:`add` of the usual step, or ``False`` having written nothing. ``parts``
-        are the add's arguments, observation first, in the order that
-        :meth:`_use_exact_order` set up (``(observation, action, reward, terminated,
-        truncated)`` here). ``single``: the writer of one env's leaves without the env
-        axis (``_write_single``, for :meth:`_add_single`), which also checks the next
-        observation for that shape.
-
-        The usual step: every leaf a numpy array of exactly its spec's dtype and shape,
-        the observation the previous step's next observation (byte for byte), and a
-        discrete action (if any) a single value inside its range. Then an add is the
-        fused writer's call, a copy of the next observation and a handful of bytes
-        comparisons: the general path's checks and branches, decided at once. Episode
-        ends keep their next observations in the side store, and the side
-        observations of the overwritten step are released, as the general path does.
-        Anything else returns ``False`` for the general path to handle (or reject).
-        """
-        # The fused writer checks every stored leaf (observation, flags) for its exact
-        # type, dtype and shape; before it, the bytes comparisons need only objects
-        # with tobytes() (anything else than an ndarray is then refused by the writer,
-        # before it writes anything). The next observation is checked here. One
-        # observation leaf (the common case) is handled without loops: each costs
-        # ~0.1 us, and this whole shortcut about 2 us.
-        heads = self._head_next
-        flatten = self._obs_flatten
-        if flatten is None:  # one observation leaf
-            head = heads[0]
-            if type(next_observation) is not np.ndarray \
-                    or next_observation.dtype is not head.dtype \
-                    or next_observation.shape != (head.shape if single is None
-                                                  else self._single_shape):
-                return False
-            observations: Sequence[Any] | None = None
-            next_observations: Sequence[Any] = (next_observation,)
-            flat = parts
-        else:
-            observations, next_leaves = flatten(observation), flatten(next_observation)
-            if observations is None or next_leaves is None:
-                return False
-            next_observations = next_leaves
-            for nxt, head in zip(next_observations, heads):
-                if type(nxt) is not np.ndarray or nxt.dtype is not head.dtype \
-                        or nxt.shape != head.shape:
-                    return False
-            flat = (*observations, *parts[1:])
-        ring, lock = self._ring, self._lock
-        lock.acquire()  # not `with`: its __exit__ call costs more than release()
-        try:
-            step_id = ring.last_id + 1
-            if self._write_exact is None:  # paused while a checkpoint's snapshot is open
-                return False
-            if step_id:  # the observation must be the previous next observation
-                try:
-                    if observations is None:
-                        raw = self._head_raw
-                        if observation.tobytes() != (head.tobytes() if raw is None else raw):
-                            return False
-                    else:
-                        for obs, head in zip(observations, heads):
-                            if obs.tobytes() != head.tobytes():
-                                return False
-                except AttributeError:  # not an array: the general path converts it
-                    return False
-            B = ring.batch_size
-            slot = step_id % ring.max_length
-            start = slot * B
-            for k, low, high in self._exact_ranges:
-                values = flat[k]
-                if type(values) is not np.ndarray or values.dtype.kind not in "iu":
-                    return False  # the general path converts or refuses
-                if values.size == 1:
-                    if not low <= values.item() <= high:
-                        return False  # the general path refuses, naming the leaf
-                elif values.min() < low or values.max() > high:
-                    return False
-            write = self._write_parts if single is None else single
-            if not write(start, flat):  # type: ignore[misc]  # _exact_add: set
-                return False
-            # Written: terminated and truncated are bool [B], the next observations
-            # were checked above. The rest is the general path's bookkeeping.
-            owns = self._owns
-            if owns[slot]:  # the overwritten step releases its side observations
-                self._release(start, slot)
-            ended = None
-            no_ends = self._no_ends
-            if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
-                ended = (terminated | truncated).reshape(B)  # [B] also from single's ()
-                self._side_ref[start + self._rows[ended]] = self._put_side(
-                    step_id, ended, [n.reshape(h.shape)[ended]
-                                     for n, h in zip(next_observations, heads)])
-                owns[slot] = 1
-            if observations is None:
-                raw = next_observation.tobytes()
-                self._head_bytes[0][:] = raw
-                self._head_raw = raw
-            else:
-                for head_bytes, nxt in zip(self._head_bytes, next_observations):
-                    head_bytes[:] = nxt.tobytes()
-            ring.last_id = step_id
-            if self._tracks_adds:
-                self._sampler.on_add(ring, step_id, 1)
-            if self._written_hook:
-                self._written(start, ended)
-        finally:
-            lock.release()
-        return True
-
-    def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
-        """The leaves of ``next_observation`` as numpy arrays, validated with the
-        observation leaves' rules."""
-        outer, names = self._outer, self._add_names
-        if self._obs_is_leaf and type(next_observation) is np.ndarray:  # no optree walk
-            checker, k, shape, path = self._next_checks[0]
-            return [checker.numpy_leaf(k, next_observation, shape, path, outer, names)]
-        next_leaves, structure = nest.flatten(next_observation)
-        if structure != self._obs_structure:
-            raise SpecError(f"add: next_observation has structure {nest.describe(structure)}, "
-                            f"expected {nest.describe(self._obs_structure)}")
-        return [checker.numpy_leaf(k, to_numpy(leaf), shape, path, outer, names)
-                for leaf, (checker, k, shape, path) in zip(next_leaves, self._next_checks)]
-
-    def _check_ranges(self, host: list[np.ndarray]) -> None:
-        for i, spec in self._int_checks:
-            values = host[i]
-            if values.size and ((values < spec.minimum).any() or (values > spec.maximum).any()):
-                raise SpecError(f"add: leaf {self._paths[i]} has values outside its space "
-                                f"[{spec.minimum.min()}, {spec.maximum.max()}]: "
-                                f"{values.ravel()[:8].tolist()}")
-
-    def _write_transition(self, arrays: list[Any], host: list[np.ndarray],
-                          next_obs: list[np.ndarray], ended: np.ndarray) -> None:
-        # The common case (the observation is the previous next observation, nothing
-        # ends, the overwritten step owns no side observation) costs a few whole-add
-        # bytes comparisons; only the rare cases look at rows.
-        ring = self._ring
-        B, L = ring.batch_size, ring.max_length
-        if ring.last_id >= 0 and not self._follows_on(host):
-            self._keep_previous_next(host)
-        step_id = ring.last_id + 1
-        slot = step_id % L
-        start = slot * B
-        if self._owns[slot]:  # overwritten steps release side observations
-            self._release(start, slot)
-        codec = self._codec
-        if codec is not None:  # the stacks become frame references (validated already)
-            arrays = list(arrays)
-            arrays[self._codec_leaf], frame_writes = codec.encode(step_id,
-                                                                  arrays[self._codec_leaf])
-        self._storage.write(start, arrays)
-        if codec is not None:  # also releases the side frames of the overwritten steps
-            codec.commit(frame_writes, step_id, 1)
-        ended_rows = None
-        if ended.tobytes() != self._no_ends:
-            ended_rows = ended
-            self._side_ref[start + self._rows[ended]] = self._put_side(
-                step_id, ended, [n[ended] for n in next_obs])
-            self._owns[slot] = 1
-        for head, new in zip(self._head_next, next_obs):
-            head[...] = new
-        self._head_raw = None
-        ring.last_id = step_id
-        self._sampler.on_add(ring, step_id, 1)
-        self._written(start, ended_rows)
-
-    def _follows_on(self, host: list[np.ndarray]) -> bool:
-        """Whether every row's observation is, byte for byte, the next observation of
-        the row's previous step (see :func:`_rows_differ`), tested for all rows at once.
-        False also when a leaf came in another dtype than the spec's (rows then decide)."""
-        for i, head in zip(self._obs_leaves, self._head_next):
-            new = host[i]
-            if new.dtype is not head.dtype:
-                return False
-            # Two copies and a memcmp beat any numpy reduction on small arrays; large
-            # bytes objects cost fresh pages, so images are compared in place.
-            if new.nbytes <= _COPY_COMPARE_MAX:
-                if new.tobytes() != head.tobytes():
-                    return False
-            elif _rows_differ(new, head).any():
-                return False
-        return True
-
-    def _keep_previous_next(self, host: list[np.ndarray]) -> None:
-        """Keep in the side store the next observation of the previous step in every row
-        whose new observation does not follow on from it (an out-of-sequence add, or a
-        reset), unless the step keeps one already (it ended)."""
-        ring, B = self._ring, self._ring.batch_size
-        previous = (ring.last_id % ring.max_length) * B
-        unkept = self._side_ref[previous:previous + B] < 0
-        if not np.count_nonzero(unkept):  # after an episode end in every row, say
-            return
-        differs = np.zeros(B, bool)
-        for i, head in zip(self._obs_leaves, self._head_next):
-            differs |= _rows_differ(host[i], head)
-        moved = differs & unkept
-        if moved.any():
-            self._side_ref[previous + self._rows[moved]] = self._put_side(
-                ring.last_id, moved, [h[moved] for h in self._head_next])
-            self._owns[ring.last_id % ring.max_length] = 1
-
-    def _release(self, start: int, slot: int) -> None:
-        """Free the side observations of the steps at positions ``start ..
-        start + num_envs`` (slot ``slot``), which are being overwritten."""
-        owned = self._side_ref[start:start + self._ring.batch_size]  # a view
-        self._side.free(owned[owned >= 0])
-        owned[...] = -1
-        self._owns[slot] = 0
-
-    def _put_side(self, step_id: int, rows: np.ndarray, leaves: list[np.ndarray]
-                  ) -> np.ndarray:
-        """Keep next observations (leaves ``[n, *spec.shape]``) of step ``step_id`` in the
-        rows where ``rows`` (bool ``[num_envs]``) is set; their side-store slots ``[n]``.
-
-        A deduplicated stack is kept as frame references: the frames it shares with the
-        step's own observation are referenced, the rest become side frames owned by the
-        step (``step_id`` must be written already)."""
-        if self._codec is not None:
-            j = self._obs_leaves.index(self._codec_leaf)
-            which = np.flatnonzero(rows)
-            refs, extras = self._codec.encode_side(np.full(len(which), step_id), which,
-                                                   leaves[j])
-            self._codec.commit_side(extras)
-            leaves = list(leaves)
-            leaves[j] = refs
-        return self._side.put(leaves)
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> NoReturn:
@@ -658,108 +295,44 @@ class TransitionReplayBuffer(ReplayBuffer):
             raise self.empty_error(action="asking the buffer for data")
         return self.last(held)
 
-    def _read(self, ids: np.ndarray, positions: np.ndarray) -> Transitions:
-        """Gather transitions (with ``n``-step returns) at steps ``ids``/``positions``."""
-        leaves = self._gather(positions)  # stacks rebuilt from frame references
-        if self.n_step == 1:
-            # One-step transitions (the common case) need no windows: a step's reward,
-            # terminated and truncated come with its other leaves (one take of the
-            # packed records), and its next observation is the following step's unless
-            # the side store or the newest step's own says otherwise.
-            rewards = leaves[self._reward]
-            end_term, end_trunc = leaves[self._terminated], leaves[self._truncated]
-            if not self._host:
-                end_term, end_trunc = to_numpy(end_term), to_numpy(end_trunc)
-            discounts = np.float32(self.gamma) * ~end_term  # gamma, 0 after termination
-            next_obs = self._next_observations(positions, ids)
-        else:
-            rewards, end_term, end_trunc, discounts, next_obs = self._n_step_returns(ids,
-                                                                                     positions)
-        to_backend = self._storage.from_numpy
-        return Transitions(
-            observations=self._obs_structure.unflatten([leaves[i] for i in self._obs_leaves]),
-            actions=self._unflatten_action(leaves),
-            rewards=rewards,
-            next_observations=self._obs_structure.unflatten(next_obs),
-            terminated=to_backend(end_term), truncated=to_backend(end_trunc),
-            dones=to_backend(end_term | end_trunc), discounts=to_backend(discounts))
+    # ---------------------------------------------------------------- the parts
+    @property
+    def observation_spec(self) -> Any:
+        """The spec of one environment's observation (a nest of ArraySpecs)."""
+        return self._config_values["observation_spec"]
 
-    def _n_step_returns(self, ids: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
-        """``(returns, terminated, truncated, discounts, next observation leaves)`` of
-        the ``n``-step windows starting at steps ``ids``/``positions``."""
-        ring, B = self._ring, self.num_envs
-        n = self.n_step
-        steps = self._steps
-        window_ids = ids[..., None] + steps
-        window_positions = (positions[..., None] + steps * B) % ring.capacity
-        held = window_ids <= ring.last_id
-        gathered = self._storage.gather(np.where(held, window_positions, positions[..., None]),
-                                        [self._reward, self._terminated, self._truncated])
-        rewards, terminated, truncated = (to_numpy(g) for g in gathered)
-        ended = (terminated | truncated) & held
-        # A step whose next observation is in the side store ends the window too: the
-        # step after it (if any) is not its successor (an out-of-sequence add).
-        breaks = ended | (self._side_ref[window_positions] >= 0) & held
-        # Step k counts if it is stored and no earlier step of the window broke it.
-        before_end = np.cumsum(breaks, axis=-1) - breaks == 0
-        counted = held & before_end
-        m = counted.sum(-1)
-        returns = (rewards * counted * self._step_discounts).sum(-1).astype(np.float32)
-        last_k = m - 1
-        last_id = ids + last_k
-        # Each window's last counted step, as flat indices into the [..., n] arrays (one
-        # fancy index each, where take_along_axis builds index grids on every call).
-        last = np.arange(0, m.size * n, n).reshape(m.shape) + last_k
-        last_pos = window_positions.reshape(-1)[last]
-        end_term = terminated.reshape(-1)[last]  # counted, being the last counted step
-        end_trunc = truncated.reshape(-1)[last]
-        discounts = np.where(end_term, 0.0, self.gamma ** m).astype(np.float32)
-        return (self._storage.from_numpy(returns), end_term, end_trunc, discounts,
-                self._next_observations(last_pos, last_id))
+    @property
+    def action_spec(self) -> Any:
+        """The spec of one environment's action, as given to the constructor."""
+        return self._config_values["action_spec"]
 
-    def _unflatten_action(self, leaves: list[Any]) -> Any:
-        return self._action_structure.unflatten([leaves[i] for i in self._action_leaves])
+    @property
+    def generation(self) -> int:
+        """A count of the clears and restores: what was read before it changed may no
+        longer be what the buffer holds (caches of the data start afresh)."""
+        return self._generation
 
-    def _next_observations(self, positions: np.ndarray, ids: np.ndarray) -> list[Any]:
-        """Next observations of the steps at ``positions`` (int64, ids ``ids`` of the same
-        shape): the following step's observation, the side store's, or the newest step's
-        own. Deduplicated stacks are rebuilt from whichever frame references apply."""
-        ring = self._ring
-        B = ring.batch_size
-        following = (positions + B) % ring.capacity
-        out = self._storage.gather(following, self._obs_leaves)
-        side = self._side_ref[positions]
-        from_side = side >= 0
-        newest = ids == ring.last_id
-        # Most reads patch nothing, or only a few side observations: count_nonzero costs
-        # a fraction of .any() on small arrays, and every masked step is skipped when
-        # nothing needs it.
-        any_side, any_newest = np.count_nonzero(from_side), np.count_nonzero(newest)
-        codec = self._codec
-        if codec is None and not (any_side or any_newest):
-            return out
-        newest &= ~from_side
-        patched = []
-        for i, leaf, side_leaf, head in zip(self._obs_leaves, out,
-                                            self._side.take(side[from_side]),
-                                            self._head_next):
-            leaf = to_numpy(leaf).copy()
-            if any_side:
-                leaf[from_side] = side_leaf
-            if codec is not None and i == self._codec_leaf:
-                # The slot after the newest step holds no successor (an old step, or
-                # nothing since a clear): read zero frames there instead of its refs.
-                leaf[newest] = -1
-                leaf = codec.decode(leaf, positions % B)
-            if any_newest:
-                leaf[newest] = head[positions[newest] % B]
-            patched.append(self._storage.from_numpy(leaf))
-        return patched
+    def flat_reads(self, action_path: str, env_axis: bool) -> FlatReads | None:
+        """Lean reads of the fields observation, action (the leaf at ``action_path`` of
+        the stored nest, e.g. ``"['action']"``), reward, next observation and
+        terminated as numpy arrays (:class:`~replaybuffer.buffers.flat_reads.FlatReads`),
+        for adapters that return those (compat.pearl). Its runs of consecutive steps
+        carry the env axis when ``env_axis``.
 
-    def _clear_state(self) -> None:
-        self._side.clear()
-        self._side_ref[:] = -1
-        self._owns[:] = bytes(len(self._owns))
+        ``None`` where they do not apply: a subclass that changes what a read returns
+        (HER; :class:`~replaybuffer.RolloutBuffer` reads the same), storage other than
+        numpy, ``n_step > 1``, an observation that is not one array, frame stacking,
+        an episode index, or no leaf at ``action_path``."""
+        storage = self._storage
+        if not self._serves_flat_reads or type(storage) is not NumpyStorage or \
+                self._codec is not None or self.n_step != 1 or self._episodes is not None \
+                or not self._obs_is_leaf or len(self._obs_leaves) != 1 or \
+                action_path not in self._paths:
+            return None
+        read = [self._obs_leaves[0], self._paths.index(action_path), self._reward,
+                self._terminated]
+        next_obs = NextObservations(self._side, self._side_ref, self._head_next[0])
+        return FlatReads(self, storage, self._ring, self._lock, next_obs, read, env_axis)
 
     # ---------------------------------------------------------------- persistence
     def constructor_config(self) -> dict[str, Any]:
@@ -818,30 +391,5 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
                                    beta_steps=beta_steps, normalize=normalize)
 
 
-SINGLE_FLAGS = (np.array(False), np.array(True))
-"""One env's flags (false, true) as :meth:`TransitionReplayBuffer._add_single` takes them
-at least cost: bool 0-d arrays (``tobytes()`` costs a sixth of a numpy scalar's),
-read-only since every caller shares them."""
-for _flag in SINGLE_FLAGS:
-    _flag.flags.writeable = False
-
-
-def _single_reward(reward: Any) -> Any:
-    """One env's reward with the env axis: a Python float as float32 ``[1]`` (numpy's
-    cast), anything else ``reward[None]``."""
-    return np.array((reward,), np.float32) if type(reward) is float else reward[None]
-
-
-_COPY_COMPARE_MAX = 1 << 16
-"""Bytes up to which :meth:`TransitionReplayBuffer._follows_on` compares copies."""
-
-
-def _rows_differ(new: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """bool ``[num_envs]``: rows of ``new`` whose bytes differ from ``head``'s (both
-    ``[num_envs, *spec.shape]``). Bytes, not values: -0.0 is not 0.0, and a NaN is
-    itself, so a next observation read from the following step is the one added."""
-    new = np.ascontiguousarray(new, head.dtype)
-    rows = len(head)
-    differ: np.ndarray = (new.view(np.uint8).reshape(rows, -1)
-                          != head.view(np.uint8).reshape(rows, -1)).any(1)
-    return differ
+__all__ = ["COPY_COMPARE_MAX", "SINGLE_FLAGS", "PrioritizedTransitionReplayBuffer",
+           "TransitionReplayBuffer", "Transitions", "rows_differ", "single_reward"]

@@ -118,8 +118,8 @@ from replaybuffer.buffers.her import HERBuffer
 from replaybuffer.buffers.transitions import (PrioritizedTransitionReplayBuffer,
                                               TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
+from replaybuffer.integrations import sb3_spaces
 from replaybuffer.persist import load as _load_checkpoint
-from replaybuffer.specs import ArraySpec, BoundedArraySpec
 
 _HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
 """Whether this SB3's samples carry n-step discounts (2.7 on); before, algorithms use gamma."""
@@ -197,8 +197,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
                 "replay_buffer_kwargs={'frame_stack': True} for stacked image frames)")
         if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
             raise ValueError(f"n_envs must be a positive int, got {n_envs!r}")
-        obs_spec, self._discrete_obs = _observation_spec(observation_space)
-        action_spec = _action_spec(action_space)
+        obs_spec, self._discrete_obs = sb3_spaces.observation_spec(observation_space)
+        action_spec = sb3_spaces.action_spec(action_space)
         self.observation_space, self.action_space = observation_space, action_space
         self.obs_shape = get_obs_shape(observation_space)  # type: ignore[assignment]
         self.action_dim = get_action_dim(action_space)
@@ -564,44 +564,3 @@ class HerReplayBuffer(ReplayBuffer, _SB3HerReplayBuffer):
             warnings.warn(f"HerReplayBuffer: the episodes in progress in {ended} env(s) were "
                           "ended at their last step; load with truncate_last_traj=False to "
                           "continue them instead", stacklevel=2)
-
-
-# ------------------------------------------------------------------ spaces to specs
-def _observation_spec(space: spaces.Space[Any]) -> tuple[Any, frozenset[str] | bool]:
-    """The core's observation spec for ``space`` and which leaves are Discrete (a set of
-    Dict keys, or a bool)."""
-    if isinstance(space, spaces.Dict):
-        specs = {key: _space_spec(sub, f"observation_space[{key!r}]", observation=True)
-                 for key, sub in space.spaces.items()}
-        return specs, frozenset(k for k, s in space.spaces.items()
-                                if isinstance(s, spaces.Discrete))
-    spec = _space_spec(space, "observation_space", observation=True)
-    return spec, isinstance(space, spaces.Discrete)
-
-
-def _action_spec(space: spaces.Space[Any]) -> ArraySpec:
-    """``[action_dim]`` as SB3 stores actions: float64 kept as float32; Box unbounded
-    (the scaled actions SB3 stores are not in the env's bounds)."""
-    spec = _space_spec(space, "action_space", observation=False)
-    shape = (get_action_dim(space),)
-    if isinstance(spec, BoundedArraySpec):
-        return BoundedArraySpec(shape, spec.dtype, spec.minimum.reshape(-1),
-                                spec.maximum.reshape(-1))
-    return ArraySpec(shape, np.float32 if spec.dtype == np.float64 else spec.dtype)
-
-
-def _space_spec(space: spaces.Space[Any], where: str, observation: bool) -> ArraySpec:
-    """One leaf's spec with SB3's shape (``get_obs_shape``: ``(1,)`` for Discrete)."""
-    if isinstance(space, spaces.Box):
-        return ArraySpec(space.shape, space.dtype)
-    if isinstance(space, spaces.Discrete):
-        start = int(space.start)
-        return BoundedArraySpec((1,), space.dtype, start, start + int(space.n) - 1)
-    if isinstance(space, spaces.MultiDiscrete) and np.ndim(space.nvec) == 1:
-        first = np.asarray(space.start)
-        return BoundedArraySpec(space.shape, space.dtype, first, first + space.nvec - 1)
-    if isinstance(space, spaces.MultiBinary) and (observation or np.ndim(space.n) == 0):
-        return BoundedArraySpec(space.shape, space.dtype, 0, 1)
-    kinds = "Box, Discrete, MultiDiscrete (1-D), MultiBinary" + \
-        (" or a Dict of them" if observation else " (1-D)")
-    raise SpecError(f"{where}: expected {kinds}, got {space!r}")
