@@ -265,3 +265,35 @@ def test_tensorflow_buffers_refuse_a_limiter():
     with pytest.raises(ValueError, match="inside graphs"):
         buf.rate_limiter = rb.MinSize(1)
     assert buf.rate_limiter is None
+
+
+@pytest.mark.parametrize("cls", ["TransitionReplayBuffer", "PrioritizedTransitionReplayBuffer",
+                                 "RolloutBuffer"])
+def test_transition_buffers_take_a_limiter_in_the_constructor(cls):
+    limiter = rb.MinSize(2)
+    buf = getattr(rb, cls)(rb.ArraySpec((2,), np.float32), rb.ArraySpec((), np.int64), 16,
+                           seed=0, rate_limiter=limiter)
+    assert buf.rate_limiter is limiter
+    obs = np.zeros((1, 2), np.float32)
+    buf.add(obs, np.zeros(1, np.int64), np.ones(1), obs + 1, np.zeros(1, bool))
+    assert buf.sample(1, block=False) is None  # paced from the first add
+    buf.add(obs + 1, np.zeros(1, np.int64), np.ones(1), obs + 2, np.zeros(1, bool))
+    assert buf.sample(1, block=False) is not None
+    assert buf.stats().inserts == 2 and buf.stats().samples == 1
+    with pytest.raises(ValueError, match="attached to a buffer already"):
+        getattr(rb, cls)(rb.ArraySpec((2,), np.float32), rb.ArraySpec((), np.int64), 16,
+                         rate_limiter=limiter)
+
+
+def test_her_buffer_takes_a_limiter_in_the_constructor():
+    limiter = rb.MinSize(4)
+    spec = {"observation": rb.ArraySpec((2,), np.float32),
+            "achieved_goal": rb.ArraySpec((2,), np.float32),
+            "desired_goal": rb.ArraySpec((2,), np.float32)}
+    buf = rb.HERBuffer(spec, rb.ArraySpec((), np.int64), 16, seed=0,
+                       compute_reward=lambda achieved, desired, info: np.zeros(len(achieved)),
+                       rate_limiter=limiter)
+    assert buf.rate_limiter is limiter and limiter.min_size_to_sample == 4
+    with pytest.raises(ValueError, match=r"min_size_to_sample \(50\) is more than the "
+                                         r"buffer can hold \(16\)"):
+        rb.HERBuffer(spec, rb.ArraySpec((), np.int64), 16, rate_limiter=rb.MinSize(50))

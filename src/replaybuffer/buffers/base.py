@@ -209,6 +209,12 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
         return self._storage.nbytes + (self._codec.nbytes if self._codec else 0)
 
     @property
+    def generation(self) -> int:
+        """A count of the clears and restores: what was read before it changed may no
+        longer be what the buffer holds (caches of the data start afresh)."""
+        return self._generation
+
+    @property
     def last_id(self) -> int:
         """Id of the newest step (-1 when empty); ids count adds from 0."""
         return self._ring.last_id

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, overload
 
 import numpy as np
 
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
 from replaybuffer.buffers.side_observations import rows_differ
@@ -129,7 +130,7 @@ class HERBuffer(TransitionReplayBuffer):
         goal_selection_strategy: ``"final"``, ``"future"`` (default) or ``"episode"``.
         n_sampled_goal: relabelled goals per real one: ``her_ratio = 1 - 1/(n + 1)``
             of each batch is relabelled (0 turns HER off).
-        num_envs, gamma, storage, device, seed, memory: as for
+        num_envs, gamma, storage, device, seed, memory, rate_limiter: as for
             :class:`~replaybuffer.TransitionReplayBuffer`.
 
     Raises:
@@ -141,7 +142,8 @@ class HERBuffer(TransitionReplayBuffer):
                  compute_reward: Callable[[Any, Any, Any], Any] | None = None,
                  goal_selection_strategy: Any = FUTURE, n_sampled_goal: int = 4,
                  num_envs: int = 1, gamma: float = 0.99, storage: str = "numpy",
-                 device: Any = None, seed: int | None = None, memory: str = "warn"):
+                 device: Any = None, seed: int | None = None, memory: str = "warn",
+                 rate_limiter: RateLimiter | None = None):
         strategy = parse_goal_selection_strategy(goal_selection_strategy)
         if isinstance(n_sampled_goal, bool) or not isinstance(n_sampled_goal, (int, np.integer)) \
                 or n_sampled_goal < 0:
@@ -149,7 +151,8 @@ class HERBuffer(TransitionReplayBuffer):
         obs_spec = as_data_spec(observation_spec)
         _check_goal_spec(obs_spec)
         super().__init__(obs_spec, action_spec, capacity, num_envs=num_envs, gamma=gamma,
-                         storage=storage, device=device, seed=seed, memory=memory)
+                         storage=storage, device=device, seed=seed, memory=memory,
+                         rate_limiter=rate_limiter)
         self.compute_reward = compute_reward
         self.goal_selection_strategy = strategy
         self.n_sampled_goal = int(n_sampled_goal)

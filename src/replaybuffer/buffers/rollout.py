@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, 
 
 import numpy as np
 
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.protocols import BufferInfo
 from replaybuffer import nest
 from replaybuffer.buffers.gae import generalized_advantages
@@ -89,7 +90,8 @@ class RolloutBuffer(TransitionReplayBuffer):
         capacity: transitions held over all environments (a rollout of ``T`` steps of
             ``num_envs`` envs needs ``T * num_envs``); older steps are overwritten.
         num_envs: environments per add.
-        storage, device, seed, memory: as for :class:`~replaybuffer.TransitionReplayBuffer`
+        storage, device, seed, memory, rate_limiter: as for
+            :class:`~replaybuffer.TransitionReplayBuffer`
             (``seed`` also seeds the minibatch shuffles).
     """
 
@@ -97,12 +99,14 @@ class RolloutBuffer(TransitionReplayBuffer):
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, storage: str = "numpy", device: Any = None,
-                 seed: int | None = None, memory: str = "warn"):
+                 seed: int | None = None, memory: str = "warn",
+                 rate_limiter: RateLimiter | None = None):
         act_spec = as_data_spec(action_spec)
         policy_spec = {ACTION: act_spec, VALUE: ArraySpec((), np.float32, VALUE),
                        LOG_PROB: ArraySpec((), np.float32, LOG_PROB)}
         super().__init__(observation_spec, policy_spec, capacity, num_envs=num_envs,
-                         storage=storage, device=device, seed=seed, memory=memory)
+                         storage=storage, device=device, seed=seed, memory=memory,
+                         rate_limiter=rate_limiter)
         self._config_values["action_spec"] = act_spec
         for fixed in ("n_step", "gamma"):  # one-step transitions; GAE takes its own gamma
             self._config_values.pop(fixed)

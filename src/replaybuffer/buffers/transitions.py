@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, overload
 import numpy as np
 
 from replaybuffer import nest
+from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.buffers.flat_reads import FlatReads
 from replaybuffer.buffers.prioritized import PrioritizedMixin
 from replaybuffer.buffers.recent_steps import NextObservations
@@ -83,6 +84,8 @@ class TransitionReplayBuffer(TransitionReads):
             transition, stacks rebuilt on read. Numpy storage only.
         stack_axis: the axis of the observation's shape that stacks frames (0 for
             ``[K, H, W]``, -1 for ``[H, W, K]``).
+        rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing adds and samples (the
+            same as setting :attr:`rate_limiter` afterwards).
     """
 
     # Whether flat_reads() serves this class: a subclass whose reads return what this
@@ -98,7 +101,7 @@ class TransitionReplayBuffer(TransitionReads):
                  num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  memory: str = "warn", frame_stack: bool = False, stack_axis: int = 0,
-                 _sampler: Any = None):
+                 rate_limiter: RateLimiter | None = None, _sampler: Any = None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or \
                 capacity < num_envs:
             raise ValueError(f"capacity must be an int >= num_envs={num_envs}, got {capacity!r}")
@@ -129,7 +132,8 @@ class TransitionReplayBuffer(TransitionReads):
                      strict=memory == "strict")
         super().__init__(spec, num_envs, max_length, storage=storage, device=device,
                          sampler=_sampler or UniformSampler(seed),
-                         frame_stack=OBS if frame_stack else None, stack_axis=stack_axis)
+                         frame_stack=OBS if frame_stack else None, stack_axis=stack_axis,
+                         rate_limiter=rate_limiter)
         self.n_step, self.gamma = n_step, float(gamma)
         self._steps = np.arange(n_step)  # offsets of an n-step window
         self._step_discounts = self.gamma ** self._steps  # float64 gamma ** k
@@ -305,12 +309,6 @@ class TransitionReplayBuffer(TransitionReads):
     def action_spec(self) -> Any:
         """The spec of one environment's action, as given to the constructor."""
         return self._config_values["action_spec"]
-
-    @property
-    def generation(self) -> int:
-        """A count of the clears and restores: what was read before it changed may no
-        longer be what the buffer holds (caches of the data start afresh)."""
-        return self._generation
 
     def flat_reads(self, action_path: str, env_axis: bool) -> FlatReads | None:
         """Lean reads of the fields observation, action (the leaf at ``action_path`` of
