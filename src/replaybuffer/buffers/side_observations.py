@@ -216,8 +216,8 @@ class SideObservations(ReplayBuffer):
         far at most), and ``head_next`` (one ``[num_envs, *spec.shape]`` per leaf).
         ``_owns`` follows from ``side_ref`` and is not written."""
         refs = self._side_ref
-        set_at = np.flatnonzero(refs >= 0)
-        live = int(set_at[-1]) + 1 if len(set_at) else 0
+        is_set = refs[::-1] >= 0  # the last set entry is the first one from the end
+        live = len(refs) - int(is_set.argmax()) if is_set.any() else 0
         return {"side": self._side.state_dict(), "side_ref": refs[:live].copy(),
                 "head_next": [h.copy() for h in self._head_next]}
 
@@ -231,7 +231,8 @@ class SideObservations(ReplayBuffer):
         """
         refs = np.asarray(state["side_ref"])
         positions = len(self._side_ref)
-        if refs.ndim != 1 or len(refs) > positions or refs.dtype.kind not in "iu":
+        if refs.ndim != 1 or len(refs) > positions or \
+                (refs.dtype.kind not in "iu" and len(refs)):  # ([] reads as float64)
             raise CheckpointError(f"state side_ref: expected integers [n <= {positions}] "
                                   f"(the buffer's positions), got {refs.dtype} "
                                   f"{list(refs.shape)}")
