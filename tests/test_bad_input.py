@@ -256,3 +256,22 @@ def test_flat_spec_add_batch_converts_what_is_not_exact(storage, batch_size):
     np.testing.assert_array_equal(got["a"], np.stack([a, a + 10, a + 20], 1))
     np.testing.assert_array_equal(got["b"], np.repeat([[7, 8, 9]], batch_size, 0))
     assert got["a"].dtype == np.float32
+
+
+def test_num_steps_longer_than_rows_hold_is_not_told_to_add_items():
+    """Rows of 8 steps and num_steps=20 (within max_length): the error says num_steps is
+    longer than a row holds, with how many it holds and max_length, and does not advise
+    adding items (the buffer holds data); the buffer is unchanged."""
+    buf = rb.UniformReplayBuffer(rb.ArraySpec((), np.float32), 2, 100, seed=0)
+    for k in range(8):
+        buf.add_batch(np.full(2, k, np.float32))
+    for read in (lambda: buf.get_next(1, num_steps=20),
+                 lambda: next(iter(buf.as_dataset(1, num_steps=20)))):
+        with pytest.raises(rb.EmptyBufferError) as caught:
+            read()
+        message = str(caught.value)
+        assert message == ("num_steps=20 is longer than a row of UniformReplayBuffer "
+                           "holds: each row holds 8 steps so far (max_length=100). Ask "
+                           "for num_steps <= 8, or read once rows hold 20 steps.")
+        assert "add items" not in message
+    assert len(buf) == 16 and buf.get_next(1, num_steps=8)[0].shape == (1, 8)

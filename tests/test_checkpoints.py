@@ -473,3 +473,122 @@ def test_two_savers_into_one_series_both_succeed(tmp_path):
     done = rb.checkpoints(tmp_path / "c")
     assert 1 <= len(done) <= 2 and done[-1].name == "ckpt-000030"
     assert rb.load(tmp_path / "c").last_id in (0, 1)
+
+
+# ------------------------------------------------- transition checkpoints by content
+def transition_steps(buf, ts, rows=1):
+    """Add steps ``ts``: every 50th ends an episode and every 7th has an out-of-sequence
+    next observation, so the side store holds some of them."""
+    for t in ts:
+        obs = np.full((rows, 4), t, np.float32) + np.arange(rows, dtype=np.float32)[:, None]
+        nxt = obs + (1.5 if t % 7 == 6 else 1.0)
+        buf.add(obs, np.full(rows, t % 2), np.full(rows, t, np.float32), nxt,
+                np.full(rows, t % 50 == 49))
+
+
+def assert_same_draws(a, b, count=64):
+    (x, xi), (y, yi) = a.sample(count), b.sample(count)
+    for got, want in zip(y, x):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(yi.ids, xi.ids)
+
+
+def test_a_large_nearly_empty_transition_buffer_saves_what_it_holds(tmp_path):
+    """1,000 transitions in a 1M-capacity buffer: the save is sized by the transitions
+    (it wrote an 8 MB side_ref before), and the load continues exactly."""
+    spec = rb.ArraySpec((4,), np.float32)
+    buf = rb.TransitionReplayBuffer(spec, rb.BoundedArraySpec((), np.int64, 0, 1), 10**6,
+                                    seed=3)
+    transition_steps(buf, range(1000))
+    saved = buf.save(tmp_path / "c")
+    total = sum(f.stat().st_size for f in saved.iterdir())
+    assert total < 200_000, sorted((f.name, f.stat().st_size) for f in saved.iterdir())
+    back = rb.load(tmp_path / "c")
+    assert back.last_id == buf.last_id == 999
+    assert_same_draws(buf, back)
+    transition_steps(buf, range(1000, 1100))  # writes over nothing, ends more episodes
+    transition_steps(back, range(1000, 1100))
+    assert_same_draws(buf, back)
+    assert back.state_dict()["state"]["side_ref"].shape == \
+        buf.state_dict()["state"]["side_ref"].shape
+
+
+def test_transition_saves_of_a_wrapped_ring_and_of_every_env_resume_exactly(tmp_path):
+    """The live range of side_ref after the ring wraps (every position) and with several
+    envs; saved, restored and continued, draws agree."""
+    spec = rb.ArraySpec((4,), np.float32)
+    buf = rb.TransitionReplayBuffer(spec, rb.BoundedArraySpec((), np.int64, 0, 1), 300,
+                                    num_envs=3, seed=5)
+    transition_steps(buf, range(40), rows=3)
+    first = rb.load(buf.save(tmp_path / "a"))
+    transition_steps(buf, range(40, 170), rows=3)  # 170 steps of 100 per row: wrapped
+    transition_steps(first, range(40, 170), rows=3)
+    assert_same_draws(buf, first)
+    second = rb.load(buf.save(tmp_path / "b"))
+    transition_steps(buf, range(170, 230), rows=3)
+    transition_steps(second, range(170, 230), rows=3)
+    assert_same_draws(buf, second)
+
+
+def test_a_side_store_grown_and_cleared_saves_its_free_list_as_runs():
+    """The free list is written as runs of descending slots: after a clear, one run,
+    whatever the store's capacity; restored, the store hands out the same slots."""
+    from replaybuffer.storage.side_store import SideStore
+
+    specs = [rb.ArraySpec((2,), np.float32)]
+    store = SideStore(specs, capacity=4)
+    store.put([np.zeros((5000, 2), np.float32)])  # grows to 8192 slots
+    store.clear()
+    store.put([np.ones((3, 2), np.float32)])
+    state = store.state_dict()
+    assert state["capacity"] == 8192 and state["free"].shape == (1, 2)
+    other = SideStore(specs)
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(other.put([np.zeros((9, 2), np.float32)]),
+                                  store.put([np.zeros((9, 2), np.float32)]))
+
+
+def test_a_bad_side_ref_is_refused_naming_it_and_changes_nothing():
+    spec = rb.ArraySpec((4,), np.float32)
+    buf = rb.TransitionReplayBuffer(spec, rb.BoundedArraySpec((), np.int64, 0, 1), 100,
+                                    seed=3)
+    transition_steps(buf, range(60))
+    state = buf.state_dict()
+    other = rb.TransitionReplayBuffer(spec, rb.BoundedArraySpec((), np.int64, 0, 1), 100,
+                                      seed=3)
+    transition_steps(other, range(10))
+    before = other.state_dict()
+    for bad in (np.zeros(101, np.int64), np.zeros((2, 5), np.int64),
+                np.zeros(5, np.float32)):
+        broken = dict(state, state=dict(state["state"], side_ref=bad))
+        with pytest.raises(rb.CheckpointError, match=r"side_ref: expected integers "
+                                                     r"\[n <= 100\]"):
+            other.load_state_dict(broken)
+        after = other.state_dict()
+        assert after["state"]["last_id"] == before["state"]["last_id"] == 9
+        np.testing.assert_array_equal(after["state"]["side_ref"],
+                                      before["state"]["side_ref"])
+
+
+def test_transition_saves_with_full_size_side_refs_still_load_and_continue_exactly():
+    """tests/data/format_transitions_full_side_ref was written by the code before
+    checkpoints were sized by content (e353f95: side_ref of every position, the side
+    store's whole free list), with the draws that followed its save and those after 30
+    more steps; a load continues with the same draws."""
+    buf = rb.load(DATA / "format_transitions_full_side_ref")
+    expected = np.load(DATA / "format_transitions_full_side_ref_expected.npz")
+    for prefix in ("a", "b"):
+        if prefix == "b":
+            for t in range(230, 260):
+                obs = np.stack([np.full(3, t, np.float32), np.full(3, 100 + t, np.float32)])
+                nxt = np.stack([np.full(3, t + 1, np.float32),
+                                np.full(3, 101 + t, np.float32)])
+                if t % 11 == 10:
+                    nxt = nxt + 0.5
+                buf.add(obs, np.array([t % 3, (t + 1) % 3]), np.full(2, t, np.float32), nxt,
+                        np.array([t % 5 == 4, t % 7 == 6]), np.array([False, t % 13 == 12]))
+        batch, info = buf.sample(16)
+        got = {"obs": batch.observations, "act": batch.actions, "rew": batch.rewards,
+               "next": batch.next_observations, "term": batch.terminated, "ids": info.ids}
+        for key, value in got.items():
+            np.testing.assert_array_equal(value, expected[f"{prefix}_{key}"], err_msg=key)

@@ -651,3 +651,20 @@ def test_the_pearl_tutorial_example_runs():
     assert out.returncode == 0, out.stderr
     assert "Buffer observation array shape = (10, 4)" in out.stdout
     assert "# HER Buffer" in out.stdout
+
+
+@pytest.mark.parametrize("cls, num_envs", [(ReplayBuffer, None), (ReplayBuffer, 2),
+                                           (RolloutBuffer, None), (RolloutBuffer, 2),
+                                           (HERBuffer, None)])
+def test_sampling_empty_names_the_pearl_class(cls, num_envs):
+    """The empty-sample error names the class the user built (not the core buffer under
+    it) and says to add transitions first, on every path (single and vector env)."""
+    env = CounterGoalEnv() if cls is HERBuffer else cartpole(num_envs)
+    buffer = cls(env=env, buffer_size=4)
+    for kwargs in ({}, {"flatten_env": True}):
+        with pytest.raises(rb.EmptyBufferError) as caught:
+            buffer.sample(2, **kwargs)
+        message = str(caught.value)
+        assert message.startswith(f"{cls.__name__} of replaybuffer.compat.pearl is empty.")
+        assert "Add transitions" in message and "before sampling" in message
+        assert buffer.core.last_id == -1  # unchanged

@@ -107,3 +107,18 @@ def test_add_batch_errors_speak_of_add_batch():
     with pytest.raises(rb.SpecError, match=r"add_batch: leaf <root>: expected leading dimensions \[n\]"):
         buf.add_batch(np.float32(1.0))
     assert buf.size == 0
+
+
+@pytest.mark.parametrize("cls", [tf_agents.PyUniformReplayBuffer,
+                                 tf_agents.PyHashedReplayBuffer])
+@pytest.mark.parametrize("capacity", [-4, 0, 2.5, True, "3"])
+def test_a_bad_capacity_is_named_as_written(cls, capacity):
+    """The user wrote capacity (the core calls it max_length): the error names capacity
+    and the class the user built."""
+    data_spec = tf_agents.Trajectory(*[tf_agents.ArraySpec((), np.float32)] * 7) \
+        if cls is tf_agents.PyHashedReplayBuffer else spec()
+    with pytest.raises(ValueError) as caught:
+        cls(data_spec, capacity=capacity)
+    message = str(caught.value)
+    assert f"{cls.__name__}: capacity must be a positive int, got {capacity!r}" == message
+    assert "max_length" not in message

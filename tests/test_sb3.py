@@ -574,3 +574,40 @@ def test_random_streams_match_a_list_of_transitions(n_envs, per_env, steps, n_st
     for i, item in enumerate(sample.indices):
         step, env = divmod(int(item), n_envs)
         check(sample, i, reference[env][step - (first // n_envs)])
+
+
+# ------------------------------------------------------------------ reproducibility
+def dqn_parameters(seed, replay_buffer_class=ReplayBuffer):
+    """DQN on CartPole-v1 for 2k steps (500 of them before learning, a gradient step every
+    4) on the CPU: its Q-network's parameters, flat."""
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=replay_buffer_class,
+                buffer_size=10_000, learning_starts=500, train_freq=4, batch_size=32,
+                policy_kwargs={"net_arch": [32]}, device="cpu", seed=seed)
+    model.learn(2000)
+    return th.cat([p.detach().flatten() for p in model.policy.parameters()]).numpy()
+
+
+def test_the_same_seed_reproduces_a_dqn_run_bit_for_bit():
+    """The buffer takes its sampling seed from numpy's global generator when the algorithm
+    builds it, after SB3's set_random_seed(seed) has seeded that generator: the same
+    seed= gives the same draws and so equal parameters; another seed differs."""
+    first = dqn_parameters(0)
+    np.testing.assert_array_equal(dqn_parameters(0), first)
+    assert not np.array_equal(dqn_parameters(1), first)
+
+
+def test_an_explicit_seed_is_taken_as_given_and_none_follows_the_global_generator():
+    box = spaces.Box(-1, 1, (2,), np.float32)
+
+    def draws(seed, global_seed):
+        np.random.seed(global_seed)
+        buffer = ReplayBuffer(100, box, spaces.Discrete(2), device="cpu", seed=seed)
+        for k in range(20):
+            obs = np.full((1, 2), k / 20, np.float32)
+            buffer.add(obs, obs + 0.01, np.array([k % 2]), np.array([1.0]), np.array([False]),
+                       [{}])
+        return buffer.sample(16).observations.numpy()
+
+    np.testing.assert_array_equal(draws(5, 0), draws(5, 1))  # seed= as given
+    np.testing.assert_array_equal(draws(None, 3), draws(None, 3))  # from np.random
+    assert not np.array_equal(draws(None, 3), draws(None, 4))

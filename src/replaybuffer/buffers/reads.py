@@ -36,10 +36,13 @@ class ReadPath(BufferParts):
                                     f"exceeds max_length={self._ring.max_length}")
         if self._ring.last_id < 0:
             return EmptyBufferError(f"{name} is empty. Make sure to add items before {action}.")
+        # Data is held, but rows are shorter than the window: adding items is not the
+        # advice; the window is too long for what the rows hold so far.
+        held = self._ring.items_per_row
         return EmptyBufferError(
-            f"{name} has no window of num_steps={num_steps}: each row holds "
-            f"{self._ring.items_per_row} steps (max_length={self._ring.max_length}). "
-            f"Make sure to add items before {action}.")
+            f"num_steps={num_steps} is longer than a row of {name} holds: each row holds "
+            f"{held} steps so far (max_length={self._ring.max_length}). Ask for "
+            f"num_steps <= {held}, or read once rows hold {num_steps} steps.")
 
     def _sample_arrays(self, sample_batch_size: int, num_steps: int | None,
                        rng: np.random.Generator | None = None, within_episodes: bool = False,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.errors import CheckpointError
 from replaybuffer.storage.base import to_numpy
 from replaybuffer.storage.side_store import SideStore
 
@@ -207,6 +208,51 @@ class SideObservations(ReplayBuffer):
                 leaf[newest] = head[positions[newest] % B]
             patched.append(self._storage.from_numpy(leaf))
         return patched
+
+    def _side_state(self) -> dict[str, Any]:
+        """The side observations' checkpoint state, about as large as what is held:
+        ``side`` (the side store's), ``side_ref`` int64 ``[n]``: the references up to the
+        last one set (the rest are -1; until the ring wraps, the positions written so
+        far at most), and ``head_next`` (one ``[num_envs, *spec.shape]`` per leaf).
+        ``_owns`` follows from ``side_ref`` and is not written."""
+        refs = self._side_ref
+        is_set = refs[::-1] >= 0  # the last set entry is the first one from the end
+        live = len(refs) - int(is_set.argmax()) if is_set.any() else 0
+        return {"side": self._side.state_dict(), "side_ref": refs[:live].copy(),
+                "head_next": [h.copy() for h in self._head_next]}
+
+    def _check_side_state(self, state: dict[str, Any]) -> np.ndarray:
+        """``state["side_ref"]`` as int64 ``[n]``, checked with the side store's state
+        before a restore changes anything.
+
+        Raises:
+            CheckpointError: ``side_ref`` is not a vector of at most this buffer's
+                positions, or the side store's state is inconsistent.
+        """
+        refs = np.asarray(state["side_ref"])
+        positions = len(self._side_ref)
+        if refs.ndim != 1 or len(refs) > positions or \
+                (refs.dtype.kind not in "iu" and len(refs)):  # ([] reads as float64)
+            raise CheckpointError(f"state side_ref: expected integers [n <= {positions}] "
+                                  f"(the buffer's positions), got {refs.dtype} "
+                                  f"{list(refs.shape)}")
+        try:
+            self._side.check_state(state["side"])
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        return refs.astype(np.int64, copy=False)
+
+    def _restore_side(self, state: dict[str, Any], refs: np.ndarray) -> None:
+        """Restore :meth:`_side_state` (the lock held; ``refs`` from
+        :meth:`_check_side_state`). Positions past ``refs`` (all of them in older saves,
+        which wrote every position) own no side observation."""
+        self._side.load_state_dict(state["side"])
+        self._side_ref[:len(refs)] = refs
+        self._side_ref[len(refs):] = -1
+        self._owns[:] = (self._side_ref.reshape(len(self._owns), -1) >= 0).any(1).tobytes()
+        for head, saved in zip(self._head_next, state["head_next"]):
+            head[...] = saved
+        self._head_raw = None
 
     def _clear_state(self) -> None:
         self._side.clear()

@@ -353,20 +353,14 @@ class TransitionReplayBuffer(TransitionReads):
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         state, arrays = super().snapshot()
-        state["side"] = self._side.state_dict()
-        state["side_ref"] = self._side_ref.copy()
-        state["head_next"] = [h.copy() for h in self._head_next]
+        state.update(self._side_state())  # sized by what is held, not by the capacity
         return state, arrays
 
     def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
+        refs = self._check_side_state(state)  # before anything changes
         super().restore_state(state, arrays)
         with self._lock:
-            self._side.load_state_dict(state["side"])
-            self._side_ref[:] = state["side_ref"]
-            self._owns[:] = (self._side_ref.reshape(len(self._owns), -1) >= 0).any(1).tobytes()
-            for head, saved in zip(self._head_next, state["head_next"]):
-                head[...] = saved
-            self._head_raw = None
+            self._restore_side(state, refs)
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):

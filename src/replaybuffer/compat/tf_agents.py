@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from replaybuffer.buffers import BufferInfo, ReplayBuffer, UniformReplayBuffer
 from replaybuffer.collect import trajectory
 from replaybuffer.collect.driver import EpisodeDriver, StepDriver
@@ -82,6 +84,11 @@ class PyUniformReplayBuffer(UniformReplayBuffer):
     def __init__(self, data_spec: Any, capacity: int, *, seed: int | None = None,
                  storage: str = "numpy", device: Any = None, track_episodes: bool = False,
                  frame_stack: str | None = None, stack_axis: int = 0):
+        # The core names its own argument (max_length); the user wrote capacity.
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+                or capacity < 1:
+            raise ValueError(f"{type(self).__name__}: capacity must be a positive int, "
+                             f"got {capacity!r}")
         super().__init__(data_spec, batch_size=1, max_length=capacity, storage=storage,
                          device=device, seed=seed, track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis)

@@ -17,7 +17,7 @@ from replaybuffer.buffers.transitions import TransitionReplayBuffer
 from replaybuffer.compat.pearl.inputs import PearlInputs
 from replaybuffer.compat.pearl.outputs import FastPaths, PearlOutputs
 from replaybuffer.compat.pearl.trajectories import TrajectoryType, get_space_shape
-from replaybuffer.errors import CheckpointError
+from replaybuffer.errors import CheckpointError, EmptyBufferError
 from replaybuffer.specs import spec_from_space
 from replaybuffer.storage.base import to_numpy
 
@@ -259,6 +259,24 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         return buffer
 
     # ------------------------------------------------------------- helpers
+    def _empty_error(self) -> EmptyBufferError:
+        """The error for sampling with nothing stored, naming this class (the user's),
+        not the core buffer under it."""
+        return EmptyBufferError(
+            f"{type(self).__name__} of replaybuffer.compat.pearl is empty. Add transitions "
+            f"(add_trajectory or add_batch_trajectories) before sampling.")
+
+    def _core_sample(self, batch_size: int) -> Any:
+        """The core's ``sample(batch_size)``, its error for an empty buffer replaced by
+        :meth:`_empty_error` (it would name the core's class). The core decides (under its
+        lock, after its rate limiter) whether it is empty."""
+        try:
+            return self.core.sample(batch_size)
+        except EmptyBufferError:
+            if self.core.last_id < 0:
+                raise self._empty_error() from None
+            raise
+
     def _read_steps(self, ids: np.ndarray) -> Any:
         """The transitions of steps ``ids`` (``[K]``) of every env: ``[num_envs, K]``."""
         return self.core.read_steps(ids)
@@ -268,7 +286,7 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         core = self.core
         last_id = core.last_id
         if last_id < 0:
-            raise core.empty_error()
+            raise self._empty_error()
         oldest = max(0, last_id + 1 - self._max_length)
         return oldest + draw(self._rng, last_id + 1 - oldest, count_of(batch_size, "batch_size"))
 

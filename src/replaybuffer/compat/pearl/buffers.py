@@ -55,7 +55,7 @@ class ReplayBuffer(BaseBuffer):
             fields = fast.sample(count_of(batch_size, "batch_size"))
             if fields is not None:
                 return fast.output(fields, dtype)
-        batch, _ = self.core.sample(batch_size)
+        batch, _ = self._core_sample(batch_size)
         out = self._output(batch, flatten_env, dtype, env_axis=False)
         return out
 
@@ -104,7 +104,7 @@ class RolloutBuffer(BaseBuffer):
         last_id = core.last_id
         held = items_per_row(last_id, self._max_length)
         if held == 0:
-            raise core.empty_error()
+            raise self._empty_error()
         if steps > held:
             raise EmptyBufferError(f"Requesting {count} samples when only "
                                    f"{held * (self.num_envs if flatten_env else 1)} samples "
@@ -202,7 +202,7 @@ class HERBuffer(BaseBuffer):
         """``batch_size`` transitions of completed episodes, the first
         ``int(batch_size * her_ratio)`` with relabelled goals and rewards:
         ``[batch_size, ...]`` over every env (``flatten_env`` is ignored, as in Pearl)."""
-        batch, _ = self.core.sample(count_of(batch_size, "batch_size"))
+        batch, _ = self._core_sample(count_of(batch_size, "batch_size"))
         out: DictTrajectories = self._output(batch, False, dtype, env_axis=False)
         return out
 
