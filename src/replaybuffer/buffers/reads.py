@@ -146,7 +146,8 @@ class ReadPath(BufferParts):
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        check_timeout(timeout)
+        if timeout is not None:  # a hot path: no call for the usual None
+            check_timeout(timeout)
         return self.draw(sample_batch_size, num_steps, time_stacked,
                             within_episodes=within_episodes, timeout=timeout, block=block)
 
