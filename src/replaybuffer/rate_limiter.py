@@ -222,7 +222,9 @@ class RateLimiter:
 
         Raises:
             RateLimitedError: ``timeout`` passed first.
-            ValueError: an insert this large could never go ahead.
+            ValueError: an insert this large could never go ahead; it and a waiting
+                sample hold each other back (a deadlock, see the module docstring);
+                ``timeout`` is NaN or negative.
         """
         if self.can_insert(n, size()):
             return True
