@@ -23,6 +23,15 @@ constructors (a window narrower than one item each way, as Reverb refuses), when
 limiter is attached (a ``min_size_to_sample`` larger than the buffer can hold), and at
 call time (a call too large for the window, given the largest call seen on the other
 side). A refusal says why.
+
+Calls waiting on both sides can still block each other: in a window ``[0, 20]`` at
+diff 10, a sample of 15 waits for the diff to reach 15 and an insert of 15 waits for it
+to fall to 5. Only inserts raise the diff and only samples lower it, so once every
+waiting insert and every waiting sample is held back (the smallest of each, as a
+smaller call is the likelier to go), none of them can ever go ahead on its own. Such a
+deadlock (:meth:`RateLimiter.deadlocked`) is refused rather than waited out: the call
+that finds it, arriving or woken, raises ``ValueError`` naming the call it waits on;
+the other keeps waiting and goes ahead once another call moves the diff.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import time
 import warnings
 from typing import Any, Callable, NamedTuple
 
+from replaybuffer.arguments import check_timeout
 from replaybuffer.errors import ReplayBufferError
 
 
@@ -117,6 +127,9 @@ class RateLimiter:
         # them (the window too narrow) is refused instead of waiting forever. A shared
         # buffer's limiter reads them from the shared control block before each check.
         self.largest_insert = self.largest_sample = 1
+        # The sizes of the calls waiting now (not state: they end with their callers),
+        # for the deadlock check; changed under the buffer's lock.
+        self._waiting: dict[str, list[int]] = {"insert": [], "sample": []}
         self._condition: threading.Condition | None = None
 
     def __repr__(self) -> str:
@@ -162,6 +175,25 @@ class RateLimiter:
                 f"{n + self.largest_insert * self.samples_per_insert} beside inserts of "
                 f"{self.largest_insert}; {self!r} has {window}: it would wait forever")
 
+    def deadlocked(self, insert: int, sample: int, size: int) -> bool:
+        """Whether an insert of ``insert`` items and a sample of ``sample`` items, both
+        waiting (the smallest waiting on each side), are both held back in a buffer
+        holding ``size``: then neither can ever go ahead unless some other call moves
+        the counters (a smaller call held back means every larger one is too)."""
+        return not self.can_insert(insert, size) and not self.can_sample(sample, size)
+
+    def deadlock_error(self, what: str, n: int, other: int, size: int) -> ValueError:
+        """The refusal of a ``what`` (``"insert"`` or ``"sample"``) of ``n`` items that
+        would wait forever beside a waiting call of ``other`` items on the other side."""
+        waits_for, other_kind = ("samples", "sample") if what == "insert" else \
+            ("inserts", "insert")
+        return ValueError(
+            f"deadlock: the {what} of {n} items waits for {waits_for} and the {other_kind} "
+            f"of {other} items waiting waits for {what}s; {self!r} holds both back "
+            f"({self.inserts} inserts, {self.samples} samples, diff {self.diff:g}, {size} "
+            f"items held), so neither could ever go ahead: it would wait forever. The "
+            f"{what} is refused; use smaller calls or a wider window")
+
     def check_capacity(self, capacity: int) -> None:
         """Raise ``ValueError`` if a buffer of ``capacity`` items could never hold
         ``min_size_to_sample``."""
@@ -190,7 +222,9 @@ class RateLimiter:
 
         Raises:
             RateLimitedError: ``timeout`` passed first.
-            ValueError: an insert this large could never go ahead.
+            ValueError: an insert this large could never go ahead; it and a waiting
+                sample hold each other back (a deadlock, see the module docstring);
+                ``timeout`` is NaN or negative.
         """
         if self.can_insert(n, size()):
             return True
@@ -212,20 +246,39 @@ class RateLimiter:
               block: bool, size: Callable[[], int]) -> bool:
         condition = self._condition
         assert condition is not None, "await_* needs an attached limiter"
+        # Buffers check at their entry points; this covers every other caller before
+        # a NaN (never reached by any deadline) could make the wait endless.
+        timeout = check_timeout(timeout)
         if what == "insert":
             self.inserts_blocked += 1
         else:
             self.samples_blocked += 1
         if not block:
             return False
+        mine = self._waiting[what]
+        others = self._waiting["sample" if what == "insert" else "insert"]
         start = time.perf_counter()
+        # An infinite timeout is no deadline (Condition.wait refuses one that large).
+        deadline = None if timeout is None or timeout == math.inf else start + timeout
+        mine.append(n)
         try:
-            if not condition.wait_for(ready, timeout):
-                raise RateLimitedError(
-                    f"{what} of {n} items held back by {self!r} for {timeout} s: "
-                    f"{self.inserts} inserts, {self.samples} samples (diff {self.diff:g}), "
-                    f"{size()} items held")
+            # Checked on arrival and at every wake-up (the counters moved): a deadlock
+            # with the calls waiting on the other side is refused, not waited out.
+            while not ready():
+                if others:
+                    other = min(others)
+                    pair = (n, other) if what == "insert" else (other, n)
+                    if self.deadlocked(*pair, size()):
+                        raise self.deadlock_error(what, n, other, size())
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    raise RateLimitedError(
+                        f"{what} of {n} items held back by {self!r} for {timeout} s: "
+                        f"{self.inserts} inserts, {self.samples} samples (diff "
+                        f"{self.diff:g}), {size()} items held")
+                condition.wait(left)
         finally:
+            mine.remove(n)
             waited = time.perf_counter() - start
             if what == "insert":
                 self.insert_blocked_s += waited

@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, overload
 
 import numpy as np
 
-from replaybuffer.arguments import positive_or_none
+from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.buffers.wiring import BufferParts
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
@@ -55,11 +55,16 @@ class ReadPath(BufferParts):
         episodes = self._episodes if within_episodes else None
         if within_episodes and episodes is None:
             raise self.untracked_error()
+        if steps > ring.max_length:  # never readable: refused before the limiter waits
+            raise self.empty_error(steps)
         with self._lock:
+            # Admitted first (the wait lets go of the lock, and inserts may come), then
+            # drawn; the limiter counts the sample only once it is gathered, so a draw
+            # refused here (or failing) is never counted.
             if self._limiter is not None and not self._admit_sample(sample_batch_size,
                                                                     timeout, block):
                 return None
-            if ring.last_id + 1 < steps or steps > ring.max_length:  # no window this long
+            if ring.last_id + 1 < steps:  # no window this long yet
                 raise self.empty_error(steps)
             (ids, positions), info = self._sampler.sample(ring, sample_batch_size, steps, rng,
                                                           episodes)
@@ -139,9 +144,13 @@ class ReadPath(BufferParts):
             EmptyBufferError: the buffer is empty, or holds fewer than ``num_steps``
                 steps per row (or within one episode).
             RateLimitedError: ``timeout`` passed with the sample held back.
+            ValueError: a bad ``sample_batch_size``, ``num_steps`` or ``timeout`` (NaN
+                or negative); nothing is counted.
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
+        if timeout is not None:  # a hot path: no call for the usual None
+            check_timeout(timeout)
         return self.draw(sample_batch_size, num_steps, time_stacked,
                             within_episodes=within_episodes, timeout=timeout, block=block)
 

@@ -51,7 +51,7 @@ import ray
 from ray.exceptions import RayError
 
 from replaybuffer import nest
-from replaybuffer.arguments import positive_or_none
+from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.dataset import RandomStream
 from replaybuffer.distributed.errors import (ShardsUnavailableError, ShardStartError,
                                              not_supported)
@@ -286,6 +286,7 @@ class RayReplayBuffer:
         ``block=False`` is refused (:class:`NotSupportedError`)."""
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
+        check_timeout(timeout)
         return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
                          block=block)
 

@@ -46,13 +46,14 @@ from __future__ import annotations
 
 import os
 import weakref
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
 
 import numpy as np
 
 from replaybuffer import nest
-from replaybuffer.arguments import positive_or_none
+from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.buffers.base import package
 from replaybuffer.dataset import RandomStream
 from replaybuffer.distributed.errors import BufferClosedError, not_supported
@@ -249,6 +250,7 @@ class SharedReplayBuffer:
             BufferClosedError: the buffer was closed.
         """
         self._check_open()
+        check_timeout(timeout)
         arrays, (count,) = self._items.arrays(items, "add_batch", 1)
         writer = self._writer
         first, _ = writer.claim_rows(count)
@@ -262,6 +264,7 @@ class SharedReplayBuffer:
         """Append ``T`` steps to each of this process's rows: leaves ``[B, T, *shape]``
         (the rate limiter admits ``B * T`` items at once). As :meth:`add_batch`."""
         self._check_open()
+        check_timeout(timeout)
         arrays, (count, steps) = self._items.arrays(items, "extend", 2)
         writer = self._writer
         first, _ = writer.claim_rows(count)
@@ -330,6 +333,7 @@ class SharedReplayBuffer:
         if within_episodes:
             raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
         self._check_open()
+        check_timeout(timeout)
         count = sample_batch_size or 1
         steps = num_steps or 1
         if steps > self._length:
@@ -338,7 +342,9 @@ class SharedReplayBuffer:
         if self._limiter is not None and not self._admit(False, count, timeout, block):
             return None
         rng = self._sampler.process_rng() if rng is None else rng
-        leaves, ids, info = self._sampler.draw(count, steps, rng)
+        with nullcontext() if self._admission is None else \
+                self._admission.given_back_on_error(False, count):  # a failed draw never counts
+            leaves, ids, info = self._sampler.draw(count, steps, rng)
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
             ids = ids[:, 0]

@@ -8,8 +8,8 @@ its directory:
   being written there, ``2 * id + 2`` once written (the seqlock readers check);
 - ``next_id`` int64 ``[num_rows]``: steps written to each row (the row's write head);
 - ``owner`` int64 ``[num_rows]``: the pid writing each row (0: none);
-- ``control`` int64 ``[16]``: the fields named below (rate-limiter totals, closed flag,
-  how many processes attached);
+- ``control`` int64 ``[16]``: the fields named below (rate-limiter totals and waiting
+  calls, closed flag, how many processes attached);
 - prioritized buffers only: ``priorities`` float64, a flat sum tree of
   ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`), and
   ``max_priority`` float64 ``[1]``.
@@ -23,8 +23,11 @@ from replaybuffer.sampling import flat_tree
 from replaybuffer.storage.shared_storage import SharedStorage
 
 (INSERTS, SAMPLES, LARGEST_INSERT, LARGEST_SAMPLE, INSERTS_BLOCKED, SAMPLES_BLOCKED,
- INSERT_BLOCKED_NS, SAMPLE_BLOCKED_NS, CLOSED, ATTACHED) = range(10)
-"""Fields of the shared int64 ``control`` array."""
+ INSERT_BLOCKED_NS, SAMPLE_BLOCKED_NS, CLOSED, ATTACHED, WAITING_INSERT, WAITING_INSERT_NS,
+ WAITING_SAMPLE, WAITING_SAMPLE_NS) = range(14)
+"""Fields of the shared int64 ``control`` array (``WAITING_*``: the smallest insert and
+sample waiting on the rate limiter, and when their waiter last said so; see
+:mod:`.admission`)."""
 
 
 class SharedLayout:
