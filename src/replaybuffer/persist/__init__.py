@@ -20,6 +20,11 @@ What is guaranteed:
   checkpoints as they were and a ``.tmp-*`` directory that :func:`load` ignores and
   the next save removes. ``keep=N`` then removes older checkpoints (renamed aside
   first, so a kill mid-removal never leaves a half-deleted ``ckpt-N``).
+- **Readable while another process saves**: a load (or verify) picks the newest
+  complete checkpoint; should a save into the series prune it before every file is
+  open, the load reads the checkpoint that is newest by then
+  (:func:`~replaybuffer.persist.series.read_newest`, a bounded number of times), so
+  ``load(path)`` never fails for a checkpoint pruned under it, even with ``keep=1``.
 - **Consistent while in use**: the state and a copy-on-write view of the data are
   taken under the buffer's lock; the data is then read in chunks of
   :data:`CHUNK_BYTES` (the lock held for one chunk at a time), while a write to a
@@ -136,7 +141,8 @@ def load(path: str | os.PathLike[str], *, storage: str | None = None, device: An
         buffer_class: the class you expect (a subclass of it is accepted).
 
     Raises:
-        CheckpointError: no checkpoint, a missing or malformed manifest, missing,
+        CheckpointError: no checkpoint (``path`` is a buffer on mmap storage: the
+            message says to call :func:`reopen`), a missing or malformed manifest, missing,
             truncated or corrupt data files, or a ``data_spec`` or ``buffer_class``
             other than the saved one; the message names the file. Nothing is returned
             in that case (no buffer of yours is touched).
@@ -156,9 +162,14 @@ def reopen(path: str | os.PathLike[str]) -> ReplayBuffer:
     is the flush's, so draws after a crash differ from those the lost process would have
     made; after a clean ``close`` they are exactly the same.
 
+    A journal file a crash left empty or partial (the process was recreating it, when
+    it held nothing committed) counts as absent.
+
     Raises:
         CheckpointError: ``path`` holds no mmap buffer, or its files do not match its
             state; nothing is written.
+        InsufficientSpaceError: the file system cannot hold the files (those written
+            before space was reserved may be sparse); nothing is written.
     """
     return cast("ReplayBuffer", reopen_buffer(path))
 

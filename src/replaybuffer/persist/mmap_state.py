@@ -15,7 +15,9 @@ from typing import Any, cast
 
 from replaybuffer import registry
 from replaybuffer.errors import CheckpointError
+from replaybuffer.persist.layout import MMAP_DATA, MMAP_STATE
 from replaybuffer.persist.manifest import read_manifest
+from replaybuffer.persist.series import read_newest
 from replaybuffer.persist.savable import SavableBuffer
 from replaybuffer.persist.spec_codec import decode_spec
 from replaybuffer.persist.state_files import internalise_arrays
@@ -34,16 +36,16 @@ def save_mmap_state(buffer: SavableBuffer, chunk_bytes: int) -> Path:
         storage.flush()
         return {"mmap_epoch": storage.epoch}
 
-    return save_series(buffer, storage.path / "state", 1, {}, chunk_bytes, flushed)
+    return save_series(buffer, storage.path / MMAP_STATE, 1, {}, chunk_bytes, flushed)
 
 
 def reopen_buffer(path: str | os.PathLike[str]) -> SavableBuffer:
     """:func:`replaybuffer.persist.reopen` (see there)."""
     root = Path(path)
-    if not (root / "state").is_dir() or not (root / "data").is_dir():
+    if not (root / MMAP_STATE).is_dir() or not (root / MMAP_DATA).is_dir():
         raise CheckpointError(f"{root} holds no buffer on mmap storage (it needs a state and "
                               "a data directory)")
-    manifest = read_manifest(root / "state")
+    manifest = read_newest(root / MMAP_STATE, read_manifest)
     directory = Path(manifest["directory"])
     if not manifest.get("state_only") or manifest["storage"] != "mmap":
         raise CheckpointError(f"{directory} is not the state of a buffer on mmap storage")

@@ -18,6 +18,7 @@ import numpy as np
 from replaybuffer import nest, registry
 from replaybuffer.errors import CheckpointError
 from replaybuffer.persist.manifest import read_manifest
+from replaybuffer.persist.series import read_newest
 from replaybuffer.persist.savable import SavableBuffer
 from replaybuffer.persist.spec_codec import decode_spec, matching_spec
 from replaybuffer.persist.state_files import internalise_arrays
@@ -30,8 +31,16 @@ def load_checkpoint(path: str | os.PathLike[str], storage: str | None, device: A
                     data_spec: Any, buffer_class: type | None, chunk_bytes: int
                     ) -> SavableBuffer:
     """:func:`replaybuffer.persist.load` (see there), reading chunks of about
-    ``chunk_bytes``."""
-    manifest = read_manifest(path)
+    ``chunk_bytes``; the newest checkpoint at the time, should a save into the series
+    prune the one chosen first (:func:`~replaybuffer.persist.series.read_newest`)."""
+    return read_newest(path, lambda directory: _load_from(
+        directory, storage, device, data_spec, buffer_class, chunk_bytes))
+
+
+def _load_from(directory: Path, storage: str | None, device: Any, data_spec: Any,
+               buffer_class: type | None, chunk_bytes: int) -> SavableBuffer:
+    """:func:`load_checkpoint` of one checkpoint directory."""
+    manifest = read_manifest(directory)
     directory = Path(manifest["directory"])
     if manifest.get("state_only"):
         raise CheckpointError(f"{directory} holds the state of a buffer on mmap storage, "
@@ -85,8 +94,13 @@ def load_checkpoint(path: str | os.PathLike[str], storage: str | None, device: A
 
 def verify_checkpoint(path: str | os.PathLike[str], chunk_bytes: int) -> dict[str, Any]:
     """:func:`replaybuffer.persist.verify` (see there), reading chunks of about
-    ``chunk_bytes``."""
-    manifest = read_manifest(path)
+    ``chunk_bytes``, of the newest checkpoint as :func:`load_checkpoint` finds it."""
+    return read_newest(path, lambda directory: _verify(directory, chunk_bytes))
+
+
+def _verify(directory: Path, chunk_bytes: int) -> dict[str, Any]:
+    """:func:`verify_checkpoint` of one checkpoint directory."""
+    manifest = read_manifest(directory)
     directory = Path(manifest["directory"])
     if not registry.known(manifest["buffer"]):
         raise CheckpointError(f"unknown buffer class {manifest['buffer']!r} in {directory}")

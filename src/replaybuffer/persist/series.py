@@ -5,6 +5,12 @@ A checkpoint is published by renaming its complete temporary directory to the ne
 free ``ckpt-N`` (atomic); old ones are renamed aside before they are removed, so a
 kill mid-removal never leaves a half-deleted ``ckpt-N``. Directories of processes
 that no longer run (abandoned saves and removals) are removed by the next save.
+
+Readers and savers share a series without locks: a reader picks the newest checkpoint,
+and a save into the series may publish a newer one and prune the reader's before it has
+opened every file. :func:`read_newest` then reads the checkpoint that is newest by then
+(a few times at most), so "load the newest complete checkpoint" holds while another
+process saves.
 """
 
 from __future__ import annotations
@@ -13,10 +19,19 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from replaybuffer.errors import CheckpointError
 from replaybuffer.persist.durable import sync_directory
-from replaybuffer.persist.layout import CHECKPOINT, MANIFEST, TMP, TRASH
+from replaybuffer.persist.layout import CHECKPOINT, MANIFEST, TMP, TRASH, mmap_buffer_root
+
+T = TypeVar("T")
+
+PRUNED_RETRIES = 10
+"""How many checkpoints :func:`read_newest` tries when each is pruned while it reads: a
+save publishes and prunes in milliseconds, so a small checkpoint is lost to a pruning
+about one read in six under a saver in a tight loop; ten in a row means the saver
+replaces checkpoints faster than they can be read."""
 
 
 def publish(tmp: Path, root: Path) -> Path:
@@ -97,7 +112,14 @@ def checkpoints(path: str | os.PathLike[str]) -> list[Path]:
     root = Path(path)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if sequence(p) > 0 and (p / MANIFEST).is_file()]
+    for _ in range(PRUNED_RETRIES):
+        listed = [p for p in root.iterdir() if sequence(p) > 0]
+        found = [p for p in listed if (p / MANIFEST).is_file()]
+        # A checkpoint pruned between the listing and the check (its newer one published
+        # after the listing): list again, or a series that always holds one would seem
+        # to hold none.
+        if all(p.exists() for p in listed if p not in found):
+            break
     return sorted(found, key=sequence)
 
 
@@ -105,6 +127,32 @@ def is_checkpoint_root(root: Path) -> bool:
     """Empty, or holding checkpoints, saves under way, or a format-1 save."""
     return all(sequence(p) > 0 or p.name.startswith((TMP, TRASH)) for p in root.iterdir()) \
         or (root / MANIFEST).is_file()
+
+
+def read_newest(path: str | os.PathLike[str], read: Callable[[Path], T]) -> T:
+    """``read(directory)`` of the checkpoint that ``path`` names (:func:`resolve`). When
+    ``path`` is a series and a save into it prunes that checkpoint while ``read`` runs
+    (``read`` fails and the directory is gone), ``read`` the then-newest one, up to
+    :data:`PRUNED_RETRIES` checkpoints. Errors of a checkpoint still there (a corrupt
+    file) are raised at once.
+
+    Raises:
+        CheckpointError: what ``read`` or :func:`resolve` raise, or every checkpoint
+            tried was pruned while it was read.
+    """
+    root = Path(path)
+    for _ in range(PRUNED_RETRIES):
+        directory = resolve(root)
+        try:
+            return read(directory)
+        except (CheckpointError, OSError) as exc:
+            if directory == root or directory.exists():  # not pruned: the error stands
+                raise
+            last = exc
+    raise CheckpointError(f"cannot read {root}: its newest checkpoint was pruned by a save "
+                          f"into the series while it was read, {PRUNED_RETRIES} times in a "
+                          "row; have the saver keep more (save(path, keep=2)) so that a "
+                          "checkpoint outlives a read") from last
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -119,6 +167,10 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         return done[-1]
     if (root / MANIFEST).is_file():
         return root
+    mmap_root = mmap_buffer_root(root)
+    if mmap_root is not None:
+        raise CheckpointError(f"{mmap_root} is a buffer on mmap storage, not a checkpoint: "
+                              f"reopen it with replaybuffer.reopen({str(mmap_root)!r})")
     partial = [p.name for p in root.iterdir() if p.name.startswith(TMP)]
     raise CheckpointError(f"{root} holds no {MANIFEST}: not a replaybuffer save, or an "
                           "incomplete one" + (f" ({len(partial)} incomplete save(s) ignored: "

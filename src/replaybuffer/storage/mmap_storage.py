@@ -22,12 +22,25 @@ another. This holds for a process crash: the page cache keeps every store the pr
 made, in order (x86-64 keeps stores in program order). After a power loss only what
 :meth:`MmapStorage.flush` (``msync``) wrote is guaranteed; the buffer's ``flush()``
 does that and then writes its state.
+
+The journal files are recreated, larger, when a write needs more rows than they have;
+a process killed meanwhile leaves one empty or partial. Nothing committed is in the
+journal then (the header's flag is clear while a write is staged), so :meth:`reopen
+<MmapStorage>` treats a journal it cannot read as absent and the next write makes a new
+one. ``REPLAYBUFFER_CRASH_AT=mmap.journal.recreate`` (see :data:`CRASH_AT`) ends the
+process at that moment, for the tests that check this.
+
+Space. Every file is reserved on its file system when it is created or reopened
+(:func:`~replaybuffer.storage.memory.reserve_file`): a buffer larger than its file system
+is refused with an error naming the file, the bytes needed and the bytes free, where
+stores through the maps would otherwise end the process with ``SIGBUS`` later.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,6 +49,7 @@ import numpy as np
 from replaybuffer.errors import CheckpointError
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.base import checked_leaves
+from replaybuffer.storage.memory import reserve_file
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
 LAST_ID, COMMITTED, JOURNAL_START, JOURNAL_COUNT, JOURNAL_LAST_ID, EPOCH = range(6)
@@ -45,26 +59,89 @@ journal brings; how many times the buffer was cleared (a state saved before a cl
 stale)."""
 
 
+CRASH_EXIT_CODE = 86
+"""The exit status of a process ended at a crash point."""
+
+
+def _crash_setting(value: str | None) -> tuple[str, int] | None:
+    """``NAME`` or ``NAME:N`` (end the process the N-th time it reaches ``NAME``)."""
+    if not value:
+        return None
+    name, _, count = value.partition(":")
+    return name, int(count) if count.isdigit() and int(count) > 0 else 1
+
+
+CRASH_AT = _crash_setting(os.environ.get("REPLAYBUFFER_CRASH_AT"))
+"""The crash point armed by ``REPLAYBUFFER_CRASH_AT`` (read once, at import), with the
+number of times it is reached before the process ends; ``None`` (the default): every
+crash point is a single ``is None`` check on a path that recreates files, never the
+per-step one. Points: ``mmap.journal.recreate`` (a journal file just emptied, before
+its header is written)."""
+_reached: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """End the process at once (``os._exit``: no cleanup, as ``SIGKILL`` would) when
+    :data:`CRASH_AT` names ``name`` and this is its N-th time. Callers check ``CRASH_AT
+    is not None`` first."""
+    if CRASH_AT is None or CRASH_AT[0] != name:
+        return
+    _reached[name] = _reached.get(name, 0) + 1
+    if _reached[name] >= CRASH_AT[1]:
+        os._exit(CRASH_EXIT_CODE)
+
+
+def create_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype,
+               point: str | None = None) -> np.memmap:
+    """A new (or emptied and rewritten) ``.npy`` file of zeros, its space reserved on
+    the file system, mapped read-write; ``point``: the crash point between emptying it
+    and writing its header.
+
+    Raises:
+        InsufficientSpaceError: the file system cannot hold it (the file is left, empty
+            or in part, for the caller to remove).
+    """
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": shape}
+    with open(file, "w+b") as fh:
+        if CRASH_AT is not None and point is not None:
+            crash_point(point)
+        try:
+            np.lib.format.write_array_header_1_0(fh, header)
+        except ValueError:  # a header over 64 KiB (a record of many fields)
+            np.lib.format.write_array_header_2_0(fh, header)
+        offset = fh.tell()
+        fh.flush()
+        reserve_file(fh.fileno(), offset + int(np.prod(shape)) * dtype.itemsize, file)
+    return np.memmap(file, dtype=dtype, mode="r+", offset=offset, shape=shape)
+
+
 def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool) -> np.memmap:
-    """A ``.npy`` file mapped read-write: created zeroed, or opened and checked.
+    """A ``.npy`` file mapped read-write: created zeroed, or opened and checked; its
+    space reserved either way.
 
     Raises:
         CheckpointError: (opening) the file is missing, unreadable, or of another shape
             or dtype.
+        InsufficientSpaceError: the file system cannot hold it.
     """
     if create:
-        return np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape)
+        return create_npy(file, shape, dtype)
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: the mapped buffer in {file.parent.parent} "
                               "is incomplete")
     try:
-        array = np.lib.format.open_memmap(file, mode="r+")
-    except (ValueError, OSError) as exc:
+        array = np.lib.format.open_memmap(file, mode="r")  # r+ would extend a short file
+    except (ValueError, OSError, EOFError) as exc:
         raise CheckpointError(f"{file} is not a readable .npy file: {exc}") from exc
     if array.shape != shape or array.dtype != dtype:
         raise CheckpointError(f"{file}: expected shape {shape} dtype {dtype}, found "
                               f"shape {array.shape} dtype {array.dtype}")
-    return array
+    # Files written before space was reserved may be sparse: stores into their holes on
+    # a full file system would be a SIGBUS.
+    with open(file, "r+b") as fh:
+        reserve_file(fh.fileno(), os.fstat(fh.fileno()).st_size, file)
+    return np.lib.format.open_memmap(file, mode="r+")
 
 
 class Reopening(os.PathLike[str]):
@@ -89,6 +166,13 @@ class MmapStorage(NumpyStorage):
     Raises:
         CheckpointError: ``path`` holds something else, or (reopening) a data file is
             missing or has another shape or dtype; nothing is overwritten.
+        InsufficientSpaceError: the file system cannot hold the files (the message
+            names the file, the bytes needed and the bytes free); a new buffer's files
+            (and ``path``, if this made it) are removed, a reopened one's kept.
+
+    A write that needs a larger journal than the file system can hold raises
+    :class:`~replaybuffer.storage.memory.InsufficientSpaceError` too, before anything of
+    its step is committed.
     """
 
     kind = "mmap"
@@ -104,6 +188,7 @@ class MmapStorage(NumpyStorage):
             raise CheckpointError(f"{self.path} is not a new or empty directory: reopen a "
                                   "buffer there with replaybuffer.reopen(path), or give "
                                   "another path")
+        created = not self.path.exists()
         self.data.mkdir(parents=True, exist_ok=True)
         # One buffer at a time on these files: an exclusive lock, which the kernel
         # releases when the process ends, however it ends.
@@ -115,8 +200,12 @@ class MmapStorage(NumpyStorage):
             raise CheckpointError(f"{self.path} is in use by another buffer (closed buffers "
                                   "and ended processes release it)") from None
         self._maps: dict[str, np.memmap] = {}
-        super().__init__(specs, capacity)
-        self.header = self._allocate("header", (6,), np.dtype(np.int64))
+        try:
+            super().__init__(specs, capacity)
+            self.header = self._allocate("header", (6,), np.dtype(np.int64))
+        except BaseException:  # no space, no memory, a file that does not match
+            self._abandon(created)
+            raise
         if not self.reopening:
             self.header[LAST_ID] = -1
         self._journal: dict[str, np.ndarray] = {}
@@ -127,6 +216,18 @@ class MmapStorage(NumpyStorage):
             self._open_journal()
 
     # ------------------------------------------------------------------- files
+    def _abandon(self, created: bool) -> None:
+        """A construction that failed: release the lock and, for a new buffer, remove
+        what it made (the path too, if it made that); a reopened buffer's files stay."""
+        self._maps = {}
+        self.release()
+        if self.reopening:
+            return
+        shutil.rmtree(self.data, ignore_errors=True)
+        (self.path / "lock").unlink(missing_ok=True)
+        if created:
+            self.path.rmdir()
+
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         array = map_npy(self.data / f"{name}.npy", shape, dtype, create=not self.reopening)
         self._maps[name] = array
@@ -141,12 +242,27 @@ class MmapStorage(NumpyStorage):
         return out
 
     def _open_journal(self) -> None:
-        files = {name: self.data / f"journal_{name}.npy" for name in self._data_arrays()}
-        if all(f.is_file() for f in files.values()):
-            self._journal_maps = {name: np.lib.format.open_memmap(f, mode="r+")
-                                  for name, f in files.items()}
-            self._journal = {name: m.view(np.ndarray) for name, m in self._journal_maps.items()}
-            self._journal_rows = min(len(a) for a in self._journal.values())
+        """Map the journal files a buffer left, if they are whole. Missing, empty or
+        partial ones (a process killed while it recreated them, when they held nothing
+        committed) count as absent: :meth:`recover` has nothing to replay and the next
+        write makes new ones."""
+        arrays = self._data_arrays()
+        files = {name: self.data / f"journal_{name}.npy" for name in arrays}
+        try:
+            # "r" first: "r+" would extend a file cut short after its header.
+            found = {name: np.lib.format.open_memmap(f, mode="r") for name, f in files.items()}
+        except (ValueError, OSError, EOFError):
+            return
+        if any(m.dtype != arrays[name].dtype or m.shape[1:] != arrays[name].shape[1:]
+               or len(m) == 0 for name, m in found.items()):
+            return
+        for f in files.values():  # those of a version that did not reserve them
+            with open(f, "r+b") as fh:
+                reserve_file(fh.fileno(), os.fstat(fh.fileno()).st_size, f)
+        self._journal_maps = {name: np.lib.format.open_memmap(f, mode="r+")
+                              for name, f in files.items()}
+        self._journal = {name: m.view(np.ndarray) for name, m in self._journal_maps.items()}
+        self._journal_rows = min(len(a) for a in self._journal.values())
 
     def _grow_journal(self, rows: int) -> None:
         """Journal files of at least ``rows`` rows: recreated, doubling, when too small,
@@ -156,10 +272,15 @@ class MmapStorage(NumpyStorage):
         staged = sum(n for _, n, _ in self._staged)
         kept = {name: np.array(array[:staged]) for name, array in self._journal.items()}
         rows = max(rows, 2 * self._journal_rows)
-        self._journal_maps = {
-            name: np.lib.format.open_memmap(self.data / f"journal_{name}.npy", mode="w+",
-                                            dtype=array.dtype, shape=(rows,) + array.shape[1:])
-            for name, array in self._data_arrays().items()}
+        self._journal, self._journal_maps, self._journal_rows = {}, {}, 0
+        try:
+            for name, array in self._data_arrays().items():
+                self._journal_maps[name] = create_npy(
+                    self.data / f"journal_{name}.npy", (rows,) + array.shape[1:],
+                    array.dtype, "mmap.journal.recreate")
+        except BaseException:  # no space: the write is refused, with what it staged
+            self._journal_maps, self._staged = {}, []
+            raise
         self._journal = {name: m.view(np.ndarray) for name, m in self._journal_maps.items()}
         for name, rows_kept in kept.items():
             self._journal[name][:staged] = rows_kept
