@@ -9,10 +9,17 @@ reader never takes a half-written step.
 
 Put the directory on a RAM file system (``/dev/shm``, the default of the buffer) for
 memory speed, or on a disk for a buffer larger than RAM.
+
+Space. The files are made sparse, so a buffer larger than its file system (a container's
+64 MB ``/dev/shm``) would map without error and its writer die of ``SIGBUS`` at the
+first page the file system cannot back. :meth:`SharedStorage.reserve` allocates every
+file's bytes (``posix_fallocate``) once they are all made, and raises
+:class:`StorageSpaceError` (the directory, the bytes needed, the bytes free) instead.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Sequence
@@ -20,9 +27,34 @@ from typing import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from replaybuffer.errors import ReplayBufferError
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.mmap_storage import map_npy
 from replaybuffer.storage.numpy_storage import NumpyStorage
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""``posix_fallocate`` errors that mean the file system cannot hold the files."""
+_CANNOT_RESERVE = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+"""``posix_fallocate`` errors of a file system that cannot allocate ahead."""
+
+
+class StorageSpaceError(ReplayBufferError, OSError):
+    """The file system of a shared buffer's directory cannot hold its files.
+
+    Attributes:
+        directory: the buffer's directory.
+        needed: bytes the buffer's files take.
+        free: bytes free to this user on that file system before reserving them.
+    """
+
+    def __init__(self, directory: Path, needed: int, free: int):
+        super().__init__(
+            f"not enough space for the shared buffer in {directory}: it needs "
+            f"{needed:,} bytes and {free:,} are free on that file system; give it a "
+            "smaller buffer, a larger file system (a container's /dev/shm is 64 MB "
+            "unless its --shm-size says more) or path= on one that is larger")
+        self.directory, self.needed, self.free = directory, needed, free
 
 
 class SharedStorage(NumpyStorage):
@@ -54,3 +86,32 @@ class SharedStorage(NumpyStorage):
         storage's own; a plain ndarray view of the mapping (memmap slices are slower)."""
         return map_npy(self.directory / f"{name}.npy", shape, np.dtype(dtype),
                        create=self._create).view(np.ndarray)
+
+    def reserve(self) -> None:
+        """Allocate the bytes of every file in the directory (made sparse), so that a
+        write to the mapping can never meet a full file system (``SIGBUS``). Called once
+        by the process that made the files, after all of them are made.
+
+        Raises:
+            StorageSpaceError: the file system has less room than the files need
+                (checked first, then met by ``posix_fallocate`` when something else
+                took the room meanwhile).
+        """
+        files = sorted(self.directory.glob("*.npy"))
+        sizes = [file.stat().st_size for file in files]
+        stat = os.statvfs(self.directory)
+        free = stat.f_bavail * stat.f_frsize
+        if sum(sizes) > free:
+            raise StorageSpaceError(self.directory, sum(sizes), free)
+        for file, size in zip(files, sizes):
+            descriptor = os.open(file, os.O_RDWR)
+            try:
+                os.posix_fallocate(descriptor, 0, size)
+            except OSError as exc:
+                if exc.errno in _CANNOT_RESERVE:  # the free-space check above stands
+                    continue
+                if exc.errno not in _NO_SPACE:
+                    raise
+                raise StorageSpaceError(self.directory, sum(sizes), free) from exc
+            finally:
+                os.close(descriptor)

@@ -45,7 +45,6 @@ them. The parts live beside this module: :mod:`.layout` (the shared control bloc
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
 
@@ -61,7 +60,8 @@ from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
-from replaybuffer.distributed.shared.process_lock import ProcessLock, remove_directory
+from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory_remover,
+                                                            removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
@@ -101,19 +101,22 @@ class SharedReplayBuffer:
     Raises:
         ValueError: a bad size, exponent or limiter (a ``Queue``, or a
             ``min_size_to_sample`` above the capacity), or a path in use.
+        StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
+            buffer. A creation that fails removes what it made.
     """
 
     def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
                  path: str | os.PathLike[str] | None = None, seed: int | None = None):
+        made_directory = path is None or not Path(path).exists()
         self._config, temporary = SharedConfig.checked(
             data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
             seed)
-        self._map(create=True)
+        with removed_on_failure(self._config.path, made_directory):  # no space, memory
+            self._map(create=True)
         self._creator = os.getpid()
-        self._remover = (weakref.finalize(self, remove_directory, self._config.path,
-                                          os.getpid()) if temporary else None)
+        self._remover = directory_remover(self, self._config.path) if temporary else None
 
     # ----------------------------------------------------------------- mapping
     def __getstate__(self) -> SharedConfig:

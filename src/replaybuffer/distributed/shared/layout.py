@@ -30,6 +30,10 @@ from replaybuffer.storage.shared_storage import SharedStorage
 class SharedLayout:
     """The control arrays of a shared buffer, made (``create``) or attached in
     ``storage``'s directory (see the module docstring for each array's shape and dtype).
+    Made, the directory's files are then allocated (:meth:`SharedStorage.reserve`).
+
+    Raises:
+        StorageSpaceError: (made) the file system cannot hold the buffer's files.
 
     Attributes:
         version, next_id, owner, control: int64 arrays, mapped shared.
@@ -54,3 +58,5 @@ class SharedLayout:
             self.max_priority = shared("max_priority", (1,), np.float64)
             if create:
                 self.max_priority[0] = 1.0
+        if create:  # the last file is made: allocate them all, or refuse (no SIGBUS later)
+            storage.reserve()
