@@ -68,6 +68,27 @@ def test_two_threads_of_one_process_lose_no_add_and_mix_no_step():
         assert not mixed.any(), f"{int(mixed.sum())} steps mix two writes"
 
 
+def _report_rows_and_add(buffer: SharedReplayBuffer, out) -> None:
+    before = buffer.rows
+    buffer.add_batch(items_for(np.arange(1), np.zeros(1)))
+    out.put((before, buffer.rows))
+
+
+def test_a_forked_child_writes_rows_of_its_own():
+    """The writer's rows are its process's: a forked child forgets its parent's (and
+    any thread lock a parent thread held) and claims rows of its own."""
+    with SharedReplayBuffer(SPEC, 2, 4) as buffer:
+        buffer.add_batch(items_for(np.arange(1), np.zeros(1)))
+        fork = mp.get_context("fork")
+        out = fork.Queue()
+        child = fork.Process(target=_report_rows_and_add, args=(buffer, out))
+        with buffer._writer._threads:  # as a parent thread mid-write would hold it
+            child.start()
+            assert out.get(timeout=30) == (None, (1, 1))
+        child.join(60)
+        assert buffer.rows == (0, 1) and buffer.steps_written().tolist() == [1, 1]
+
+
 # ---------------------------------------------------- items 3 and 7: space and cleanup
 def _no_space(fd: int, offset: int, length: int) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -170,18 +191,17 @@ def _fill_then_die_mid_step(buffer: SharedReplayBuffer, steps: int) -> None:
 
 def test_len_does_not_count_a_step_a_killed_writer_half_overwrote():
     length = 6
-    with SharedReplayBuffer(SPEC, 2, length, seed=1) as buffer:
+    with SharedReplayBuffer(SPEC, 1, length, seed=1) as buffer:
         child = SPAWN.Process(target=_fill_then_die_mid_step, args=(buffer, length))
         child.start()
         child.join(60)
         assert child.exitcode == -signal.SIGKILL
-        assert buffer.steps_written().tolist() == [length, 0]
+        assert buffer.steps_written().tolist() == [length]
         items, _ = buffer.get_next(2_000)
         returned = set(items["step"].tolist())
         assert returned == set(range(1, length))  # step 0 is half overwritten
         assert len(buffer) == len(returned) == length - 1
-        first, _ = buffer.claim_rows(1)  # a new writer continues the row
-        assert first == 0
+        assert buffer.claim_rows(1) == (0, 1)  # a new writer continues the row
         buffer.add_batch(items_for(np.array([0]), np.array([length])))
         assert len(buffer) == length
 

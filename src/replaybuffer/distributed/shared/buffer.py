@@ -201,8 +201,8 @@ class SharedReplayBuffer:
         return self._priorities.max_priority
 
     def __len__(self) -> int:
-        """Items held: the steps of every row, up to ``max_length`` each."""
-        return int(np.minimum(self._next_id, self._length).sum())
+        """Items a sample can return (see :meth:`SharedLayout.items_held`)."""
+        return self._layout.items_held()
 
     def __repr__(self) -> str:
         return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
@@ -227,10 +227,10 @@ class SharedReplayBuffer:
 
         Raises:
             SpecError: this process owns a different number of rows, or ``count`` is
-                more than the buffer has.
+                less than 1 or more than the buffer has.
             ValueError: no such rows are free now.
         """
-        return self._writer.claim_rows(count)
+        return self._writer.claim_rows(count, "claim_rows")
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> bool:
@@ -246,8 +246,8 @@ class SharedReplayBuffer:
             ``True`` once written; ``False`` with ``block=False`` when held back.
 
         Raises:
-            SpecError: wrong structure, shape, dtype or batch size (naming the leaf);
-                nothing is written.
+            SpecError: wrong structure, shape, dtype or batch size (naming the leaf;
+                a batch of 0 items too); nothing is written.
             RateLimitedError: ``timeout`` passed with the insert held back.
             BufferClosedError: the buffer was closed.
         """
@@ -267,11 +267,10 @@ class SharedReplayBuffer:
         self._check_open()
         arrays, (count, steps) = self._items.arrays(items, "extend", 2)
         writer = self._writer
-        first, _ = writer.claim_rows(count)
+        first, _ = writer.claim_rows(count, "extend")
         if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
             return False
-        for t in range(steps):
-            writer.write_step(first, count, [a[:, t] for a in arrays])
+        writer.write_steps(first, count, ([a[:, t] for a in arrays] for t in range(steps)))
         return True
 
     def flush(self) -> None:
