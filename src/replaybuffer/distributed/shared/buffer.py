@@ -10,8 +10,16 @@ out of the shared arrays, never through a pipe.
 Layout and writers. The buffer has ``num_rows`` rows of ``max_length`` steps, as
 TF-Agents' buffers do. A process's first ``add_batch`` of ``B`` items claims ``B``
 adjacent free rows for that process (an env worker with ``B`` envs owns ``B`` rows);
-each row has one writer, so writes need no lock against each other. Rows of a process
-that ended (however it ended) are free again, with their steps, for the next claim.
+each row has one writer, so writes need no lock against each other (threads of one
+process share its rows and write one step at a time). Rows of a process that ended
+(however it ended) are free again, with their steps, for the next claim.
+
+Space. Creation allocates every file (``posix_fallocate``): a buffer larger than its
+file system (a container's 64 MB ``/dev/shm``) is refused with
+:class:`~replaybuffer.storage.shared_storage.StorageSpaceError`, not met later as a
+writer's ``SIGBUS``. A creation that fails removes what it made; a temporary directory
+goes with :meth:`close`, with the object, or when the process that made it ends (a
+``multiprocessing`` child too).
 
 Torn steps. Every position carries a version: ``2 * id + 1`` while step ``id`` is being
 written there, ``2 * id + 2`` once written. A reader reads the versions of the positions

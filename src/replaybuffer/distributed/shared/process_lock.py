@@ -99,8 +99,9 @@ def directory_remover(owner: object, path: str) -> Finalize[None]:
     called, or the process ends. A multiprocessing finalizer, not ``weakref.finalize``
     (an ``atexit`` hook): a multiprocessing child ends with ``os._exit``, which skips
     ``atexit`` but runs these, so a buffer made in a child that never closed it goes too.
+    A negative priority runs it after the process's non-daemon children were joined.
     """
-    return Finalize(owner, remove_directory, (path, os.getpid()), exitpriority=0)
+    return Finalize(owner, remove_directory, (path, os.getpid()), exitpriority=-1)
 
 
 def remove_directory(path: str, creator: int) -> None:
