@@ -189,9 +189,10 @@ def _fill_then_die_mid_step(buffer: SharedReplayBuffer, steps: int) -> None:
     buffer.add_batch(items_for(np.array([first]), np.array([steps])))
 
 
-def test_len_does_not_count_a_step_a_killed_writer_half_overwrote():
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_len_does_not_count_a_step_a_killed_writer_half_overwrote(prioritized):
     length = 6
-    with SharedReplayBuffer(SPEC, 1, length, seed=1) as buffer:
+    with SharedReplayBuffer(SPEC, 1, length, prioritized=prioritized, seed=1) as buffer:
         child = SPAWN.Process(target=_fill_then_die_mid_step, args=(buffer, length))
         child.start()
         child.join(60)
