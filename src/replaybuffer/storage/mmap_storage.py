@@ -92,9 +92,10 @@ def crash_point(name: str) -> None:
 
 
 def create_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype,
-               point: str | None = None) -> np.memmap:
+               point: str | None = None, reserve: bool = True) -> np.memmap:
     """A new (or emptied and rewritten) ``.npy`` file of zeros, its space reserved on
-    the file system, mapped read-write; ``point``: the crash point between emptying it
+    the file system (``reserve=False``: left sparse, for a caller that reserves a set of
+    files at once), mapped read-write; ``point``: the crash point between emptying it
     and writing its header.
 
     Raises:
@@ -112,13 +113,16 @@ def create_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype,
             np.lib.format.write_array_header_2_0(fh, header)
         offset = fh.tell()
         fh.flush()
-        reserve_file(fh.fileno(), offset + int(np.prod(shape)) * dtype.itemsize, file)
+        if reserve:
+            reserve_file(fh.fileno(), offset + int(np.prod(shape)) * dtype.itemsize, file)
     return np.memmap(file, dtype=dtype, mode="r+", offset=offset, shape=shape)
 
 
-def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool) -> np.memmap:
+def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool,
+            reserve: bool = True) -> np.memmap:
     """A ``.npy`` file mapped read-write: created zeroed, or opened and checked; its
-    space reserved either way.
+    space reserved either way (``reserve=False``: a created file is left sparse, for a
+    caller that reserves a set of files at once).
 
     Raises:
         CheckpointError: (opening) the file is missing, unreadable, or of another shape
@@ -126,7 +130,7 @@ def map_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype, create: bool) -
         InsufficientSpaceError: the file system cannot hold it.
     """
     if create:
-        return create_npy(file, shape, dtype)
+        return create_npy(file, shape, dtype, reserve=reserve)
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: the mapped buffer in {file.parent.parent} "
                               "is incomplete")

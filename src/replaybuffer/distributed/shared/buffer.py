@@ -10,8 +10,16 @@ out of the shared arrays, never through a pipe.
 Layout and writers. The buffer has ``num_rows`` rows of ``max_length`` steps, as
 TF-Agents' buffers do. A process's first ``add_batch`` of ``B`` items claims ``B``
 adjacent free rows for that process (an env worker with ``B`` envs owns ``B`` rows);
-each row has one writer, so writes need no lock against each other. Rows of a process
-that ended (however it ended) are free again, with their steps, for the next claim.
+each row has one writer, so writes need no lock against each other (threads of one
+process share its rows and write one step at a time). Rows of a process that ended
+(however it ended) are free again, with their steps, for the next claim.
+
+Space. Creation allocates every file (``posix_fallocate``): a buffer larger than its
+file system (a container's 64 MB ``/dev/shm``) is refused with
+:class:`~replaybuffer.storage.shared_storage.StorageSpaceError`, not met later as a
+writer's ``SIGBUS``. A creation that fails removes what it made; a temporary directory
+goes with :meth:`close`, with the object, or when the process that made it ends (a
+``multiprocessing`` child too).
 
 Torn steps. Every position carries a version: ``2 * id + 1`` while step ``id`` is being
 written there, ``2 * id + 2`` once written. A reader reads the versions of the positions
@@ -45,7 +53,6 @@ them. The parts live beside this module: :mod:`.layout` (the shared control bloc
 from __future__ import annotations
 
 import os
-import weakref
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
@@ -62,7 +69,8 @@ from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
-from replaybuffer.distributed.shared.process_lock import ProcessLock, remove_directory
+from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory_remover,
+                                                            removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
@@ -102,19 +110,22 @@ class SharedReplayBuffer:
     Raises:
         ValueError: a bad size, exponent or limiter (a ``Queue``, or a
             ``min_size_to_sample`` above the capacity), or a path in use.
+        StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
+            buffer. A creation that fails removes what it made.
     """
 
     def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
                  path: str | os.PathLike[str] | None = None, seed: int | None = None):
+        made_directory = path is None or not Path(path).exists()
         self._config, temporary = SharedConfig.checked(
             data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
             seed)
-        self._map(create=True)
+        with removed_on_failure(self._config.path, made_directory):  # no space, memory
+            self._map(create=True)
         self._creator = os.getpid()
-        self._remover = (weakref.finalize(self, remove_directory, self._config.path,
-                                          os.getpid()) if temporary else None)
+        self._remover = directory_remover(self, self._config.path) if temporary else None
 
     # ----------------------------------------------------------------- mapping
     def __getstate__(self) -> SharedConfig:
@@ -199,8 +210,8 @@ class SharedReplayBuffer:
         return self._priorities.max_priority
 
     def __len__(self) -> int:
-        """Items held: the steps of every row, up to ``max_length`` each."""
-        return int(np.minimum(self._next_id, self._length).sum())
+        """Items a sample can return (see :meth:`SharedLayout.items_held`)."""
+        return self._layout.items_held()
 
     def __repr__(self) -> str:
         return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
@@ -225,10 +236,10 @@ class SharedReplayBuffer:
 
         Raises:
             SpecError: this process owns a different number of rows, or ``count`` is
-                more than the buffer has.
+                less than 1 or more than the buffer has.
             ValueError: no such rows are free now.
         """
-        return self._writer.claim_rows(count)
+        return self._writer.claim_rows(count, "claim_rows")
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> bool:
@@ -244,8 +255,8 @@ class SharedReplayBuffer:
             ``True`` once written; ``False`` with ``block=False`` when held back.
 
         Raises:
-            SpecError: wrong structure, shape, dtype or batch size (naming the leaf);
-                nothing is written.
+            SpecError: wrong structure, shape, dtype or batch size (naming the leaf;
+                a batch of 0 items too); nothing is written.
             RateLimitedError: ``timeout`` passed with the insert held back.
             BufferClosedError: the buffer was closed.
         """
@@ -267,11 +278,10 @@ class SharedReplayBuffer:
         check_timeout(timeout)
         arrays, (count, steps) = self._items.arrays(items, "extend", 2)
         writer = self._writer
-        first, _ = writer.claim_rows(count)
+        first, _ = writer.claim_rows(count, "extend")
         if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
             return False
-        for t in range(steps):
-            writer.write_step(first, count, [a[:, t] for a in arrays])
+        writer.write_steps(first, count, ([a[:, t] for a in arrays] for t in range(steps)))
         return True
 
     def flush(self) -> None:

@@ -8,6 +8,9 @@ its directory:
   being written there, ``2 * id + 2`` once written (the seqlock readers check);
 - ``next_id`` int64 ``[num_rows]``: steps written to each row (the row's write head);
 - ``owner`` int64 ``[num_rows]``: the pid writing each row (0: none);
+- ``held`` int64 ``[num_rows]``: steps of each row a sample can return, kept by its
+  writer: ``min(next_id, max_length)``, less one while a full row's oldest step is
+  rewritten (so a step a killed writer left half overwritten is never counted);
 - ``control`` int64 ``[16]``: the fields named below (rate-limiter totals and waiting
   calls, closed flag, how many processes attached);
 - prioritized buffers only: ``priorities`` float64, a flat sum tree of
@@ -33,9 +36,13 @@ sample waiting on the rate limiter, and when their waiter last said so; see
 class SharedLayout:
     """The control arrays of a shared buffer, made (``create``) or attached in
     ``storage``'s directory (see the module docstring for each array's shape and dtype).
+    Made, the directory's files are then allocated (:meth:`SharedStorage.reserve`).
+
+    Raises:
+        StorageSpaceError: (made) the file system cannot hold the buffer's files.
 
     Attributes:
-        version, next_id, owner, control: int64 arrays, mapped shared.
+        version, next_id, owner, held, control: int64 arrays, mapped shared.
         prioritized: whether the layout has priorities.
         tree, max_priority: float64 arrays (prioritized layouts; otherwise an empty
             tree and a private ``[1.0]``, never read).
@@ -48,6 +55,7 @@ class SharedLayout:
         self.version = shared("version", (capacity,), np.int64)
         self.next_id = shared("next_id", (num_rows,), np.int64)
         self.owner = shared("owner", (num_rows,), np.int64)
+        self.held = shared("held", (num_rows,), np.int64)
         self.control = shared("control", (16,), np.int64)
         self.prioritized = prioritized
         self.tree: np.ndarray = np.zeros(0)
@@ -57,3 +65,9 @@ class SharedLayout:
             self.max_priority = shared("max_priority", (1,), np.float64)
             if create:
                 self.max_priority[0] = 1.0
+        if create:  # the last file is made: allocate them all, or refuse (no SIGBUS later)
+            storage.reserve()
+
+    def items_held(self) -> int:
+        """Items a sample can return: the sum of ``held`` (see the module docstring)."""
+        return int(self.held.sum())

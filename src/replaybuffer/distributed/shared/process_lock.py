@@ -2,8 +2,9 @@
 
 :class:`ProcessLock` is an exclusive ``flock`` that the kernel releases when a holder
 dies, so a writer killed inside the critical section never deadlocks the others;
-:func:`process_ended` tells a dead owner of rows from a live one; :func:`remove_directory`
-is the finalizer that removes a temporary buffer's files in the process that made them.
+:func:`process_ended` tells a dead owner of rows from a live one;
+:func:`directory_remover` is the finalizer that removes a temporary buffer's files in
+the process that made them, :func:`removed_on_failure` what a failed creation made.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import fcntl
 import os
 import shutil
 import threading
+from contextlib import contextmanager
+from multiprocessing.util import Finalize
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 class ProcessLock:
@@ -70,6 +73,35 @@ def process_ended(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return False
+
+
+@contextmanager
+def removed_on_failure(path: str, made_directory: bool) -> Iterator[None]:
+    """Remove what a buffer's creation made in ``path`` when the block raises (no
+    space, no memory): the directory it made, or the files it made in a given one
+    (which was new or empty), then re-raise."""
+    try:
+        yield
+    except BaseException:
+        if made_directory:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            for entry in Path(path).iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        raise
+
+
+def directory_remover(owner: object, path: str) -> Finalize[None]:
+    """A finalizer that removes ``path`` in this process when ``owner`` is collected,
+    called, or the process ends. A multiprocessing finalizer, not ``weakref.finalize``
+    (an ``atexit`` hook): a multiprocessing child ends with ``os._exit``, which skips
+    ``atexit`` but runs these, so a buffer made in a child that never closed it goes too.
+    A negative priority runs it after the process's non-daemon children were joined.
+    """
+    return Finalize(owner, remove_directory, (path, os.getpid()), exitpriority=-1)
 
 
 def remove_directory(path: str, creator: int) -> None:
