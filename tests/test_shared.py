@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import replaybuffer as rb
 from replaybuffer import MinSize, Queue, RateLimitedError, SampleToInsertRatio
 from replaybuffer.distributed import BufferClosedError, SharedReplayBuffer
 from replaybuffer.distributed.stress import run_stress, torn_items
@@ -372,3 +373,13 @@ def test_min_size_counts_inserts_at_commit_and_holds_samples_back():
         assert (stats.inserts, stats.samples, stats.inserts_blocked) == (5, 0, 0)
         buffer.get_next(3)
         assert buffer.stats().samples == 3
+
+
+def test_stats_are_python_numbers_as_the_local_buffers_are():
+    """stats() of a shared buffer reads like a local buffer's: no numpy scalars in it."""
+    spec = rb.ArraySpec((2,), np.float32)
+    with SharedReplayBuffer(spec, 2, 10, rate_limiter=rb.MinSize(1)) as shared:
+        stats = shared.stats()
+    local = rb.UniformReplayBuffer(spec, 2, 10, rate_limiter=rb.MinSize(1)).stats()
+    assert repr(stats) == repr(local)
+    assert all(type(value) in (int, float) for value in stats), stats

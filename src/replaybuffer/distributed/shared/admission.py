@@ -175,7 +175,10 @@ class SharedAdmission:
         """The limiter's counters over every process."""
         c = self._control
         inserts, samples = int(c[INSERTS]), int(c[SAMPLES])
-        return RateLimiterStats(inserts, samples, self._size(), c[INSERT_BLOCKED_NS] / 1e9,
-                                c[SAMPLE_BLOCKED_NS] / 1e9, int(c[INSERTS_BLOCKED]),
+        # Python numbers, as the in-process limiter's stats: numpy scalars from the
+        # shared array would print as np.float64(...).
+        return RateLimiterStats(inserts, samples, self._size(),
+                                float(c[INSERT_BLOCKED_NS]) / 1e9,
+                                float(c[SAMPLE_BLOCKED_NS]) / 1e9, int(c[INSERTS_BLOCKED]),
                                 int(c[SAMPLES_BLOCKED]),
                                 inserts * self.limiter.samples_per_insert - samples)
