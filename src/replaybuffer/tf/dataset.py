@@ -31,7 +31,9 @@ try:  # the op behind tf.data's own OwnedIterator.__next__
 except ImportError:  # pragma: no cover - a TensorFlow without it takes the generic road
     _get_next_op = None
 
-_EMPTY = re.compile(r"assertion failed: \[([^\]]*Make sure to add items before[^\]]*)\]")
+# The buffer's "is empty" and "longer than a row holds" assertions (tf/state.py).
+_EMPTY = re.compile(r"assertion failed: \[([^\]]*(?:Make sure to add items before|is longer "
+                    r"than a row of)[^\]]*)\]")
 
 
 def translate_error(exc: BaseException) -> EmptyBufferError | None:

@@ -136,15 +136,19 @@ class TFRingState:
         """
         name, L = self.owner, self.max_length
         empty = f"{name} is empty. Make sure to add items before {action}."
-        head = f"{name} has no window of num_steps={num_steps}: each row holds "
-        tail = f" steps (max_length={L}). Make sure to add items before {action}."
+        # Rows shorter than the window: "... holds: each row holds K steps so far
+        # (max_length=L). Ask for num_steps <= K, or read once rows hold T steps."
+        head = f"num_steps={num_steps} is longer than a row of {name} holds: each row holds "
+        middle = f" steps so far (max_length={L}). Ask for num_steps <= "
+        tail = f", or read once rows hold {num_steps} steps."
         if num_steps == 1:  # only an empty buffer fails
             return tf.constant(empty)
         held = ring.items_per_row(last_id, L)
         if num_steps <= 64:
-            table = [empty] + [f"{head}{k}{tail}" for k in range(1, num_steps)]
+            table = [empty] + [f"{head}{k}{middle}{k}{tail}" for k in range(1, num_steps)]
             return tf.gather(tf.constant(table), tf.minimum(held, num_steps - 1))
-        short = tf.strings.join([head, tf.strings.as_string(held), tail])
+        count = tf.strings.as_string(held)
+        short = tf.strings.join([head, count, middle, count, tail])
         return tf.where(last_id < 0, tf.constant(empty), short)
 
     def sample_function(self, sample_batch_size: int | None, num_steps: int | None,
