@@ -19,11 +19,11 @@ execution is asynchronous, ``next`` on TensorFlow's iterator is used instead.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
 
+from replaybuffer.dataset import to_torch
 from replaybuffer.errors import EmptyBufferError
 
 try:  # the op behind tf.data's own OwnedIterator.__next__
@@ -149,9 +149,7 @@ class ReplayDataset(tf.data.Dataset):  # type: ignore[misc]  # TensorFlow is unt
 
     def to_torch(self) -> Any:
         """This dataset as a ``torch.utils.data.IterableDataset`` of torch tensors."""
-        from replaybuffer.dataset import to_torch
-
-        return to_torch(_TorchView(self))
+        return to_torch(self, tf_tensors=True)
 
 
 class ReplayIterator:
@@ -231,17 +229,3 @@ def _direct_pull(iterator: Any, unpack: Unpack | None, count: int
         return unpack(flat)
     return pull
 
-
-class _TorchView:
-    """Elements of a dataset with every tensor converted to a CPU torch tensor."""
-
-    def __init__(self, dataset: ReplayDataset):
-        self._dataset = dataset
-
-    def __iter__(self) -> Iterator[Any]:
-        import torch
-
-        from replaybuffer import nest
-
-        for element in self._dataset:
-            yield nest.map_structure(lambda t: torch.from_numpy(np.asarray(t.numpy())), element)
