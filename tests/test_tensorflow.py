@@ -564,3 +564,18 @@ def test_deterministic_plan_matches_numpy(B, S, T, shift, drop):
     expected = [(np.asarray(ids).tolist(), np.asarray(rows).tolist())
                 for ids, rows in np_det.plan(first, frames, B, S, T, shift, drop)]
     assert ours == expected
+
+
+def test_the_tf_datasets_feed_a_torch_dataloader_torch_tensors():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    buf = counter(batch_size=2, max_length=5, adds=5)
+    items, info = next(iter(DataLoader(buf.as_dataset(4, num_steps=2).to_torch(),
+                                       batch_size=None)))
+    assert isinstance(items, torch.Tensor) and tuple(items.shape) == (4, 2)
+    assert isinstance(info.ids, torch.Tensor)
+    np.testing.assert_array_equal(items[:, 1].numpy(), items[:, 0].numpy() + 1)
+    everything = list(DataLoader(buf.as_dataset(single_deterministic_pass=True).to_torch(),
+                                 batch_size=None))
+    assert len(everything) == 10 and all(isinstance(x, torch.Tensor) for x, _ in everything)
