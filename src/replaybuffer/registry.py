@@ -39,8 +39,8 @@ def buffer_class(name: str, storage: str | None = None) -> type[Any] | None:
     for a name no class has.
 
     Raises:
-        ImportError: the class lives in a module whose dependency is not installed
-            (the message says which extra to install).
+        ImportError: the class lives in a module whose dependency (TensorFlow) is not
+            installed.
     """
     if name in _LAZY:
         module, own_storage, elsewhere = _LAZY[name]

@@ -39,9 +39,6 @@ class Storage(Checkpointable, Protocol):
     """Number of positions."""
     checker: LeafChecker
     """Validates numpy leaves against ``specs`` (buffers check related leaves with it)."""
-    _checker: LeafChecker
-    """The old name of :attr:`checker`, still read by ``buffers/transitions.py``; it goes
-    once that reads ``checker`` (not required of a storage object)."""
 
     @property
     def arrays(self) -> Sequence[Any]:

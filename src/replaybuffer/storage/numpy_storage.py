@@ -95,8 +95,6 @@ class NumpyStorage:
                                                 spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self.checker = LeafChecker(self.specs)
-        # The old name, for callers not yet moved to ``checker`` (buffers/transitions.py).
-        self._checker = self.checker
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A zeroed array for the records or one leaf (``name``); subclasses put it

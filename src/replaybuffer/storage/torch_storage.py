@@ -93,8 +93,6 @@ class TorchStorage:
                                 f"{spec.dtype.name}: {exc}") from exc
         self._shapes = [s.shape for s in self.specs]
         self.checker = LeafChecker(self.specs)
-        # The old name, for callers not yet moved to ``checker`` (buffers/transitions.py).
-        self._checker = self.checker
         self._host = self._records.arrays if self._records is not None else None
         self._cuda = self.device.type == "cuda"
         self._write_event: Any = None

@@ -72,7 +72,7 @@ class TFStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self.dtypes = [tf_dtype(s.dtype) for s in self.specs]
-        self.checker = self._checker = LeafChecker(self.specs)
+        self.checker = LeafChecker(self.specs)
         self._shapes = [tuple(s.shape) for s in self.specs]
         placement = tf.device(device) if device is not None else contextlib.nullcontext()
         try:
@@ -123,7 +123,7 @@ class TFStorage:
         out: list[Any] = []
         known = None not in outer_shape
         shapes: Sequence[tuple[int | None, ...]] | None = \
-            self._checker.full_shapes(cast("tuple[int, ...]", outer_shape)) if known else None
+            self.checker.full_shapes(cast("tuple[int, ...]", outer_shape)) if known else None
         for i, leaf in enumerate(leaves):
             spec = self.specs[i]
             if is_tensor(leaf):
@@ -138,7 +138,7 @@ class TFStorage:
                 if len(arr) == len(shape):
                     shape = tuple(a if s is None else s for s, a in zip(shape, arr))
                     leaf_outer = shape[:len(outer_shape)]
-            arr = self._checker.numpy_leaf(i, leaf, shape, paths[i], leaf_outer, outer_names)
+            arr = self.checker.numpy_leaf(i, leaf, shape, paths[i], leaf_outer, outer_names)
             if arr.dtype != spec.dtype:  # safe casts, and big-endian data to native order
                 arr = arr.astype(spec.dtype)
             out.append(arr)
