@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import replaybuffer as rb
-from replaybuffer.storage import mmap_storage
+from replaybuffer import crash_points
 from replaybuffer.storage.memory import InsufficientSpaceError
 from test_checkpoints import assert_consistent, item, items, make, spec
 
@@ -110,7 +110,7 @@ def test_a_process_killed_while_the_journal_is_recreated_reopens(tmp_path):
     out = subprocess.run([sys.executable, "-c", JOURNAL_CRASH.format(tests=TESTS,
                                                                     path=str(path))],
                          env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == mmap_storage.CRASH_EXIT_CODE, out.stderr[-2000:]
+    assert out.returncode == crash_points.CRASH_EXIT_CODE, out.stderr[-2000:]
     committed = int(out.stdout.split()[-1])
     journals = sorted((path / "data").glob("journal_*.npy"))
     assert journals and min(p.stat().st_size for p in journals) == 0  # a partial journal
@@ -120,10 +120,6 @@ def test_a_process_killed_while_the_journal_is_recreated_reopens(tmp_path):
     again.add_batch(item(5, 2))  # and it writes on: the journal is made anew
     again.close()
     assert rb.reopen(path).last_id == 5
-
-
-def test_crash_points_are_off_without_the_variable():
-    assert mmap_storage.CRASH_AT is None or "REPLAYBUFFER_CRASH_AT" in os.environ
 
 
 # ------------------------------------------------ item 3: no space for an mmap buffer

@@ -27,7 +27,7 @@ The journal files are recreated, larger, when a write needs more rows than they 
 a process killed meanwhile leaves one empty or partial. Nothing committed is in the
 journal then (the header's flag is clear while a write is staged), so :meth:`reopen
 <MmapStorage>` treats a journal it cannot read as absent and the next write makes a new
-one. ``REPLAYBUFFER_CRASH_AT=mmap.journal.recreate`` (see :data:`CRASH_AT`) ends the
+one. The crash point ``mmap.journal.recreate`` (:mod:`replaybuffer.crash_points`) ends the
 process at that moment, for the tests that check this.
 
 Space. Every file is reserved on its file system when it is created or reopened
@@ -46,6 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.base import checked_leaves
@@ -57,38 +58,6 @@ LAST_ID, COMMITTED, JOURNAL_START, JOURNAL_COUNT, JOURNAL_LAST_ID, EPOCH = range
 may not be applied yet; where the journal's rows go and how many; the ``last_id`` the
 journal brings; how many times the buffer was cleared (a state saved before a clear is
 stale)."""
-
-
-CRASH_EXIT_CODE = 86
-"""The exit status of a process ended at a crash point."""
-
-
-def _crash_setting(value: str | None) -> tuple[str, int] | None:
-    """``NAME`` or ``NAME:N`` (end the process the N-th time it reaches ``NAME``)."""
-    if not value:
-        return None
-    name, _, count = value.partition(":")
-    return name, int(count) if count.isdigit() and int(count) > 0 else 1
-
-
-CRASH_AT = _crash_setting(os.environ.get("REPLAYBUFFER_CRASH_AT"))
-"""The crash point armed by ``REPLAYBUFFER_CRASH_AT`` (read once, at import), with the
-number of times it is reached before the process ends; ``None`` (the default): every
-crash point is a single ``is None`` check on a path that recreates files, never the
-per-step one. Points: ``mmap.journal.recreate`` (a journal file just emptied, before
-its header is written)."""
-_reached: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """End the process at once (``os._exit``: no cleanup, as ``SIGKILL`` would) when
-    :data:`CRASH_AT` names ``name`` and this is its N-th time. Callers check ``CRASH_AT
-    is not None`` first."""
-    if CRASH_AT is None or CRASH_AT[0] != name:
-        return
-    _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= CRASH_AT[1]:
-        os._exit(CRASH_EXIT_CODE)
 
 
 def create_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype,
@@ -105,7 +74,7 @@ def create_npy(file: Path, shape: tuple[int, ...], dtype: np.dtype,
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
               "shape": shape}
     with open(file, "w+b") as fh:
-        if CRASH_AT is not None and point is not None:
+        if ARMED is not None and point is not None:
             crash_point(point)
         try:
             np.lib.format.write_array_header_1_0(fh, header)
