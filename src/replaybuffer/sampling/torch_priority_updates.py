@@ -101,7 +101,7 @@ class DevicePriorityUpdates:
         """Write ``priorities`` at the live ones of ``item_ids`` (int64 ``[S]``,
         ``S >= 1``) unless any is bad, and queue the outcome."""
         B = ring.batch_size
-        item_ids = item_ids.to(torch.int64)
+        item_ids = item_ids.to(torch.int64, copy=True)
         # Copies: the caller may reuse its tensors before the outcome is read.
         values = priorities.to(torch.float64, copy=True)
         ids = item_ids - key_base if B == 1 else torch.div(item_ids, B, rounding_mode="floor") \
@@ -109,18 +109,18 @@ class DevicePriorityUpdates:
         live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
         positions = ids % ring.max_length if B == 1 else \
             (ids % ring.max_length) * B + item_ids % B
-        bad = ~torch.isfinite(values) | (values < 0)
-        bad_any = bad.any()
+        # Comparisons, each one kernel (torch.isfinite is four): NaN fails both.
+        good = ((values >= 0) & (values < torch.inf)).all()
         scaled = self.scale(values)
         kept_scaled = torch.where(live, scaled, 0.0)
         # The host path's bound: the total before plus every value written.
-        overflow = ~torch.isfinite(sums.leaves.sum() + kept_scaled.sum())
-        keep = live & ~(bad_any | overflow)
+        finite = sums.leaves.sum() + kept_scaled.sum() < torch.inf
+        keep = live & good & finite
         sums.assign(positions, scaled, keep)
         largest_raw = torch.where(keep, values, 0.0).amax()
         self.largest = largest_raw if self.largest is None else \
             torch.maximum(self.largest, largest_raw)
-        summary = torch.stack([bad_any.to(torch.float64), overflow.to(torch.float64),
+        summary = torch.stack([(~good).to(torch.float64), (~finite).to(torch.float64),
                                torch.where(keep, scaled, torch.inf).amin(),
                                torch.where(keep, scaled, 0.0).amax(), largest_raw])
         self.checks.push(summary, (self._epoch, values, item_ids))
