@@ -44,6 +44,13 @@ def twins(device: torch.device, batch_size: int = 2, max_length: int = 12, adds:
     return bufs[0], bufs[1]
 
 
+def device_done(device: torch.device) -> None:
+    """Let the device finish its queue: a deferred check is reported by the first call
+    that finds it done (on the CPU, the next call)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def all_ids(buf: rb.PrioritizedReplayBuffer, adds: int) -> np.ndarray:
     return np.arange(adds * buf.batch_size, dtype=np.int64)
 
@@ -121,6 +128,7 @@ def test_a_bad_device_update_writes_nothing_and_raises_at_the_next_call(device, 
     ids_t = torch.tensor([30, 31, 32], device=device)
     assert dev.update_priorities(ids_t, values) == 3  # returns: checked on the device
     values.fill_(0.0)  # the caller reusing its tensor changes nothing reported
+    device_done(device)
     with pytest.raises(ValueError, match=r"priorities\[1\] is (nan|inf|-1\.0) \(for id 31\); "
                                          r"1 bad value\(s\), nothing was updated \(found on "
                                          r"the device after"):
@@ -134,6 +142,7 @@ def test_the_next_update_reports_the_bad_one_before_applying(device):
     _, dev = twins(device)
     ids = torch.tensor([30, 31], device=device)
     dev.update_priorities(ids, torch.tensor([-2.0, 1.0], device=device))
+    device_done(device)
     with pytest.raises(ValueError, match=r"priorities\[0\] is -2\.0"):
         dev.update_priorities(ids, torch.tensor([5.0, 6.0], device=device))
     before = dev.priorities(np.array([30, 31]))
@@ -148,6 +157,7 @@ def test_an_overflowing_device_update_is_refused_at_the_next_call(device):
     before = dev.priorities(all_ids(dev, 20))
     dev.update_priorities(torch.tensor([30, 31], device=device),
                           torch.tensor([1e308, 1e308], dtype=torch.float64, device=device))
+    device_done(device)
     with pytest.raises(ValueError, match="expected a finite total priority"):
         dev.update_priorities(torch.tensor([30], device=device),
                               torch.tensor([1.0], device=device))
