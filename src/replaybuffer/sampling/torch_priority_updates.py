@@ -34,10 +34,10 @@ from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.torch_deferred_checks import DeviceChecks
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 
-# The summary of one update: [refused for a bad value, refused for an overflowing
-# total, smallest priority ** alpha written (inf: none), largest written (0: none),
-# the largest priority written (raw)].
-_BAD, _OVERFLOW, _SMALLEST, _LARGEST, _RAW = range(5)
+# The summary of one update: [refused (0: no, 1: a bad value, 2: an overflowing total),
+# the smallest priority ** alpha written (inf: none), the largest (0: none), the
+# largest priority written (raw)].
+_REFUSED, _SMALLEST, _LARGEST, _RAW = range(4)
 DEFERRED = ("found on the device after that update_priorities call returned: updates "
             "with device tensors are checked without waiting for the device and "
             "reported at the next call")
@@ -84,7 +84,7 @@ class DevicePriorityUpdates:
     def __init__(self, device: torch.device, alpha: float):
         self.device = device
         self.alpha = float(alpha)
-        self.checks = DeviceChecks(device, 5)
+        self.checks = DeviceChecks(device, 4)
         # The largest priority applied on the device (raw, 0-d float64), None before
         # the first; new steps enter at the larger of it and the host's.
         self.largest: torch.Tensor | None = None
@@ -101,12 +101,14 @@ class DevicePriorityUpdates:
         """Write ``priorities`` at the live ones of ``item_ids`` (int64 ``[S]``,
         ``S >= 1``) unless any is bad, and queue the outcome."""
         B = ring.batch_size
+        # Copies where the dtypes leave none: the caller may reuse its tensors before
+        # the outcome is read, and the message names what was given.
         item_ids = item_ids.to(torch.int64, copy=True)
-        # Copies: the caller may reuse its tensors before the outcome is read.
         values = priorities.to(torch.float64, copy=True)
         ids = item_ids - key_base if B == 1 else torch.div(item_ids, B, rounding_mode="floor") \
             - key_base
-        live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
+        # (item_ids >= 0 follows: a negative item id floors below every held id.)
+        live = (ids >= ring.oldest_id) & (ids <= ring.last_id)
         positions = ids % ring.max_length if B == 1 else \
             (ids % ring.max_length) * B + item_ids % B
         # Comparisons, each one kernel (torch.isfinite is four): NaN fails both.
@@ -120,9 +122,10 @@ class DevicePriorityUpdates:
         largest_raw = torch.where(keep, values, 0.0).amax()
         self.largest = largest_raw if self.largest is None else \
             torch.maximum(self.largest, largest_raw)
-        summary = torch.stack([(~good).to(torch.float64), (~finite).to(torch.float64),
-                               torch.where(keep, scaled, torch.inf).amin(),
-                               torch.where(keep, scaled, 0.0).amax(), largest_raw])
+        # 0 accepted, 1 a bad value, 2 an overflowing total (as few launches as we can).
+        refused = torch.where(good, torch.where(finite, 0.0, 2.0), 1.0).to(torch.float64)
+        summary = torch.stack([refused, torch.where(keep, scaled, torch.inf).amin(),
+                               self.scale(largest_raw), largest_raw])
         self.checks.push(summary, (self._epoch, values, item_ids))
 
     def outcomes(self, wait: bool) -> tuple[list[tuple[float, float, float]], str | None]:
@@ -133,7 +136,7 @@ class DevicePriorityUpdates:
         notes: list[tuple[float, float, float]] = []
         error = None
         for summary, (epoch, values, item_ids) in self.checks.take(wait):
-            if summary[_BAD] or summary[_OVERFLOW]:
+            if summary[_REFUSED]:
                 if error is None:
                     error = _message(summary, values, item_ids)
             elif epoch == self._epoch and summary[_LARGEST] > 0:
@@ -150,7 +153,7 @@ class DevicePriorityUpdates:
 
 def _message(summary: np.ndarray, values: torch.Tensor, item_ids: torch.Tensor) -> str:
     """The host path's error for a refused update (read back now: an error path)."""
-    if not summary[_BAD]:
+    if summary[_REFUSED] == 2:
         return ("update_priorities: expected a finite total priority, got inf with these "
                 f"values (float64 overflow); nothing was updated ({DEFERRED})")
     host = values.cpu().numpy()
