@@ -243,3 +243,29 @@ def test_device_search_is_validated_and_auto_picks_by_capacity():
     with pytest.raises(ValueError, match="applies to sampling on the device only"):
         rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.float32), 1, 16,
                                    device_search="prefix")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_updates_and_samples_never_synchronize_cuda():
+    """torch's sync debug mode raises on any operation that makes the host wait."""
+    device = torch.device("cuda")
+    _, dev = twins(device, max_length=64, adds=80)
+    uniform = rb.UniformReplayBuffer(rb.ArraySpec((3,), np.float32), 2, 64, storage="torch",
+                                     device=device, seed=0, sample_on_device=True)
+    uniform.add_batch(torch.ones(2, 3, device=device))
+    _, info = dev.get_next(32, 2)
+    priorities = torch.rand(32, device=device, dtype=torch.float64) + 0.1
+    dev.update_priorities(info.ids, priorities)  # warm: pending adds flushed
+    dev.get_next(32, 2)
+    uniform.get_next(32, 2)
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            dev.update_priorities(info.ids, priorities)
+            dev.get_next(32, 2)
+            uniform.get_next(32, 2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    dev.priorities(info.ids.cpu().numpy()[:, 0])  # and the checks settle after
