@@ -269,3 +269,15 @@ def test_device_updates_and_samples_never_synchronize_cuda():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize(device)
     dev.priorities(info.ids.cpu().numpy()[:, 0])  # and the checks settle after
+
+
+def test_device_updates_off_checks_on_the_host_at_once(device):
+    _, dev = twins(device)
+    dev.sampler.device_updates = False
+    ids = torch.tensor([30, 31], device=device)
+    with pytest.raises(ValueError, match=r"priorities\[1\] is nan \(for id 31\); 1 bad "
+                                         r"value\(s\), nothing was updated$"):
+        dev.update_priorities(ids, torch.tensor([1.0, float("nan")], device=device))
+    assert dev.update_priorities(ids, torch.tensor([2.0, 3.0], device=device)) == 2
+    np.testing.assert_allclose(dev.priorities(np.array([30, 31])),
+                               np.array([2.0, 3.0]) ** 0.6)

@@ -138,12 +138,16 @@ def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> A
 def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
           min_time: float, limit: Callable[[int], float]) -> list[Row]:
     """Rows for ``add``, uniform and prioritized ``get_next(256, 2)`` (the default search,
-    then the sum tree as ``prioritized[tree]``), ``update(256)`` and the update-then-
-    sample cycle of a prioritized training step."""
+    the running sums with updates checked on the host, then the sum tree as
+    ``prioritized[tree]``), ``update(256)`` and the update-then-sample cycle of a
+    prioritized training step."""
     _, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     step = _step_bytes(spec)
     rows = []
+    # "[prefix,host-checked]": updates copied to the host and checked there (two
+    # synchronizations each), the way before device updates, for comparison.
     variants: list[tuple[str, str | None]] = [("uniform", None), ("prioritized", None),
+                                              ("prioritized[prefix,host-checked]", "prefix"),
                                               ("prioritized[tree]", "tree")]
     for name, search in variants:
         if name == "uniform":
@@ -153,6 +157,8 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
             buf = _prioritized(spec, capacity, device, search)
             if search is None:  # named by the search it defaults to
                 name = f"prioritized[{buf.sampler.search}]"
+            if "host-checked" in name:
+                buf.sampler.device_updates = False
         _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)
