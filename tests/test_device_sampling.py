@@ -498,8 +498,15 @@ def test_gpu_bench_smoke_on_the_cpu(capsys):
     out = capsys.readouterr().out
     assert "device: cpu" in out and "prioritized[prefix] sample(256)+next" in out
     assert "prioritized[tree] update+sample(256)" in out and "scalar 16,384" in out
-    profiled = [line for line in out.splitlines() if line.startswith("| prioritized ")]
-    assert len(profiled) == 2, out  # sample and update, one row each
+    # the profile: one line per op, then the goals table joining it with the timings
+    profiled = [line for line in out.splitlines() if line.startswith("  profile control")]
+    assert len(profiled) == 6, out  # add x2, uniform, prioritized sample, update, cycle
+    assert "| workload | op | ours us | TorchRL us | TorchRL / ours | kernels | copies " \
+        "| syncs | device us |" in out
+    goals = out[out.index("| workload | op | ours us |"):].splitlines()
+    cycle = [line for line in goals
+             if line.startswith("| control | prioritized[prefix] update+sample(256) |")]
+    assert len(cycle) == 1 and ">= 2.5x TorchRL" in cycle[0], out
 
 
 def test_gpu_bench_without_cuda_says_so(capsys):

@@ -138,12 +138,16 @@ def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> A
 def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
           min_time: float, limit: Callable[[int], float]) -> list[Row]:
     """Rows for ``add``, uniform and prioritized ``get_next(256, 2)`` (the default search,
-    then the sum tree as ``prioritized[tree]``), ``update(256)`` and the update-then-
-    sample cycle of a prioritized training step."""
+    the running sums with updates checked on the host, then the sum tree as
+    ``prioritized[tree]``), ``update(256)`` and the update-then-sample cycle of a
+    prioritized training step."""
     _, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     step = _step_bytes(spec)
     rows = []
+    # "[prefix,host-checked]": updates copied to the host and checked there (two
+    # synchronizations each), the way before device updates, for comparison.
     variants: list[tuple[str, str | None]] = [("uniform", None), ("prioritized", None),
+                                              ("prioritized[prefix,host-checked]", "prefix"),
                                               ("prioritized[tree]", "tree")]
     for name, search in variants:
         if name == "uniform":
@@ -153,6 +157,8 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
             buf = _prioritized(spec, capacity, device, search)
             if search is None:  # named by the search it defaults to
                 name = f"prioritized[{buf.sampler.search}]"
+            if "host-checked" in name:
+                buf.sampler.device_updates = False
         _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)
@@ -276,64 +282,137 @@ def _torchrl_sampler(torch: Any, device: Any, workload: str, name: str, capacity
     return rows
 
 
-def profile_ops(torch: Any, device: Any, capacity: int, calls: int = 50) -> list[str]:
-    """Where a call's time goes, from torch's profiler: for our add, uniform and
-    prioritized sample and priority update on the control workload, per call, the
-    host time, the kernels launched, the device time they took, and the host-device
-    copies and synchronizations (each one makes the host wait for the device's queue).
-    Lines of a markdown table."""
+@dataclass
+class Profile:
+    """One op's profile, per call: host time, kernels launched, their device time
+    (the profiler's CUDA kernel time: the device's busy time, without the gaps while
+    it waits for the host), host-device copies and synchronizations."""
+    host_us: float
+    kernels: float
+    device_us: float
+    copies: float
+    syncs: float
+
+
+def profile_op(torch: Any, device: Any, fn: Callable[[], object], calls: int = 50) -> Profile:
+    """:class:`Profile` of ``fn`` from torch's profiler over ``calls`` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    spec = control_spec()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if device.type == "cuda" else [])
+    for _ in range(5):
+        fn()
+    _sync(torch, device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_seconds = (time.perf_counter() - start) / calls
+        _sync(torch, device)
+    launches = copies = syncs = 0
+    device_us = 0.0
+    for event in prof.key_averages():
+        key = event.key
+        if key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                   "cuLaunchKernelEx", "cudaGraphLaunch"):
+            launches += event.count
+        elif key.startswith("cudaMemcpy"):
+            copies += event.count
+        elif key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                     "cudaEventSynchronize"):
+            syncs += event.count
+        if getattr(event, "device_type", None) is not None and \
+                str(event.device_type).endswith("CUDA"):
+            device_us += getattr(event, "self_device_time_total", 0.0)
+    # The loop's own closing synchronization is not the op's.
+    syncs = max(0, syncs - (1 if device.type == "cuda" else 0))
+    return Profile(host_seconds * 1e6, launches / calls, device_us / calls, copies / calls,
+                   syncs / calls)
+
+
+def profile_ops(torch: Any, device: Any, workload: str, spec: Any, capacity: int
+                ) -> dict[str, Profile]:
+    """Where our calls' time goes on ``workload``: add (device tensors and numpy),
+    uniform and prioritized sample, priority update and the update-then-sample cycle,
+    keyed by the op names of the timed rows."""
     host, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     host_batch = nest.map_structure(lambda a: np.ascontiguousarray(a[:, :BATCH]), host)
     uniform = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
                                   seed=0, sample_on_device=True)
     prioritized = _prioritized(spec, capacity, device, None)
+    search = prioritized.sampler.search
     for buf in (uniform, prioritized):
         _fill(buf, on_device, capacity, chunk)
     ids = prioritized.get_next(BATCH, 2)[1].ids[:, 0]
     priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
     ops: list[tuple[str, Callable[[], object]]] = [
-        ("add(256) device tensors", partial(uniform.extend, batch)),
-        ("add(256) numpy", partial(uniform.extend, host_batch)),
-        ("uniform sample(256)+next", partial(uniform.get_next, BATCH, 2)),
-        ("prioritized sample(256)+next", partial(prioritized.get_next, BATCH, 2)),
-        ("prioritized update(256)", partial(prioritized.update_priorities, ids, priorities)),
+        (f"add({BATCH})", partial(uniform.extend, batch)),
+        (f"add({BATCH}) numpy", partial(uniform.extend, host_batch)),
+        (f"uniform sample({BATCH})+next", partial(uniform.get_next, BATCH, 2)),
+        (f"prioritized[{search}] sample({BATCH})+next",
+         partial(prioritized.get_next, BATCH, 2)),
+        (f"prioritized[{search}] update({BATCH})",
+         partial(prioritized.update_priorities, ids, priorities)),
+        (f"prioritized[{search}] update+sample({BATCH})",
+         partial(_cycle, prioritized, ids, priorities)),
     ]
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if device.type == "cuda" else [])
-    lines = ["| op | host us/call | kernels/call | device us/call | copies/call | "
-             "syncs/call |", "|---|---:|---:|---:|---:|---:|"]
+    out = {}
     for name, fn in ops:
-        for _ in range(5):
-            fn()
-        _sync(torch, device)
-        with profile(activities=activities) as prof:
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            host_seconds = (time.perf_counter() - start) / calls
-            _sync(torch, device)
-        launches = copies = syncs = 0
-        device_us = 0.0
-        for event in prof.key_averages():
-            key = event.key
-            if key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
-                       "cuLaunchKernelEx"):
-                launches += event.count
-            elif key.startswith("cudaMemcpy"):
-                copies += event.count
-            elif key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
-                         "cudaEventSynchronize"):
-                syncs += event.count
-            if getattr(event, "device_type", None) is not None and \
-                    str(event.device_type).endswith("CUDA"):
-                device_us += getattr(event, "self_device_time_total", 0.0)
-        lines.append(f"| {name} | {host_seconds * 1e6:,.1f} | {launches / calls:.1f} | "
-                     f"{device_us / calls:,.1f} | {copies / calls:.1f} | "
-                     f"{syncs / calls:.1f} |")
-        print(f"  profile {name:<32} {lines[-1]}", flush=True)
+        out[name] = profile_op(torch, device, fn)
+        p = out[name]
+        print(f"  profile {workload:<8} {name:<40} host {p.host_us:8.1f} us, "
+              f"{p.kernels:5.1f} kernels, device {p.device_us:7.1f} us, "
+              f"{p.copies:.1f} copies, {p.syncs:.1f} syncs", flush=True)
+    return out
+
+
+# The goals of issue 26 per op (TorchRL's time over ours at least this much, and ours
+# within this many times the op's device time).
+GOALS = {f"uniform sample({BATCH})+next": (2.0, 2.0),
+         f"update+sample({BATCH})": (2.5, None)}
+
+
+def _torchrl_op(op: str) -> str:
+    """TorchRL's row for our op: ``prioritized[prefix] x`` is its ``prioritized x``."""
+    if op.startswith("prioritized["):
+        return "prioritized" + op[op.index("]") + 1:]
+    return op
+
+
+def goals_table(rows: list[Row], profiles: dict[str, dict[str, Profile]]) -> list[str]:
+    """Per workload and op of ours: ours and TorchRL's us/call, TorchRL / ours, the
+    op's kernels, copies and syncs per call and its device time (profiled), and
+    whether the goal for the op (:data:`GOALS`) is met. Lines of a markdown table."""
+    torchrl = {(r.workload, r.op): r for r in rows if r.library == "torchrl"}
+    lines = ["| workload | op | ours us | TorchRL us | TorchRL / ours | kernels | copies "
+             "| syncs | device us | ours / device | goal | met |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        if r.library != "replaybuffer" or r.status != "ok" or r.workload not in profiles:
+            continue
+        peer = torchrl.get((r.workload, _torchrl_op(r.op)))
+        peer_us = peer.seconds * 1e6 if peer is not None and peer.status == "ok" \
+            else math.nan
+        ratio = peer_us / (r.seconds * 1e6)
+        p = profiles.get(r.workload, {}).get(r.op)
+        goal = next((g for key, g in GOALS.items() if r.op.endswith(key)), None)
+        over_device = r.seconds * 1e6 / p.device_us if p is not None and p.device_us \
+            else math.nan
+        goal_text, met = "", ""
+        if goal is not None:
+            want_ratio, want_device = goal
+            goal_text = f">= {want_ratio}x TorchRL" + (
+                f", <= {want_device}x device" if want_device else "")
+            ok = ratio >= want_ratio and (want_device is None or over_device <= want_device)
+            met = "n/a (no TorchRL row)" if math.isnan(ratio) else "yes" if ok else "no"
+        cells = [f"{v:.1f}" for v in (p.kernels, p.copies, p.syncs, p.device_us)] \
+            if p is not None else ["", "", "", ""]
+        lines.append(f"| {r.workload} | {r.op} | {r.seconds * 1e6:,.1f} | "
+                     f"{'' if math.isnan(peer_us) else f'{peer_us:,.1f}'} | "
+                     f"{'' if math.isnan(ratio) else f'{ratio:.2f}x'} | "
+                     f"{' | '.join(cells)} | "
+                     f"{'' if math.isnan(over_device) else f'{over_device:.1f}x'} | "
+                     f"{goal_text} | {met} |")
     return lines
 
 
@@ -364,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
                         "searches' update+sample cycle (default 2**17,2**20,2**23,2**26; "
                         "--quick: 2**10,2**14; '' for none)")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile our ops (kernels, copies and syncs per call)")
+                        help="also profile our ops (kernels, copies, syncs and device time "
+                        "per call) and print the goals table")
+    parser.add_argument("--min-time", type=float, default=None,
+                        help="seconds per timing loop (default 0.3; --quick 0.02)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     try:
@@ -385,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = f"{device} (smoke run)"
-    min_time = 0.02 if args.quick else 0.3
+    min_time = args.min_time or (0.02 if args.quick else 0.3)
     capacities = {"control": 10_000 if args.quick else 1_000_000,
                   "frames": 1_000 if args.quick else 100_000}
     specs = {"control": control_spec, "frames": frames_spec}
@@ -411,15 +493,23 @@ def main(argv: list[str] | None = None) -> int:
     if scale is None:
         scale = ",".join(str(1 << k) for k in ((10, 14) if args.quick else (17, 20, 23, 26)))
     rows += search_scale(torch, device, [int(c) for c in scale.split(",") if c], min_time)
-    profile_lines = profile_ops(torch, device, capacities["control"]) if args.profile else []
+    profiles: dict[str, dict[str, Profile]] = {}
+    if args.profile:
+        for workload in [w for w in args.workloads.split(",") if w]:
+            profiles[workload] = profile_ops(torch, device, workload, specs[workload](),
+                                             capacities[workload])
     print()
     print(format_table(rows, device_name, gbps_bytes / 1e9))
-    if profile_lines:
-        print("\n" + "\n".join(profile_lines))
+    if profiles:
+        print(f"\n# goals ({device_name}): device us is the profiler's kernel time per "
+              "call; syncs exclude the timing loop's own")
+        print("\n".join(goals_table(rows, profiles)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": device_name, "bandwidth_bytes_per_s": gbps_bytes,
-                       "rows": [asdict(r) for r in rows]}, fh, indent=1)
+                       "rows": [asdict(r) for r in rows],
+                       "profiles": {w: {op: asdict(p) for op, p in ops.items()}
+                                    for w, ops in profiles.items()}}, fh, indent=1)
     return 0
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
-from replaybuffer.buffers.device_sampling import samples_on_device
+from replaybuffer.buffers.device_sampling import (device_prioritized_sampler,
+                                                  device_search_for, samples_on_device)
 from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import Ring
 from replaybuffer.sampling.prioritized import PrioritizedSampler
@@ -60,6 +61,9 @@ class PrioritizedMixin:
     _sampler: PrioritizedSampler
     _ring: Ring
     _lock: Any
+    # The device sampler's update_on_device (set by the constructors when sampling on a
+    # device): updates with device tensors, without a host synchronization.
+    _device_update: Any = None
 
     @property
     def alpha(self) -> float:
@@ -72,7 +76,11 @@ class PrioritizedMixin:
 
     @property
     def max_priority(self) -> float:
-        """The largest priority seen; new steps enter with it."""
+        """The largest priority seen; new steps enter with it. (With device updates
+        in flight, this waits for their outcome.)"""
+        if self._device_update is not None:
+            with self._lock:
+                self._sampler.settle()  # type: ignore[attr-defined]
         return self._sampler.max_priority
 
     def _info_ids(self, start_ids: np.ndarray, start_positions: np.ndarray) -> np.ndarray:
@@ -89,12 +97,21 @@ class PrioritizedMixin:
 
         Returns:
             How many priorities were applied: ids of steps overwritten since they were
-            sampled (stale ids) are ignored.
+            sampled (stale ids) are ignored. With device sampling and both arguments
+            tensors on the storage's device, the update is made and checked there
+            without waiting for the device: the count is of the ids given, and a bad
+            batch (which writes nothing) raises at the next call instead
+            (:mod:`replaybuffer.sampling.torch_priority_updates`).
 
         Raises:
             ValueError: mismatched shapes, or a NaN, infinite or negative priority.
                 Nothing is changed then.
         """
+        if self._device_update is not None:
+            with self._lock:
+                applied = self._device_update(self._ring, ids, priorities)
+            if applied is not None:
+                return int(applied)
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
@@ -139,8 +156,10 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
             weights come back as tensors there); default ``None``: for torch storage
             on a GPU (without ``track_episodes``).
         device_search: how device sampling searches the priorities: ``"prefix"``
-            (their running sums, the default) or ``"tree"`` (a sum tree); see
-            :mod:`replaybuffer.sampling.torch_prioritized`. Only with device sampling.
+            (their running sums), ``"tree"`` (a sum tree) or ``"auto"`` (the default
+            when ``None``: by capacity, :func:`~replaybuffer.buffers.device_sampling.
+            device_search_for`); see :mod:`replaybuffer.sampling.torch_prioritized`.
+            Only with device sampling.
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
             (as setting :attr:`rate_limiter`).
     """
@@ -163,15 +182,12 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path,
                          rate_limiter=rate_limiter)
         if samples_on_device(self.storage, device, sample_on_device, track_episodes):
-            from replaybuffer.sampling.torch_prioritized import TorchPrioritizedSampler
-
-            self._sampler = TorchPrioritizedSampler(
+            self._sampler = device_prioritized_sampler(
                 capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
-                seed=seed, normalize=normalize, device=self.device,
-                search=device_search or "prefix")
-        elif device_search is not None:
-            raise ValueError(f"device_search={device_search!r} applies to sampling on the "
-                             "device only (sample_on_device=True, or torch storage on a GPU)")
+                seed=seed, normalize=normalize, device=self.device, search=device_search)
+            self._device_update = self._sampler.update_on_device  # type: ignore[attr-defined]
+        else:
+            device_search_for(device_search, capacity, on_device=False)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,

@@ -41,6 +41,8 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.rate_limiter import RateLimiter
+from replaybuffer.buffers.device_sampling import (device_prioritized_sampler,
+                                                  device_search_for, samples_on_device)
 from replaybuffer.buffers.flat_reads import FlatReads
 from replaybuffer.buffers.prioritized import PrioritizedMixin
 from replaybuffer.buffers.recent_steps import NextObservations
@@ -54,7 +56,7 @@ from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
-from replaybuffer.storage.base import LeafChecker, identity
+from replaybuffer.storage.base import LeafChecker, identity, to_numpy
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.numpy_storage import NumpyStorage
@@ -86,7 +88,17 @@ class TransitionReplayBuffer(TransitionReads):
             ``[K, H, W]``, -1 for ``[H, W, K]``).
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing adds and samples (the
             same as setting :attr:`rate_limiter` afterwards).
+        sample_on_device: ``True`` draws samples on the torch storage's device
+            (:mod:`replaybuffer.buffers.device_sampling`): ids, probabilities (and a
+            prioritized buffer's weights and priorities) stay there. Off by default
+            (``None``), also on a GPU: a transition's next observation is found by
+            bookkeeping on the host, so a device draw is copied to the host once per
+            sample, which waits for the device's queue.
     """
+
+    # Whether sample() serves draws made on the device; a subclass whose reads differ
+    # (HER, RolloutBuffer) says so in its body, or refuses sample_on_device=True.
+    _samples_on_device: ClassVar[bool] = True
 
     # Whether flat_reads() serves this class: a subclass whose reads return what this
     # class's do says so in its body (RolloutBuffer); any other gets None.
@@ -96,12 +108,15 @@ class TransitionReplayBuffer(TransitionReads):
         super().__init_subclass__(**kwargs)
         if "_serves_flat_reads" not in vars(cls):
             cls._serves_flat_reads = False
+        if "_samples_on_device" not in vars(cls):
+            cls._samples_on_device = False
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, n_step: int = 1, gamma: float = 0.99,
                  storage: str = "numpy", device: Any = None, seed: int | None = None,
                  memory: str = "warn", frame_stack: bool = False, stack_axis: int = 0,
-                 rate_limiter: RateLimiter | None = None, _sampler: Any = None):
+                 rate_limiter: RateLimiter | None = None, sample_on_device: bool | None = None,
+                 _sampler: Any = None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or \
                 capacity < num_envs:
             raise ValueError(f"capacity must be an int >= num_envs={num_envs}, got {capacity!r}")
@@ -134,6 +149,13 @@ class TransitionReplayBuffer(TransitionReads):
                          sampler=_sampler or UniformSampler(seed),
                          frame_stack=OBS if frame_stack else None, stack_axis=stack_axis,
                          rate_limiter=rate_limiter)
+        # None is the host here, also on a GPU (see sample_on_device above).
+        if sample_on_device is not None and samples_on_device(self.storage, device,
+                                                              sample_on_device, False):
+            if not self._samples_on_device:
+                raise ValueError(f"sample_on_device=True: {type(self).__name__} samples on "
+                                 "the host")
+            self._sampler = self._device_sampler(seed)
         self.n_step, self.gamma = n_step, float(gamma)
         self._steps = np.arange(n_step)  # offsets of an n-step window
         self._step_discounts = self.gamma ** self._steps  # float64 gamma ** k
@@ -266,14 +288,27 @@ class TransitionReplayBuffer(TransitionReads):
             if self._ring.last_id < 0:
                 raise self.empty_error()
             (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
-            batch = self._read(ids, positions)
             info_ids = self._info_ids(ids, positions)
+            if not isinstance(ids, np.ndarray):  # drawn on the device: read on the host
+                ids, positions = self._host_draws(ids, positions)
+            batch = self._read(ids, positions)
             if self._limiter is not None:
                 self._limiter.sampled(int(batch_size))
         to_backend = self._storage.from_numpy
         return batch, BufferInfo(to_backend(info_ids), to_backend(info["probabilities"]),
                                  None if info.get("weights") is None
                                  else to_backend(info["weights"]))
+
+    def _device_sampler(self, seed: int | None) -> Any:
+        """The sampler of ``sample_on_device=True``: uniform draws on the device."""
+        from replaybuffer.sampling.torch_uniform import TorchUniformSampler
+
+        return TorchUniformSampler(self.device, seed)
+
+    def _host_draws(self, ids: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Start ids and positions drawn on the device (int64 ``[S]`` tensors; positions
+        perhaps not yet modulo the capacity) as numpy arrays: one copy to the host."""
+        return to_numpy(ids), to_numpy(positions) % self._ring.capacity
 
     def last(self, count: int) -> Transitions:
         """The ``count`` most recent transitions of every env, oldest first: leaves
@@ -369,18 +404,34 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
 
     _sampler: PrioritizedSampler
 
+    _samples_on_device = True
+
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  alpha: float = 0.6, beta: float = 0.4, beta_final: float | None = None,
                  beta_steps: int = 0, num_envs: int = 1, seed: int | None = None,
-                 normalize: str = "batch", **kwargs: Any):
+                 normalize: str = "batch", device_search: str | None = None, **kwargs: Any):
         positions = Ring(num_envs, max(1, int(capacity) // num_envs)).capacity
         sampler = PrioritizedSampler(positions, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
+        # Read by _device_sampler (sample_on_device=True): device_search as for
+        # PrioritizedReplayBuffer, checked here either way.
+        on_device = bool(kwargs.get("sample_on_device"))
+        device_search_for(device_search, positions, on_device)
+        self._device_search = device_search
         super().__init__(observation_spec, action_spec, capacity, num_envs=num_envs,
                          seed=seed, _sampler=sampler, **kwargs)
+        self._device_update = getattr(self._sampler, "update_on_device", None)
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+
+    def _device_sampler(self, seed: int | None) -> Any:
+        """Prioritized draws on the device, with this buffer's schedule."""
+        host = self._sampler
+        return device_prioritized_sampler(
+            host.capacity, host.alpha, host.beta_start, beta_final=host.beta_final,
+            beta_steps=host.beta_steps, seed=seed, normalize=host.normalize,
+            device=self.device, search=self._device_search)
 
 
 __all__ = ["COPY_COMPARE_MAX", "SINGLE_FLAGS", "PrioritizedTransitionReplayBuffer",

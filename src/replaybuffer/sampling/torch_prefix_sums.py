@@ -101,11 +101,16 @@ class TorchPrefixSums:
         self._prefix.zero_()
         self._stale = False
 
-    def assign(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+    def assign(self, slots: torch.Tensor, values: torch.Tensor,
+               keep: torch.Tensor | None = None) -> None:
         """``slot[slots[k]] = values[k]`` (int64 and float64 ``[K]`` on the device), the
-        last occurrence winning where a slot repeats."""
+        last occurrence winning where a slot repeats; with ``keep`` (bool ``[K]``),
+        only where it is true (the others write nothing: masks decided on the
+        device, without a host round trip)."""
         if slots.shape[0] == 0:
             return
+        if keep is not None:  # the others go to the scratch slot, never read
+            slots = torch.where(keep, slots, self.capacity)
         # index_put_ with repeated indices keeps an arbitrary one on a GPU. A stable sort
         # puts each slot's occurrences together in call order; all but the last of each
         # run are sent to the scratch slot past the end, so every real slot is written

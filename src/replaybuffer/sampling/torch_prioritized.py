@@ -49,6 +49,8 @@ from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
+from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
+                                                          device_arguments)
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
 
@@ -61,7 +63,16 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         device: the storage's device.
         search: ``"prefix"`` (running sums, the default) or ``"tree"`` (a sum tree);
             module docstring.
+
+    With ``search="prefix"``, :meth:`update_on_device` applies updates given as
+    device tensors without a host synchronization, checked on the device and reported
+    at the next call (:mod:`~replaybuffer.sampling.torch_priority_updates`). Setting
+    :attr:`device_updates` to ``False`` (on the class or one sampler) sends them
+    through the host instead (copied there and checked at once: two synchronizations
+    per update, a few kernels fewer), for comparison.
     """
+
+    device_updates = True
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -78,8 +89,12 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         # The smallest positive value (normalize="buffer"): a min tree beside a sum tree;
         # the running sums' own scan of the slots otherwise.
         self._mins: TorchSegmentTree | None = None
+        # Updates from device tensors (running sums only: the tree's writes size their
+        # output on the host, torch.unique, a synchronization anyway).
+        self._device_updates: DevicePriorityUpdates | None = None
         if search == "prefix":
             self._tree = TorchPrefixSums(self.capacity, self.device)
+            self._device_updates = DevicePriorityUpdates(self.device, self.alpha)
         else:
             self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
             if normalize == "buffer":
@@ -132,8 +147,82 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._mins is not None:
             self._mins.assign(slots, torch.where(values > 0, values, math.inf))
 
+    def _flush(self) -> None:
+        """Pending new steps enter at the largest priority, the device's included."""
+        updates = self._device_updates
+        if not self._pending or updates is None or updates.largest is None:
+            super()._flush()
+            return
+        positions = np.concatenate([p for p, _ in self._pending])
+        values = np.concatenate([np.full(len(p), v) for p, v in self._pending])
+        self._pending.clear()
+        self._pending_count = 0
+        raw = torch.maximum(to_device(values, self.device), updates.largest)
+        # Noted from the host's values: no larger than those written (conservative).
+        smallest, largest = float(values.min()), float(values.max())
+        if self.alpha == 0.0:
+            smallest = largest = 1.0 if smallest > 0 else 0.0
+        elif self.alpha != 1.0:
+            smallest, largest = smallest ** self.alpha, largest ** self.alpha
+        self._note_values(smallest, largest)
+        self._tree.assign(to_device(positions.astype(np.int64, copy=False), self.device),
+                          updates.scale(raw))
+
+    def update_on_device(self, ring: Ring, ids: Any, priorities: Any) -> int | None:
+        """Apply ``priorities`` to item ``ids`` on the device, when both are tensors on
+        it and the search is ``"prefix"``; ``None`` otherwise (the caller takes the
+        host path). Returns how many ids were given (module
+        :mod:`~replaybuffer.sampling.torch_priority_updates`: stale ones are skipped
+        uncounted, and a bad batch writes nothing and raises at a later call).
+
+        Raises:
+            ValueError: ids that are not integers or shapes that do not match (at
+                once), or a batch refused by an earlier call (deferred).
+        """
+        updates = self._device_updates
+        if updates is None or not self.device_updates:
+            return None
+        given = device_arguments(ids, priorities, self.device)
+        if given is None:
+            return None
+        item_ids, values = given
+        self.settle(wait=updates.checks.full)
+        if not item_ids.shape[0]:
+            return 0
+        if self._pending:
+            self._flush()
+        updates.apply(ring, self.key_base, self._tree, item_ids, values)  # type: ignore[arg-type]
+        # Until its outcome is read, the update may have written zeros: the sums hold
+        # empty slots exactly meanwhile.
+        self._tree.may_hold_empty = True  # type: ignore[union-attr]
+        return int(item_ids.shape[0])
+
+    def settle(self, wait: bool = True) -> None:
+        """Act on the outcomes of device updates that have arrived (every one, with
+        ``wait``: waits for the device): note the values they wrote, and raise the
+        ``ValueError`` of the first refused one."""
+        updates = self._device_updates
+        if updates is None or not len(updates.checks):
+            return
+        notes, error = updates.outcomes(wait)
+        for smallest, largest, raw in notes:
+            self._note_values(smallest, largest)
+            self.max_priority = max(self.max_priority, raw)
+        if not len(updates.checks):
+            assert isinstance(self._tree, TorchPrefixSums)
+            self._tree.may_hold_empty = self._zeros
+        if error is not None:
+            raise ValueError(error)
+
+    def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
+                          largest: float | None = None) -> int:
+        self.settle(wait=False)  # a later call: earlier device updates' outcomes
+        return super().update_priorities(ring, item_ids, priorities, largest)
+
     def on_clear(self, ring: Ring) -> None:
         super().on_clear(ring)
+        if self._device_updates is not None:
+            self._device_updates.forget()
         self._tree.clear()
         if self._mins is not None:
             self._mins.clear()
@@ -167,6 +256,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         return bounds, masses, masses.sum()
 
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
+        self.settle()
         if self._pending:
             self._flush()
         if ring.last_id + 1 < num_steps:
@@ -183,6 +273,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                episodes: EpisodeIndex | None = None
                ) -> tuple[SampleIndices, dict[str, Any]]:
         refuse_episodes(episodes)
+        self.settle(wait=False)
         if self._pending:
             self._flush()
         generator = self._generator.for_call(rng)
@@ -239,6 +330,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     # ------------------------------------------------------------- priorities
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` of live item ids (NaN for stale ones), numpy."""
+        self.settle()
         self._flush()
         live, positions = live_positions(ring, self.key_base, item_ids)
         out = np.full(item_ids.shape, np.nan)
@@ -249,6 +341,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def state_dict(self) -> dict[str, Any]:
         """The host sampler's state, its priorities read from the device, and the
         device generator's state (uint8 ``[n]``)."""
+        self.settle()  # max_priority as the device's updates left it
         state = super().state_dict()  # the host trees are unused: priorities from ours
         # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
         state["priorities"] = self._tree.leaves.cpu().numpy().copy()
@@ -259,6 +352,9 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         """Restore :meth:`state_dict` output (or a host sampler's): the priorities go to
         the device, and later draws are the original's."""
         super().load_state_dict(state)  # checks the shape, restores the host bookkeeping
+        if self._device_updates is not None:  # the restored state replaces theirs
+            self._device_updates.checks.clear()
+            self._device_updates.forget()
         leaves = torch.from_numpy(np.array(state["priorities"], np.float64)).to(self.device)
         self._tree.load(leaves)
         if self._mins is not None:

@@ -25,7 +25,9 @@ class TorchUniformSampler(UniformSampler):
     drawn on ``device``.
 
     ``sample`` returns int64 ``[S]`` ids and positions and float32 ``[S]``
-    probabilities, all tensors on ``device``. Windows within episodes are not drawn
+    probabilities, all tensors on ``device``. With one row the positions are the ids
+    themselves, not yet taken modulo the capacity (the torch storage takes it as it
+    gathers, once). Windows within episodes are not drawn
     here (the episode index lives on the host): buffers that track episodes sample on
     the host.
 
@@ -47,12 +49,18 @@ class TorchUniformSampler(UniformSampler):
         lo, hi = ring.valid_start_range(num_steps)
         batch, length = ring.batch_size, ring.max_length
         n = (hi - lo) * batch
-        draws = torch.randint(0, n, (sample_batch_size,), generator=self._generator.for_call(rng),
-                              device=self.device)
+        generator = self._generator.for_call(rng)
         if batch == 1:
-            ids = draws + lo
-            positions = ids % length if hi > length else ids
+            # One kernel: randint(lo, lo + n) is randint(0, n) + lo, draw for draw. The
+            # position is the id modulo the capacity, which the torch storage takes as
+            # it gathers: the ids serve as positions (a kernel saved), as the read path
+            # does for windows of one row.
+            ids = torch.randint(lo, lo + n, (sample_batch_size,), generator=generator,
+                                device=self.device)
+            positions = ids
         else:
+            draws = torch.randint(0, n, (sample_batch_size,), generator=generator,
+                                  device=self.device)
             ids = draws // batch + lo
             positions = (draws + (lo % length) * batch) % ring.capacity
         probabilities = torch.full((sample_batch_size,), 1.0 / n, dtype=torch.float32,

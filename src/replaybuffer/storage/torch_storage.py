@@ -14,6 +14,7 @@ from replaybuffer.storage.base import checked_leaves, leaf_nbytes, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 from replaybuffer.storage.leaf_checker import LeafChecker
 from replaybuffer.storage.numpy_storage import NumpyStorage
+from replaybuffer.storage.torch_packing import PackedLeaves
 
 _TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     getattr(torch, name): np.dtype(name)
@@ -45,8 +46,13 @@ class TorchStorage:
     strided). Writes and gathers go through numpy, so a gather reads each position
     with one ``take``: the numpy storage's speed, with tensors out (packed leaves come
     back as strided views of one gathered block, not contiguous: ``.contiguous()``
-    where a consumer insists). Set the class attribute ``numpy_views = False`` for one
-    contiguous tensor per leaf and torch operations there too.
+    where a consumer insists). Set the class attribute ``numpy_views = False`` for the
+    device layout below and torch operations on the CPU too (the CPU twin of a GPU).
+
+    On a device the leaves of one dtype are packed side by side in one tensor
+    (:mod:`~replaybuffer.storage.torch_packing`), so a gather is one ``index_select``
+    per dtype rather than per leaf (a launch each), and gathered leaves are strided
+    views of the gathered block, as on the CPU.
 
     On CUDA, the buffer's lock orders work on the host only, so every write and
     gather is also ordered on the GPU: a gather waits (on its stream) for the last
@@ -70,17 +76,18 @@ class TorchStorage:
         requested = torch.device(device if device is not None else "cpu")
         # The record layout of numpy storage, with tensor views of it (CPU only).
         self._records: NumpyStorage | None = None
+        self._packed: PackedLeaves | None = None
         if requested.type == "cpu" and self.numpy_views:
             self._records = NumpyStorage(self.specs, self.capacity)
             self.arrays = [torch.from_numpy(a) for a in self._records.arrays]
         else:
             try:
-                self.arrays = [torch.zeros((self.capacity,) + s.shape, dtype=d,
-                                           device=requested)
-                               for s, d in zip(self.specs, self._dtypes)]
+                self._packed = PackedLeaves([s.shape for s in self.specs], self._dtypes,
+                                            self.capacity, requested)
             except (RuntimeError, AssertionError) as exc:  # no such device in this process
                 raise ValueError(f"torch storage cannot be placed on device "
                                  f"{str(requested)!r}: {exc}") from exc
+            self.arrays = self._packed.views
         # A tensor's device carries the index ("cuda" becomes "cuda:0"), so indices and
         # info land on the storage's GPU whatever the calling thread's current device.
         self.device = self.arrays[0].device
@@ -92,11 +99,15 @@ class TorchStorage:
                 raise SpecError(f"torch storage on {self.device} cannot gather dtype "
                                 f"{spec.dtype.name}: {exc}") from exc
         self._shapes = [s.shape for s in self.specs]
+        self._all = range(len(self.specs))
         self.checker = LeafChecker(self.specs)
         self._host = self._records.arrays if self._records is not None else None
         self._cuda = self.device.type == "cuda"
         self._write_event: Any = None
+        # The last gather's event per stream (reused: recording one again costs less
+        # than making one), and those recorded since the last write.
         self._read_events: dict[Any, Any] = {}
+        self._reads_pending: set[Any] = set()
 
     @property
     def nbytes(self) -> int:
@@ -162,12 +173,13 @@ class TorchStorage:
             else:
                 dst[start:stop].copy_(src)
         if self._cuda:
-            self._write_event = torch.cuda.Event()
+            if self._write_event is None:
+                self._write_event = torch.cuda.Event()
             self._write_event.record(torch.cuda.current_stream(self.device))
 
     def gather(self, positions: np.ndarray | torch.Tensor, which: Sequence[int] | None = None
                ) -> list[torch.Tensor]:
-        indices = range(len(self.arrays)) if which is None else which
+        indices = self._all if which is None else which
         if isinstance(positions, torch.Tensor):  # drawn on the device (device sampling)
             if self._records is None:
                 return self._gather_on_device(positions, indices)
@@ -194,22 +206,28 @@ class TorchStorage:
             flat = torch.remainder(positions, self.capacity).reshape(-1)
         else:
             flat = positions
-        if self._cuda and self._write_event is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._write_event)
-        out = [torch.index_select(self.arrays[i], 0, flat).reshape(shape + self._shapes[i])
-               for i in indices]
-        if self._cuda:
-            stream = torch.cuda.current_stream(self.device)
-            event = torch.cuda.Event()
-            event.record(stream)
-            self._read_events[stream] = event
+        if not self._cuda:
+            assert self._packed is not None
+            return self._packed.gather(flat, tuple(shape), indices)
+        stream = torch.cuda.current_stream(self.device)
+        if self._write_event is not None:
+            stream.wait_event(self._write_event)
+        assert self._packed is not None
+        out = self._packed.gather(flat, tuple(shape), indices)
+        event = self._read_events.get(stream)
+        if event is None:
+            event = self._read_events[stream] = torch.cuda.Event()
+        event.record(stream)
+        self._reads_pending.add(stream)
         return out
 
     def _wait_for_reads(self) -> None:
+        if not self._reads_pending:
+            return
         stream = torch.cuda.current_stream(self.device)
-        for event in self._read_events.values():
-            stream.wait_event(event)
-        self._read_events.clear()
+        for other in self._reads_pending:
+            stream.wait_event(self._read_events[other])
+        self._reads_pending.clear()
 
     def from_numpy(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A numpy array (or scalar) as a tensor on the device; a tensor (ids and
@@ -227,8 +245,11 @@ class TorchStorage:
     def zero(self) -> None:
         if self._cuda:
             self._wait_for_reads()
-        for arr in self.arrays:
-            arr.zero_()
+        if self._packed is not None:
+            self._packed.zero()
+        else:
+            for arr in self.arrays:
+                arr.zero_()
 
     def load(self, arrays: Sequence[np.ndarray], start: int = 0) -> None:
         # Sources may be read-only memory maps; copy them in bounded chunks.
