@@ -22,7 +22,10 @@ def test_measure_save_counts_the_whole_buffer_and_the_adds_beside_it(tmp_path):
     assert buffer.last_id > before + got["adds_during"] > before  # 2 s of adds first
     saved = rb.load(got["checkpoint"])
     assert before < saved.last_id <= buffer.last_id
-    assert checkpoint.measure_load(got["checkpoint"])["gb_per_s"] > 0
+    load = checkpoint.measure_load(got["checkpoint"])
+    assert load["gb_per_s"] > 0 and load["gb_per_cpu_s"] > 0
+    read, read_cpu = checkpoint.measure_read(got["checkpoint"])
+    assert read > 0 and read_cpu > 0
 
 
 def test_save_stalls_prints_each_round_and_the_phases_it_timed():
