@@ -214,6 +214,25 @@ def measure_read(checkpoint: str) -> tuple[float, float]:
     return data / seconds / 1e9, data / max(cpu, 1e-9) / 1e9
 
 
+def load_only(checkpoint: str, rounds: int) -> int:
+    """``--load-only``: a plain read and a load of ``checkpoint``, alternated ``rounds``
+    times (each in a fresh process); every round and the best of each printed, per
+    second of wall time and per second of CPU time."""
+    reads, loads = [], []
+    for k in range(1, rounds + 1):
+        reads.append(measure_read(checkpoint))
+        load = measure_load(checkpoint)
+        loads.append((load["gb_per_s"], load["gb_per_cpu_s"]))
+        print(f"round {k}: load {loads[-1][0]:.2f} GB/s ({loads[-1][1]:.2f} per CPU "
+              f"second), plain read {reads[-1][0]:.2f} ({reads[-1][1]:.2f})")
+    wall = max(x[0] for x in loads) / max(x[0] for x in reads)
+    cpu = max(x[1] for x in loads) / max(x[1] for x in reads)
+    print(f"best of {rounds}: load {max(x[0] for x in loads):.2f} GB/s vs read "
+          f"{max(x[0] for x in reads):.2f} ({wall:.2f}x); per CPU second "
+          f"{max(x[1] for x in loads):.2f} vs {max(x[1] for x in reads):.2f} ({cpu:.2f}x)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replaybuffer bench --checkpoint",
                                      description=__doc__.split("\n\n")[0])
@@ -223,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--load-only", metavar="CHECKPOINT",
+                        help="only alternate a plain read and a load of this checkpoint "
+                             "directory, --rounds times (no buffer built, no save)")
     args = parser.parse_args(argv)
+    if args.load_only:
+        return load_only(args.load_only, args.rounds)
     root = Path(args.dir or tempfile.mkdtemp(prefix="rb-checkpoint-bench-"))
     rounds: list[dict[str, Any]] = []
     try:
