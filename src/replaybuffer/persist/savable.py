@@ -22,6 +22,7 @@ from replaybuffer.protocols import Buffer
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows
 
+
 class StreamTarget(NamedTuple):
     """Where a restore writes one stream: its arrays' specs, its positions, a function
     writing arrays ``[n, *spec.shape]`` at positions ``[start, start + n)``, and the
@@ -33,8 +34,8 @@ class StreamTarget(NamedTuple):
     """``write(start, arrays)``: ``arrays[k]`` is ``None`` where ``in_place[k]`` is given
     (its data are there already), an array ``[n, *spec.shape]`` otherwise."""
     in_place: Sequence[np.ndarray | None] = ()
-    """Empty, or per array the block ``[count, *spec.shape]`` (C-contiguous, writable)
-    that its file is read into directly, or ``None``."""
+    """Empty, or per array the block ``[positions, *spec.shape]`` (C-contiguous,
+    writable) that its file is read into directly, or ``None``."""
 
 
 class SavableBuffer(Buffer, Protocol):
