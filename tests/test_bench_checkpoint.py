@@ -22,7 +22,10 @@ def test_measure_save_counts_the_whole_buffer_and_the_adds_beside_it(tmp_path):
     assert buffer.last_id > before + got["adds_during"] > before  # 2 s of adds first
     saved = rb.load(got["checkpoint"])
     assert before < saved.last_id <= buffer.last_id
-    assert checkpoint.measure_load(got["checkpoint"])["gb_per_s"] > 0
+    load = checkpoint.measure_load(got["checkpoint"])
+    assert load["gb_per_s"] > 0 and load["gb_per_cpu_s"] > 0
+    read, read_cpu = checkpoint.measure_read(got["checkpoint"])
+    assert read > 0 and read_cpu > 0
 
 
 def test_save_stalls_prints_each_round_and_the_phases_it_timed():
@@ -37,3 +40,13 @@ def test_save_stalls_prints_each_round_and_the_phases_it_timed():
     assert len(phases) == 2, out
     for line in phases:  # 10 MB in 0.25 MiB chunks: the locked reads were timed
         assert "chunk read (locked)" in line and "crc32" in line and "fsync" in line, out
+
+
+def test_load_only_alternates_reads_and_loads_of_a_checkpoint(tmp_path, capsys):
+    written = checkpoint.build(0.001).save(tmp_path / "c")
+    assert checkpoint.main(["--load-only", str(written), "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^round \d: load [\d.]+ GB/s \([\d.]+ per CPU second\), plain "
+                          r"read [\d.]+ \([\d.]+\)$", out, re.M)) == 2, out
+    assert re.search(r"^best of 2: load [\d.]+ GB/s vs read [\d.]+ \([\d.]+x\); per CPU "
+                     r"second [\d.]+ vs [\d.]+ \([\d.]+x\)$", out, re.M), out

@@ -9,7 +9,8 @@ step plus small leaves):
   before the save; the kernel's peak counter is reset first);
 - **load**: seconds, GB/s and peak extra resident memory of ``replaybuffer.load`` in a
   fresh process (extra: peak minus the process before loading minus the buffer itself);
-- **the limits**: a plain copy of the checkpoint's data files (``shutil.copyfile`` then
+- **the limits** (wall time, and the loading process's CPU time, steadier on shared
+  cores): a plain copy of the checkpoint's data files (``shutil.copyfile`` then
   ``fsync``, as a save writes and syncs) and a plain read of them into fresh memory in
   a new process (as a load fills a new buffer), in 4 MB chunks.
 
@@ -145,11 +146,12 @@ import replaybuffer as rb
 from replaybuffer_bench.checkpoint import process_status, reset_peak_rss
 rss = process_status("VmRSS")
 reset_peak_rss()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 buffer = rb.load(sys.argv[1])
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "rss_before": rss, "peak": process_status("VmHWM"),
-                  "nbytes": buffer.nbytes, "frames": buffer.num_frames()}))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": rss,
+                  "peak": process_status("VmHWM"), "nbytes": buffer.nbytes,
+                  "frames": buffer.num_frames()}))
 """
 
 
@@ -160,6 +162,7 @@ def measure_load(checkpoint: str) -> dict[str, Any]:
     result = json.loads(out.strip().splitlines()[-1])
     data = sum(p.stat().st_size for p in Path(checkpoint).glob("*.npy"))
     return {"seconds": result["seconds"], "gb_per_s": data / result["seconds"] / 1e9,
+            "gb_per_cpu_s": data / max(result["cpu"], 1e-9) / 1e9,
             "extra_peak_rss_mb": (result["peak"] - result["rss_before"] - result["nbytes"])
             / 1e6}
 
@@ -170,7 +173,7 @@ import numpy as np
 from pathlib import Path
 files = sorted(Path(sys.argv[1]).glob("*.npy"))
 memory = np.empty(sum(f.stat().st_size for f in files), np.uint8)
-start, offset = time.perf_counter(), 0
+start, cpu, offset = time.perf_counter(), time.process_time(), 0
 for f in files:
     with open(f, "rb", buffering=0) as fh:
         while True:
@@ -178,7 +181,7 @@ for f in files:
             if not n:
                 break
             offset += n
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
 """
 
 
@@ -199,13 +202,35 @@ def measure_copy(checkpoint: str, scratch: Path) -> float:
     return data / seconds / 1e9
 
 
-def measure_read(checkpoint: str) -> float:
+def measure_read(checkpoint: str) -> tuple[float, float]:
     """GB/s of a plain read of a checkpoint's data files into memory a fresh process had
-    not touched (as a load fills a new buffer), in 4 MB chunks."""
+    not touched (as a load fills a new buffer), in 4 MB chunks: per second of wall time,
+    and per second of the process's CPU time (steadier where other processes share the
+    cores)."""
     data = sum(p.stat().st_size for p in Path(checkpoint).glob("*.npy"))
-    seconds = float(subprocess.run([sys.executable, "-c", READ_SCRIPT, checkpoint],
-                                   check=True, capture_output=True, text=True).stdout)
-    return data / seconds / 1e9
+    seconds, cpu = map(float, subprocess.run(
+        [sys.executable, "-c", READ_SCRIPT, checkpoint], check=True, capture_output=True,
+        text=True).stdout.split())
+    return data / seconds / 1e9, data / max(cpu, 1e-9) / 1e9
+
+
+def load_only(checkpoint: str, rounds: int) -> int:
+    """``--load-only``: a plain read and a load of ``checkpoint``, alternated ``rounds``
+    times (each in a fresh process); every round and the best of each printed, per
+    second of wall time and per second of CPU time."""
+    reads, loads = [], []
+    for k in range(1, rounds + 1):
+        reads.append(measure_read(checkpoint))
+        load = measure_load(checkpoint)
+        loads.append((load["gb_per_s"], load["gb_per_cpu_s"]))
+        print(f"round {k}: load {loads[-1][0]:.2f} GB/s ({loads[-1][1]:.2f} per CPU "
+              f"second), plain read {reads[-1][0]:.2f} ({reads[-1][1]:.2f})")
+    wall = max(x[0] for x in loads) / max(x[0] for x in reads)
+    cpu = max(x[1] for x in loads) / max(x[1] for x in reads)
+    print(f"best of {rounds}: load {max(x[0] for x in loads):.2f} GB/s vs read "
+          f"{max(x[0] for x in reads):.2f} ({wall:.2f}x); per CPU second "
+          f"{max(x[1] for x in loads):.2f} vs {max(x[1] for x in reads):.2f} ({cpu:.2f}x)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--load-only", metavar="CHECKPOINT",
+                        help="only alternate a plain read and a load of this checkpoint "
+                             "directory, --rounds times (no buffer built, no save)")
     args = parser.parse_args(argv)
+    if args.load_only:
+        return load_only(args.load_only, args.rounds)
     root = Path(args.dir or tempfile.mkdtemp(prefix="rb-checkpoint-bench-"))
     rounds: list[dict[str, Any]] = []
     try:
@@ -234,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "copy_gb_per_s": measure_copy(save["checkpoint"], root / "copy")})
         del buffer
         for r in rounds:
-            r["read_gb_per_s"] = measure_read(rounds[-1]["save"]["checkpoint"])
+            r["read_gb_per_s"], r["read_gb_per_cpu_s"] = measure_read(
+                rounds[-1]["save"]["checkpoint"])
             r["load"] = measure_load(rounds[-1]["save"]["checkpoint"])
     finally:
         if args.dir is None:
@@ -254,16 +285,23 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({load['gb_per_s'] / r['read_gb_per_s']:.2f}x a plain read into fresh memory "
               f"at {r['read_gb_per_s']:.2f} GB/s); peak extra RSS beyond the buffer "
               f"{load['extra_peak_rss_mb']:.0f} MB")
+        print(f"    per CPU second: {load['gb_per_cpu_s']:.2f} GB against the read's "
+              f"{r['read_gb_per_cpu_s']:.2f} "
+              f"({load['gb_per_cpu_s'] / r['read_gb_per_cpu_s']:.2f}x)")
     best = {"save": max(r["save"]["gb_per_s"] for r in rounds),
             "copy": max(r["copy_gb_per_s"] for r in rounds),
             "load": max(r["load"]["gb_per_s"] for r in rounds),
             "read": max(r["read_gb_per_s"] for r in rounds),
+            "load_cpu": max(r["load"]["gb_per_cpu_s"] for r in rounds),
+            "read_cpu": max(r["read_gb_per_cpu_s"] for r in rounds),
             "stall_us": max(r["save"]["add_max_us"] for r in rounds),
             "save_rss_mb": max(r["save"]["extra_peak_rss_mb"] or 0 for r in rounds),
             "load_rss_mb": max(r["load"]["extra_peak_rss_mb"] for r in rounds)}
     print(f"best of {len(rounds)}: save {best['save']:.2f} GB/s vs copy {best['copy']:.2f} "
           f"({best['save'] / best['copy']:.2f}x); load {best['load']:.2f} GB/s vs read "
-          f"{best['read']:.2f} ({best['load'] / best['read']:.2f}x); worst: longest add "
+          f"{best['read']:.2f} ({best['load'] / best['read']:.2f}x; per CPU second "
+          f"{best['load_cpu']:.2f} vs {best['read_cpu']:.2f}, "
+          f"{best['load_cpu'] / best['read_cpu']:.2f}x); worst: longest add "
           f"{best['stall_us'] / 1000:.1f} ms, peak extra RSS {best['save_rss_mb']:.0f} MB "
           f"saving, {best['load_rss_mb']:.0f} MB loading")
     if args.json:

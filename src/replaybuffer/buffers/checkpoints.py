@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from replaybuffer.buffers.wiring import BufferParts
 from replaybuffer.persist import save
+from replaybuffer.persist.in_place import in_place_leaves, load_rest
+from replaybuffer.persist.savable import StreamTarget
 from replaybuffer.sampling.ring import items_per_row
-from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import CopyOnWriteStorage, FrozenRows, storage_rows
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class Checkpoints(BufferParts):
             if name not in targets:
                 raise ValueError(f"load_state_dict: the state has a stream {name!r} that a "
                                  f"{type(self).__name__} does not keep")
-            _, count, write = targets[name]
+            count, write = targets[name].positions, targets[name].write
             if any(len(a) != count for a in arrays):
                 raise ValueError(f"load_state_dict: stream {name!r} holds "
                                  f"{[len(a) for a in arrays]} positions, expected {count}")
@@ -137,18 +138,20 @@ class Checkpoints(BufferParts):
         if self._codec is not None:
             self._codec.guard = None
 
-    def stream_targets(self, state: dict[str, Any]) -> dict[str, tuple[
-            tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]]:
+    def stream_targets(self, state: dict[str, Any]) -> dict[str, StreamTarget]:
         """Where a restore of ``state`` writes each stream of :meth:`snapshot`: its specs,
-        its positions, and a function writing arrays ``[n, *spec.shape]`` at positions
-        ``[start, start + n)``."""
+        its positions, a function writing arrays ``[n, *spec.shape]`` at positions
+        ``[start, start + n)``, and the storage's leaf blocks that files are read into
+        directly (:mod:`replaybuffer.persist.in_place`)."""
         count = items_per_row(int(state["last_id"]), self.max_length) * self.batch_size
-        targets = {"leaves": (self._storage.specs, count, lambda start, arrays:
-                              self._storage.load(arrays, start))}
+        storage = self._storage
+        targets = {"leaves": StreamTarget(storage.specs, count, load_rest(storage),
+                                          in_place_leaves(storage, count))}
         if self._codec is not None:
             codec = self._codec
-            targets["frames"] = ((codec.frame_spec,), len(codec.frames) - 1,
-                                 lambda start, arrays: codec.load_frames(start, arrays[0]))
+            targets["frames"] = StreamTarget(
+                (codec.frame_spec,), len(codec.frames) - 1,
+                lambda start, arrays: codec.load_frames(start, arrays[0]))
         return targets
 
     def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:

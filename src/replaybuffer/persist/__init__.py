@@ -33,8 +33,11 @@ What is guaranteed:
   moment the save began.
 - **Bounded memory**: save and load move data in chunks; neither makes a second copy
   of the buffer. Load reads files with ``readinto`` (no memory maps, whose pages would
-  count in the process's resident memory) straight into the new buffer's storage.
-- **Checked**: every data file's header, size and CRC-32 and the manifest's checksum
+  count in the process's resident memory) straight into the new buffer's storage:
+  into the numpy storage's own arrays where a leaf has one
+  (:mod:`~replaybuffer.persist.in_place`), through a chunk buffer otherwise.
+- **Checked**: every data file's header, size and CRC-32 (zlib-ng's where the ``fast``
+  extra installs it: :mod:`~replaybuffer.persist.checksum`) and the manifest's checksum
   are verified on load; any mismatch is a :class:`CheckpointError` naming the file.
 
 Format 1 (a single save with ``manifest.json`` directly in the directory) still loads.

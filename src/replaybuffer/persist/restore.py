@@ -4,7 +4,9 @@ checked (:func:`verify_checkpoint`).
 Nothing is returned unless every file checked out: the header, size and CRC-32 of
 every data file and the manifest's checksum; a mismatch is a
 :class:`~replaybuffer.errors.CheckpointError` naming the file. Data files are read in
-chunks straight into the new buffer's storage (no second copy of the buffer).
+chunks straight into the new buffer's storage (no second copy of the buffer; where the
+storage keeps a leaf in a block of its own, into that block without an intermediate
+buffer: :mod:`replaybuffer.persist.in_place`).
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def _load_from(directory: Path, storage: str | None, device: Any, data_spec: Any
         if name not in targets:
             raise CheckpointError(f"{directory}: the manifest has a stream {name!r} that a "
                                   f"{manifest['buffer']} does not keep")
-        specs, count, write = targets[name]
-        read_stream(directory, entries, specs, count, write, chunk_bytes)
+        target = targets[name]
+        read_stream(directory, entries, target.specs, target.positions, target.write,
+                    chunk_bytes, target.in_place)
     state = internalise_arrays(state, directory)
     try:
         buffer.restore_state(state, None)

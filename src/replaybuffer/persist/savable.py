@@ -14,7 +14,7 @@ frame codec, ...).
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -22,9 +22,20 @@ from replaybuffer.protocols import Buffer
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows
 
-StreamTarget = tuple[Sequence[ArraySpec], int, Callable[[int, list[np.ndarray]], None]]
-"""Where a restore writes one stream: its arrays' specs, its positions, and a function
-writing arrays ``[n, *spec.shape]`` at positions ``[start, start + n)``."""
+
+class StreamTarget(NamedTuple):
+    """Where a restore writes one stream: its arrays' specs, its positions, a function
+    writing arrays ``[n, *spec.shape]`` at positions ``[start, start + n)``, and the
+    arrays that are read in place instead (:mod:`replaybuffer.persist.in_place`)."""
+
+    specs: Sequence[ArraySpec]
+    positions: int
+    write: Callable[[int, list[Any]], None]
+    """``write(start, arrays)``: ``arrays[k]`` is ``None`` where ``in_place[k]`` is given
+    (its data are there already), an array ``[n, *spec.shape]`` otherwise."""
+    in_place: Sequence[np.ndarray | None] = ()
+    """Empty, or per array the block ``[positions, *spec.shape]`` (C-contiguous,
+    writable) that its file is read into directly, or ``None``."""
 
 
 class SavableBuffer(Buffer, Protocol):

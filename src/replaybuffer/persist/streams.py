@@ -3,8 +3,9 @@
 
 Writing reads a :class:`~replaybuffer.storage.frozen.FrozenRows` chunk by chunk, each
 chunk under the buffer's lock (so adds wait at most one chunk's copy); reading fills
-chunk-sized buffers with ``readinto`` (no memory maps, whose pages would count in the
-process's resident memory) and hands them to the restoring buffer. Every file's
+the restoring buffer's storage with ``readinto`` (no memory maps, whose pages would
+count in the process's resident memory): its own blocks where it has them
+(:mod:`replaybuffer.persist.in_place`), chunk-sized buffers handed to it otherwise. Every file's
 header, size and CRC-32 are checked against the manifest.
 
 The chunk size is the caller's (:data:`replaybuffer.persist.CHUNK_BYTES`).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,6 +22,9 @@ import numpy as np
 
 from replaybuffer.errors import CheckpointError
 import replaybuffer.persist.durable as durable
+# The checksum as ``zlib.crc32`` (zlib-ng's where installed: persist.checksum), under
+# the name benchmarks/save_stalls.py wraps to time it.
+import replaybuffer.persist.checksum as zlib
 from replaybuffer.persist.layout import stream_files
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows
@@ -65,11 +68,14 @@ def bytes_of(array: np.ndarray, dtype: np.dtype) -> memoryview:
 
 
 def read_stream(directory: Path, entries: list[dict[str, Any]], specs: Sequence[ArraySpec],
-                count: int, write: Callable[[int, list[np.ndarray]], None] | None,
-                chunk_bytes: int) -> None:
+                count: int, write: Callable[[int, list[Any]], None] | None,
+                chunk_bytes: int, in_place: Sequence[np.ndarray | None] = ()) -> None:
     """Check the files of one stream and, in chunks of about ``chunk_bytes``, hand their
     data (``[n, *spec.shape]`` per array, at position ``start``) to ``write`` (``None``:
-    only check). The checksums are compared once all is read.
+    only check). Where ``in_place[k]`` is a block ``[count, *spec.shape]`` (C-contiguous,
+    writable), file ``k`` is read into it directly and ``write`` gets ``None`` for that
+    array (:mod:`replaybuffer.persist.in_place`). Each chunk is checksummed as it lands
+    (while it is in the cache); the checksums are compared once all is read.
 
     Raises:
         CheckpointError: a file is missing, unreadable, truncated, of another shape or
@@ -78,21 +84,26 @@ def read_stream(directory: Path, entries: list[dict[str, Any]], specs: Sequence[
     if len(entries) != len(specs):
         raise CheckpointError(f"{directory}: manifest lists {len(entries)} files for a "
                               f"stream of {len(specs)} arrays")
+    direct = list(in_place) if write is not None and in_place else [None] * len(specs)
     step = max(1, chunk_bytes // max(1, sum(spec.nbytes for spec in specs)))
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(_open_npy(directory, entry, spec, count))
                    for entry, spec in zip(entries, specs)]
-        buffers = [np.empty((min(step, count),) + spec.shape, spec.dtype) for spec in specs]
+        # Per file: the block it is read into in place, or a chunk buffer reused.
+        into = [(np.empty((min(step, count),) + spec.shape, spec.dtype), False)
+                if block is None else (block, True) for spec, block in zip(specs, direct)]
         crcs = [0] * len(specs)
         for start in range(0, count, step):
             n = min(step, count - start)
-            chunk = [b[:n] for b in buffers]
-            for k, (fh, arr) in enumerate(zip(handles, chunk)):
-                data = arr.reshape(-1).view(np.uint8).data
+            chunk: list[Any] = []
+            for k, (fh, (array, in_place_k)) in enumerate(zip(handles, into)):
+                target = array[start:start + n] if in_place_k else array[:n]
+                data = target.reshape(-1).view(np.uint8).data
                 if fh.readinto(data) != len(data):  # the size was checked: a file changed
                     raise CheckpointError(f"{where(entries[k], directory)} is truncated")
                 crcs[k] = zlib.crc32(data, crcs[k])
-            if write is not None:
+                chunk.append(None if in_place_k else target)
+            if write is not None and any(a is not None for a in chunk):
                 write(start, chunk)
     for entry, crc in zip(entries, crcs):
         if crc != entry.get("crc32"):

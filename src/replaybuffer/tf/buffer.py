@@ -33,13 +33,14 @@ from replaybuffer import nest
 from replaybuffer.arguments import positive_or_none
 from replaybuffer.buffers.uniform import UniformReplayBuffer
 from replaybuffer.errors import EmptyBufferError, SpecError
+from replaybuffer.persist.savable import StreamTarget
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling.deterministic import check_not_all_dropped
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.specs import as_data_spec
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.tf import pipelines, ring
-from replaybuffer.tf.checkpoint import StreamTarget, TFCheckpoint
+from replaybuffer.tf.checkpoint import TFCheckpoint
 from replaybuffer.tf.compiled import plain_errors
 from replaybuffer.tf.dataset import ReplayDataset, translate_error
 from replaybuffer.tf.sampler import TFUniformSampler

@@ -9,21 +9,18 @@ hook can run.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from replaybuffer.persist.savable import StreamTarget
 from replaybuffer.sampling.ring import items_per_row
-from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows, static_rows
 from replaybuffer.tf import ring
 from replaybuffer.tf.compiled import CompiledFunction
 from replaybuffer.tf.state import TFRingState
 
-#: A checkpoint stream's target: the specs of its arrays, how many rows it holds, and
-#: ``write(start, arrays)`` that stores rows ``[start, start + n)``.
-StreamTarget = tuple[tuple[ArraySpec, ...], int, Callable[[int, list[np.ndarray]], None]]
 
 
 class TFCheckpoint:
@@ -69,7 +66,7 @@ class TFCheckpoint:
         """Where a save's ``"leaves"`` stream goes: all retained slots of ``saved``."""
         state = self._state
         count = items_per_row(int(saved["last_id"]), state.max_length) * state.batch_size
-        return {"leaves": (state.storage.specs, count, self.load_slot_major)}
+        return {"leaves": StreamTarget(state.storage.specs, count, self.load_slot_major)}
 
     def load_slot_major(self, start: int, arrays: list[np.ndarray]) -> None:
         """Write ``arrays`` (``[n, *spec.shape]`` per leaf) at the slot-major positions
