@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.errors import EmptyBufferError
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.episode_kernels import KEY_STRIDE, number_windows
 from replaybuffer.sampling.ring import Ring
 
-_ROW = np.int64(1) << 40  # key = row * _ROW + id orders starts by row, then id
+_ROW = np.int64(KEY_STRIDE)  # key = row * _ROW + id orders starts by row, then id
 
 
 class _Interior:
@@ -300,6 +302,31 @@ class EpisodeIndex:
             r = rows[tail]
             ids[tail] = layout.last_start[r] + past_head[tail] - layout.per_row[r]
         return ids, rows
+
+    def sample_starts(self, ring: Ring, num_steps: int, raw: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform raw draws (uint64 ``[K]``, a bit generator's ``random_raw``) to
+        windows within episodes: each reduced modulo :meth:`count` (> 0) and mapped by
+        :meth:`sample`. Returns ``(start_ids, positions)``, int64 ``[K]`` each; one
+        compiled call with numba (:func:`~replaybuffer.sampling.episode_kernels.
+        number_windows`, the same numbers), :meth:`sample` and the ring otherwise."""
+        layout = self._layout(ring, num_steps)
+        if tree_kernels.AVAILABLE:
+            ids: np.ndarray
+            positions: np.ndarray
+            ids, positions = number_windows(
+                raw, layout.total, layout.row_ends, layout.interior_start, layout.row_base,
+                layout.per_row, layout.offset, layout.cumulative, layout.head,
+                layout.last_start, layout.oldest, ring.max_length)
+            return ids, positions
+        ids, rows = self.sample(ring, num_steps, (raw % np.uint64(layout.total)).view(np.int64))
+        return ids, ring.positions(ids, rows)
+
+    def start_keys(self, ring: Ring) -> np.ndarray:
+        """The starts ``ring`` retains as sorted int64 keys ``[E]`` (``row *
+        KEY_STRIDE + id``; the index's own array, read-only by contract)."""
+        keys: np.ndarray = self._current(ring).keys
+        return keys
 
     def within(self, ring: Ring, start_ids: np.ndarray, rows: np.ndarray,
                num_steps: int) -> np.ndarray:

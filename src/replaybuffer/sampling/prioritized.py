@@ -215,9 +215,11 @@ class PrioritizedSampler:
         else:
             if self._outside is None:
                 self._outside = OutsideMass(self.capacity)
-            positions, ids, valid_mass = draw_within(self._sum, self._outside, ring,
-                                                     sample_batch_size, num_steps, rng,
-                                                     episodes)
+            positions, ids, valid_mass, weighted = draw_within(
+                self._sum, self._outside, ring, sample_batch_size, num_steps, rng,
+                episodes, floor)
+            if weighted is not None:  # drawn and weighed in one call (episode_kernels)
+                return self._finish(ids, positions, *weighted)
             values = self._sum.leaves[positions]
         # Divisions in float64, each rounded once to the float32 result. The weight
         # ratio is v_min / v: a ratio <= 1 cannot overflow float32, stays <= 1 when
