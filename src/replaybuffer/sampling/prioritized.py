@@ -62,7 +62,8 @@ from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.fused_descent import draw_weighted
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.item_ids import all_live_positions, live_positions, to_item_ids
+from replaybuffer.sampling.fused_update import write_live
+from replaybuffer.sampling.item_ids import live_positions, to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
 from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
 from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
@@ -143,6 +144,11 @@ class PrioritizedSampler:
             self._sum.assign(positions, scaled, largest)
         else:  # priority ** alpha may have overflowed: the checked update reports it
             self._sum.update(positions, scaled)
+        self._written(positions, scaled)
+
+    def _written(self, positions: np.ndarray, scaled: np.ndarray) -> None:
+        """The sum tree's ``positions`` (int64 ``[K]``) now hold ``scaled`` (float64
+        ``[K]``): the min tree and the outside-mass cache follow."""
         if self._min is not None:
             self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
         if self._outside is not None:
@@ -311,15 +317,20 @@ class PrioritizedSampler:
             self._flush()
         B = ring.batch_size
         if tree_kernels.AVAILABLE and item_ids.size:  # all live, the usual case, in one call
-            positions, all_live = all_live_positions(item_ids, self.key_base, B,
-                                                     ring.oldest_id, ring.last_id,
-                                                     ring.max_length)
-            if all_live:
-                if largest is None:
-                    largest = float(np.maximum.reduce(priorities))
-                self._set(positions, priorities, largest)
-                self.max_priority = max(self.max_priority, largest)
-                return len(priorities)
+            if largest is None:
+                largest = float(np.maximum.reduce(priorities))
+            scaled, bound = scale(priorities, self.alpha, largest)
+            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
+            if target is not None:
+                nodes, size, stop = target
+                positions, all_live = write_live(item_ids, scaled, self.key_base, B,
+                                                 ring.oldest_id, ring.last_id,
+                                                 ring.max_length, nodes, size, stop)
+                if all_live:
+                    self._sum.written()
+                    self._written(positions, scaled)
+                    self.max_priority = max(self.max_priority, largest)
+                    return len(priorities)
         if B == 1:
             ids = item_ids - self.key_base if self.key_base else item_ids
         else:
