@@ -27,15 +27,21 @@ KEY_STRIDE = 1 << 40
 
 @tree_kernels.compile_kernel
 def first_above(sorted_values: np.ndarray, key: int) -> int:
-    """``np.searchsorted(sorted_values, key, side="right")`` for one int64 key."""
-    lo, hi = 0, sorted_values.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if sorted_values[mid] <= key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    """``np.searchsorted(sorted_values, key, side="right")`` for one int64 key.
+
+    Branch-free, as the tree's root search (:func:`~replaybuffer.sampling.tree_kernels.
+    descend`): the answer stays in ``[base, base + n]`` while ``n`` halves, so the
+    steps for random keys are data, not branches a predictor would miss half the time.
+    """
+    n = sorted_values.shape[0]
+    if n == 0:
+        return 0
+    base = 0
+    while n > 1:
+        half = n >> 1
+        base += half * (sorted_values[base + half - 1] <= key)
+        n -= half
+    return base + (sorted_values[base] <= key)
 
 
 @tree_kernels.compile_kernel
