@@ -159,8 +159,9 @@ def test_fused_update_maps_live_ids_and_writes_nothing_for_stale_ones(
     want = ring.positions(steps, items % batch_size)
     reference.update(want, values)
     nodes, size, stop = fused.write_target(len(items), 1e6)
-    positions, live = write_live(items, values, key_base, batch_size, oldest,
-                                 ring.last_id, max_length, nodes, size, stop)
+    positions = np.empty(len(items), np.int64)
+    live = write_live(items, values, key_base, batch_size, oldest, ring.last_id,
+                      max_length, nodes, size, stop, positions)
     fused.written()
     assert live and np.array_equal(positions, want)
     assert same_bits(reference.nodes, fused.nodes) and same_bits(reference.total(),
@@ -171,5 +172,5 @@ def test_fused_update_maps_live_ids_and_writes_nothing_for_stale_ones(
     before = fused.nodes.copy()
     nodes, size, stop = fused.write_target(len(items), 1e6)
     assert not write_live(items, values * 2 + 1, key_base, batch_size, oldest,
-                          ring.last_id, max_length, nodes, size, stop)[1]
+                          ring.last_id, max_length, nodes, size, stop, positions)
     assert same_bits(fused.nodes, before)

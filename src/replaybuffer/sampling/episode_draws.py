@@ -61,14 +61,17 @@ def draw_within(tree: SumTree, outside: OutsideMass, ring: Ring, count: int,
             positions = None
             if tree_kernels.AVAILABLE:  # the round in one call (the same numbers)
                 nodes, runs, width, height, limit = tree.search_arrays()
-                positions, ids, _, probabilities, ratios, ok = draw_within_round(
+                indices = np.empty((2, need), np.int64)  # filled in place
+                weighed = np.empty((2, need), np.float32)
+                kept_now = draw_within_round(
                     nodes, runs, width, height, limit, u, total,
                     episodes.start_keys(ring), ring.batch_size, ring.max_length,
-                    ring.oldest_id, ring.last_id, num_steps, need, valid_mass, floor)
-                if not ok:  # an odd target (rare): the numpy round, from u as scaled
-                    positions = None
-                elif need == count and len(positions) == count:
-                    return positions, ids, valid_mass, (probabilities, ratios)
+                    ring.oldest_id, ring.last_id, num_steps, need, valid_mass, floor,
+                    indices, weighed)
+                if kept_now == count:  # the whole batch in one round, weighed
+                    return indices[1], indices[0], valid_mass, (weighed[0], weighed[1])
+                if kept_now >= 0:  # (-1: an odd target, rare: the numpy round from u)
+                    positions, ids = indices[1, :kept_now], indices[0, :kept_now]
             else:
                 u *= total
             if positions is None:

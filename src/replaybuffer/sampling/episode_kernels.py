@@ -41,24 +41,26 @@ def first_above(sorted_values: np.ndarray, key: int) -> int:
         half = n >> 1
         base += half * (sorted_values[base + half - 1] <= key)
         n -= half
-    return base + (sorted_values[base] <= key)
+    found: int = base + (sorted_values[base] <= key)
+    return found
 
 
 @tree_kernels.compile_kernel
 def number_windows(raw: np.ndarray, total: int, row_ends: np.ndarray,
                    interior_start: np.ndarray, row_base: np.ndarray, per_row: np.ndarray,
                    offset: np.ndarray, cumulative: np.ndarray, head: np.ndarray,
-                   last_start: np.ndarray, oldest: int, max_length: int
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   last_start: np.ndarray, oldest: int, max_length: int, out: np.ndarray
+                   ) -> None:
     """Uniform raw draws (uint64 ``[K]``) to windows within episodes: each is reduced
     modulo ``total`` to a window number, mapped as
     :meth:`EpisodeIndex.sample <replaybuffer.sampling.episodes.EpisodeIndex.sample>`
-    maps it (the layout's int64 arrays, module ``episodes``' ``_Layout``), and returns
-    ``(start_ids, positions)``, int64 ``[K]`` each."""
+    maps it (the layout's int64 arrays, module ``episodes``' ``_Layout``), into
+    ``out`` (int64 ``[2, K]``: start ids, positions; filled in place, since a returned
+    array costs about a microsecond to box)."""
     count = raw.shape[0]
     rows_count = row_ends.shape[0]
-    ids = np.empty(count, np.int64)
-    positions = np.empty(count, np.int64)
+    ids = out[0]
+    positions = out[1]
     n = np.uint64(total)
     for k in range(count):
         draw = np.int64(raw[k] % n)
@@ -73,16 +75,14 @@ def number_windows(raw: np.ndarray, total: int, row_ends: np.ndarray,
             i = offset[first_above(cumulative, interior)] + interior
         ids[k] = i
         positions[k] = (i % max_length) * rows_count + row
-    return ids, positions
 
 
 @tree_kernels.compile_kernel
 def draw_within_round(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
                       limit: float, u: np.ndarray, total: float, keys: np.ndarray,
                       batch_size: int, max_length: int, oldest: int, last_id: int,
-                      num_steps: int, need: int, valid_mass: float, floor: float
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                 np.ndarray, bool]:
+                      num_steps: int, need: int, valid_mass: float, floor: float,
+                      indices: np.ndarray, weighed: np.ndarray) -> int:
     """One round of :func:`~replaybuffer.sampling.episode_draws.draw_within`'s
     rejection in one call: ``u`` (float64 ``[P]``, the generator's ``random(P)``) is
     scaled by ``total`` in place, searched in the tree
@@ -90,12 +90,12 @@ def draw_within_round(nodes: np.ndarray, runs: np.ndarray, root_width: int, heig
     starts whose window of ``num_steps`` stays inside one episode are kept (``keys``:
     the sorted start keys).
 
-    Returns ``(positions, ids, values, probabilities, ratios, ok)``: int64, int64 and
-    float64 ``[kept]``, and when ``kept == need`` the float32 probabilities and weight
-    ratios (:mod:`~replaybuffer.sampling.importance`, for ``valid_mass`` and
-    ``floor``), else empty. ``ok`` is false when a target was odd (at or past
-    ``limit``, or on a slot of 0): the caller then redoes the round on the numpy path
-    from the scaled ``u``.
+    Fills ``indices`` (int64 ``[2, need]``: ids, positions) with the ``kept`` starts
+    and, when ``kept == need``, ``weighed`` (float32 ``[2, need]``) with their
+    probabilities and weight ratios (:mod:`~replaybuffer.sampling.importance`, for
+    ``valid_mass`` and ``floor``). Returns ``kept``, or -1 when a target was odd (at
+    or past ``limit``, or on a slot of 0): the caller then redoes the round on the
+    numpy path from the scaled ``u``.
     """
     count = u.shape[0]
     t = np.empty(count, np.float64)
@@ -103,19 +103,15 @@ def draw_within_round(nodes: np.ndarray, runs: np.ndarray, root_width: int, heig
         x = u[k] * total
         u[k] = x
         t[k] = x
-    no_i = np.empty(0, np.int64)
-    no_f = np.empty(0, np.float32)
     for k in range(count):
         if t[k] >= limit:
-            return no_i, no_i, np.empty(0, np.float64), no_f, no_f, False
+            return -1
     node = tree_kernels.descend(nodes, runs[1:], runs, root_width, height, t)
     size = nodes.shape[0] >> 1
     for k in range(count):
         if nodes[node[k]] == 0.0:
-            return no_i, no_i, np.empty(0, np.float64), no_f, no_f, False
-    positions = np.empty(need, np.int64)
-    ids = np.empty(need, np.int64)
-    values = np.empty(need, np.float64)
+            return -1
+    values = t  # (the targets are spent)
     shift = oldest % max_length
     nkeys = keys.shape[0]
     kept = 0
@@ -132,21 +128,19 @@ def draw_within_round(nodes: np.ndarray, runs: np.ndarray, root_width: int, heig
         if j < nkeys and keys[j] // KEY_STRIDE == row:
             end = keys[j] % KEY_STRIDE
         if i + num_steps <= end:
-            positions[kept] = position
-            ids[kept] = i
+            indices[0, kept] = i
+            indices[1, kept] = position
             values[kept] = nodes[node[k]]
             kept += 1
     if kept < need:
-        return positions[:kept], ids[:kept], values[:kept], no_f, no_f, True
-    probabilities = np.empty(need, np.float32)
+        return kept
     low = values[0]
     for k in range(need):
         v = values[k]
-        probabilities[k] = v / valid_mass
+        weighed[0, k] = v / valid_mass
         low = v if v < low else low
     if not math.isnan(floor):
         low = floor
-    ratios = np.empty(need, np.float32)
     for k in range(need):
-        ratios[k] = low / values[k]
-    return positions, ids, values, probabilities, ratios, True
+        weighed[1, k] = low / values[k]
+    return kept

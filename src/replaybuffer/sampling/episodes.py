@@ -314,13 +314,12 @@ class EpisodeIndex:
         number_windows`, the same numbers), :meth:`sample` and the ring otherwise."""
         layout = self._layout(ring, num_steps)
         if tree_kernels.AVAILABLE:
-            ids: np.ndarray
-            positions: np.ndarray
-            ids, positions = number_windows(
-                raw, layout.total, layout.row_ends, layout.interior_start, layout.row_base,
-                layout.per_row, layout.offset, layout.cumulative, layout.head,
-                layout.last_start, layout.oldest, ring.max_length)
-            return ids, positions
+            out = np.empty((2, len(raw)), np.int64)  # filled in place
+            number_windows(raw, layout.total, layout.row_ends, layout.interior_start,
+                           layout.row_base, layout.per_row, layout.offset, layout.cumulative,
+                           layout.head, layout.last_start, layout.oldest, ring.max_length,
+                           out)
+            return out[0], out[1]
         ids, rows = self.sample(ring, num_steps, (raw % np.uint64(layout.total)).view(np.int64))
         return ids, ring.positions(ids, rows)
 

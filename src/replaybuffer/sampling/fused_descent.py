@@ -40,20 +40,20 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
                   first: int, span: int, hi: int,
                   segments: tuple[np.ndarray, np.ndarray] | None, valid_mass: float,
                   floor: float = math.nan
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`~replaybuffer.sampling.proportional_descent.draw_descending` (same
     arguments) and the batch's probabilities and weight ratios
     (:func:`~replaybuffer.sampling.importance.probabilities_and_ratios` with
     ``valid_mass`` and ``floor``), in one compiled call when numba is present.
 
-    Returns ``(positions, ids, values, probabilities, ratios)``: int64, int64,
-    float64, float32, float32, each ``[count]``; bit for bit what the numpy path
-    gives from the same generator state.
+    Returns ``(positions, ids, probabilities, ratios)``: int64, int64, float32,
+    float32, each ``[count]``; bit for bit what the numpy path gives from the same
+    generator state.
     """
     if not tree_kernels.AVAILABLE:
         positions, ids, values = draw_descending(tree, ring, count, rng, first, span, hi,
                                                  segments)
-        return (positions, ids, values, *probabilities_and_ratios(values, valid_mass, floor))
+        return (positions, ids, *probabilities_and_ratios(values, valid_mass, floor))
     if segments is WHOLE:
         mass, start0, start1, mass0, parts = tree.total(), 0.0, 0.0, 0.0, 0
     else:
@@ -65,25 +65,29 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
         start0, start1, mass0 = float(starts[0]), float(starts[-1]), float(masses[0])
     nodes, runs, root_width, height, limit = tree.search_arrays()
     u = rng.random(count)
-    out = _fused(nodes, runs, root_width, height, limit, u, mass, parts, start0, start1,
-                 mass0, ring.batch_size, ring.max_length, ring.oldest_id, hi, valid_mass,
-                 floor)
-    if out[5]:
-        return out[0], out[1], out[2], out[3], out[4]
+    # Outputs allocated here and filled in place: a compiled call's returned arrays
+    # cost about a microsecond each to box, five of them more than the search.
+    indices = np.empty((2, count), np.int64)
+    weighed = np.empty((2, count), np.float32)
+    if _fused(nodes, runs, root_width, height, limit, u, mass, parts, start0, start1,
+              mass0, ring.batch_size, ring.max_length, ring.oldest_id, hi, valid_mass,
+              floor, indices, weighed):
+        return indices[1], indices[0], weighed[0], weighed[1]
     # Odd (rare): the numpy path from the same scaled draws (_fused scaled u in place).
     positions, ids, values = draw_descending(tree, ring, count, rng, first, span, hi,
                                              segments, u)
-    return (positions, ids, values, *probabilities_and_ratios(values, valid_mass, floor))
+    return (positions, ids, *probabilities_and_ratios(values, valid_mass, floor))
 
 
 @tree_kernels.compile_kernel
 def _fused(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
            limit: float, u: np.ndarray, mass: float, parts: int, start0: float,
            start1: float, mass0: float, batch_size: int, max_length: int, oldest: int,
-           hi: int, valid_mass: float, floor: float
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """The module docstring's steps 1-4: ``(positions, ids, values, probabilities,
-    ratios, ok)``; with ``ok`` false only ``u`` (scaled) is meaningful."""
+           hi: int, valid_mass: float, floor: float, indices: np.ndarray,
+           weighed: np.ndarray) -> bool:
+    """The module docstring's steps 1-4, into ``indices`` (int64 ``[2, K]``: ids,
+    positions) and ``weighed`` (float32 ``[2, K]``: probabilities, ratios). Returns
+    whether the batch was usual; if not, only ``u`` (scaled) is meaningful."""
     count = u.shape[0]
     t = np.empty(count, np.float64)
     for k in range(count):
@@ -94,35 +98,30 @@ def _fused(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
         elif parts == 1:
             x = start0 + x
         t[k] = x
-    empty_i = np.empty(0, np.int64)
-    empty_f = np.empty(0, np.float32)
     for k in range(count):  # find()'s odd targets: at or past the limit
         if t[k] >= limit:
-            return empty_i, empty_i, np.empty(0, np.float64), empty_f, empty_f, False
+            return False
     node = tree_kernels.descend(nodes, runs[1:], runs, root_width, height, t)
     size = nodes.shape[0] >> 1
-    values = np.empty(count, np.float64)
-    ids = np.empty(count, np.int64)
+    values = t  # (the targets are spent)
     shift = oldest % max_length
     for k in range(count):
         v = nodes[node[k]]
         position = node[k] - size
-        node[k] = position
         values[k] = v
         slot = position // batch_size if batch_size > 1 else position
         i = slot if oldest == 0 else (slot - shift) % max_length + oldest
-        ids[k] = i
+        indices[0, k] = i
+        indices[1, k] = position
         if v == 0.0 or i >= hi:  # a slot of 0, or a start outside the range
-            return empty_i, empty_i, values, empty_f, empty_f, False
-    probabilities = np.empty(count, np.float32)
+            return False
     low = values[0]
     for k in range(count):
         v = values[k]
-        probabilities[k] = v / valid_mass
+        weighed[0, k] = v / valid_mass
         low = v if v < low else low
     if not math.isnan(floor):
         low = floor
-    ratios = np.empty(count, np.float32)
     for k in range(count):
-        ratios[k] = low / values[k]
-    return node, ids, values, probabilities, ratios, True
+        weighed[1, k] = low / values[k]
+    return True

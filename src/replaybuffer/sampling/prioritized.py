@@ -218,6 +218,7 @@ class PrioritizedSampler:
                 ring, sample_batch_size, num_steps, rng, floor)
             if weighted is not None:  # drawn and weighed in one call (fused_descent)
                 return self._finish(ids, positions, *weighted)
+            assert values is not None
         else:
             if self._outside is None:
                 self._outside = OutsideMass(self.capacity)
@@ -248,7 +249,7 @@ class PrioritizedSampler:
 
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
                        rng: np.random.Generator, floor: float
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float,
                                   tuple[np.ndarray, np.ndarray] | None]:
         """Draw starts in proportion to priority among the valid window starts, by
         rejection or by descent (module docstring).
@@ -257,7 +258,8 @@ class PrioritizedSampler:
         positions and logical ids, float64 ``[count]`` their ``priority ** alpha``, the
         mass of the valid starts, and, when the whole batch was drawn by descent, its
         probabilities and weight ratios (float32 ``[count]`` each, for ``floor``:
-        :func:`~replaybuffer.sampling.fused_descent.draw_weighted`), else ``None``.
+        :func:`~replaybuffer.sampling.fused_descent.draw_weighted`; ``values`` is then
+        ``None``), else ``None``.
         """
         lo, hi = ring.valid_start_range(num_steps)
         B, L, cap = ring.batch_size, ring.max_length, ring.capacity
@@ -280,9 +282,9 @@ class PrioritizedSampler:
         if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
             if segments is None and excluded * count < 0.05 * total:
                 segments = WHOLE  # targets in the whole tree, the few outside redrawn
-            positions, ids, values, probabilities, ratios = draw_weighted(
+            positions, ids, probabilities, ratios = draw_weighted(
                 tree, ring, count, rng, first, span, hi, segments, valid_mass, floor)
-            return positions, ids, values, valid_mass, (probabilities, ratios)
+            return positions, ids, None, valid_mass, (probabilities, ratios)
         drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
                                min(accept, 1.0))
         if len(drawn[0]) < count:  # descent for the rest (practically never)
@@ -323,10 +325,9 @@ class PrioritizedSampler:
             target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
             if target is not None:
                 nodes, size, stop = target
-                positions, all_live = write_live(item_ids, scaled, self.key_base, B,
-                                                 ring.oldest_id, ring.last_id,
-                                                 ring.max_length, nodes, size, stop)
-                if all_live:
+                positions = np.empty(len(item_ids), np.int64)
+                if write_live(item_ids, scaled, self.key_base, B, ring.oldest_id,
+                              ring.last_id, ring.max_length, nodes, size, stop, positions):
                     self._sum.written()
                     self._written(positions, scaled)
                     self.max_priority = max(self.max_priority, largest)
