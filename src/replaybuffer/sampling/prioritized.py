@@ -23,7 +23,8 @@ Two exact ways to draw, chosen per call:
   descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`).
 - Descent: targets drawn uniformly inside the range's share of the prefix sums, found
   in the sum tree. Used when a few high priorities make ``a`` small
-  (:mod:`~replaybuffer.sampling.proportional_descent`).
+  (:mod:`~replaybuffer.sampling.proportional_descent`; with numba, the draw, the search
+  and the weights are one compiled call, :mod:`~replaybuffer.sampling.fused_descent`).
 
 Within episodes (``episodes=``), draws are made among the windows inside one episode
 (:mod:`~replaybuffer.sampling.episode_draws`).
