@@ -293,7 +293,8 @@ def test_the_draw_follows_the_acceptance_rate(monkeypatch):
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 1, 20_000, seed=3)
     buf.extend(np.arange(20_000)[None])
     calls = {"rejection": 0, "descent": 0}
-    rejecting, descending = prioritized.draw_rejecting, prioritized.draw_descending
+    # Descent draws and weighs in one call (fused_descent.draw_weighted).
+    rejecting, descending = prioritized.draw_rejecting, prioritized.draw_weighted
 
     def count_rejecting(*args):
         calls["rejection"] += 1
@@ -304,7 +305,7 @@ def test_the_draw_follows_the_acceptance_rate(monkeypatch):
         return descending(*args)
 
     monkeypatch.setattr(prioritized, "draw_rejecting", count_rejecting)
-    monkeypatch.setattr(prioritized, "draw_descending", count_descending)
+    monkeypatch.setattr(prioritized, "draw_weighted", count_descending)
     rng = np.random.default_rng(0)
     priorities = rng.random(20_000) + 0.1
     buf.update_priorities(np.arange(20_000), priorities)

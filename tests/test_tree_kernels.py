@@ -133,12 +133,13 @@ def test_probabilities_and_ratios_compiled_give_the_numpy_bits():
 @given(batch_size=st.integers(1, 5), max_length=st.integers(1, 40),
        adds=st.integers(1, 200), key_base=st.sampled_from([0, 7, 1000]),
        data=st.data())
-def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, key_base,
-                                                data):
-    """The compiled item-id-to-position map of ``update_priorities``: all live ids map
-    to the ring's positions, and any stale or negative id makes it report not all
-    live (the numpy path then drops those)."""
-    from replaybuffer.sampling import item_ids
+def test_fused_update_maps_live_ids_and_writes_nothing_for_stale_ones(
+        batch_size, max_length, adds, key_base, data):
+    """The fused priority write of ``update_priorities`` (fused_update.write_live): all
+    live ids map to the ring's positions and the tree it leaves is, bit for bit, the
+    numpy tree's after the same update; any stale or negative id makes it report not
+    all live and leave every node as it was (the numpy path then drops those)."""
+    from replaybuffer.sampling.fused_update import write_live
     from replaybuffer.sampling.ring import Ring
 
     ring = Ring(batch_size, max_length)
@@ -148,13 +149,28 @@ def test_live_positions_compiled_match_the_ring(batch_size, max_length, adds, ke
     hi_item = (key_base + ring.last_id + 1) * batch_size - 1
     items = np.array(data.draw(st.lists(st.integers(lo_item, hi_item), min_size=1,
                                         max_size=20)), np.int64)
-    positions, live = item_ids.all_live_positions(items, key_base, batch_size, oldest,
-                                                  ring.last_id, max_length)
-    assert live
+    values = np.array(data.draw(st.lists(st.floats(0.0, 1e6), min_size=len(items),
+                                         max_size=len(items))), np.float64)
+    reference = SumTree(ring.capacity, root_width=4, compiled=False)
+    fused = SumTree(ring.capacity, root_width=4, compiled=True)
+    for tree in (reference, fused):
+        tree.update(np.arange(ring.capacity), np.ones(ring.capacity))
     steps = items // batch_size - key_base
-    assert np.array_equal(positions, ring.positions(steps, items % batch_size))
+    want = ring.positions(steps, items % batch_size)
+    reference.update(want, values)
+    nodes, size, stop = fused.write_target(len(items), 1e6)
+    positions = np.empty(len(items), np.int64)
+    live = write_live(items, values, key_base, batch_size, oldest, ring.last_id,
+                      max_length, nodes, size, stop, positions)
+    fused.written()
+    assert live and np.array_equal(positions, want)
+    assert same_bits(reference.nodes, fused.nodes) and same_bits(reference.total(),
+                                                                  fused.total())
     # Each below the oldest live item id, above the newest, or negative.
     stale = data.draw(st.sampled_from([-1, lo_item - 1, hi_item + 1, -batch_size]))
     items[data.draw(st.integers(0, len(items) - 1))] = stale
-    assert not item_ids.all_live_positions(items, key_base, batch_size, oldest,
-                                           ring.last_id, max_length)[1]
+    before = fused.nodes.copy()
+    nodes, size, stop = fused.write_target(len(items), 1e6)
+    assert not write_live(items, values * 2 + 1, key_base, batch_size, oldest,
+                          ring.last_id, max_length, nodes, size, stop, positions)
+    assert same_bits(fused.nodes, before)

@@ -13,7 +13,12 @@ sizes the pools, rejection itself never reads it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.episode_kernels import draw_within_round
 
 from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.item_ids import ids_at
@@ -25,13 +30,19 @@ from replaybuffer.sampling.trees import SumTree
 
 
 def draw_within(tree: SumTree, outside: OutsideMass, ring: Ring, count: int,
-                num_steps: int, rng: np.random.Generator, episodes: EpisodeIndex
-                ) -> tuple[np.ndarray, np.ndarray, float]:
+                num_steps: int, rng: np.random.Generator, episodes: EpisodeIndex,
+                floor: float = math.nan
+                ) -> tuple[np.ndarray, np.ndarray, float,
+                           tuple[np.ndarray, np.ndarray] | None]:
     """Draw ``count`` starts in proportion to their values in ``tree`` among windows of
     ``num_steps`` inside one episode (module docstring).
 
-    Returns ``(positions, ids, valid_mass)``: int64 ``[count]`` each, and the mass of the
-    valid starts. Raises :class:`~replaybuffer.errors.EmptyBufferError` when no window
+    Returns ``(positions, ids, valid_mass, weighted)``: int64 ``[count]`` each, the mass
+    of the valid starts, and when the batch came from one compiled round
+    (:func:`~replaybuffer.sampling.episode_kernels.draw_within_round`, numba present)
+    its probabilities and weight ratios for ``floor``
+    (:func:`~replaybuffer.sampling.importance.probabilities_and_ratios`'s bits), else
+    ``None``. Raises :class:`~replaybuffer.errors.EmptyBufferError` when no window
     fits in an episode or every valid one has priority 0.
     """
     leaves = tree.leaves
@@ -46,17 +57,36 @@ def draw_within(tree: SumTree, outside: OutsideMass, ring: Ring, count: int,
         kept: list[tuple[np.ndarray, np.ndarray]] = []
         need = count
         for _ in range(ROUNDS):
-            positions = tree.find_prefix(rng.random(pool_size(need, accept)) * total)
-            ids = ids_at(ring, positions)
-            keep = episodes.within(ring, ids, positions % ring.batch_size,
-                                   num_steps).nonzero()[0][:need]
-            kept.append((positions[keep], ids[keep]))
-            need -= len(keep)
+            u = rng.random(pool_size(need, accept))
+            positions = None
+            if tree_kernels.AVAILABLE:  # the round in one call (the same numbers)
+                nodes, runs, width, height, limit = tree.search_arrays()
+                indices = np.empty((2, need), np.int64)  # filled in place
+                weighed = np.empty((2, need), np.float32)
+                kept_now = draw_within_round(
+                    nodes, runs, width, height, limit, u, total,
+                    episodes.start_keys(ring), ring.batch_size, ring.max_length,
+                    ring.oldest_id, ring.last_id, num_steps, need, valid_mass, floor,
+                    indices, weighed)
+                if kept_now == count:  # the whole batch in one round, weighed
+                    return indices[1], indices[0], valid_mass, (weighed[0], weighed[1])
+                if kept_now >= 0:  # (-1: an odd target, rare: the numpy round from u)
+                    positions, ids = indices[1, :kept_now], indices[0, :kept_now]
+            else:
+                u *= total
+            if positions is None:
+                positions = tree.find_prefix(u)
+                ids = ids_at(ring, positions)
+                keep = episodes.within(ring, ids, positions % ring.batch_size,
+                                       num_steps).nonzero()[0][:need]
+                positions, ids = positions[keep], ids[keep]
+            kept.append((positions, ids))
+            need -= len(positions)
             if not need:
                 if len(kept) == 1:
-                    return (*kept[0], valid_mass)
+                    return (*kept[0], valid_mass, None)
                 return (np.concatenate([p for p, _ in kept]),
-                        np.concatenate([i for _, i in kept]), valid_mass)
+                        np.concatenate([i for _, i in kept]), valid_mass, None)
     # Little of the mass is valid (or rejection was unlucky): draw exactly from the
     # enumerated valid windows, whose mass is summed directly, without cancellation.
     firsts, lengths, rows = episodes.segments(ring)
@@ -71,4 +101,4 @@ def draw_within(tree: SumTree, outside: OutsideMass, ring: Ring, count: int,
     require_mass(valid_mass, num_steps)
     picks = np.searchsorted(cumulative, rng.random(count) * valid_mass, side="right")
     picks = np.minimum(picks, len(cumulative) - 1)
-    return valid_positions[picks], valid_ids[picks].copy(), valid_mass
+    return valid_positions[picks], valid_ids[picks].copy(), valid_mass, None

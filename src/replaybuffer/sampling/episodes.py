@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.errors import EmptyBufferError
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.episode_kernels import KEY_STRIDE, number_windows
 from replaybuffer.sampling.ring import Ring
 
-_ROW = np.int64(1) << 40  # key = row * _ROW + id orders starts by row, then id
+_ROW = np.int64(KEY_STRIDE)  # key = row * _ROW + id orders starts by row, then id
 
 
 class _Interior:
@@ -56,6 +58,9 @@ class _Interior:
         # order's last write wins for first.
         self.last_start[rows] = ids
         self.first_start[rows[::-1]] = ids[::-1]
+        # The oldest id at which the ring reaches some row's first start (and this
+        # goes stale): one int compare per read instead of three calls over [B].
+        self.stale_at = int(ids.min()) if len(ids) else np.iinfo(np.int64).max
         inner = rows[1:] == rows[:-1]  # a start followed by one in the same row
         self.firsts = ids[:-1][inner]
         self.lengths = ids[1:][inner] - self.firsts
@@ -226,8 +231,7 @@ class EpisodeIndex:
         interior = self._interior
         if interior is not None and interior.batch_size == ring.batch_size:
             # Still valid unless the oldest step has reached a row's first start.
-            oldest = ring.oldest_id
-            if not (interior.has_start & (interior.first_start <= oldest)).any():
+            if ring.oldest_id < interior.stale_at:
                 return interior
         if self._new:
             self._keys = np.concatenate([self._keys, *self._new])
@@ -300,6 +304,30 @@ class EpisodeIndex:
             r = rows[tail]
             ids[tail] = layout.last_start[r] + past_head[tail] - layout.per_row[r]
         return ids, rows
+
+    def sample_starts(self, ring: Ring, num_steps: int, raw: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform raw draws (uint64 ``[K]``, a bit generator's ``random_raw``) to
+        windows within episodes: each reduced modulo :meth:`count` (> 0) and mapped by
+        :meth:`sample`. Returns ``(start_ids, positions)``, int64 ``[K]`` each; one
+        compiled call with numba (:func:`~replaybuffer.sampling.episode_kernels.
+        number_windows`, the same numbers), :meth:`sample` and the ring otherwise."""
+        layout = self._layout(ring, num_steps)
+        if tree_kernels.AVAILABLE:
+            out = np.empty((2, len(raw)), np.int64)  # filled in place
+            number_windows(raw, layout.total, layout.row_ends, layout.interior_start,
+                           layout.row_base, layout.per_row, layout.offset, layout.cumulative,
+                           layout.head, layout.last_start, layout.oldest, ring.max_length,
+                           out)
+            return out[0], out[1]
+        ids, rows = self.sample(ring, num_steps, (raw % np.uint64(layout.total)).view(np.int64))
+        return ids, ring.positions(ids, rows)
+
+    def start_keys(self, ring: Ring) -> np.ndarray:
+        """The starts ``ring`` retains as sorted int64 keys ``[E]`` (``row *
+        KEY_STRIDE + id``; the index's own array, read-only by contract)."""
+        keys: np.ndarray = self._current(ring).keys
+        return keys
 
     def within(self, ring: Ring, start_ids: np.ndarray, rows: np.ndarray,
                num_steps: int) -> np.ndarray:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.ring import Ring
 
 
@@ -48,21 +47,3 @@ def live_positions(ring: Ring, key_base: int, item_ids: np.ndarray
     ids = item_ids // B - key_base
     live = (ids >= ring.oldest_id) & (ids <= ring.last_id) & (item_ids >= 0)
     return live, ring.positions(ids[live], item_ids[live] % B)
-
-
-@tree_kernels.compile_kernel
-def all_live_positions(item_ids: np.ndarray, key_base: int, batch_size: int, oldest: int,
-                       last_id: int, max_length: int) -> tuple[np.ndarray, bool]:
-    """The usual case of a priority update compiled: the storage positions (int64
-    ``[S]``) of item ids (int64 ``[S]``), and whether all of them are live
-    (``oldest <= id <= last_id``); when not, the positions are incomplete and the
-    caller takes the numpy path, which drops the stale ones."""
-    count = item_ids.shape[0]
-    positions = np.empty(count, np.int64)
-    for k in range(count):
-        item = item_ids[k]
-        step = item // batch_size - key_base  # (floor division, as numpy's)
-        if item < 0 or step < oldest or step > last_id:
-            return positions, False
-        positions[k] = (step % max_length) * batch_size + item % batch_size
-    return positions, True

@@ -52,12 +52,17 @@ class OutsideMass:
         self._num_steps = 0
         self._positions = np.zeros(0, np.int64)
         self._mass: float | None = None
+        # The end segments' positions, for the (ids, rows) arrays they came from (the
+        # episode index caches those per ring state: a new pair means a new state).
+        self._end_ids: np.ndarray | None = None
+        self._end_positions = np.zeros(0, np.int64)
 
     def reset(self) -> None:
         """Forget the cache (the leaves were replaced: a clear or a restore)."""
         if self._mask is not None:
             self._mask[self._positions] = False
         self._ids, self._positions, self._mass = None, np.zeros(0, np.int64), None
+        self._end_ids = None
 
     def touch(self, positions: np.ndarray) -> None:
         """Priorities at ``positions`` (int64 ``[K]``) were written."""
@@ -80,4 +85,6 @@ class OutsideMass:
             self._mass = float(leaves[self._positions].sum())
         if not len(end_ids):
             return self._mass
-        return self._mass + float(leaves[ring.positions(end_ids, end_rows)].sum())
+        if end_ids is not self._end_ids:
+            self._end_ids, self._end_positions = end_ids, ring.positions(end_ids, end_rows)
+        return self._mass + float(leaves[self._end_positions].sum())

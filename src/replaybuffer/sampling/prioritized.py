@@ -23,7 +23,8 @@ Two exact ways to draw, chosen per call:
   descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`).
 - Descent: targets drawn uniformly inside the range's share of the prefix sums, found
   in the sum tree. Used when a few high priorities make ``a`` small
-  (:mod:`~replaybuffer.sampling.proportional_descent`).
+  (:mod:`~replaybuffer.sampling.proportional_descent`; with numba, the draw, the search
+  and the weights are one compiled call, :mod:`~replaybuffer.sampling.fused_descent`).
 
 Within episodes (``episodes=``), draws are made among the windows inside one episode
 (:mod:`~replaybuffer.sampling.episode_draws`).
@@ -59,9 +60,11 @@ import numpy as np
 from replaybuffer.sampling.beta_schedule import annealed_beta
 from replaybuffer.sampling.episode_draws import draw_within
 from replaybuffer.sampling.episodes import EpisodeIndex
+from replaybuffer.sampling.fused_descent import draw_weighted
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.item_ids import all_live_positions, live_positions, to_item_ids
+from replaybuffer.sampling.fused_update import write_live
+from replaybuffer.sampling.item_ids import live_positions, to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
 from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
 from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
@@ -142,6 +145,11 @@ class PrioritizedSampler:
             self._sum.assign(positions, scaled, largest)
         else:  # priority ** alpha may have overflowed: the checked update reports it
             self._sum.update(positions, scaled)
+        self._written(positions, scaled)
+
+    def _written(self, positions: np.ndarray, scaled: np.ndarray) -> None:
+        """The sum tree's ``positions`` (int64 ``[K]``) now hold ``scaled`` (float64
+        ``[K]``): the min tree and the outside-mass cache follow."""
         if self._min is not None:
             self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
         if self._outside is not None:
@@ -205,41 +213,54 @@ class PrioritizedSampler:
         if self._pending:
             self._flush()
         rng = rng or self._rng
+        floor = math.nan if self._min is None else self._min.min()
         if episodes is None:
-            positions, ids, values, valid_mass = self._draw_in_range(
-                ring, sample_batch_size, num_steps, rng)
+            positions, ids, values, valid_mass, weighted = self._draw_in_range(
+                ring, sample_batch_size, num_steps, rng, floor)
+            if weighted is not None:  # drawn and weighed in one call (fused_descent)
+                return self._finish(ids, positions, *weighted)
+            assert values is not None
         else:
             if self._outside is None:
                 self._outside = OutsideMass(self.capacity)
-            positions, ids, valid_mass = draw_within(self._sum, self._outside, ring,
-                                                     sample_batch_size, num_steps, rng,
-                                                     episodes)
+            positions, ids, valid_mass, weighted = draw_within(
+                self._sum, self._outside, ring, sample_batch_size, num_steps, rng,
+                episodes, floor)
+            if weighted is not None:  # drawn and weighed in one call (episode_kernels)
+                return self._finish(ids, positions, *weighted)
             values = self._sum.leaves[positions]
-        # Divisions in float64, each rounded once to the float32 result, and the power in
-        # float32 (the result is float32 anyway, and float32's power is cheaper). The
-        # weight is (v_min / v) ** beta: a ratio <= 1 cannot overflow float32, stays
-        # <= 1 when rounded, and is exactly 1 for the smallest value.
-        if self._min is None:  # the batch's largest weight is 1 (module docstring)
-            probabilities, weights = probabilities_and_ratios(values, valid_mass)
-            np.power(weights, self.beta, out=weights)
-        else:  # the largest weight any stored step could get is 1
-            probabilities, weights = probabilities_and_ratios(values, valid_mass,
-                                                              self._min.min())
-            np.power(weights, self.beta, out=weights)
+        # Divisions in float64, each rounded once to the float32 result. The weight
+        # ratio is v_min / v: a ratio <= 1 cannot overflow float32, stays <= 1 when
+        # rounded, and is exactly 1 for the smallest value. With normalize="batch" the
+        # batch's largest weight is then 1; with "buffer" (floor: the smallest stored
+        # value) the largest weight any stored step could get is.
+        return self._finish(ids, positions,
+                            *probabilities_and_ratios(values, valid_mass, floor))
+
+    def _finish(self, ids: np.ndarray, positions: np.ndarray, probabilities: np.ndarray,
+                weights: np.ndarray) -> tuple[SampleIndices, dict[str, np.ndarray]]:
+        """The sample's result from its weight ratios (float32 ``[S]``, raised to
+        ``beta`` here in place: float32's power, the result being float32 anyway)."""
+        np.power(weights, self.beta, out=weights)
+        if self._min is not None:
             np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
         return SampleIndices(ids, positions), {"probabilities": probabilities,
                                                "weights": weights}
 
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
-                       rng: np.random.Generator
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+                       rng: np.random.Generator, floor: float
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float,
+                                  tuple[np.ndarray, np.ndarray] | None]:
         """Draw starts in proportion to priority among the valid window starts, by
         rejection or by descent (module docstring).
 
-        Returns ``(positions, ids, values, valid_mass)``: int64 ``[count]`` positions
-        and logical ids, float64 ``[count]`` their ``priority ** alpha``, and the mass
-        of the valid starts.
+        Returns ``(positions, ids, values, valid_mass, weighted)``: int64 ``[count]``
+        positions and logical ids, float64 ``[count]`` their ``priority ** alpha``, the
+        mass of the valid starts, and, when the whole batch was drawn by descent, its
+        probabilities and weight ratios (float32 ``[count]`` each, for ``floor``:
+        :func:`~replaybuffer.sampling.fused_descent.draw_weighted`; ``values`` is then
+        ``None``), else ``None``.
         """
         lo, hi = ring.valid_start_range(num_steps)
         B, L, cap = ring.batch_size, ring.max_length, ring.capacity
@@ -259,19 +280,22 @@ class PrioritizedSampler:
         require_mass(valid_mass, num_steps)
         bound = scaled_bound(self.max_priority, self.alpha, self._floor)
         accept = valid_mass / (span * bound)
-        drawn = None
-        if accept >= self._accept_min and accept > 0.0:  # (0: no finite bound)
-            drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
-                                   min(accept, 1.0))
-        if drawn is None or len(drawn[0]) < count:  # descent, for all or the rest
-            rest = count - (0 if drawn is None else len(drawn[0]))
-            if segments is None and excluded * rest < 0.05 * total:
+        if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
+            if segments is None and excluded * count < 0.05 * total:
                 segments = WHOLE  # targets in the whole tree, the few outside redrawn
+            positions, ids, probabilities, ratios = draw_weighted(
+                tree, ring, count, rng, first, span, hi, segments, valid_mass, floor)
+            return positions, ids, None, valid_mass, (probabilities, ratios)
+        drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
+                               min(accept, 1.0))
+        if len(drawn[0]) < count:  # descent for the rest (practically never)
+            rest = count - len(drawn[0])
+            if segments is None and excluded * rest < 0.05 * total:
+                segments = WHOLE
             more = draw_descending(tree, ring, rest, rng, first, span, hi, segments)
-            drawn = more if drawn is None else (np.concatenate((drawn[0], more[0])),
-                                                np.concatenate((drawn[1], more[1])),
-                                                np.concatenate((drawn[2], more[2])))
-        return (*drawn, valid_mass)
+            drawn = (np.concatenate((drawn[0], more[0])), np.concatenate((drawn[1], more[1])),
+                     np.concatenate((drawn[2], more[2])))
+        return (*drawn, valid_mass, None)
 
     def spawn_rng(self) -> np.random.Generator:
         """A new generator seeded from this sampler's, advancing its state."""
@@ -296,15 +320,19 @@ class PrioritizedSampler:
             self._flush()
         B = ring.batch_size
         if tree_kernels.AVAILABLE and item_ids.size:  # all live, the usual case, in one call
-            positions, all_live = all_live_positions(item_ids, self.key_base, B,
-                                                     ring.oldest_id, ring.last_id,
-                                                     ring.max_length)
-            if all_live:
-                if largest is None:
-                    largest = float(np.maximum.reduce(priorities))
-                self._set(positions, priorities, largest)
-                self.max_priority = max(self.max_priority, largest)
-                return len(priorities)
+            if largest is None:
+                largest = float(np.maximum.reduce(priorities))
+            scaled, bound = scale(priorities, self.alpha, largest)
+            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
+            if target is not None:
+                nodes, size, stop = target
+                positions = np.empty(len(item_ids), np.int64)
+                if write_live(item_ids, scaled, self.key_base, B, ring.oldest_id,
+                              ring.last_id, ring.max_length, nodes, size, stop, positions):
+                    self._sum.written()
+                    self._written(positions, scaled)
+                    self.max_priority = max(self.max_priority, largest)
+                    return len(priorities)
         if B == 1:
             ids = item_ids - self.key_base if self.key_base else item_ids
         else:

@@ -23,7 +23,8 @@ WHOLE: Any = (None, None)
 
 def draw_descending(tree: SumTree, ring: Ring, count: int, rng: np.random.Generator,
                     first: int, span: int, hi: int,
-                    segments: tuple[np.ndarray, np.ndarray] | None
+                    segments: tuple[np.ndarray, np.ndarray] | None,
+                    u: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``count`` starts of the cyclic position range ``[first, first + span)``, in
     proportion to their values in ``tree``, by descent: targets are drawn inside the
@@ -42,7 +43,8 @@ def draw_descending(tree: SumTree, ring: Ring, count: int, rng: np.random.Genera
         spans = segments if segments is not None else \
             range_segments(tree, first, span, ring.capacity)
         mass = float(spans[1].sum())
-    u = rng.random(count) * mass
+    if u is None:
+        u = rng.random(count) * mass
     # Rounding can land a target a hair outside the range: redraw those (rare).
     for _ in range(100):
         if spans is None:

@@ -9,7 +9,12 @@ operation, so they give the same bits:
 - :func:`descend`: the wide root's ``searchsorted(upto, t, side="right")`` is a
   binary search for the first running sum greater than ``t``, then ``t -= runs[j]``;
   each binary level computes ``right = t >= left``, ``t -= left * right``,
-  ``node = 2 node + right``, as numpy does. :func:`find` wraps it with the search's
+  ``node = 2 node + right``, as numpy does. Below the top ``height % 3`` levels it
+  reads three levels from one cache line: node ``n``'s eight great-grandchildren
+  ``8n .. 8n + 7`` are one aligned 64-byte row, and every node is stored as the sum
+  of its two children in that order, so ``(r0 + r1) + (r2 + r3)`` *is* the left
+  child's stored value, bit for bit: the same turns with one cache miss where the
+  binary walk took three. :func:`find` wraps it with the search's
   usual case (targets below the total, slots > 0 found) and the found values.
 - :func:`assign_sum` / :func:`assign_min`: the leaves written in order (a repeated
   slot keeps its last value), then every ancestor on the paths from its two
@@ -84,7 +89,7 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
         base += upto[base] <= x
         t[k] = x - runs[base]
         node[k] = base + root_width
-    for _ in range(height):
+    for _ in range(height % 3):  # the top binary levels, one node read each
         for k in range(count):
             n = node[k] + node[k]
             left = nodes[n]
@@ -92,6 +97,23 @@ def descend(nodes: np.ndarray, upto: np.ndarray, runs: np.ndarray, root_width: i
             right = x >= left  # branch-free: the turns are coin flips to a predictor
             t[k] = x - left * right
             node[k] = n + right
+    for _ in range(height // 3):  # then three levels per cache line (module docstring)
+        for k in range(count):
+            row = node[k] << 3  # the 8 great-grandchildren: one 64-byte line
+            x = t[k]
+            a = nodes[row] + nodes[row + 1]  # the stored grandchildren, bit for bit
+            c = nodes[row + 4] + nodes[row + 5]
+            left = a + (nodes[row + 2] + nodes[row + 3])  # the stored left child
+            right = x >= left
+            x = x - left * right
+            left = c if right else a
+            right2 = x >= left
+            x = x - left * right2
+            at = row + 4 * right + 2 * right2
+            left = nodes[at]
+            right3 = x >= left
+            t[k] = x - left * right3
+            node[k] = at + right3
     return node
 
 

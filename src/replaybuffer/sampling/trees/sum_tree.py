@@ -222,6 +222,20 @@ class SumTree(SegmentTree):
         found -= self._size
         return found, values
 
+    def search_arrays(self) -> tuple[np.ndarray, np.ndarray, int, int, float]:
+        """What a compiled search reads, every level brought up to date first:
+        ``(nodes, runs, root_width, height, limit)``.
+
+        ``nodes`` is the flat float64 ``[2 * size]`` node array, ``runs`` the wide
+        root's running sums behind a leading 0 (float64 ``[root_width + 1]``), and
+        ``limit`` the lower of the total and the last running sum: targets at or past
+        it take :meth:`find`'s general path. Read-only by contract (views, not copies:
+        a fused draw reads them in place, :mod:`replaybuffer.sampling.fused_descent`).
+        """
+        self.sync()
+        return (self._nodes, self._runs, self.root_width, self._height,
+                min(self._total, float(self._runs[-1])))
+
     def _descend(self, t: np.ndarray) -> np.ndarray:
         """Leaf nodes int64 ``[K]`` reached by targets ``t`` (float64 ``[K]`` in
         ``[0, total())``, consumed): the plain numpy descent, unguarded."""
