@@ -254,13 +254,6 @@ def test_a_short_ape_x_run_trains_and_plots_beside_another_run(cluster, tmp_path
     assert all(moved)  # gradient steps changed every layer
 
 
-def test_actors_without_ray_refuse_prioritized(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        cli_main(["demo", "--actors", "2", "--prioritized"])
-    assert exit_.value.code == 2
-    assert "--actors without --ray runs uniform replay" in capsys.readouterr().err
-
-
 def test_compare_must_be_a_result_json(tmp_path):
     from replaybuffer_demos.dqn import main
 

@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="directory for learning_curve.png and result.json")
     demo.add_argument("--prioritized", action="store_true",
                       help="prioritized replay (PrioritizedReplayBuffer) instead of uniform; "
-                           "with --ray, Ape-X style: prioritized shards, the actors send "
-                           "initial priorities")
+                           "with --actors, a prioritized SharedReplayBuffer; with --ray, "
+                           "Ape-X style: prioritized shards, the actors send initial "
+                           "priorities")
     demo.add_argument("--actors", type=positive_int, default=None, metavar="N",
                       help="collect with N actor processes writing into a shared buffer "
                            "(SharedReplayBuffer), the learner in this process; with --ray, "
@@ -434,9 +435,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status. Invalid arguments exit with status 2 and a message, as argparse does."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo" and args.actors and not args.ray and args.prioritized:
-        parser.error("demo: --actors without --ray runs uniform replay (drop --prioritized, "
-                     "or add --ray for prioritized Ray shards)")
     return int(args.func(args) or 0)
 
 

@@ -53,8 +53,6 @@ from replaybuffer_demos.dqn_ray import train_ray
 # configuration and result live in dqn_learner, which every DQN demo shares.
 __all__ = ["DQNConfig", "DQNResult", "main", "plot", "train"]
 
-ACTORS_UNIFORM = ("--actors without --ray runs uniform replay (drop --prioritized, or add "
-                  "--ray for prioritized Ray shards)")
 
 
 def train(config: DQNConfig, progress: bool = True,
@@ -157,8 +155,6 @@ def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
-    if actors and not ray and prioritized:
-        raise ValueError(ACTORS_UNIFORM)
     other = None
     if compare is not None:  # read first: a bad file fails before the training
         other = json.loads(Path(compare).read_text())
