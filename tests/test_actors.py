@@ -104,6 +104,7 @@ def test_train_with_actors_on_prioritized_replay_updates_priorities(monkeypatch)
                        prioritized=True)
     result, _ = train_actors(config, 2, progress=False)
     assert result.steps_trained >= 1500 and result.config.prioritized
+    assert result.gradient_steps == len(applied)  # one update after every gradient step
     assert applied  # the learner set the priorities of what it drew ...
     priorities, counts = zip(*applied)
     assert sum(counts) > 0 and all(p.shape == (config.sample_batch_size,) for p in priorities)

@@ -139,7 +139,8 @@ def train(config: DQNConfig, progress: bool = True,
                         best=f"{selection.best[0]:.0f}")
     bar.close()
     env.close()
-    return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve)
+    return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve,
+                            gradient_steps)
 
 
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",

@@ -152,6 +152,7 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
                 selection.after(q_net, inserted)
                 bar.set_postfix(best=f"{selection.best[0]:.0f}", grad=gradient_steps)
         bar.close()
-        return selection.result(q_net, inserted, time.perf_counter() - start, [])
+        return selection.result(q_net, inserted, time.perf_counter() - start, [],
+                                gradient_steps)
     finally:
         buffer.close()

@@ -22,9 +22,10 @@ priorities of the windows it sampled to its own ``|TD error|``. Reads and writes
 through :mod:`replaybuffer_demos.shard_traffic`: the learner draws its batches through a
 stream that samples ahead while it trains.
 
-Collectors report their episodes' returns when they finish; the learner's ``curve`` is
-their average over the last 20 episodes at each episode's end (the run's step counted
-as the collector's steps times the collectors, its epsilon clock).
+Collectors report each episode's return to the parameter store as it ends; the
+learner's ``curve`` is their average over the last 20 episodes at each episode's end
+(the run's step counted as the collector's steps times the collectors, its epsilon
+clock).
 """
 
 from __future__ import annotations
@@ -294,7 +295,8 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
             selection.finish(q_net, inserted)
         bar.close()
         curve = learning_curve(ray.get(store.episodes.remote()))
-        return selection.result(q_net, inserted, time.perf_counter() - start, curve)
+        return selection.result(q_net, inserted, time.perf_counter() - start, curve,
+                                gradient_steps)
     finally:
         stop_watching.set()
         if watcher.is_alive():
