@@ -254,10 +254,24 @@ def test_a_short_ape_x_run_trains_and_plots_beside_another_run(cluster, tmp_path
     assert all(moved)  # gradient steps changed every layer
 
 
-def test_compare_must_be_a_result_json(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", r"x.json is not a demo's result.json \(expected an object with config, "
+               r"last_network_return and evaluations, got list\)"),
+    ('{"config": {}}', r"got \['config'\]"),
+    ("{not json", r"x.json is not a demo's result.json .* it is not JSON"),
+])
+def test_compare_must_be_a_result_json(tmp_path, text, message):
     from replaybuffer_demos.dqn import main
 
-    (tmp_path / "x.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"x.json is not a demo's result.json"):
-        main(steps=10, out=str(tmp_path), compare=str(tmp_path / "x.json"))
-    assert not (tmp_path / "result.json").exists()
+    (tmp_path / "x.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        main(steps=10, out=str(tmp_path / "out"), compare=str(tmp_path / "x.json"))
+    assert not (tmp_path / "out").exists()  # refused before training
+
+
+def test_compare_names_a_missing_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["demo", "--compare", str(tmp_path / "nope.json"), "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "argument --compare: no such file: " in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

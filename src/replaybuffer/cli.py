@@ -435,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status. Invalid arguments exit with status 2 and a message, as argparse does."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "demo" and args.compare is not None and not Path(args.compare).is_file():
+        parser.error(f"argument --compare: no such file: {args.compare!r} (give a demo "
+                     "run's result.json)")
     return int(args.func(args) or 0)
 
 

@@ -143,6 +143,28 @@ def train(config: DQNConfig, progress: bool = True,
                             gradient_steps)
 
 
+def read_result(path: str) -> dict[str, Any]:
+    """A demo run's ``result.json`` (for ``--compare``).
+
+    Raises:
+        ValueError: the file is not JSON, or not an object with ``config``,
+            ``last_network_return`` and ``evaluations``, naming the file.
+        OSError: the file cannot be read.
+    """
+    expected = "an object with config, last_network_return and evaluations"
+    try:
+        result = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"compare: {path} is not a demo's result.json (expected "
+                         f"{expected}; it is not JSON: {exc})") from None
+    if not isinstance(result, dict) or \
+            not {"config", "last_network_return", "evaluations"} <= set(result):
+        got = sorted(result) if isinstance(result, dict) else type(result).__name__
+        raise ValueError(f"compare: {path} is not a demo's result.json (expected "
+                         f"{expected}, got {got})")
+    return result
+
+
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
          progress: bool = True, prioritized: bool = False, actors: int = 0,
          ray: bool = False, echo: Callable[[str], None] = print,
@@ -156,12 +178,7 @@ def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
-    other = None
-    if compare is not None:  # read first: a bad file fails before the training
-        other = json.loads(Path(compare).read_text())
-        if not isinstance(other, dict) or not {"config", "last_network_return"} <= set(other):
-            raise ValueError(f"compare: {compare} is not a demo's result.json (expected an "
-                             f"object with config and last_network_return)")
+    other = None if compare is None else read_result(compare)  # before the training
     if ray:
         result, _ = train_ray(config, actors or 2, progress=progress)
         run = f"{actors or 2} Ray actors"
