@@ -176,15 +176,15 @@ class Collector:
 
 
 def shard_buffer(spec: Any, max_length: int, ratio: float, min_size: int,
-                 error_buffer: float, prioritized: DQNConfig | None = None) -> Any:
+                 error_buffer: float, prioritized_config: DQNConfig | None = None) -> Any:
     """One shard's buffer, paced by a SampleToInsertRatio: uniform, or with
-    ``prioritized`` (the run's configuration: alpha) an
+    ``prioritized_config`` (the run's configuration: its alpha) an
     :class:`~replaybuffer_demos.apex.ActorPrioritizedBuffer`."""
     import replaybuffer as rb
 
     limiter = rb.SampleToInsertRatio(ratio, min_size, error_buffer)
-    if prioritized is not None:
-        return ActorPrioritizedBuffer(spec, max_length, alpha=prioritized.alpha, seed=0,
+    if prioritized_config is not None:
+        return ActorPrioritizedBuffer(spec, max_length, alpha=prioritized_config.alpha, seed=0,
                                       rate_limiter=limiter)
     return rb.UniformReplayBuffer(spec, 1, max_length, seed=0, rate_limiter=limiter)
 
