@@ -87,3 +87,26 @@ def test_train_with_actors_paces_learner_and_actors():
     assert len(result.evaluations) == 1  # at the end
     assert result.last_network_return > 0 and result.curve == []
     assert q_net(torch.zeros(1, 4)).shape == (1, 2)
+
+
+def test_train_with_actors_on_prioritized_replay_updates_priorities(monkeypatch):
+    import replaybuffer_demos.dqn_actors as dqn_actors
+
+    applied, original = [], SharedReplayBuffer.update_priorities
+
+    def update_priorities(self, ids, priorities):
+        applied.append((np.asarray(priorities), original(self, ids, priorities)))
+        return applied[-1][1]
+
+    monkeypatch.setattr(dqn_actors.SharedReplayBuffer, "update_priorities", update_priorities)
+    config = DQNConfig(steps=1500, learning_starts=500, eval_every=10_000, eval_episodes=1,
+                       final_eval_episodes=1, hidden=(16,), buffer_length=2000,
+                       prioritized=True)
+    result, _ = train_actors(config, 2, progress=False)
+    assert result.steps_trained >= 1500 and result.config.prioritized
+    assert result.gradient_steps == len(applied)  # one update after every gradient step
+    assert applied  # the learner set the priorities of what it drew ...
+    priorities, counts = zip(*applied)
+    assert sum(counts) > 0 and all(p.shape == (config.sample_batch_size,) for p in priorities)
+    assert all((p >= config.priority_epsilon).all() for p in priorities)
+    assert np.ptp(np.concatenate(priorities)) > 0  # ... to |TD errors|, not one value

@@ -110,7 +110,8 @@ def _demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"replaybuffer demo needs the demo extra "
                          f"(pip install 'replaybuffer[demo]'): {exc}") from exc
     dqn.main(steps=args.steps, seed=args.seed, out=args.out, progress=not args.no_progress,
-             prioritized=args.prioritized, actors=args.actors or 0, ray=args.ray)
+             prioritized=args.prioritized, actors=args.actors or 0, ray=args.ray,
+             compare=args.compare)
     return 0
 
 
@@ -330,7 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo-out", metavar="DIR",
                       help="directory for learning_curve.png and result.json")
     demo.add_argument("--prioritized", action="store_true",
-                      help="prioritized replay (PrioritizedReplayBuffer) instead of uniform")
+                      help="prioritized replay (PrioritizedReplayBuffer) instead of uniform; "
+                           "with --actors, a prioritized SharedReplayBuffer; with --ray, "
+                           "Ape-X style: prioritized shards, the actors send initial "
+                           "priorities")
     demo.add_argument("--actors", type=positive_int, default=None, metavar="N",
                       help="collect with N actor processes writing into a shared buffer "
                            "(SharedReplayBuffer), the learner in this process; with --ray, "
@@ -338,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ray", action="store_true",
                       help="collect with Ray actors (--actors of them) into a "
                            "RayReplayBuffer of as many shards")
+    demo.add_argument("--compare", default=None, metavar="RESULT_JSON",
+                      help="another run's result.json (e.g. the single-process demo's): "
+                           "learning_curve.png draws its curves beside this run's, against "
+                           "environment steps")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
 
@@ -427,8 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status. Invalid arguments exit with status 2 and a message, as argparse does."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo" and (args.actors or args.ray) and args.prioritized:
-        parser.error("demo: --actors and --ray run uniform replay (drop --prioritized)")
+    if args.command == "demo" and args.compare is not None and not Path(args.compare).is_file():
+        parser.error(f"argument --compare: no such file: {args.compare!r} (give a demo "
+                     "run's result.json)")
     return int(args.func(args) or 0)
 
 

@@ -32,15 +32,21 @@ class EpsilonGreedyMLP:
         frac = min(1.0, self.steps() / max(1, int(config.epsilon_fraction * config.steps)))
         return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        fresh = self.weights.read()
-        if fresh is not None:
-            self.layers = fresh
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """float32 ``[N, num_actions]`` Q-values of observations ``[N, obs_dim]`` under the
+        parameters this policy acts with now."""
         h = np.asarray(obs, np.float32)
         for k in range(0, len(self.layers), 2):
             h = h @ self.layers[k].T + self.layers[k + 1]
             if k + 2 < len(self.layers):
                 np.maximum(h, 0, out=h)
+        return h
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        fresh = self.weights.read()
+        if fresh is not None:
+            self.layers = fresh
+        h = self.q_values(obs)
         greedy = h.argmax(1)
         explore = self.rng.random(len(h)) < self.epsilon()
         return np.where(explore, self.rng.integers(0, self.num_actions, len(h)), greedy)

@@ -22,7 +22,8 @@ pole for 500 steps can forget it a few thousand steps later. Two things keep the
 The final evaluation, on other seeds, reports the last network and, beside it, the best
 snapshot seen during training.
 
-Run it with ``replaybuffer demo`` (``--steps``, ``--seed``, ``--out``, ``--prioritized``).
+Run it with ``replaybuffer demo`` (``--steps``, ``--seed``, ``--out``, ``--prioritized``,
+``--compare``).
 With ``--prioritized`` the buffer is a :class:`~replaybuffer.PrioritizedReplayBuffer`:
 the loss is weighted by the importance weights and priorities are set to
 ``|TD error| + epsilon`` (0 + epsilon for boundary starts) after every step.
@@ -41,6 +42,7 @@ import numpy as np
 
 import replaybuffer as rb
 from replaybuffer.collect import AverageEpisodeLength, AverageReturn, EnvironmentSteps, StepDriver
+from replaybuffer_demos.curve_plot import plot
 from replaybuffer_demos.dqn_actors import train_actors
 from replaybuffer_demos.dqn_learner import (ENV_ID, DQNConfig, DQNResult, Selection,
                                             build_q_network, decay_learning_rate,
@@ -50,6 +52,7 @@ from replaybuffer_demos.dqn_ray import train_ray
 # The names the demo's users import from here (benchmarks/dqn_seeds.py, tests): the
 # configuration and result live in dqn_learner, which every DQN demo shares.
 __all__ = ["DQNConfig", "DQNResult", "main", "plot", "train"]
+
 
 
 def train(config: DQNConfig, progress: bool = True,
@@ -136,58 +139,60 @@ def train(config: DQNConfig, progress: bool = True,
                         best=f"{selection.best[0]:.0f}")
     bar.close()
     env.close()
-    return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve)
+    return selection.result(q_net, env_steps.result(), time.perf_counter() - start, curve,
+                            gradient_steps)
 
 
-def plot(result: DQNResult, path: Path) -> None:
-    """Write the learning curve (average return, greedy evaluations) as a PNG."""
-    import matplotlib
+def read_result(path: str) -> dict[str, Any]:
+    """A demo run's ``result.json`` (for ``--compare``).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if result.curve:
-        steps, returns = zip(*result.curve)
-        ax.plot(steps, returns, label="training return (last 20 episodes)")
-    if result.evaluations:
-        steps, scores = zip(*result.evaluations)
-        ax.plot(steps, scores, "o--", label="greedy evaluation")
-    ax.axhline(475, color="grey", lw=0.8, ls=":", label="solved (475)")
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("return")
-    replay = "prioritized" if result.config.prioritized else "uniform"
-    ax.set_title(f"DQN ({replay} replay) on {ENV_ID}, seed {result.config.seed}: last "
-                 f"network's greedy return {result.last_network_return:.1f}\n(best snapshot, "
-                 f"step {result.best_step}: {result.final_return:.1f})", fontsize="medium")
-    ax.legend(loc="upper left", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    Raises:
+        ValueError: the file is not JSON, or not an object with ``config``,
+            ``last_network_return`` and ``evaluations``, naming the file.
+        OSError: the file cannot be read.
+    """
+    expected = "an object with config, last_network_return and evaluations"
+    try:
+        result = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"compare: {path} is not a demo's result.json (expected "
+                         f"{expected}; it is not JSON: {exc})") from None
+    if not isinstance(result, dict) or \
+            not {"config", "last_network_return", "evaluations"} <= set(result):
+        got = sorted(result) if isinstance(result, dict) else type(result).__name__
+        raise ValueError(f"compare: {path} is not a demo's result.json (expected "
+                         f"{expected}, got {got})")
+    return result
 
 
 def main(steps: int | None = None, seed: int = 0, out: str = "demo-out",
          progress: bool = True, prioritized: bool = False, actors: int = 0,
-         ray: bool = False, echo: Callable[[str], None] = print) -> DQNResult:
+         ray: bool = False, echo: Callable[[str], None] = print,
+         compare: str | None = None) -> DQNResult:
     """Train, evaluate, and write ``learning_curve.png`` and ``result.json`` to ``out``.
     With ``actors``, collect with that many processes into a shared buffer
     (:mod:`replaybuffer_demos.dqn_actors`); with ``ray``, with that many (default 2)
-    Ray collector actors into as many shards (:mod:`replaybuffer_demos.dqn_ray`)."""
+    Ray collector actors into as many shards (:mod:`replaybuffer_demos.dqn_ray`;
+    with ``prioritized``, Ape-X style). ``compare``: another run's result.json, whose
+    curves the plot draws beside this run's (:mod:`replaybuffer_demos.curve_plot`)."""
     config = DQNConfig(seed=seed, prioritized=prioritized)
     if steps is not None:
         config.steps = steps
-    if (actors or ray) and prioritized:
-        raise ValueError("--actors and --ray run uniform replay (drop --prioritized)")
+    other = None if compare is None else read_result(compare)  # before the training
     if ray:
         result, _ = train_ray(config, actors or 2, progress=progress)
+        run = f"{actors or 2} Ray actors"
     elif actors:
         result, _ = train_actors(config, actors, progress=progress)
+        run = f"{actors} actor processes"
     else:
         result, _ = train(config, progress=progress)
+        run = "single process"
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot(result, out_dir / "learning_curve.png")
     summary = asdict(result)
+    summary["run"] = run
+    plot(summary, out_dir / "learning_curve.png", other)
     (out_dir / "result.json").write_text(json.dumps(summary, indent=1))
     echo(f"greedy evaluation over {config.final_eval_episodes} episodes: the last network "
          f"scores {result.last_network_return:.1f} (the best snapshot, from step "

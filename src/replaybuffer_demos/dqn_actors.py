@@ -9,6 +9,11 @@ keeps the single-process demo's ratio (``gradient_steps * sample_batch_size /
 collect_steps`` sampled items per inserted step), so actors wait for the learner
 instead of filling the buffer with stale-policy data, and the learner waits for data.
 
+With ``config.prioritized`` the shared buffer is prioritized: steps enter at the
+largest priority seen (the actors send none), the learner weights its loss by importance
+weights with beta annealed to 1 over the run and sets the priorities of what it drew to
+its ``|TD error|``, as the single-process demo does.
+
 Actors act with a numpy copy of the Q-network (:class:`PolicyWeights`: the learner
 publishes its parameters to shared memory after every ``target_update`` gradient
 steps; an actor picks up a new version between steps, never half of one). Epsilon
@@ -27,9 +32,11 @@ import numpy as np
 
 from replaybuffer.collect.actors import ActorPool
 from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimitedError, SampleToInsertRatio
 from replaybuffer.storage.mmap_storage import map_npy
 from replaybuffer_demos.actor_policy import EpsilonGreedyMLP
+from replaybuffer_demos.apex import annealed_beta, importance_weights
 from replaybuffer_demos.dqn_learner import (DQNConfig, DQNResult, Selection,
                                             decay_learning_rate, gradient_step, learner,
                                             make_env, progress_bar)
@@ -98,7 +105,9 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
     limiter = SampleToInsertRatio(ratio, config.learning_starts,
                                   error_buffer=ratio * config.collect_steps)
     buffer = SharedReplayBuffer(spec, num_actors, config.buffer_length // num_actors,
+                                prioritized=config.prioritized, alpha=config.alpha,
                                 rate_limiter=limiter, seed=config.seed)
+    gradient_total = (config.steps // config.collect_steps) * config.gradient_steps
     weights = PolicyWeights(buffer.path, [tuple(p.shape) for p in q_net.parameters()],
                             create=True)
 
@@ -123,8 +132,14 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
                 except RateLimitedError:
                     pool.check()
                 else:
-                    gradient_step(q_net, target_net, optimizer, trajectories, info,
-                                  config.gamma)
+                    if config.prioritized:
+                        beta = annealed_beta(config.beta, gradient_steps, gradient_total)
+                        info = BufferInfo(info.ids, info.probabilities,
+                                          importance_weights(info.probabilities, beta))
+                    td = gradient_step(q_net, target_net, optimizer, trajectories, info,
+                                       config.gamma)
+                    if config.prioritized:
+                        buffer.update_priorities(info.ids, td + config.priority_epsilon)
                     gradient_steps += 1
                     if gradient_steps % config.target_update == 0:
                         target_net.load_state_dict(q_net.state_dict())
@@ -137,6 +152,7 @@ def train_actors(config: DQNConfig, num_actors: int, progress: bool = True,
                 selection.after(q_net, inserted)
                 bar.set_postfix(best=f"{selection.best[0]:.0f}", grad=gradient_steps)
         bar.close()
-        return selection.result(q_net, inserted, time.perf_counter() - start, [])
+        return selection.result(q_net, inserted, time.perf_counter() - start, [],
+                                gradient_steps)
     finally:
         buffer.close()

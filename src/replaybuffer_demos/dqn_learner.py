@@ -68,6 +68,7 @@ class DQNResult:
     stopped_early: bool
     curve: list[tuple[int, float]] = field(default_factory=list)        # (step, avg return)
     evaluations: list[tuple[int, float]] = field(default_factory=list)  # (step, greedy)
+    gradient_steps: int = 0           # the learner's updates (replay ratio: * batch / steps)
 
 
 def build_q_network(obs_dim: int, num_actions: int, hidden: tuple[int, ...]) -> Any:
@@ -177,7 +178,8 @@ class Selection:
             self.after(q_net, steps)
 
     def result(self, q_net: Any, steps: int, seconds: float,
-               curve: list[tuple[int, float]]) -> tuple[DQNResult, Any]:
+               curve: list[tuple[int, float]], gradient_steps: int = 0
+               ) -> tuple[DQNResult, Any]:
         """Final evaluations of the last network and of the best snapshot (which
         ``q_net`` holds afterwards)."""
         config = self.config
@@ -186,7 +188,7 @@ class Selection:
             q_net.load_state_dict(self.best[2])
         final_return = greedy_return(q_net, config.final_eval_episodes, FINAL_EVAL_SEED)
         return DQNResult(config, final_return, last_return, self.best[1], seconds, steps,
-                         self.stopped_early, curve, self.evaluations), q_net
+                         self.stopped_early, curve, self.evaluations, gradient_steps), q_net
 
 
 def progress_bar(total: int, enabled: bool) -> Any:
