@@ -233,8 +233,6 @@ def test_every_option_has_help_and_its_default():
     (["demo", "--seed", "x"], "argument --seed: must be an integer, got 'x'"),
     (["demo", "--seed", "-1"], "argument --seed: must be a non-negative integer, got -1"),
     (["demo", "--actors", "0"], "argument --actors: must be a positive integer, got 0"),
-    (["demo", "--actors", "2", "--prioritized"],
-     "--actors and --ray run uniform replay (drop --prioritized)"),
     (["tutorial", "--storage", "jax"], "argument --storage: invalid choice: 'jax'"),
     (["bench", "--seconds", "0"], "argument --seconds: must be a positive number, got 0"),
     (["bench", "--seconds", "soon"], "argument --seconds: must be a number, got 'soon'"),

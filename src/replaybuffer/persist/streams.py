@@ -22,9 +22,7 @@ import numpy as np
 
 from replaybuffer.errors import CheckpointError
 import replaybuffer.persist.durable as durable
-# The checksum as ``zlib.crc32`` (zlib-ng's where installed: persist.checksum), under
-# the name benchmarks/save_stalls.py wraps to time it.
-import replaybuffer.persist.checksum as zlib
+import replaybuffer.persist.checksum as checksum
 from replaybuffer.persist.layout import stream_files
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.frozen import FrozenRows
@@ -50,7 +48,7 @@ def write_stream(directory: Path, name: str, rows: FrozenRows, lock: Any, chunk_
                 chunk = rows.read(start, min(rows.count, start + step))
             for k, (fh, arr) in enumerate(zip(handles, chunk)):
                 data = bytes_of(arr, rows.specs[k].dtype)
-                crcs[k] = zlib.crc32(data, crcs[k])
+                crcs[k] = checksum.crc32(data, crcs[k])
                 with durable.naming(fh.name):
                     fh.write(data)
         for fh in handles:
@@ -101,7 +99,7 @@ def read_stream(directory: Path, entries: list[dict[str, Any]], specs: Sequence[
                 data = target.reshape(-1).view(np.uint8).data
                 if fh.readinto(data) != len(data):  # the size was checked: a file changed
                     raise CheckpointError(f"{where(entries[k], directory)} is truncated")
-                crcs[k] = zlib.crc32(data, crcs[k])
+                crcs[k] = checksum.crc32(data, crcs[k])
                 chunk.append(None if in_place_k else target)
             if write is not None and any(a is not None for a in chunk):
                 write(start, chunk)
