@@ -92,6 +92,11 @@ class PrioritizedSampler:
             divided by (module docstring).
     """
 
+    fused_updates = True
+    """Whether an update of live ids may write the host sum tree in one compiled call
+    (:mod:`~replaybuffer.sampling.fused_update`), bypassing :meth:`_set`; a subclass
+    that keeps its priorities elsewhere (on a device) sets it to ``False``."""
+
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
                  seed: int | None = None, normalize: str = "batch"):
@@ -319,7 +324,8 @@ class PrioritizedSampler:
         if self._pending:
             self._flush()
         B = ring.batch_size
-        if tree_kernels.AVAILABLE and item_ids.size:  # all live, the usual case, in one call
+        if self.fused_updates and tree_kernels.AVAILABLE and item_ids.size:
+            # all live, the usual case, in one call
             if largest is None:
                 largest = float(np.maximum.reduce(priorities))
             scaled, bound = scale(priorities, self.alpha, largest)

@@ -72,6 +72,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     per update, a few kernels fewer), for comparison.
     """
 
+    fused_updates = False  # its priorities live in the device tree (_set), not the host's
+
     device_updates = True
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
