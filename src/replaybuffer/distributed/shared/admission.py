@@ -103,6 +103,19 @@ class SharedAdmission:
         self._refusable = {True: limiter.max_diff != float("inf"),
                            False: limiter.min_diff != float("-inf")}
 
+    @property
+    def admits_inserts(self) -> bool:
+        """Whether inserts are admitted (and counted) before they are written: the
+        limiter can hold them back. Otherwise (a ``MinSize``) the writer counts each
+        insert at its commit (:meth:`committed`), and none waits."""
+        return self._refusable[True]
+
+    def committed(self, n: int) -> None:
+        """Count an insert of ``n`` items at its commit (a limiter that never holds
+        inserts back: see :attr:`admits_inserts`), in this process's slot."""
+        self._counters.add(ADMITTED_INSERTS, n)
+        self.record_largest(True, n)
+
     def admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items be inserted (or sampled); count
         them in the shared counters. ``False``: held back with ``block=False``.

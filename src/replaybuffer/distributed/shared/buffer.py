@@ -157,15 +157,12 @@ class SharedReplayBuffer:
         self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
                                       self._priorities, config.beta, config.seed)
         self._limiter: RateLimiter | None = config.rate_limiter
-        # A limiter that never holds an insert back (MinSize) counts it at the commit.
-        counts_at_commit = self._limiter is not None and self._limiter.max_diff == np.inf
-        self._admits_inserts = self._limiter is not None and not counts_at_commit
-        counters = ProcessCounters(layout.counters, layout.counter_owners, self._lock)
         self._admission = None if self._limiter is None else SharedAdmission(
             self._limiter, self._control, self._lock, self.__len__, self._check_open,
-            counters, rows * length)
+            ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
+        self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    self._priorities, counters if counts_at_commit else None)
+                                    self._priorities, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties

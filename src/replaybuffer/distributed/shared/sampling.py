@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from replaybuffer.distributed.shared.layout import ATTACHED, SharedLayout
-from replaybuffer.distributed.shared.memory_fences import order_fence
+from replaybuffer.distributed.shared.memory_fences import check_available, order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
@@ -47,11 +47,16 @@ class SharedSampler:
         priorities: the prioritized tree (``None``: uniform).
         beta: the importance-sampling exponent (prioritized).
         seed: the buffer's seed (see :meth:`process_rng`).
+
+    Raises:
+        RuntimeError: this processor needs memory fences and ``libatomic`` is missing
+            (:func:`~.memory_fences.check_available`).
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
                  beta: float, seed: int | None):
+        check_available()  # a processor that needs fences this system cannot give
         self._version, self._next_id = layout.version, layout.next_id
         self._control = layout.control
         self._storage = storage

@@ -42,13 +42,14 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Iterable, Sequence
+from contextlib import nullcontext
+from typing import Any, ContextManager, Iterable, Sequence
 
 import numpy as np
 
 from replaybuffer.crash_points import ARMED, crash_point
-from replaybuffer.distributed.shared.counters import ADMITTED_INSERTS, ProcessCounters
-from replaybuffer.distributed.shared.layout import LARGEST_INSERT, SharedLayout
+from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock, process_ended
@@ -65,14 +66,15 @@ class SharedWriter:
         lock: its process lock.
         num_rows, max_length: its shape.
         priorities: the prioritized tree (``None``: uniform).
-        counters: the rate limiter's per-process counts, or ``None``: count no inserts
-            at the commit (no rate limiter, or one that admits each insert before it is
-            written).
+        admission: the rate limiter's admission (``None``: no rate limiter). One that
+            admits (and counts) each insert before it is written gets the count of a
+            write that fails back, so that an insert that never happened holds no later
+            call back; one that never holds an insert back counts it at the commit.
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
-                 counters: ProcessCounters | None):
+                 admission: SharedAdmission | None):
         self._version, self._next_id = layout.version, layout.next_id
         self._owner, self._control = layout.owner, layout.control
         self._held = layout.held
@@ -80,7 +82,9 @@ class SharedWriter:
         self._storage = storage
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
-        self._counters = counters
+        admits = admission is not None and admission.admits_inserts
+        self._admission = admission if admits else None  # gives failed writes back
+        self._commits = None if admits else admission  # counts inserts at the commit
         self._forget_rows()
         self._threads = threading.Lock()  # this process's writing threads, one at a time
         mine = weakref.ref(self)
@@ -186,15 +190,30 @@ class SharedWriter:
     def write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
         """Write one step to rows ``first .. first + count - 1`` under the version
         protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
-        with self._threads:
+        with self._threads, self._given_back(count):
             self._write_step(first, count, arrays)
 
     def write_steps(self, first: int, count: int, steps: Iterable[Sequence[Any]]) -> None:
         """Write consecutive steps (each as :meth:`write_step`'s ``arrays``), with no
         other thread's step between them."""
-        with self._threads:
-            for arrays in steps:
-                self._write_step(first, count, arrays)
+        steps = list(steps)  # views: the count of steps, for a give-back
+        written = 0
+        try:
+            with self._threads:
+                for arrays in steps:
+                    self._write_step(first, count, arrays)
+                    written += 1
+        except BaseException:
+            if self._admission is not None:  # the steps not written were never inserted
+                self._admission.give_back(True, count * (len(steps) - written))
+            raise
+
+    def _given_back(self, n: int) -> ContextManager[None]:
+        """The context of an admitted insert of ``n`` items: if it raises, the count
+        goes back (no admission: nothing to give back)."""
+        if self._admission is None:
+            return nullcontext()
+        return self._admission.given_back_on_error(True, n)
 
     def _write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
         """:meth:`write_step`, the thread lock held (the row head is read here); the
@@ -223,12 +242,8 @@ class SharedWriter:
             with priorities.changing(start, count):
                 priorities.set(positions, np.full(count, priorities.entering_value()))
                 self._publish(span, step)
-        if self._counters is not None:  # 7.
-            self._counters.add(ADMITTED_INSERTS, count)
-            if count > self._control[LARGEST_INSERT]:  # once per new size
-                with self._lock:
-                    self._control[LARGEST_INSERT] = max(int(self._control[LARGEST_INSERT]),
-                                                        count)
+        if self._commits is not None:  # 7.
+            self._commits.committed(count)
 
     def _publish(self, span: slice, step: int) -> None:
         """6.: the even versions of ``span``, then this process's row heads and counts."""
