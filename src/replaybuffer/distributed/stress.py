@@ -163,7 +163,12 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
     With ``kill_every``, one extra writer is started and killed (SIGKILL) after a random
     time up to ``kill_every`` seconds, again and again; each new one reclaims the rows
     the last left (with their steps).
+
+    :data:`SOAK_VARIABLE`, when set, makes the run at least that long (the suite's
+    stress test becomes a soak).
     """
+    if os.environ.get(SOAK_VARIABLE):
+        seconds = max(seconds, soak_seconds(seconds))
     ctx = mp.get_context("spawn")
     limiter = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=256,
                                   error_buffer=512)
