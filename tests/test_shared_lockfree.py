@@ -203,8 +203,8 @@ def test_an_admitted_insert_whose_write_fails_is_not_counted(monkeypatch):
     with SharedReplayBuffer(SPEC, 2, 10, rate_limiter=limiter, seed=0) as buffer:
         rows = np.arange(2)
         buffer.add_batch(items_for(rows, np.zeros(2)))
-        storage = buffer._storage
-        write = storage.write
+        writer = buffer._writer  # writes a step's data through its fused writer
+        write = writer._write_exact
         calls = []
 
         def fails_on_the_second_call(*args):
@@ -213,7 +213,7 @@ def test_an_admitted_insert_whose_write_fails_is_not_counted(monkeypatch):
                 raise OSError("the device went away")
             return write(*args)
 
-        monkeypatch.setattr(storage, "write", fails_on_the_second_call)
+        monkeypatch.setattr(writer, "_write_exact", fails_on_the_second_call)
         with pytest.raises(OSError, match="went away"):
             buffer.extend(steps_of(rows, 1, 3))  # step 1 written, step 2 fails
         assert buffer.stats().inserts == 2 + 2  # the step that was written counts
@@ -223,7 +223,7 @@ def test_an_admitted_insert_whose_write_fails_is_not_counted(monkeypatch):
             calls.append(1)
             buffer.add_batch(items_for(rows, np.full(2, 2)))
         assert buffer.stats().inserts == 4 and len(buffer) == 4
-        monkeypatch.setattr(storage, "write", write)
+        monkeypatch.setattr(writer, "_write_exact", write)
         buffer.add_batch(items_for(rows, np.full(2, 2)))  # the row goes on
         assert buffer.stats().inserts == 6 and len(buffer) == 6
         items, _ = buffer.get_next(200, timeout=5)
