@@ -228,3 +228,24 @@ def test_an_admitted_insert_whose_write_fails_is_not_counted(monkeypatch):
         assert buffer.stats().inserts == 6 and len(buffer) == 6
         items, _ = buffer.get_next(200, timeout=5)
         assert set(items["step"].tolist()) == {0, 1, 2}
+
+
+# ----------------------------------------------------------- the flat tree
+@settings(max_examples=50, deadline=None)
+@given(capacity=st.integers(1, 300), data=st.data())
+def test_propagating_some_leaves_gives_the_tree_a_rebuild_gives(capacity, data):
+    """One leaf (the scalar walk) or several (level by level), sum or min: the interior
+    after :func:`propagate` is the interior :func:`rebuild` computes from the leaves."""
+    from replaybuffer.sampling import flat_tree
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    for combine, identity in ((np.add, 0.0), (np.minimum, np.inf)):
+        tree = np.full(flat_tree.tree_nodes(capacity), identity)
+        flat_tree.set_leaves(tree, np.arange(capacity), rng.exponential(1.0, capacity))
+        flat_tree.rebuild(tree, combine)
+        for count in (1, data.draw(st.integers(1, 2 * capacity))):
+            leaves = rng.integers(0, capacity, count)
+            flat_tree.set_leaves(tree, leaves, rng.exponential(1.0, count))
+            flat_tree.propagate(tree, leaves, combine)
+            rebuilt = tree.copy()
+            flat_tree.rebuild(rebuilt, combine)
+            np.testing.assert_allclose(tree, rebuilt, rtol=1e-12)
