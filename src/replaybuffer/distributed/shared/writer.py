@@ -229,7 +229,8 @@ class SharedWriter:
         steps of the protocol are numbered in the module docstring."""
         step = int(self._next_id[first])
         start = (step % self._length) * self._rows_total + first
-        span = slice(start, start + count)
+        # One row (an actor with one env): a scalar store, cheaper than a slice's.
+        span: int | slice = start if count == 1 else slice(start, start + count)
         if step >= self._length:  # 1. the oldest step goes: uncounted before it is torn
             self._my_held.fill(self._length - 1)
         priorities = self._priorities
@@ -256,7 +257,7 @@ class SharedWriter:
         if self._commits is not None:  # 7.
             self._commits.committed(count)
 
-    def _publish(self, span: slice, step: int) -> None:
+    def _publish(self, span: int | slice, step: int) -> None:
         """6.: the even versions of ``span``, then this process's row heads and counts."""
         self._version[span] = 2 * step + 2
         if ARMED is not None:
