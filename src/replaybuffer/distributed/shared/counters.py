@@ -1,7 +1,8 @@
 """The rate limiter's counts of a shared buffer, one slot per process: each process
 adds to its own slot without a lock, whoever decides sums the slots.
 
-Layout (``counters`` int64 ``[SLOTS + 1, 4]`` and ``counter_owners`` int64
+Layout (``counters`` int64 ``[SLOTS + 1, COLUMNS]``, a slot per 64-byte cache line so
+that two processes' counts never share one, and ``counter_owners`` int64
 ``[SLOTS + 1]`` in the buffer's directory): row 0 is the overflow row, written under the
 buffer's lock by processes that found no free slot; row ``k >= 1`` belongs to the
 process whose pid ``counter_owners[k]`` holds, claimed once per process under the lock
@@ -35,12 +36,16 @@ SLOTS = 128
 ADMITTED_INSERTS, RESERVED_INSERTS, ADMITTED_SAMPLES, RESERVED_SAMPLES = range(4)
 """Columns of the ``counters`` array."""
 
+COLUMNS = 8
+"""Columns of a slot: the four above, padded to 64 bytes (a cache line), so a process's
+writes to its slot never take a line from another process (false sharing)."""
+
 
 class ProcessCounters:
     """The limiter's counts in shared memory, this process writing its own slot.
 
     Args:
-        counts: the shared int64 ``[SLOTS + 1, 4]`` array.
+        counts: the shared int64 ``[SLOTS + 1, COLUMNS]`` array.
         owners: the shared int64 ``[SLOTS + 1]`` array (slot owners; ``[0]``: slots
             used).
         lock: the buffer's process lock (claims a slot; guards the overflow row).
@@ -93,7 +98,7 @@ class ProcessCounters:
                 self._row[column] += n
 
     def totals(self) -> np.ndarray:
-        """Every column summed over the slots ever claimed: int64 ``[4]``."""
+        """Every column summed over the slots ever claimed: int64 ``[COLUMNS]``."""
         used = int(self._owners[0])
         total: np.ndarray = self._counts[:used + 1].sum(0)
         return total

@@ -13,14 +13,14 @@ its directory:
   rewritten (so a step a killed writer left half overwritten is never counted);
 - ``control`` int64 ``[16]``: the fields named below (the rate limiter's largest calls,
   blocked counts and waiting calls, closed flag, how many processes attached);
-- ``counters`` int64 ``[SLOTS + 1, 4]`` and ``counter_owners`` int64 ``[SLOTS + 1]``:
+- ``counters`` int64 ``[SLOTS + 1, COLUMNS]`` and ``counter_owners`` int64 ``[SLOTS + 1]``:
   the rate limiter's insert and sample counts, one slot per process
   (:mod:`.counters`);
 - prioritized buffers only: ``priorities`` float64, a flat sum tree of
   ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`),
   ``max_priority`` float64 ``[1]``, and ``tree_intent`` int64 ``[4]``: what the holder
   of the lock is changing in the tree (``TREE_DIRTY``: 1 while it does; the span of
-  positions and the step a writer is publishing), so that the next holder repairs what
+  positions a writer is hiding or publishing; ``TREE_STEP`` is unused), so that the next holder repairs what
   a holder killed midway left (:mod:`.priorities`).
 
 Writers and readers of the uniform path share these arrays without a lock; the order of
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaybuffer.distributed.shared.counters import SLOTS
+from replaybuffer.distributed.shared.counters import COLUMNS, SLOTS
 from replaybuffer.sampling import flat_tree
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -73,7 +73,7 @@ class SharedLayout:
         self.owner = shared("owner", (num_rows,), np.int64)
         self.held = shared("held", (num_rows,), np.int64)
         self.control = shared("control", (16,), np.int64)
-        self.counters = shared("counters", (SLOTS + 1, 4), np.int64)
+        self.counters = shared("counters", (SLOTS + 1, COLUMNS), np.int64)
         self.counter_owners = shared("counter_owners", (SLOTS + 1,), np.int64)
         self.prioritized = prioritized
         self.tree: np.ndarray = np.zeros(0)
