@@ -1,6 +1,7 @@
-"""SharedReplayBuffer under faults (issue 28, items 2, 3, 5, 6, 7): threads sharing a
-handle, a file system too small, a writer killed mid-step, a zero-item write, and
-creations that fail or whose process ends without ``close()``."""
+"""SharedReplayBuffer under faults (issue 28, items 1, 2, 3, 5, 6, 7): a prioritized
+writer or updater killed at a crash point or at random, threads sharing a handle, a file
+system too small, a writer killed mid-step, a zero-item write, and creations that fail
+or whose process ends without ``close()``."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from replaybuffer.crash_points import CRASH_EXIT_CODE
 from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.distributed.stress import soak_seconds
 from replaybuffer.errors import SpecError
+from replaybuffer.sampling import flat_tree
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage import mmap_storage
 from replaybuffer.storage.shared_storage import StorageSpaceError
@@ -225,3 +230,147 @@ def test_a_write_of_zero_items_is_refused_and_changes_nothing():
         np.testing.assert_array_equal(buffer.layout.version, version)
         buffer.add_batch(items_for(np.arange(2), np.zeros(2)))  # later writes work
         assert buffer.rows == (0, 2) and len(buffer) == 2
+
+
+# ------------------------------------ issue 28 item 1: the shared sum tree after kills
+def assert_tree_whole(buffer: SharedReplayBuffer) -> None:
+    """After the next call that takes the tree's lock (a draw, which repairs what a
+    killed holder left): every interior node is the sum of its children, every
+    committed step has a positive leaf and every step being written a zero one, and
+    ``probabilities`` are leaf / total."""
+    _, info = buffer.get_next(512)
+    tree = buffer.layout.tree.copy()
+    rebuilt = tree.copy()
+    flat_tree.rebuild(rebuilt)
+    np.testing.assert_allclose(tree, rebuilt, rtol=1e-9)
+    rows, length = buffer.num_rows, buffer.max_length
+    leaves = flat_tree.leaves_of(tree, np.arange(buffer.capacity))
+    version = buffer.layout.version.copy()
+    heads = buffer.steps_written()[np.arange(buffer.capacity) % rows]
+    ids = version // 2 - 1
+    committed = (version > 0) & (version % 2 == 0) & (ids < heads) & (ids >= heads - length)
+    assert committed.any()
+    assert (leaves[committed] > 0).all(), "a committed step cannot be drawn"
+    assert (leaves[version % 2 == 1] == 0).all(), "a step being written can be drawn"
+    steps, item_rows = np.divmod(info.ids, rows)
+    positions = (steps % length) * rows + item_rows
+    np.testing.assert_allclose(info.probabilities, leaves[positions] / leaves.sum(),
+                               rtol=1e-5)
+
+
+def _write_then_crash(buffer: SharedReplayBuffer, rows: int, steps: int) -> None:
+    """Write ``steps`` steps to ``rows`` rows, then keep writing (the armed crash point
+    ends the process), then updating priorities."""
+    first, _ = buffer.claim_rows(rows)
+    mine = np.arange(first, first + rows)
+    for step in range(steps):
+        buffer.add_batch(items_for(mine, np.full(rows, step)))
+    rng = np.random.default_rng(0)
+    while True:
+        _, info = buffer.get_next(16)
+        buffer.update_priorities(info.ids, rng.exponential(1.0, 16) + 0.1)
+
+
+def crash_a_child(monkeypatch, buffer: SharedReplayBuffer, point: str, rows: int,
+                  steps: int) -> None:
+    """Run :func:`_write_then_crash` in a fresh process armed at ``point``; it must end
+    there."""
+    monkeypatch.setenv("REPLAYBUFFER_CRASH_AT", point)
+    child = SPAWN.Process(target=_write_then_crash, args=(buffer, rows, steps))
+    child.start()
+    monkeypatch.delenv("REPLAYBUFFER_CRASH_AT")
+    child.join(120)
+    assert child.exitcode == CRASH_EXIT_CODE
+
+
+@pytest.mark.parametrize("point, head", [
+    ("shared.priorities.update:11", 5),  # hiding step 5 (over step 1): leaves 0 only
+    ("shared.priorities.update:12", 5),  # publishing step 5: leaves at max, versions odd
+    ("shared.priorities.update:13", 6),  # update_priorities: new leaves, old interior
+    ("shared.write.publish:6", 6),       # step 5's versions even, its row heads not moved
+    ("shared.write.data:6", 5),          # step 5's data written, nothing published
+])
+def test_a_prioritized_writer_killed_at_a_crash_point_leaves_a_whole_tree(monkeypatch, point,
+                                                                         head):
+    """The next holder of the lock repairs the tree; the next claim of the rows repairs
+    their heads; every committed step stays drawable, with the true probabilities."""
+    length = 4
+    with SharedReplayBuffer(SPEC, 3, length, prioritized=True, alpha=1.0, seed=0) as buffer:
+        crash_a_child(monkeypatch, buffer, point, 3, 6)
+        torn = buffer.layout.version % 2 == 1
+        assert_tree_whole(buffer)
+        assert buffer.claim_rows(3) == (0, 3)  # the killed writer's rows, with their steps
+        assert buffer.steps_written().tolist() == [head] * 3  # a published step counts
+        assert len(buffer) == 3 * length - 3 * int(torn.any())
+        items, _ = buffer.get_next(3_000)
+        assert set(items["step"].tolist()) == set(range(head - length + torn.any(), head))
+        for step in range(head, head + 2):  # the rows go on, whole
+            buffer.add_batch(items_for(np.arange(3), np.full(3, step)))
+        assert_tree_whole(buffer)
+        assert len(buffer) == 3 * length
+
+
+def _claim(buffer: SharedReplayBuffer) -> None:
+    buffer.claim_rows(2)
+
+
+def test_a_writer_killed_while_claiming_leaves_its_rows_free(monkeypatch):
+    with SharedReplayBuffer(SPEC, 2, 4) as buffer:
+        monkeypatch.setenv("REPLAYBUFFER_CRASH_AT", "shared.claim")
+        child = SPAWN.Process(target=_claim, args=(buffer,))
+        child.start()
+        monkeypatch.delenv("REPLAYBUFFER_CRASH_AT")
+        child.join(120)
+        assert child.exitcode == CRASH_EXIT_CODE
+        assert buffer.layout.owner.tolist() == [child.pid] * 2  # it had marked them
+        assert buffer.claim_rows(2) == (0, 2)  # an ended process's rows are free
+        buffer.add_batch(items_for(np.arange(2), np.zeros(2)))
+        assert len(buffer) == 2
+
+
+def _update_forever(buffer: SharedReplayBuffer, ready) -> None:
+    rng = np.random.default_rng()
+    ready.set()
+    while True:
+        _, info = buffer.get_next(64)
+        buffer.update_priorities(info.ids, rng.exponential(1.0, 64))
+
+
+def _write_forever(buffer: SharedReplayBuffer, rows: int, ready) -> None:
+    first, _ = buffer.claim_rows(rows)
+    mine = np.arange(first, first + rows)
+    ready.set()
+    while True:
+        steps = buffer.steps_written()[first]
+        buffer.add_batch(items_for(mine, np.full(rows, steps)))
+
+
+def test_writers_and_updaters_killed_at_random_moments_leave_a_whole_tree():
+    """Issue 28 item 1 as reported: 1,024-row batches into a prioritized buffer, the
+    writer (or a priority updater) killed with SIGKILL 0-4 ms into its work, again and
+    again (``REPLAYBUFFER_SOAK_SECONDS`` runs it longer); after each kill every
+    committed step is drawable and probabilities are priority over the true total."""
+    rows, length = 1024, 4
+    fork = mp.get_context("fork")  # a victim a few ms old: fork, not spawn
+    rng = np.random.default_rng(0)
+    deadline = time.monotonic() + soak_seconds(6.0)
+    kills = 0
+    with SharedReplayBuffer(SPEC, rows, length, prioritized=True, seed=0) as buffer:
+        buffer.claim_rows(rows)
+        for step in range(length):
+            buffer.add_batch(items_for(np.arange(rows), np.full(rows, step)))
+        buffer._writer.release_rows()  # the victims write these rows
+        while time.monotonic() < deadline or kills < 4:
+            ready = fork.Event()
+            target, args = (_write_forever, (buffer, rows, ready)) if kills % 3 else \
+                (_update_forever, (buffer, ready))
+            victim = fork.Process(target=target, args=args)
+            victim.start()
+            assert ready.wait(60)
+            time.sleep(float(rng.uniform(0.0, 0.004)))
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(60)
+            kills += 1
+            assert_tree_whole(buffer)
+        assert buffer.claim_rows(rows) == (0, rows)
+        assert_tree_whole(buffer)

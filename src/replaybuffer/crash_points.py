@@ -25,6 +25,15 @@ CRASH_EXIT_CODE = 86
 POINTS: dict[str, str] = {
     "mmap.journal.recreate": "an mmap journal file just emptied, before its header is "
                              "written",
+    "shared.claim": "a shared buffer's rows just marked as this process's, under the "
+                    "lock, before the claim returns",
+    "shared.write.data": "a shared buffer's step written (data copied, versions odd), "
+                         "before it is published",
+    "shared.write.publish": "a shared buffer's step versions published (even), before "
+                            "its row heads and held counts move",
+    "shared.priorities.update": "a shared sum tree's leaves set (a step hidden or "
+                                "published, or update_priorities), before their "
+                                "ancestors are recomputed",
 }
 """Every crash point, by name, with the moment it interrupts."""
 

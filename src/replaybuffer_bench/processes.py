@@ -15,6 +15,17 @@ Reverb runs in its own venv (``bash benchmarks/setup_reverb.sh``) through
 server on localhost, writers with one item per step, a sampler of batches of 256; it is
 reported as not runnable where that venv is missing.
 
+Each shared row also reports what serializes the writers: the buffer lock's
+acquisitions per insert and the time it was held per insert (``serial_us_per_insert``,
+summed over the writers: the part of an insert no other writer can overlap; 0 on a
+uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up over one
+writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
+``inf`` when nothing is serialized). ``--prioritized`` runs the shared rows on a
+prioritized buffer (whose steps take the tree's lock twice). The benchmark needs numpy,
+this package and its core dependencies only, so it runs as it is on a larger machine:
+``python -m replaybuffer.cli bench --processes --writers 1,2,4,8,12 --seconds 3
+--no-reverb --json FILE``.
+
 ``--soak SECONDS`` runs the stress run of the test suite for longer instead
 (:func:`replaybuffer.distributed.stress.run_stress`).
 """
@@ -24,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +47,7 @@ import numpy as np
 from replaybuffer_bench.workloads import control_spec, frames_spec, random_items
 from replaybuffer.buffers.uniform import UniformReplayBuffer
 from replaybuffer.distributed.shared import SharedReplayBuffer
+from replaybuffer.distributed.shared.process_lock import lock_totals
 from replaybuffer.rate_limiter import MinSize
 
 WORKLOADS = {"control": (control_spec, 100_000), "frames": (frames_spec, 20_000)}
@@ -54,12 +67,14 @@ def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds:
     buffer.add_batch(batches[0])  # claims the row and warms up; not counted
     ready.put(1)
     go.wait()
+    acquired, held = lock_totals()
     done, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for batch in batches[:16]:
             buffer.add_batch(batch)
         done += 16
-    out.put(("inserts", done - 0))
+    acquired_after, held_after = lock_totals()
+    out.put(("inserts", done, acquired_after - acquired, held_after - held))
 
 
 def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
@@ -71,17 +86,18 @@ def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
     while time.perf_counter() < deadline:
         buffer.get_next(SAMPLE)
         done += SAMPLE
-    out.put(("samples", done))
+    out.put(("samples", done, 0, 0))
 
 
-def run_shared(workload: str, writers: int, seconds: float) -> dict[str, Any]:
+def run_shared(workload: str, writers: int, seconds: float,
+               prioritized: bool = False) -> dict[str, Any]:
     """Writers and one sampler on a shared buffer for ``seconds`` (see the module)."""
     make_spec, capacity = WORKLOADS[workload]
     spec = make_spec()
     rows = writers + 1  # one for the prefill
     ctx = mp.get_context("spawn")
     with SharedReplayBuffer(spec, rows, capacity // rows, rate_limiter=MinSize(PREFILL),
-                            seed=0) as buffer:
+                            prioritized=prioritized, seed=0) as buffer:
         prefill = random_items(spec, (1, PREFILL), np.random.default_rng(0))
         buffer.extend(prefill)
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -94,16 +110,26 @@ def run_shared(workload: str, writers: int, seconds: float) -> dict[str, Any]:
             ready.get(timeout=120)
         go.set()
         totals = {"inserts": 0, "samples": 0}
+        locks = held_ns = 0
         for _ in procs:
-            kind, count = out.get(timeout=seconds + 60)
+            kind, count, acquired, held = out.get(timeout=seconds + 60)
             totals[kind] += count
+            locks, held_ns = locks + acquired, held_ns + held
         for p in procs:
             p.join(30)
             if p.is_alive():
                 p.kill()
-    return {"peer": "replaybuffer[shared]", "workload": workload, "writers": writers,
+    inserts = max(1, totals["inserts"])
+    per_insert_us = 1e6 * seconds * writers / inserts  # one writer's time per insert
+    serial_us = held_ns / 1e3 / inserts
+    return {"peer": "replaybuffer[shared]" + ("[prioritized]" if prioritized else ""),
+            "workload": workload, "writers": writers,
             "inserts_per_s": totals["inserts"] / seconds,
-            "samples_per_s": totals["samples"] / seconds, "seconds": seconds}
+            "samples_per_s": totals["samples"] / seconds, "seconds": seconds,
+            "locks_per_insert": locks / inserts, "serial_us_per_insert": serial_us,
+            "us_per_insert": per_insert_us,
+            "scaling_bound": per_insert_us / serial_us if serial_us else float("inf"),
+            "cpus": os.cpu_count()}
 
 
 def run_single(workload: str, seconds: float) -> dict[str, Any]:
@@ -155,14 +181,25 @@ def run_reverb(workloads: list[str], writers: list[int], seconds: float
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | peer | writers | inserts/s | samples/s |", "|---|---|---|---|---|"]
+    """The rows as a markdown table; a shared row's inserts/s also as a multiple of the
+    workload's one-process row, and what serializes its writers."""
+    lines = ["| workload | peer | writers | inserts/s | x one process | samples/s | "
+             "locks/insert | serial us/insert |", "|---|---|---|---|---|---|---|---|"]
+    alone = {r["workload"]: r["inserts_per_s"] for r in rows
+             if r.get("peer") == "replaybuffer[one process]"}
     for r in rows:
         if "unsupported" in r:
-            lines.append(f"| {r['workload']} | {r['peer']} | | {r['unsupported']} | |")
+            lines.append(f"| {r['workload']} | {r['peer']} | | {r['unsupported']} "
+                         "| | | | |")
             continue
         writers = "one process" if not r["writers"] else r["writers"]
+        ratio = f"{r['inserts_per_s'] / alone[r['workload']]:.2f}x" \
+            if r["workload"] in alone and r["writers"] else ""
+        locks = f"{r['locks_per_insert']:.2f}" if "locks_per_insert" in r else ""
+        serial = f"{r['serial_us_per_insert']:.2f}" if "serial_us_per_insert" in r else ""
         lines.append(f"| {r['workload']} | {r['peer']} | {writers} | "
-                     f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} |")
+                     f"{r['inserts_per_s']:,.0f} | {ratio} | {r['samples_per_s']:,.0f} | "
+                     f"{locks} | {serial} |")
     return "\n".join(lines)
 
 
@@ -172,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", default="1,2,4")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--no-reverb", action="store_true")
+    parser.add_argument("--prioritized", action="store_true",
+                        help="shared rows on a prioritized buffer")
     parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                         help="run the stress run for SECONDS instead")
     parser.add_argument("--json", metavar="FILE")
@@ -189,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_single(workload, args.seconds))
         print(json.dumps(rows[-1]), flush=True)
         for count in writers:
-            rows.append(run_shared(workload, count, args.seconds))
+            rows.append(run_shared(workload, count, args.seconds, args.prioritized))
             print(json.dumps(rows[-1]), flush=True)
     if not args.no_reverb:
         for row in run_reverb(workloads, writers, args.seconds):

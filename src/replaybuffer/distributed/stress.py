@@ -4,8 +4,13 @@ processes for a fixed time, every sampled item checked against what was written.
 Each item carries its row and step and a payload of bytes all equal to a value those
 determine; a torn item (bytes of two steps, or a step other than its id says) fails the
 check. Writers may be killed with SIGKILL at random moments and replaced. Used by the
-test suite (``tests/test_shared.py``, about 10 s) and by ``replaybuffer bench
---processes --soak SECONDS``.
+test suite (``tests/test_shared.py``, about 10 s; ``tests/test_shared_faults.py``, as
+long as :data:`SOAK_VARIABLE` says) and by ``replaybuffer bench --processes --soak
+SECONDS``.
+
+The run's clock starts when every process has started (imported the library and mapped
+the buffer): on a loaded machine a spawned process can take seconds to start, and a run
+timed from before that would cut the last one short or take it for hung.
 """
 
 from __future__ import annotations
@@ -27,6 +32,28 @@ ENVS_PER_WRITER = 2
 SAMPLE_SIZE = 64
 UPDATE_SIZE = 32
 NUM_STEPS = 2
+
+SOAK_VARIABLE = "REPLAYBUFFER_SOAK_SECONDS"
+"""The environment variable that sets how long the suite's soak runs (seconds)."""
+
+
+def soak_seconds(default: float) -> float:
+    """Seconds for a soak run: :data:`SOAK_VARIABLE` if set, else ``default``.
+
+    Raises:
+        ValueError: the variable is not a positive finite number.
+    """
+    value = os.environ.get(SOAK_VARIABLE)
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (np.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{SOAK_VARIABLE} must be a positive number of seconds, got "
+                         f"{value!r}")
+    return seconds
 
 
 def stress_spec(payload_bytes: int) -> dict[str, ArraySpec]:
@@ -55,8 +82,11 @@ def torn_items(items: dict[str, np.ndarray], ids: np.ndarray, num_rows: int) -> 
     return int(bad.sum())
 
 
-def _writer(buffer: SharedReplayBuffer, seconds: float, out: Any) -> None:
+def _writer(buffer: SharedReplayBuffer, seconds: float, out: Any, ready: Any,
+            go: Any) -> None:
     inserted = 0
+    ready.put(os.getpid())
+    go.wait()
     first, count = buffer.claim_rows(ENVS_PER_WRITER)
     rows = np.arange(first, first + count)
     width = buffer.data_spec["payload"].shape[0]
@@ -74,8 +104,11 @@ def _writer(buffer: SharedReplayBuffer, seconds: float, out: Any) -> None:
     out.put(("writer", os.getpid(), inserted))
 
 
-def _sampler(buffer: SharedReplayBuffer, seconds: float, out: Any, update: bool) -> None:
+def _sampler(buffer: SharedReplayBuffer, seconds: float, out: Any, update: bool,
+             ready: Any, go: Any) -> None:
     sampled = torn = updates = stale = 0
+    ready.put(os.getpid())
+    go.wait()
     rng = np.random.default_rng(os.getpid())
     size = UPDATE_SIZE if update else SAMPLE_SIZE
     deadline = time.monotonic() + seconds
@@ -130,7 +163,12 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
     With ``kill_every``, one extra writer is started and killed (SIGKILL) after a random
     time up to ``kill_every`` seconds, again and again; each new one reclaims the rows
     the last left (with their steps).
+
+    :data:`SOAK_VARIABLE`, when set, makes the run at least that long (the suite's
+    stress test becomes a soak).
     """
+    if os.environ.get(SOAK_VARIABLE):
+        seconds = max(seconds, soak_seconds(seconds))
     ctx = mp.get_context("spawn")
     limiter = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=256,
                                   error_buffer=512)
@@ -140,19 +178,39 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
     report = StressReport(window=(limiter.min_diff, limiter.max_diff))
     out = ctx.Queue()
     rng = np.random.default_rng(seed)
+    ready, go, victim_ready = ctx.Queue(), ctx.Event(), ctx.Queue()
+    standby: tuple[Any, Any] | None = None
+
+    def next_victim() -> tuple[Any, Any]:
+        """A writer to kill, started now (it imports while the last one writes) and
+        writing once its event is set."""
+        victim_go = ctx.Event()
+        victim = ctx.Process(target=_writer,
+                             args=(buffer, seconds, out, victim_ready, victim_go))
+        victim.start()
+        return victim, victim_go
+
     try:
-        procs = [ctx.Process(target=_writer, args=(buffer, seconds, out)) for _ in range(writers)]
-        procs += [ctx.Process(target=_sampler, args=(buffer, seconds, out, False))
+        procs = [ctx.Process(target=_writer, args=(buffer, seconds, out, ready, go))
+                 for _ in range(writers)]
+        procs += [ctx.Process(target=_sampler, args=(buffer, seconds, out, False, ready, go))
                   for _ in range(samplers)]
-        procs.append(ctx.Process(target=_sampler, args=(buffer, seconds, out, True)))
-        start = time.monotonic()
+        procs.append(ctx.Process(target=_sampler, args=(buffer, seconds, out, True, ready,
+                                                        go)))
         for p in procs:
             p.start()
+        standby = next_victim() if kill_every else None
+        for _ in procs:  # every process started: the clock starts
+            ready.get(timeout=300)
+        go.set()
+        start = time.monotonic()
         end = start + seconds
-        while kill_every and time.monotonic() < end - 0.5:
-            victim = ctx.Process(target=_writer, args=(buffer, seconds, out))
-            victim.start()
-            time.sleep(float(rng.uniform(0.3, kill_every)))
+        while standby is not None and time.monotonic() < end - 0.5:
+            victim, victim_go = standby
+            victim_ready.get(timeout=300)  # killed while writing, not while starting
+            victim_go.set()
+            standby = next_victim()
+            time.sleep(float(rng.uniform(0.3, kill_every or 1.0)))
             if victim.is_alive() and victim.pid is not None:  # (a started one has a pid)
                 os.kill(victim.pid, signal.SIGKILL)
                 report.killed += 1
@@ -178,5 +236,8 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
                 report.stale += stale
         report.stats = buffer.stats()
     finally:
+        if standby is not None:
+            standby[0].kill()
+            standby[0].join()
         buffer.close()
     return report

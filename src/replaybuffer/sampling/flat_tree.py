@@ -34,17 +34,58 @@ def update(tree: np.ndarray, leaves: np.ndarray, values: np.ndarray,
     """Set ``leaves`` (int64 ``[n]``) to ``values`` (float64 ``[n]``) and recompute their
     ancestors with ``combine`` (``np.add`` or ``np.minimum``). A leaf given twice takes
     its last value."""
+    leaves = np.asarray(leaves, np.int64).ravel()
+    if not len(leaves):
+        return
+    set_leaves(tree, leaves, values)
+    propagate(tree, leaves, combine)
+
+
+def set_leaves(tree: np.ndarray, leaves: np.ndarray, values: np.ndarray) -> None:
+    """Set ``leaves`` (int64 ``[n]``) to ``values`` (float64 ``[n]``) alone, their
+    ancestors left stale until :func:`propagate` (a leaf given twice takes its last
+    value)."""
+    tree[len(tree) // 2 + np.asarray(leaves, np.int64)] = values  # numpy: last wins
+
+
+def propagate(tree: np.ndarray, leaves: np.ndarray, combine: np.ufunc = np.add) -> None:
+    """Recompute the ancestors of ``leaves`` (int64 ``[n]``) from their children.
+
+    One leaf (a shared buffer's step of one row) walks up with scalar reads and writes:
+    a numpy call per level costs more than the level's arithmetic. Several go level by
+    level on their sorted, deduplicated parents (shifting a sorted array keeps it sorted,
+    so dropping repeats needs no new sort)."""
     half = len(tree) // 2
     leaves = np.asarray(leaves, np.int64).ravel()
     if not len(leaves):
         return
-    tree[half + leaves] = values  # numpy assigns repeated indices in order: last wins
+    if len(leaves) == 1:
+        node = (half + int(leaves[0])) >> 1
+        add = combine is np.add
+        while node:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            tree[node] = left + right if add else combine(left, right)
+            node >>= 1
+        return
     nodes = np.unique((half + leaves) >> 1)
     while True:
         tree[nodes] = combine(tree[2 * nodes], tree[2 * nodes + 1])
         if nodes[0] == 1:
             return
-        nodes = np.unique(nodes >> 1)
+        nodes >>= 1
+        fresh = np.empty(len(nodes), bool)
+        fresh[0] = True
+        np.not_equal(nodes[1:], nodes[:-1], out=fresh[1:])
+        nodes = nodes[fresh]
+
+
+def rebuild(tree: np.ndarray, combine: np.ufunc = np.add) -> None:
+    """Recompute every interior node from the leaves, level by level (O(nodes),
+    vectorised): what a tree whose updater died between a leaf and its ancestors needs."""
+    level = len(tree) // 2
+    while level > 1:
+        tree[level // 2:level] = combine(tree[level:2 * level:2], tree[level + 1:2 * level:2])
+        level //= 2
 
 
 def leaves_of(tree: np.ndarray, leaves: np.ndarray) -> np.ndarray:

@@ -1,21 +1,52 @@
 """Rate limiting across processes: one :class:`~replaybuffer.RateLimiter`'s decisions
-on counters in shared memory.
+on counts in shared memory, with no lock on the path of a call that goes ahead.
 
 Every process holds its own copy of the limiter (it pickles with the buffer's handle);
-before each decision the copy is loaded with the shared totals (``control``'s fields),
-so every writer and sampler is paced by the same counts. A held-back call polls (50 us,
-doubling to 2 ms) until it may go, ``timeout`` passes, or, with ``block=False``, at once.
+before each decision the copy is loaded with the shared totals, so every writer and
+sampler is paced by the same counts. The counts are per process
+(:mod:`.counters`): a process adds to its own slot, a decision sums the slots.
+
+Exact without a lock. An insert can only be refused for the diff getting too high, a
+sample only for the diff getting too low (or the buffer too small): a call of one side
+only ever makes the other side's calls more welcome. So a call needs to see every
+admitted or concurrently decided call *of its own side*, and may see the other side's
+admitted calls late (which only makes it stricter). A call the limiter can refuse by the
+counts (an insert under a finite ``max_diff``, a sample under a finite ``min_diff``):
+
+1. adds its ``n`` to its slot's *reserved* count of its side;
+2. full fence (:func:`~.memory_fences.full_fence`: its store before the loads below);
+3. sums the slots: its side's admitted plus reserved counts (less its own ``n``) and the
+   other side's admitted count, and asks the limiter;
+4. admitted: adds ``n`` to its admitted count, then (order fence) takes ``n`` off its
+   reserved count; refused: takes ``n`` off its reserved count.
+
+Of two calls of one side decided at once, each stores its reservation before loading the
+others' (step 2), so at least one of them sees the other (Dekker's argument: both missing
+each other would need each load to come before the other's store, a cycle the full
+fences forbid); the one that sees both decides on both, so the window holds for the pair,
+and by induction for any number. Between steps 4's two stores a call may be counted
+twice by its own side (stricter, never looser). The limiter's "let the buffer fill"
+clause (``size + n <= min_size_to_sample``) is given as ``size`` the larger of
+``len()`` and the inserts seen (capped at the capacity), so inserts in flight count
+there too. A call that cannot be refused by the counts (a ``MinSize``'s inserts; its
+samples are held back by ``len()`` alone) skips the reservation and the fences.
+A refusal is exact but may be spurious under contention: two calls of one side that
+see each other's reservation both back off, and retry at their next poll.
 
 An admitted sample is counted at once (two processes must not both take the last room
-in the window), before it is drawn; a draw that then fails gives its count back
-(:meth:`SharedAdmission.give_back`), so a refused sample never holds later ones back.
+in the window), before it is drawn; a draw (or insert) that then fails gives its count
+back (:meth:`SharedAdmission.give_back`), so a refused call never holds later ones back.
 
-Waiting calls in different processes can block each other (see
-:mod:`replaybuffer.rate_limiter`). Each side publishes its smallest waiting call in the
-control block (``WAITING_INSERT``/``WAITING_SAMPLE``), refreshed by that waiter at every
-poll; a waiter that ends takes its entry out, and one that was killed goes stale after
-:data:`STALE_NS`. A call that finds itself held back beside a held-back call of the
-other side, arriving or at any poll, is refused with the deadlock named.
+Held back, a call polls (50 us, doubling to 2 ms) until it may go, ``timeout`` passes,
+or, with ``block=False``, at once; only then does it take the lock, to count itself
+blocked and to publish itself as waiting. Waiting calls in different processes can block
+each other (see :mod:`replaybuffer.rate_limiter`). Each side publishes its smallest
+waiting call in the control block (``WAITING_INSERT``/``WAITING_SAMPLE``), refreshed by
+that waiter at every poll; a waiter that ends takes its entry out, and one that was
+killed goes stale after :data:`STALE_NS`. A call that finds itself held back beside a
+held-back call of the other side, arriving or at any poll, is refused with the deadlock
+named. A process killed between reserving and deciding leaves a reservation that the
+next held-back call voids (:meth:`~.counters.ProcessCounters.void_dead_reservations`).
 """
 
 from __future__ import annotations
@@ -27,10 +58,13 @@ from typing import Callable, Iterator
 import numpy as np
 
 from replaybuffer.arguments import check_timeout
+from replaybuffer.distributed.shared.counters import (ADMITTED_INSERTS, ADMITTED_SAMPLES,
+                                                       RESERVED_INSERTS, RESERVED_SAMPLES,
+                                                       ProcessCounters)
 from replaybuffer.distributed.shared.layout import (
-    INSERT_BLOCKED_NS, INSERTS, INSERTS_BLOCKED, LARGEST_INSERT, LARGEST_SAMPLE,
-    SAMPLE_BLOCKED_NS, SAMPLES, SAMPLES_BLOCKED, WAITING_INSERT, WAITING_INSERT_NS,
-    WAITING_SAMPLE, WAITING_SAMPLE_NS)
+    INSERT_BLOCKED_NS, INSERTS_BLOCKED, LARGEST_INSERT, LARGEST_SAMPLE, SAMPLE_BLOCKED_NS,
+    SAMPLES_BLOCKED, WAITING_INSERT, WAITING_INSERT_NS, WAITING_SAMPLE, WAITING_SAMPLE_NS)
+from replaybuffer.distributed.shared.memory_fences import full_fence, order_fence
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.rate_limiter import RateLimitedError, RateLimiter, RateLimiterStats
 
@@ -45,19 +79,42 @@ class SharedAdmission:
     Args:
         limiter: this process's copy of the buffer's rate limiter.
         control: the shared int64 control array (:mod:`.layout`).
-        lock: the buffer's process lock, held while counters are read and counted.
+        lock: the buffer's process lock, held by calls held back (to count and
+            publish themselves) and to raise the largest call recorded.
         size: the buffer's item count now (``len(buffer)``).
         check_open: raises :class:`~replaybuffer.distributed.BufferClosedError` once the
             buffer is closed (a waiting call stops then).
+        counters: the per-process counts (:mod:`.counters`).
+        capacity: the buffer's capacity in items.
     """
 
     def __init__(self, limiter: RateLimiter, control: np.ndarray, lock: ProcessLock,
-                 size: Callable[[], int], check_open: Callable[[], None]):
+                 size: Callable[[], int], check_open: Callable[[], None],
+                 counters: ProcessCounters, capacity: int):
         self.limiter = limiter
         self._control = control
         self._lock = lock
         self._size = size
         self._check_open = check_open
+        self._counters = counters
+        self._capacity = capacity
+        # Which side the counts can hold back (a MinSize: neither; its samples wait for
+        # len() alone, which needs no reservation).
+        self._refusable = {True: limiter.max_diff != float("inf"),
+                           False: limiter.min_diff != float("-inf")}
+
+    @property
+    def admits_inserts(self) -> bool:
+        """Whether inserts are admitted (and counted) before they are written: the
+        limiter can hold them back. Otherwise (a ``MinSize``) the writer counts each
+        insert at its commit (:meth:`committed`), and none waits."""
+        return self._refusable[True]
+
+    def committed(self, n: int) -> None:
+        """Count an insert of ``n`` items at its commit (a limiter that never holds
+        inserts back: see :attr:`admits_inserts`), in this process's slot."""
+        self._counters.add(ADMITTED_INSERTS, n)
+        self.record_largest(True, n)
 
     def admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items be inserted (or sampled); count
@@ -70,45 +127,31 @@ class SharedAdmission:
                 both held back (a deadlock). Nothing is counted then.
         """
         timeout = check_timeout(timeout)
+        if self._try_admit(insert, n):  # the usual case: no lock, no clock
+            return True
         limiter = self.limiter
         control = self._control
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause, started, checked, published = 50e-6, None, False, False
+        pause, started, checked, published = 50e-6, time.monotonic_ns(), False, False
+        blocked_ns = INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS
         try:
             while True:
                 with self._lock:
-                    limiter.inserts, limiter.samples = int(control[INSERTS]), \
-                        int(control[SAMPLES])
-                    limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
-                    limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
+                    self._counters.void_dead_reservations()
                     size = self._size()
-                    ready = limiter.can_insert(n, size) if insert else \
-                        limiter.can_sample(n, size)
-                    if not checked and not ready:  # a call too large for the window
+                    if not checked:  # a call too large for the window
                         (limiter.check_insert_size if insert else limiter.check_sample_size)(n)
                         control[INSERTS_BLOCKED if insert else SAMPLES_BLOCKED] += 1
                         checked = True
-                    if ready:
-                        field, largest = (INSERTS, LARGEST_INSERT) if insert else \
-                            (SAMPLES, LARGEST_SAMPLE)
-                        control[field] += n
-                        control[largest] = max(int(control[largest]), n)
-                        if started is not None:
-                            control[INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS] += \
-                                time.monotonic_ns() - started
-                        return True
                     if block:
                         self._refuse_a_deadlock(insert, n, size)
                         self._publish(insert, n)
                         published = True
-                if started is None:
-                    started = time.monotonic_ns()
                 if not block:
                     return False
                 if deadline is not None and time.monotonic() >= deadline:
                     with self._lock:
-                        control[INSERT_BLOCKED_NS if insert else SAMPLE_BLOCKED_NS] += \
-                            time.monotonic_ns() - started
+                        control[blocked_ns] += time.monotonic_ns() - started
                     stats = self.stats()
                     raise RateLimitedError(
                         f"{'insert' if insert else 'sample'} of {n} items held back by "
@@ -118,9 +161,56 @@ class SharedAdmission:
                 self._check_open()
                 time.sleep(pause)
                 pause = min(2 * pause, 2e-3)
+                if self._try_admit(insert, n):
+                    with self._lock:
+                        control[blocked_ns] += time.monotonic_ns() - started
+                    return True
         finally:
             if published:
                 self._withdraw(insert, n)
+
+    def _try_admit(self, insert: bool, n: int) -> bool:
+        """Decide a call of ``n`` items once, without a lock (see the module: reserve,
+        full fence, sum, decide); admitted, it is counted. The limiter is left loaded
+        with the totals it decided on (others' calls, not this one)."""
+        counters, limiter = self._counters, self.limiter
+        reserved, admitted = (RESERVED_INSERTS, ADMITTED_INSERTS) if insert else \
+            (RESERVED_SAMPLES, ADMITTED_SAMPLES)
+        refusable = self._refusable[insert]
+        if refusable:
+            counters.add(reserved, n)
+            full_fence()
+        totals = counters.totals()
+        mine = n if refusable else 0
+        size = self._size()
+        if insert:
+            limiter.inserts = int(totals[ADMITTED_INSERTS] + totals[RESERVED_INSERTS]) - mine
+            limiter.samples = int(totals[ADMITTED_SAMPLES])
+            ready = limiter.can_insert(n, max(size, min(limiter.inserts, self._capacity)))
+        else:
+            limiter.inserts = int(totals[ADMITTED_INSERTS])
+            limiter.samples = int(totals[ADMITTED_SAMPLES] + totals[RESERVED_SAMPLES]) - mine
+            ready = limiter.can_sample(n, size)
+        control = self._control
+        limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
+        limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
+        if ready:
+            counters.add(admitted, n)
+            if refusable:
+                order_fence()  # admitted before unreserved: never seen as neither
+                counters.add(reserved, -n)
+            self.record_largest(insert, n)
+        elif refusable:
+            counters.add(reserved, -n)
+        return ready
+
+    def record_largest(self, insert: bool, n: int) -> None:
+        """Raise the largest call recorded to ``n`` if it is larger: under the lock,
+        taken only then (once per new size)."""
+        field = LARGEST_INSERT if insert else LARGEST_SAMPLE
+        if n > self._control[field]:
+            with self._lock:
+                self._control[field] = max(int(self._control[field]), n)
 
     @contextmanager
     def given_back_on_error(self, insert: bool, n: int) -> Iterator[None]:
@@ -136,8 +226,7 @@ class SharedAdmission:
         """Take back the count of ``n`` admitted items whose insert (or draw) failed, so
         that it does not hold later calls back. (The largest call recorded stays: it
         only makes the check of calls too large for the window stricter.)"""
-        with self._lock:
-            self._control[INSERTS if insert else SAMPLES] -= n
+        self._counters.add(ADMITTED_INSERTS if insert else ADMITTED_SAMPLES, -n)
 
     # ---------------------------------------------------------- waiting calls
     def _refuse_a_deadlock(self, insert: bool, n: int, size: int) -> None:
@@ -174,7 +263,8 @@ class SharedAdmission:
     def stats(self) -> RateLimiterStats:
         """The limiter's counters over every process."""
         c = self._control
-        inserts, samples = int(c[INSERTS]), int(c[SAMPLES])
+        totals = self._counters.totals()
+        inserts, samples = int(totals[ADMITTED_INSERTS]), int(totals[ADMITTED_SAMPLES])
         # Python numbers, as the in-process limiter's stats: numpy scalars from the
         # shared array would print as np.float64(...).
         return RateLimiterStats(inserts, samples, self._size(),

@@ -66,6 +66,7 @@ from replaybuffer.dataset import RandomStream
 from replaybuffer.distributed.errors import BufferClosedError, not_supported
 from replaybuffer.distributed.shared.admission import SharedAdmission
 from replaybuffer.distributed.shared.config import SharedConfig
+from replaybuffer.distributed.shared.counters import ProcessCounters
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
@@ -156,15 +157,12 @@ class SharedReplayBuffer:
         self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
                                       self._priorities, config.beta, config.seed)
         self._limiter: RateLimiter | None = config.rate_limiter
-        # A limiter that can never hold an insert back (max_diff = inf, as MinSize)
-        # needs no admission: inserts are counted in the commit's critical section.
-        counts_at_commit = self._limiter is not None and \
-            self._limiter.max_diff == float("inf")
-        self._admits_inserts = self._limiter is not None and not counts_at_commit
         self._admission = None if self._limiter is None else SharedAdmission(
-            self._limiter, self._control, self._lock, self.__len__, self._check_open)
+            self._limiter, self._control, self._lock, self.__len__, self._check_open,
+            ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
+        self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    config.alpha, counts_at_commit)
+                                    self._priorities, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties

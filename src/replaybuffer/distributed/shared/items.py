@@ -28,6 +28,9 @@ class ItemChecker:
         self._paths = nest.leaf_paths(data_spec)
         self._fast_flatten = nest.fast_flattener(data_spec)
         self._storage = storage
+        # Per outer shape, the full shape and dtype each leaf must have to be stored as
+        # it is (the usual case, checked here without building the error's names).
+        self._exact: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[np.dtype]]] = {}
 
     def arrays(self, items: Any, method: str, axes: int
                ) -> tuple[Sequence[Any], tuple[int, ...]]:
@@ -49,6 +52,17 @@ class ItemChecker:
             raise SpecError(f"{method}: {self._paths[0]} has shape {shape}; expected "
                             f"{'[B, T]' if axes == 2 else '[B]'} + {self._first_shape}")
         outer = tuple(shape[:axes])
+        exact = self._exact.get(outer)
+        if exact is None:
+            if len(self._exact) > 64:  # extends of many lengths: keep it small
+                self._exact.clear()
+            checker = self._storage.checker
+            exact = self._exact[outer] = (checker.full_shapes(outer), checker.dtypes)
+        for leaf, full, dtype in zip(leaves, *exact):
+            if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != full:
+                break
+        else:
+            return leaves, outer
         names = f"[batch={outer[0]}]" if axes == 1 else \
             f"[batch={outer[0]}, steps={outer[1]}]"
         return self._storage.convert(leaves, self._paths, outer, names), outer

@@ -11,17 +11,27 @@ its directory:
 - ``held`` int64 ``[num_rows]``: steps of each row a sample can return, kept by its
   writer: ``min(next_id, max_length)``, less one while a full row's oldest step is
   rewritten (so a step a killed writer left half overwritten is never counted);
-- ``control`` int64 ``[16]``: the fields named below (rate-limiter totals and waiting
-  calls, closed flag, how many processes attached);
+- ``control`` int64 ``[16]``: the fields named below (the rate limiter's largest calls,
+  blocked counts and waiting calls, closed flag, how many processes attached);
+- ``counters`` int64 ``[SLOTS + 1, COLUMNS]`` and ``counter_owners`` int64 ``[SLOTS + 1]``:
+  the rate limiter's insert and sample counts, one slot per process
+  (:mod:`.counters`);
 - prioritized buffers only: ``priorities`` float64, a flat sum tree of
-  ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`), and
-  ``max_priority`` float64 ``[1]``.
+  ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`),
+  ``max_priority`` float64 ``[1]``, and ``tree_intent`` int64 ``[4]``: what the holder
+  of the lock is changing in the tree (``TREE_DIRTY``: 1 while it does; the span of
+  positions a writer is hiding or publishing; ``TREE_STEP`` is unused), so that the next holder repairs what
+  a holder killed midway left (:mod:`.priorities`).
+
+Writers and readers of the uniform path share these arrays without a lock; the order of
+their loads and stores is argued in :mod:`.writer` and :mod:`.sampling`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from replaybuffer.distributed.shared.counters import COLUMNS, SLOTS
 from replaybuffer.sampling import flat_tree
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -30,7 +40,11 @@ from replaybuffer.storage.shared_storage import SharedStorage
  WAITING_SAMPLE, WAITING_SAMPLE_NS) = range(14)
 """Fields of the shared int64 ``control`` array (``WAITING_*``: the smallest insert and
 sample waiting on the rate limiter, and when their waiter last said so; see
-:mod:`.admission`)."""
+:mod:`.admission`). ``INSERTS`` and ``SAMPLES`` are no longer written: the counts are
+per process, in ``counters`` (:mod:`.counters`)."""
+
+TREE_DIRTY, TREE_START, TREE_COUNT, TREE_STEP = range(4)
+"""Fields of the shared int64 ``tree_intent`` array (prioritized layouts)."""
 
 
 class SharedLayout:
@@ -42,10 +56,12 @@ class SharedLayout:
         StorageSpaceError: (made) the file system cannot hold the buffer's files.
 
     Attributes:
-        version, next_id, owner, held, control: int64 arrays, mapped shared.
+        version, next_id, owner, held, control, counters, counter_owners: int64
+            arrays, mapped shared.
         prioritized: whether the layout has priorities.
         tree, max_priority: float64 arrays (prioritized layouts; otherwise an empty
             tree and a private ``[1.0]``, never read).
+        tree_intent: int64 ``[4]`` (prioritized layouts; otherwise private zeros).
     """
 
     def __init__(self, storage: SharedStorage, num_rows: int, max_length: int,
@@ -57,12 +73,16 @@ class SharedLayout:
         self.owner = shared("owner", (num_rows,), np.int64)
         self.held = shared("held", (num_rows,), np.int64)
         self.control = shared("control", (16,), np.int64)
+        self.counters = shared("counters", (SLOTS + 1, COLUMNS), np.int64)
+        self.counter_owners = shared("counter_owners", (SLOTS + 1,), np.int64)
         self.prioritized = prioritized
         self.tree: np.ndarray = np.zeros(0)
         self.max_priority: np.ndarray = np.ones(1)
+        self.tree_intent: np.ndarray = np.zeros(4, np.int64)
         if prioritized:
             self.tree = shared("priorities", (flat_tree.tree_nodes(capacity),), np.float64)
             self.max_priority = shared("max_priority", (1,), np.float64)
+            self.tree_intent = shared("tree_intent", (4,), np.int64)
             if create:
                 self.max_priority[0] = 1.0
         if create:  # the last file is made: allocate them all, or refuse (no SIGBUS later)

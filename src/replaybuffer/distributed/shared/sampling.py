@@ -6,6 +6,14 @@ versions again, and keeps a sample only when both reads show exactly the steps i
 meant (a window's consecutive ids): a step half written, overwritten while copied, or
 left half written by a writer that was killed is never returned; such draws are drawn
 again (a round redraws only those; in practice one or two rounds).
+
+No lock. A uniform draw reads the row heads, the versions and the data as they are, with
+an order fence after the first version loads (so the data loads come after them) and
+one after the data loads (so the second version loads come after them): the reader's
+half of the seqlock argued in :mod:`.writer`. Writers never wait for a reader and a
+reader never waits for a writer; a draw that met a write in progress is drawn again.
+A prioritized draw reads the sum tree under the lock (:mod:`.priorities`), then copies
+and checks the data outside it, as a uniform draw does.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import os
 import numpy as np
 
 from replaybuffer.distributed.shared.layout import ATTACHED, SharedLayout
+from replaybuffer.distributed.shared.memory_fences import check_available, order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
@@ -38,11 +47,16 @@ class SharedSampler:
         priorities: the prioritized tree (``None``: uniform).
         beta: the importance-sampling exponent (prioritized).
         seed: the buffer's seed (see :meth:`process_rng`).
+
+    Raises:
+        RuntimeError: this processor needs memory fences and ``libatomic`` is missing
+            (:func:`~.memory_fences.check_available`).
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
                  beta: float, seed: int | None):
+        check_available()  # a processor that needs fences this system cannot give
         self._version, self._next_id = layout.version, layout.next_id
         self._control = layout.control
         self._storage = storage
@@ -90,7 +104,9 @@ class SharedSampler:
             positions = (step_ids % length) * rows_total + rows[:, None]
             expected = 2 * step_ids + 2
             before = self._version.take(positions)
+            order_fence()  # the versions before the data
             got = self._storage.gather(positions)
+            order_fence()  # the data before the versions again
             whole = ((before == expected) & (self._version.take(positions) == expected)
                      ).all(1) & (p > 0)
             if leaves is None:  # the first round fills every slot, whole or not

@@ -1,14 +1,35 @@
 """The write path of a shared buffer: claiming rows, and publishing steps under the
-version protocol.
+version protocol, with no lock on a uniform buffer's steps.
 
 A process's first write of ``B`` items claims ``B`` adjacent free rows (an env worker
-with ``B`` envs owns ``B`` rows); each row has one writer, so writes need no lock
-against each other. Rows of a process that ended (however it ended) are free again,
-with their steps, for the next claim. A step is written as: versions to ``2 * id + 1``
-(and, prioritized, its priority to 0 so it is not drawn), the data, then under the lock
-versions to ``2 * id + 2``, the row heads, the insert count and the priority. Each row's
-``held`` count drops by one before its oldest step is overwritten and rises at the
-publish, so ``len()`` never counts a step a killed writer left torn.
+with ``B`` envs owns ``B`` rows) under the buffer's lock; each row has one writer, so
+writes need no lock against each other. Rows of a process that ended (however it ended)
+are free again, with their steps, for the next claim.
+
+A step of a uniform buffer, at positions ``span`` of the rows, is written with no lock:
+
+1. ``held`` of the rows drops by one when the step overwrites the row's oldest;
+2. ``version[span] = 2 * id + 1`` (odd: being written);
+3. order fence: the odd versions become visible before any of the data;
+4. the data;
+5. order fence: all the data becomes visible before the even versions;
+6. ``version[span] = 2 * id + 2`` (published), then the row heads ``next_id`` and
+   ``held``;
+7. a rate limiter that counts inserts at the commit: this process's counter slot.
+
+A reader (:mod:`.sampling`) loads the versions, fences, copies the data, fences and
+loads the versions again, keeping a step only if both loads show ``2 * id + 2``: if it
+copied any byte of a later write to the position, its second load sees that write's odd
+version or later (fences 3 and the reader's second), and if its first load saw
+``2 * id + 2`` it sees every byte of step ``id`` (fence 5 and the reader's first). The
+heads are published after the versions; a reader that sees a head before the version of
+its newest step just redraws that window. The fences are free on x86 (whose stores and
+loads keep program order) and a ``seq_cst`` fence elsewhere (:mod:`.memory_fences`).
+
+A prioritized buffer also hides the positions in the sum tree (leaves 0) with the odd
+versions and publishes their leaves with the even ones, both under the lock
+(:meth:`~.priorities.SharedPriorities.changing`, which repairs what a killed holder
+left): two lock sections a step.
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
@@ -21,14 +42,18 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Iterable, Sequence
+from contextlib import nullcontext
+from typing import Any, ContextManager, Iterable, Sequence
 
 import numpy as np
 
-from replaybuffer.distributed.shared.layout import INSERTS, LARGEST_INSERT, SharedLayout
+from replaybuffer.crash_points import ARMED, crash_point
+from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.layout import SharedLayout
+from replaybuffer.distributed.shared.memory_fences import order_fence
+from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock, process_ended
 from replaybuffer.errors import SpecError
-from replaybuffer.sampling import flat_tree
 from replaybuffer.storage.shared_storage import SharedStorage
 
 
@@ -40,23 +65,26 @@ class SharedWriter:
         storage: its data.
         lock: its process lock.
         num_rows, max_length: its shape.
-        alpha: the prioritization exponent (prioritized layouts).
-        counts_at_commit: count inserts in the commit's critical section (a rate
-            limiter that never holds an insert back, so admits none).
+        priorities: the prioritized tree (``None``: uniform).
+        admission: the rate limiter's admission (``None``: no rate limiter). One that
+            admits (and counts) each insert before it is written gets the count of a
+            write that fails back, so that an insert that never happened holds no later
+            call back; one that never holds an insert back counts it at the commit.
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
-                 num_rows: int, max_length: int, alpha: float, counts_at_commit: bool):
+                 num_rows: int, max_length: int, priorities: SharedPriorities | None,
+                 admission: SharedAdmission | None):
         self._version, self._next_id = layout.version, layout.next_id
         self._owner, self._control = layout.owner, layout.control
         self._held = layout.held
-        self._tree, self._max_priority = layout.tree, layout.max_priority
-        self._prioritized = layout.prioritized
+        self._priorities = priorities
         self._storage = storage
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
-        self._alpha = alpha
-        self._counts_at_commit = counts_at_commit
+        admits = admission is not None and admission.admits_inserts
+        self._admission = admission if admits else None  # gives failed writes back
+        self._commits = None if admits else admission  # counts inserts at the commit
         self._forget_rows()
         self._threads = threading.Lock()  # this process's writing threads, one at a time
         mine = weakref.ref(self)
@@ -69,6 +97,10 @@ class SharedWriter:
         # Views of this process's rows' heads and counts (a view's fill() is 4x
         # faster than a slice store on the write path).
         self._my_heads = self._my_held = self._held[:0]
+        # The storage's fused check-and-write for batches of this process's row count
+        # (converted leaves always pass its check: 2-3 us where storage.write's loop
+        # of field assignments takes 4-5).
+        self._write_exact: Any = None
 
     def forked(self) -> None:
         """In a forked child: own none of the parent's rows (so a claim need not ask
@@ -123,8 +155,11 @@ class SharedWriter:
                     block = slice(first, first + count)
                     if all(usable[block]) and (heads[block] == heads[first]).all():
                         owner[block] = pid
+                        if ARMED is not None:
+                            crash_point("shared.claim")
                         self._rows, self._owner_pid = (first, count), pid
                         self._my_heads, self._my_held = heads[block], self._held[block]
+                        self._write_exact = self._storage.exact_writer((count,))
                         return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
@@ -160,42 +195,75 @@ class SharedWriter:
     def write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
         """Write one step to rows ``first .. first + count - 1`` under the version
         protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
-        with self._threads:
+        if self._admission is None:  # no give-back to arm: the cheaper context
+            with self._threads:
+                self._write_step(first, count, arrays)
+            return
+        with self._threads, self._given_back(count):
             self._write_step(first, count, arrays)
 
     def write_steps(self, first: int, count: int, steps: Iterable[Sequence[Any]]) -> None:
         """Write consecutive steps (each as :meth:`write_step`'s ``arrays``), with no
         other thread's step between them."""
-        with self._threads:
-            for arrays in steps:
-                self._write_step(first, count, arrays)
+        steps = list(steps)  # views: the count of steps, for a give-back
+        written = 0
+        try:
+            with self._threads:
+                for arrays in steps:
+                    self._write_step(first, count, arrays)
+                    written += 1
+        except BaseException:
+            if self._admission is not None:  # the steps not written were never inserted
+                self._admission.give_back(True, count * (len(steps) - written))
+            raise
+
+    def _given_back(self, n: int) -> ContextManager[None]:
+        """The context of an admitted insert of ``n`` items: if it raises, the count
+        goes back (no admission: nothing to give back)."""
+        if self._admission is None:
+            return nullcontext()
+        return self._admission.given_back_on_error(True, n)
 
     def _write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
-        """:meth:`write_step`, the thread lock held (the row head is read here)."""
+        """:meth:`write_step`, the thread lock held (the row head is read here); the
+        steps of the protocol are numbered in the module docstring."""
         step = int(self._next_id[first])
         start = (step % self._length) * self._rows_total + first
-        span = slice(start, start + count)
-        if step >= self._length:  # the oldest step goes: uncounted before it is torn
+        # One row (an actor with one env): a scalar store, cheaper than a slice's.
+        span: int | slice = start if count == 1 else slice(start, start + count)
+        if step >= self._length:  # 1. the oldest step goes: uncounted before it is torn
             self._my_held.fill(self._length - 1)
-        if self._prioritized:  # not drawn while rewritten
-            with self._lock:
+        priorities = self._priorities
+        if priorities is None:
+            self._version[span] = 2 * step + 1  # 2.
+        else:  # not drawn while rewritten
+            positions = np.arange(start, start + count)
+            with priorities.changing(start, count):
                 self._version[span] = 2 * step + 1
-                flat_tree.update(self._tree, np.arange(start, start + count),
-                                 np.zeros(count))
+                priorities.set(positions, np.zeros(count))
+        order_fence()  # 3.
+        write_exact = self._write_exact  # 4.
+        if write_exact is None or not write_exact(start, arrays):
+            self._storage.write(start, arrays)
+        if ARMED is not None:
+            crash_point("shared.write.data")
+        order_fence()  # 5.
+        if priorities is None:
+            self._publish(span, step)
         else:
-            self._version[span] = 2 * step + 1
-        self._storage.write(start, arrays)
-        with self._lock:
-            self._version[span] = 2 * step + 2
-            self._my_heads.fill(step + 1)
-            self._my_held.fill(min(step + 1, self._length))
-            if self._counts_at_commit:
-                self._control[INSERTS] += count
-                self._control[LARGEST_INSERT] = max(int(self._control[LARGEST_INSERT]),
-                                                    count)
-            if self._prioritized:
-                flat_tree.update(self._tree, np.arange(start, start + count),
-                                 np.full(count, self._max_priority[0] ** self._alpha))
+            with priorities.changing(start, count):
+                priorities.set(positions, np.full(count, priorities.entering_value()))
+                self._publish(span, step)
+        if self._commits is not None:  # 7.
+            self._commits.committed(count)
+
+    def _publish(self, span: int | slice, step: int) -> None:
+        """6.: the even versions of ``span``, then this process's row heads and counts."""
+        self._version[span] = 2 * step + 2
+        if ARMED is not None:
+            crash_point("shared.write.publish")
+        self._my_heads.fill(step + 1)
+        self._my_held.fill(min(step + 1, self._length))
 
 
 def _after_fork(writer: "weakref.ref[SharedWriter]") -> None:
