@@ -36,47 +36,59 @@ memory (:mod:`replaybuffer.sampling.flat_tree`), read and written under the lock
 position's priority is 0 while it is rewritten, so it is not drawn; then the largest
 priority seen. ``update_priorities`` ignores ids whose step was overwritten since.
 
-Rate limiters: any :class:`~replaybuffer.RateLimiter` except :class:`~replaybuffer.
-Queue` (whose items must be consumed by reads); its counters live in shared memory, so
-every writer and sampler is paced by the same totals. A held-back call polls (50 us,
-doubling to 2 ms) until it may go, ``timeout`` passes, or, with ``block=False``, at once.
+Rate limiters: any :class:`~replaybuffer.RateLimiter`; its counters live in shared
+memory, so every writer and sampler is paced by the same totals. A held-back call polls
+(50 us, doubling to 2 ms) until it may go, ``timeout`` passes, or, with
+``block=False``, at once. With a :class:`~replaybuffer.Queue` reads consume: each
+window is returned once, oldest first, over every process (:mod:`.queue`).
 
-What the local buffers have and this one lacks yet (episodes and ``within_episodes``,
-``clear()``, ``save()``, the ``Queue`` limiter) is refused with an error that names it
-(:class:`~replaybuffer.distributed.errors.NotSupportedError` for methods); issue 24 adds
-them. The parts live beside this module: :mod:`.layout` (the shared control block),
-:mod:`.process_lock`, :mod:`.writer` (claiming rows, publishing steps),
-:mod:`.sampling` (whole windows), :mod:`.priorities` (the shared sum tree) and
+As the local buffers: ``track_episodes=True`` and ``within_episodes=True`` reads
+(:mod:`.episodes`), :meth:`clear` while writers go on (:mod:`.clearing`), checkpoints
+in the local buffers' format while writers go on (:meth:`save`, :meth:`load`;
+:mod:`.checkpoint`). Frame dedup (``frame_stack``) and n-step transitions are the
+local buffers' alone (see the docs' shared-memory page).
+
+The parts live beside this module: :mod:`.layout` (the shared control block),
+:mod:`.row_marks` (row floors and read cursors), :mod:`.process_lock`, :mod:`.writer`
+(claiming rows, publishing steps), :mod:`.sampling` (whole windows) and
+:mod:`.windows` (which windows), :mod:`.priorities` (the shared sum tree) and
 :mod:`.admission` (the rate limiter on shared counters).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.buffers.base import package
-from replaybuffer.dataset import RandomStream
-from replaybuffer.distributed.errors import BufferClosedError, not_supported
+from replaybuffer.distributed.errors import BufferClosedError
 from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.checkpoint import SharedCheckpoints
+from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
+from replaybuffer.distributed.shared.episodes import EpisodeWindows, step_type_leaf
 from replaybuffer.distributed.shared.items import ItemChecker
+from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.queue import QueueWindows
+from replaybuffer.distributed.shared.row_marks import RowMarks
 from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory_remover,
                                                             removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
+from replaybuffer.distributed.shared.read_choice import ReadChoice
+from replaybuffer.distributed.shared.windows import HeldWindows
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
-from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
-from replaybuffer.sampling.sampler import make_rng
+from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -86,7 +98,7 @@ if TYPE_CHECKING:
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
-class SharedReplayBuffer:
+class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteration):
     """A replay buffer that processes on one machine write to and sample from at once.
 
     Args:
@@ -98,18 +110,22 @@ class SharedReplayBuffer:
         prioritized: sample in proportion to ``priority ** alpha`` (see the module
             docstring); ``update_priorities`` sets them.
         alpha, beta: the prioritization and importance-sampling exponents.
-        rate_limiter: paces every process's inserts and samples (not a ``Queue``).
+        rate_limiter: paces every process's inserts and samples; with a ``Queue``,
+            reads consume (each window once, oldest first).
         path: a new or empty directory for the files (default: a fresh one under
             ``/dev/shm``, removed by :meth:`close`; a given path is left in place).
         seed: seeds the sampling generators: process ``k`` to attach (the creator is
             0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
+        track_episodes: allow ``within_episodes=True`` reads (the spec needs a
+            top-level ``step_type`` leaf).
 
     The object pickles as a handle: unpickled in another process (a
     ``multiprocessing.Process`` argument) it maps the same files.
 
     Raises:
-        ValueError: a bad size, exponent or limiter (a ``Queue``, or a
-            ``min_size_to_sample`` above the capacity), or a path in use.
+        ValueError: a bad size, exponent or limiter (a ``min_size_to_sample`` or a
+            ``Queue`` size above the capacity), or a path in use.
+        SpecError: ``track_episodes`` without a ``step_type`` leaf.
         StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
             buffer. A creation that fails removes what it made.
     """
@@ -117,24 +133,34 @@ class SharedReplayBuffer:
     def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
-                 path: str | os.PathLike[str] | None = None, seed: int | None = None):
+                 path: str | os.PathLike[str] | None = None, seed: int | None = None,
+                 track_episodes: bool = False):
         made_directory = path is None or not Path(path).exists()
-        self._config, temporary = SharedConfig.checked(
-            data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
-            seed)
+        queue = rate_limiter if isinstance(rate_limiter, Queue) else None
+        if queue is not None and queue.max_diff > int(num_rows) * int(max_length):
+            # SharedConfig refuses a Queue; checked here: unread items must fit.
+            raise ValueError(f"a Queue of size {queue.max_diff:g} needs a capacity of at "
+                             f"least that; the buffer holds {int(num_rows) * int(max_length)}")
+        config, temporary = SharedConfig.checked(
+            data_spec, num_rows, max_length, prioritized, alpha, beta,
+            None if queue is not None else rate_limiter, path, seed)
+        self._config = dataclasses.replace(config, rate_limiter=rate_limiter) \
+            if queue is not None else config
+        self._track_episodes = bool(track_episodes)
         with removed_on_failure(self._config.path, made_directory):  # no space, memory
             self._map(create=True)
         self._creator = os.getpid()
         self._remover = directory_remover(self, self._config.path) if temporary else None
 
     # ----------------------------------------------------------------- mapping
-    def __getstate__(self) -> SharedConfig:
-        """A handle: the configuration (directory, spec, sizes), never the data."""
-        return self._config
+    def __getstate__(self) -> tuple[SharedConfig, bool]:
+        """A handle: the configuration (directory, spec, sizes) and whether episodes
+        are tracked, never the data."""
+        return self._config, self._track_episodes
 
-    def __setstate__(self, config: SharedConfig) -> None:
+    def __setstate__(self, state: tuple[SharedConfig, bool]) -> None:
         """Unpickled (in another process): map the files the creator made."""
-        self._config = config
+        self._config, self._track_episodes = state
         self._creator, self._remover = -1, None
         self._map(create=False)
 
@@ -146,7 +172,10 @@ class SharedReplayBuffer:
         rows, length = self._rows_total, self._length = config.num_rows, config.max_length
         self.path = Path(config.path)
         self._storage = SharedStorage(specs, rows * length, self.path, create)
+        paths = nest.leaf_paths(self._data_spec)
+        self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
         self._items = ItemChecker(self._data_spec, self._storage)
+        self._marks = marks = RowMarks(self._storage, rows, length)  # before the layout
         self._layout = layout = SharedLayout(self._storage, rows, length,
                                              config.prioritized, create)
         self._next_id, self._control = layout.next_id, layout.control
@@ -165,6 +194,12 @@ class SharedReplayBuffer:
             self._limiter, self._control, self._lock, self.__len__, self._check_open)
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
                                     config.alpha, counts_at_commit)
+        self._held_windows = HeldWindows(layout, marks, self._priorities)
+        self._episodes = None if self._episode_leaf is None else EpisodeWindows(
+            layout, marks, self._lock, self._storage.arrays[self._episode_leaf],
+            self._episode_leaf, rows, length)
+        self._queue = QueueWindows(layout, marks, self._lock) \
+            if isinstance(self._limiter, Queue) else None
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties
@@ -210,7 +245,10 @@ class SharedReplayBuffer:
         return self._priorities.max_priority
 
     def __len__(self) -> int:
-        """Items a sample can return (see :meth:`SharedLayout.items_held`)."""
+        """Items a sample can return (see :meth:`SharedLayout.items_held`; after a
+        clear, those since it: :meth:`RowMarks.items_held`)."""
+        if self._marks.cleared:
+            return self._marks.items_held(self._layout.held, self._layout.next_id)
         return self._layout.items_held()
 
     def __repr__(self) -> str:
@@ -339,9 +377,8 @@ class SharedReplayBuffer:
              block: bool = True) -> tuple[Any, BufferInfo] | None:
         """:meth:`get_next` after its argument checks, drawing from ``rng`` (default:
         this process's generator); the :class:`~replaybuffer.protocols.SampleSource`
-        seam of dataset streams. ``within_episodes`` is refused (no episodes yet)."""
-        if within_episodes:
-            raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
+        seam of dataset streams."""
+        choice = self._window_choice(within_episodes)
         self._check_open()
         check_timeout(timeout)
         count = sample_batch_size or 1
@@ -354,7 +391,7 @@ class SharedReplayBuffer:
         rng = self._sampler.process_rng() if rng is None else rng
         with nullcontext() if self._admission is None else \
                 self._admission.given_back_on_error(False, count):  # a failed draw never counts
-            leaves, ids, info = self._sampler.draw(count, steps, rng)
+            leaves, ids, info = self._sampler.draw(count, steps, rng, choice)
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
             ids = ids[:, 0]
@@ -391,33 +428,6 @@ class SharedReplayBuffer:
     def stats(self) -> RateLimiterStats | None:
         """The rate limiter's counters over every process (``None`` without one)."""
         return None if self._admission is None else self._admission.stats()
-
-    # -------------------------------------------------------------- iteration
-    def spawn_rng(self) -> np.random.Generator:
-        """A generator for a dataset stream, seeded from this process's generator."""
-        return make_rng(np.random.SeedSequence(self._sampler.process_rng().integers(0, 2**63 - 1)))
-
-    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                   num_parallel_calls: int | None = None,
-                   prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
-        """An endless stream of ``get_next(sample_batch_size, num_steps)`` elements,
-        sampled ahead by ``num_parallel_calls`` threads of this process (see
-        :class:`~replaybuffer.dataset.RandomStream`)."""
-        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = positive_or_none(num_steps, "num_steps")
-        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
-
-    # ------------------------------------------------------ not supported yet
-    def clear(self) -> NoReturn:
-        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer cannot
-        be emptied yet."""
-        raise not_supported(type(self), "clear()", "make a new SharedReplayBuffer")
-
-    def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
-        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer has no
-        checkpoints yet."""
-        raise not_supported(type(self), "save()", "use a ReplayBuffer (its save() and "
-                            "replaybuffer.load) for checkpoints")
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

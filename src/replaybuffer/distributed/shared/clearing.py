@@ -1,0 +1,58 @@
+"""Emptying a shared buffer while its writers and samplers go on:
+:class:`Clearing`, the ``clear()`` of
+:class:`~replaybuffer.distributed.SharedReplayBuffer`.
+
+Under the buffer's lock a clear moves every row's floor
+(:mod:`.row_marks`) to its head, sets every position's version to 0 (no step's id
+matches it), zeroes the rows' ``held`` counts and, prioritized, the priority tree (and
+the largest priority back to 1, as a local buffer's clear does). Step ids keep
+growing: a writer's next step is its row's first after the clear, and an id from
+before it names no held step (a read checks versions against ids, and
+``update_priorities`` ignores it). A step being written while the clear runs has its
+id at or above the new floor, so it is held once published: it is a step after the
+clear, never a mix of old and new. A sampler that drew before the clear and copies
+after it sees versions that no longer match and draws again among the steps held
+then; ``len()`` counts per row only the steps since its floor. Rate-limiter counters
+are kept, as a local buffer's clear keeps them.
+"""
+
+from __future__ import annotations
+
+from replaybuffer.distributed.shared.layout import SharedLayout
+from replaybuffer.distributed.shared.process_lock import ProcessLock
+from replaybuffer.distributed.shared.row_marks import CLEARS, RowMarks
+
+
+class Clearing:
+    """``clear()`` over a shared buffer's layout and marks (see the module docstring)."""
+
+    _layout: SharedLayout
+    _marks: RowMarks
+    _lock: ProcessLock
+
+    def _check_open(self) -> None: ...
+
+    def clear(self, zero_storage: bool = False) -> None:
+        """Forget every step, for every process: ``len()`` is 0 after, reads raise
+        :class:`~replaybuffer.EmptyBufferError` until steps come again, and writers go
+        on adding to their rows (their next steps are the rows' first).
+
+        Args:
+            zero_storage: accepted for the local buffers' signature; the data is not
+                zeroed (versions hide it; the next writes overwrite it).
+
+        Raises:
+            BufferClosedError: the buffer was closed.
+        """
+        self._check_open()
+        layout, marks = self._layout, self._marks
+        with self._lock:
+            heads = layout.next_id.copy()
+            marks.floor[:] = heads
+            marks.cursor[:] = heads
+            layout.version[:] = 0
+            layout.held[:] = 0
+            if layout.prioritized:
+                layout.tree[:] = 0.0
+                layout.max_priority[0] = 1.0
+            marks.counts[CLEARS] += 1
