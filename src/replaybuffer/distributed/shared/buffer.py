@@ -57,7 +57,6 @@ The parts live beside this module: :mod:`.layout` (the shared control block),
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -73,22 +72,22 @@ from replaybuffer.distributed.shared.admission import SharedAdmission
 from replaybuffer.distributed.shared.checkpoint import SharedCheckpoints
 from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
-from replaybuffer.distributed.shared.episodes import EpisodeWindows, step_type_leaf
+from replaybuffer.distributed.shared.episodes import step_type_leaf
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
+from replaybuffer.distributed.shared.local_only import refuse_local_only
 from replaybuffer.distributed.shared.priorities import SharedPriorities
-from replaybuffer.distributed.shared.queue import QueueWindows
+from replaybuffer.distributed.shared.queue import config_with_queue
 from replaybuffer.distributed.shared.row_marks import RowMarks
 from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory_remover,
                                                             removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
 from replaybuffer.distributed.shared.read_choice import ReadChoice
-from replaybuffer.distributed.shared.windows import HeldWindows
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
-from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
+from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -118,6 +117,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
         track_episodes: allow ``within_episodes=True`` reads (the spec needs a
             top-level ``step_type`` leaf).
+        frame_stack, n_step: refused (:mod:`.local_only`): the local buffers' alone.
 
     The object pickles as a handle: unpickled in another process (a
     ``multiprocessing.Process`` argument) it maps the same files.
@@ -126,6 +126,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         ValueError: a bad size, exponent or limiter (a ``min_size_to_sample`` or a
             ``Queue`` size above the capacity), or a path in use.
         SpecError: ``track_episodes`` without a ``step_type`` leaf.
+        NotSupportedError: ``frame_stack`` or ``n_step`` given.
         StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
             buffer. A creation that fails removes what it made.
     """
@@ -134,18 +135,13 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
                  path: str | os.PathLike[str] | None = None, seed: int | None = None,
-                 track_episodes: bool = False):
+                 track_episodes: bool = False, frame_stack: str | None = None,
+                 n_step: int | None = None):
+        refuse_local_only(type(self), frame_stack, n_step)
         made_directory = path is None or not Path(path).exists()
-        queue = rate_limiter if isinstance(rate_limiter, Queue) else None
-        if queue is not None and queue.max_diff > int(num_rows) * int(max_length):
-            # SharedConfig refuses a Queue; checked here: unread items must fit.
-            raise ValueError(f"a Queue of size {queue.max_diff:g} needs a capacity of at "
-                             f"least that; the buffer holds {int(num_rows) * int(max_length)}")
-        config, temporary = SharedConfig.checked(
-            data_spec, num_rows, max_length, prioritized, alpha, beta,
-            None if queue is not None else rate_limiter, path, seed)
-        self._config = dataclasses.replace(config, rate_limiter=rate_limiter) \
-            if queue is not None else config
+        self._config, temporary = config_with_queue(
+            data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
+            seed)
         self._track_episodes = bool(track_episodes)
         with removed_on_failure(self._config.path, made_directory):  # no space, memory
             self._map(create=True)
@@ -194,12 +190,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             self._limiter, self._control, self._lock, self.__len__, self._check_open)
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
                                     config.alpha, counts_at_commit)
-        self._held_windows = HeldWindows(layout, marks, self._priorities)
-        self._episodes = None if self._episode_leaf is None else EpisodeWindows(
-            layout, marks, self._lock, self._storage.arrays[self._episode_leaf],
-            self._episode_leaf, rows, length)
-        self._queue = QueueWindows(layout, marks, self._lock) \
-            if isinstance(self._limiter, Queue) else None
+        self._wire_choices(layout, marks, self._storage, self._lock, self._priorities)
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties

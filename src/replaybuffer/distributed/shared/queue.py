@@ -18,12 +18,18 @@ a claimed window overwritten while it was copied is replaced by the next unread 
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from typing import Any
+
 import numpy as np
 
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
+from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.errors import EmptyBufferError
+from replaybuffer.rate_limiter import Queue, RateLimiter
 
 
 class QueueWindows:
@@ -84,3 +90,28 @@ class QueueWindows:
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:
         return None
+
+
+def config_with_queue(data_spec: Any, num_rows: int, max_length: int, prioritized: bool,
+                      alpha: float, beta: float, rate_limiter: RateLimiter | None,
+                      path: str | os.PathLike[str] | None, seed: int | None
+                      ) -> tuple[SharedConfig, bool]:
+    """:meth:`SharedConfig.checked`, which refuses a ``Queue``, taking one: a Queue's
+    unread items must fit in the buffer (``size <= num_rows * max_length``).
+
+    Raises:
+        ValueError: what ``SharedConfig.checked`` raises, or a ``Queue`` larger than
+            the buffer.
+    """
+    if not isinstance(rate_limiter, Queue):
+        return SharedConfig.checked(data_spec, num_rows, max_length, prioritized, alpha,
+                                    beta, rate_limiter, path, seed)
+    config, temporary = SharedConfig.checked(data_spec, num_rows, max_length, prioritized,
+                                             alpha, beta, None, path, seed)
+    capacity = config.num_rows * config.max_length
+    if rate_limiter.max_diff > capacity:
+        if temporary:
+            os.rmdir(config.path)
+        raise ValueError(f"a Queue of size {rate_limiter.max_diff:g} needs a capacity of "
+                         f"at least that; the buffer holds {capacity}")
+    return dataclasses.replace(config, rate_limiter=rate_limiter), temporary

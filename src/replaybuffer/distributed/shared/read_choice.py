@@ -8,9 +8,14 @@ the ``Queue`` limiter's counts.
 from __future__ import annotations
 
 from replaybuffer.distributed.shared.episodes import EpisodeWindows
+from replaybuffer.distributed.shared.layout import SharedLayout
+from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.queue import QueueWindows
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
 from replaybuffer.distributed.shared.windows import HeldWindows, WindowChoice
+from replaybuffer.rate_limiter import Queue, RateLimiter
+from replaybuffer.storage.shared_storage import SharedStorage
 
 
 class ReadChoice:
@@ -20,6 +25,19 @@ class ReadChoice:
     _queue: QueueWindows | None
     _held_windows: HeldWindows
     _marks: RowMarks
+    _episode_leaf: int | None
+    _limiter: RateLimiter | None
+
+    def _wire_choices(self, layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
+                      lock: ProcessLock, priorities: SharedPriorities | None) -> None:
+        """Make the window choices of this buffer's reads (at mapping)."""
+        rows, length = len(layout.next_id), len(layout.version) // len(layout.next_id)
+        self._held_windows = HeldWindows(layout, marks, priorities)
+        self._episodes = None if self._episode_leaf is None else EpisodeWindows(
+            layout, marks, lock, storage.arrays[self._episode_leaf], self._episode_leaf,
+            rows, length)
+        self._queue = QueueWindows(layout, marks, lock) \
+            if isinstance(self._limiter, Queue) else None
 
     def _window_choice(self, within_episodes: bool) -> WindowChoice | None:
         """The windows a read draws from (:mod:`.windows`); ``None``: any window below
