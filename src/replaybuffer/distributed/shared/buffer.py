@@ -320,16 +320,19 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
     # ---------------------------------------------------------------- sampling
     @overload
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
 
     @overload
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: bool = True) -> tuple[Any, BufferInfo] | None:
         """Sample items as :meth:`replaybuffer.ReplayBuffer.get_next` does (same shapes).
 
@@ -337,7 +340,8 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         row, for :meth:`update_priorities`; ``probabilities`` are float32 ``[S]``;
         prioritized buffers add ``weights`` (``(P_min / P(i)) ** beta`` over the batch,
         so the batch's largest is 1). A window lies in one row, consecutive steps,
-        never across the write head.
+        never across the write head. ``within_episodes=True`` (a buffer built with
+        ``track_episodes=True``): never across an episode start either.
 
         Raises:
             EmptyBufferError: no row holds ``num_steps`` steps (nothing with a positive
@@ -347,8 +351,8 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
-                            block=block)
+        return self.draw(sample_batch_size, num_steps, time_stacked,
+                         within_episodes=within_episodes, timeout=timeout, block=block)
 
     @overload
     def draw(self, sample_batch_size: int | None, num_steps: int | None,

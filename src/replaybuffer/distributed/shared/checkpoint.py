@@ -277,9 +277,13 @@ def restore_rows(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
         batch = max(1, len(rows))
     if not len(rows):
         kept = 0
+    # Stream position j is a local ring position: slot j // batch of row j % batch,
+    # holding the local id of that slot among the kept ones (oldest first: age).
     local = np.arange(kept * len(rows), dtype=np.int64)
-    step, row_index = np.divmod(local, max(1, len(rows)))
-    ids = heads[rows[row_index]] - kept + step
+    slot, row_index = np.divmod(local, max(1, len(rows)))
+    oldest_local = int(state["last_id"]) + 1 - kept
+    age = (slot - oldest_local) % length
+    ids = heads[rows[row_index]] - kept + age
     positions = (ids % length) * num_rows + rows[row_index]
 
     def write(start: int, arrays: list[np.ndarray]) -> None:

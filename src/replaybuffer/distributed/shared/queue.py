@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,12 @@ from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.rate_limiter import Queue, RateLimiter
+
+
+UNPUBLISHED_WAIT_S = 1.0
+"""How long a read waits for unread windows before it raises ``EmptyBufferError``: the
+rate limiter counts an insert when it admits it, a moment before the writer publishes
+the step, so an admitted read may find the step not there yet."""
 
 
 class QueueWindows:
@@ -65,27 +72,39 @@ class QueueWindows:
         probabilities (1: nothing is random).
 
         Raises:
-            EmptyBufferError: fewer than ``count`` are unread (nothing is claimed).
+            EmptyBufferError: fewer than ``count`` are unread after
+                :data:`UNPUBLISHED_WAIT_S` (nothing is claimed).
         """
-        marks = self._marks
-        with self._lock:
-            start, windows = self._unread_from(steps)
-            available = int(windows.sum())
-            if available < count:
+        deadline, pause = time.monotonic() + UNPUBLISHED_WAIT_S, 50e-6
+        while True:
+            with self._lock:
+                start, windows = self._unread_from(steps)
+                available = int(windows.sum())
+                if available >= count:
+                    return self._claim(start, windows, count, steps)
+            if time.monotonic() >= deadline:
                 raise EmptyBufferError(
                     f"get_next: {available} unread window(s) of num_steps={steps}, asked "
                     f"for {count} (a Queue limiter's reads consume). Make sure to add "
                     "items before sampling the buffer.")
-            marks.counts[DROPPED] += int(np.maximum(start - marks.cursor, 0).sum())
-            # Each row's first min(windows, count) windows; the count oldest of them.
-            nth = np.arange(min(count, int(windows.max())), dtype=np.int64)
-            candidate = nth < windows[:, None]
-            rows = np.nonzero(candidate)[0].astype(np.int64)
-            starts = (start[:, None] + nth * steps)[candidate]
-            order = np.lexsort((rows, starts))[:count]
-            rows, starts = rows[order], starts[order]
-            marks.cursor[:] = start
-            np.maximum.at(marks.cursor, rows, starts + steps)
+            time.sleep(pause)
+            pause = min(2 * pause, 2e-3)
+
+    def _claim(self, start: np.ndarray, windows: np.ndarray, count: int, steps: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Claim the ``count`` oldest of the unread windows (``start``, ``windows``: per
+        row, from :meth:`_unread_from`); the lock held."""
+        marks = self._marks
+        marks.counts[DROPPED] += int(np.maximum(start - marks.cursor, 0).sum())
+        # Each row's first min(windows, count) windows; the count oldest of them.
+        nth = np.arange(min(count, int(windows.max())), dtype=np.int64)
+        candidate = nth < windows[:, None]
+        rows = np.nonzero(candidate)[0].astype(np.int64)
+        starts = (start[:, None] + nth * steps)[candidate]
+        order = np.lexsort((rows, starts))[:count]
+        rows, starts = rows[order], starts[order]
+        marks.cursor[:] = start
+        np.maximum.at(marks.cursor, rows, starts + steps)
         return rows, starts, np.ones(count)
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:
