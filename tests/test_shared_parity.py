@@ -241,6 +241,14 @@ def test_load_into_a_shared_buffer_goes_on_where_it_stood(tmp_path):
         np.testing.assert_array_equal(info.ids[:, -1] // 2, 5)
     finally:
         restored.close()
+    wider = SharedReplayBuffer.load(tmp_path / "ckpt", num_rows=3)
+    try:  # a row more, for another writer: new and empty
+        np.testing.assert_array_equal(wider.steps_written(), [5, 5, 0])
+        assert len(wider) == 8
+        batch, _ = wider.get_next(200)
+        assert set(batch["row"].tolist()) == {0, 1}
+    finally:
+        wider.close()
 
 
 def test_a_local_checkpoint_loads_into_a_shared_buffer(tmp_path):

@@ -271,8 +271,11 @@ def restore_rows(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
         cursors, dropped, limiter = heads.copy(), 0, {}
     else:
         rows = np.asarray(shared["rows"], np.int64).reshape(-1)
-        heads = np.asarray(shared["heads"], np.int64)
-        cursors, dropped = np.asarray(shared["cursors"], np.int64), int(shared["dropped"])
+        saved = np.asarray(shared["heads"], np.int64)
+        heads, cursors = np.zeros(num_rows, np.int64), np.zeros(num_rows, np.int64)
+        heads[:len(saved)] = saved  # rows beyond the saved ones (num_rows=) are new
+        cursors[:len(saved)] = np.asarray(shared["cursors"], np.int64)
+        dropped = int(shared["dropped"])
         limiter = shared["limiter"]
         batch = max(1, len(rows))
     if not len(rows):
