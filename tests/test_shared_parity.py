@@ -5,6 +5,11 @@ by name (frame dedup, n-step)."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -13,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replaybuffer as rb
-from replaybuffer import Queue, RateLimitedError
+from replaybuffer import Queue, RateLimitedError, crash_points
 from replaybuffer.distributed import NotSupportedError, SharedReplayBuffer
 from replaybuffer.distributed.shared import queue as shared_queue
 from replaybuffer.errors import CheckpointError, EmptyBufferError, SpecError
@@ -480,3 +485,57 @@ def test_a_queue_across_processes_returns_every_item_exactly_once():
         for one in got:  # each reader saw the queue oldest first
             assert [s for _, s in one] == sorted(s for _, s in one)
         assert buffer.dropped == 0
+
+
+# ----------------------------------------------------------------------- crash points
+CRASHING = textwrap.dedent("""
+    import pickle, sys
+    with open(sys.argv[1], "rb") as fh:
+        buffer = pickle.load(fh)           # attach to the parent's buffer
+    if sys.argv[2] == "clear":
+        buffer.clear()
+    else:
+        buffer.save(sys.argv[3])
+    raise SystemExit("the crash point was never reached")
+""")
+
+
+def crash_in_child(buffer: SharedReplayBuffer, point: str, call: str, tmp_path,
+                   target: str = "") -> None:
+    handle = tmp_path / "handle.pickle"
+    handle.write_bytes(pickle.dumps(buffer))
+    env = {**os.environ, "REPLAYBUFFER_CRASH_AT": point,
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", CRASHING, str(handle), call, target],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == crash_points.CRASH_EXIT_CODE, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_clear_killed_midway_reads_as_done(tmp_path, prioritized):
+    with SharedReplayBuffer(SPEC, 2, 4, prioritized=prioritized, path=tmp_path / "b",
+                            seed=0) as buffer:
+        rows = write_steps(buffer, 2, 6)
+        crash_in_child(buffer, "shared.clear.floors", "clear", tmp_path)
+        assert len(buffer) == 0
+        with pytest.raises(EmptyBufferError):
+            buffer.get_next(2)
+        buffer.add_batch(items_for(rows, np.array([6, 6])))
+        batch, _ = buffer.get_next(100)
+        check_whole(batch)
+        assert set(batch["step"].tolist()) == {6} and len(buffer) == 2
+
+
+def test_a_save_killed_before_it_is_published_leaves_the_last_checkpoint(tmp_path):
+    with SharedReplayBuffer(SPEC, 2, 4, path=tmp_path / "b", seed=0) as buffer:
+        rows = write_steps(buffer, 2, 2)
+        buffer.save(tmp_path / "ckpt")
+        buffer.add_batch(items_for(rows, np.array([2, 2])))
+        crash_in_child(buffer, "shared.save.publish", "save", tmp_path,
+                       str(tmp_path / "ckpt"))
+        assert len(rb.load(tmp_path / "ckpt")) == 4  # the first save's, whole
+        assert [p.name for p in (tmp_path / "ckpt").iterdir()
+                if p.name.startswith(".tmp-")]  # the abandoned one, until the next save
+        buffer.save(tmp_path / "ckpt")
+        assert len(rb.load(tmp_path / "ckpt")) == 6
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-000002"]

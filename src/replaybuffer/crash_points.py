@@ -25,6 +25,10 @@ CRASH_EXIT_CODE = 86
 POINTS: dict[str, str] = {
     "mmap.journal.recreate": "an mmap journal file just emptied, before its header is "
                              "written",
+    "shared.clear.floors": "a SharedReplayBuffer.clear() with the rows' floors moved "
+                           "and priorities zeroed, before versions and held counts are",
+    "shared.save.publish": "a SharedReplayBuffer.save() with every file of the new "
+                           "checkpoint written, before it is renamed into the series",
 }
 """Every crash point, by name, with the moment it interrupts."""
 

@@ -32,6 +32,7 @@ import numpy as np
 import replaybuffer.persist.durable as durable
 import replaybuffer.persist.series as series
 from replaybuffer import nest
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.layout import (
     INSERT_BLOCKED_NS, INSERTS, INSERTS_BLOCKED, LARGEST_INSERT, LARGEST_SAMPLE,
@@ -122,6 +123,8 @@ class SharedCheckpoints:
             series.remove_abandoned(root)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
             self._write_checkpoint(tmp, snap, metadata)
+            if ARMED is not None:
+                crash_point("shared.save.publish")
             final = series.publish(tmp, root)
             tmp = None
             series.prune(root, keep)

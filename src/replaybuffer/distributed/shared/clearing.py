@@ -13,11 +13,14 @@ id at or above the new floor, so it is held once published: it is a step after t
 clear, never a mix of old and new. A sampler that drew before the clear and copies
 after it sees versions that no longer match and draws again among the steps held
 then; ``len()`` counts per row only the steps since its floor. Rate-limiter counters
-are kept, as a local buffer's clear keeps them.
+are kept, as a local buffer's clear keeps them. A process killed inside a clear leaves
+it done or not begun, as far as reads and ``len()`` can tell (crash point
+``shared.clear.floors``).
 """
 
 from __future__ import annotations
 
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import CLEARS, RowMarks
@@ -47,12 +50,16 @@ class Clearing:
         self._check_open()
         layout, marks = self._layout, self._marks
         with self._lock:
+            # Crash-consistent in this order: once the count says floors apply and the
+            # floors moved, nothing from before is drawn or counted; the rest tidies.
+            marks.counts[CLEARS] += 1
             heads = layout.next_id.copy()
             marks.floor[:] = heads
             marks.cursor[:] = heads
-            layout.version[:] = 0
-            layout.held[:] = 0
             if layout.prioritized:
                 layout.tree[:] = 0.0
                 layout.max_priority[0] = 1.0
-            marks.counts[CLEARS] += 1
+            if ARMED is not None:
+                crash_point("shared.clear.floors")
+            layout.version[:] = 0  # so that old ids match no step (update_priorities)
+            layout.held[:] = 0
