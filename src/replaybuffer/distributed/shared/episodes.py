@@ -10,11 +10,12 @@ its first is a start. A boundary step (``LAST -> FIRST`` in a
 
 The starts are the step types themselves, in shared memory with the data and
 published by the same version protocol, so nothing beside the data is written and
-rows of several writer processes need no coordination. A read scans the step types
-of every held step (``O(capacity)``, vectorised: about 1 ms per million steps here)
-to number the windows within episodes, draws among them (uniformly, or in proportion
-to the first step's priority), and, once the windows are copied whole, checks their
-copied step types again: a window whose steps were rewritten between the scan and the
+rows of several writer processes need no coordination. A read finds the starts with
+one vectorised pass over the step types (``O(capacity)``, a compare and a
+``flatnonzero`` over contiguous memory), splits each row's held steps into segments at
+them (``O(E)`` in the starts held), draws among the windows within episodes (uniformly
+by segment, or in proportion to the first step's priority over every valid start),
+and, once the windows are copied whole, checks their copied step types again: a window whose steps were rewritten between the scan and the
 copy is drawn again (as a torn one is), so what is returned never crosses a start.
 """
 
@@ -31,6 +32,9 @@ from replaybuffer.sampling.episodes import no_window_error
 
 FIRST = 0
 """The ``step_type`` of an episode's first step (:class:`~replaybuffer.collect.StepType`)."""
+
+_KEY = np.int64(1) << 40
+"""Segment keys ``row * 2**40 + id`` sort by row, then id."""
 
 
 def step_type_leaf(paths: list[str]) -> int:
@@ -71,45 +75,65 @@ class EpisodeWindows:
         self._leaf = leaf
         self._rows_total, self._length = num_rows, max_length
 
-    def valid_starts(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows, starts)``, int64 ``[W]``: every window of ``steps`` within one
-        episode among the steps held now, row by row, oldest first (read without a
-        lock: a step rewritten meanwhile may be misjudged, which :meth:`keeps` catches)."""
+    def segments(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, firsts, windows)``, int64 ``[M]``: every segment of the held steps
+        (from a row's oldest held step or an episode start to the next start or the
+        row's head), ordered by row then id, and how many windows of ``steps`` each
+        holds. Read without a lock: a step rewritten meanwhile may be misjudged, which
+        :meth:`keeps` catches. One pass over the step types, then ``O(E)`` in the
+        episode starts held."""
         rows_total, length = self._rows_total, self._length
         heads = self._next_id.copy()
         oldest = self._marks.oldest(heads)
-        held = heads - oldest
-        k = np.arange(length, dtype=np.int64)
-        rows = np.arange(rows_total, dtype=np.int64)
-        ids = oldest[:, None] + k  # [R, L], row by row, oldest first
-        starts_episode = (self._step_types[(ids % length) * rows_total + rows[:, None]]
-                          == FIRST) & (k < held[:, None])
-        # starts after a window's first step: a difference of running counts.
-        running = np.cumsum(starts_episode, axis=1)
-        last = np.minimum(k + steps - 1, length - 1)
-        valid = (k + steps <= held[:, None]) & (running[:, last] == running)
-        row_of, offset = np.nonzero(valid)
-        return row_of.astype(np.int64), ids[row_of, offset]
+        marked = np.flatnonzero(self._step_types == FIRST)
+        rows, slots = marked % rows_total, marked // rows_total
+        ids = oldest[rows] + (slots - oldest[rows]) % length  # the id held at each slot
+        held = ids < heads[rows]  # (never-written slots hold zeros: FIRST, not held)
+        everyone = np.arange(rows_total, dtype=np.int64)
+        # Sorted by a merge sort, which finds the few ordered runs (slot order is id
+        # order but for each row's wrap); a start at a row's oldest step is one key.
+        keys = np.sort(np.concatenate((rows[held] * _KEY + ids[held],
+                                       everyone * _KEY + oldest)), kind="stable")
+        keys = keys[np.append(True, keys[1:] != keys[:-1])]
+        rows, firsts = keys // _KEY, keys % _KEY
+        same_row_next = np.append(rows[1:] == rows[:-1], False)
+        ends = np.where(same_row_next, np.append(firsts[1:], 0), heads[rows])
+        return rows, firsts, np.maximum(ends - firsts - steps + 1, 0)
+
+    def valid_starts(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, starts)``, int64 ``[W]``: every window of ``steps`` within one
+        episode among the steps held now, row by row, oldest first."""
+        rows, firsts, windows = self.segments(steps)
+        segment = np.repeat(np.arange(len(rows)), windows)
+        offset = np.arange(len(segment)) - np.repeat(np.cumsum(windows) - windows, windows)
+        return rows[segment], firsts[segment] + offset
 
     def positions(self, count: int, steps: int, rng: np.random.Generator
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._tree is None:
+            rows, firsts, windows = self.segments(steps)
+            ends = np.cumsum(windows)
+            total = int(ends[-1]) if len(ends) else 0
+            if total == 0:
+                raise no_window_error(steps)
+            draws = rng.integers(0, total, count)
+            segment = np.searchsorted(ends, draws, side="right")
+            starts = firsts[segment] + draws - (ends[segment] - windows[segment])
+            return rows[segment], starts, np.full(count, 1.0 / total)
         rows, starts = self.valid_starts(steps)
         if not len(rows):
             raise no_window_error(steps)
-        if self._tree is None:
-            pick = rng.integers(0, len(rows), count)
-            return rows[pick], starts[pick], np.full(count, 1.0 / len(rows))
         positions = (starts % self._length) * self._rows_total + rows
         with self._lock:
             weights = flat_tree.leaves_of(self._tree, positions)
-        total = float(weights.sum())
-        if not total > 0:
+        mass = float(weights.sum())
+        if not mass > 0:
             raise EmptyBufferError(f"get_next: no window of num_steps={steps} within one "
                                    "episode has a positive priority")
         ends = np.cumsum(weights)
-        pick = np.minimum(np.searchsorted(ends, rng.random(count) * total, side="right"),
+        pick = np.minimum(np.searchsorted(ends, rng.random(count) * mass, side="right"),
                           len(rows) - 1)
-        return rows[pick], starts[pick], weights[pick] / total
+        return rows[pick], starts[pick], weights[pick] / mass
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:
         """No window whose copied steps after the first hold an episode start."""
