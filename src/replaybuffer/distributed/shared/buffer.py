@@ -373,7 +373,8 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         """:meth:`get_next` after its argument checks, drawing from ``rng`` (default:
         this process's generator); the :class:`~replaybuffer.protocols.SampleSource`
         seam of dataset streams."""
-        choice = self._window_choice(within_episodes)
+        if within_episodes:  # refused before anything is counted
+            self._window_choice(within_episodes)
         self._check_open()
         check_timeout(timeout)
         count = sample_batch_size or 1
@@ -384,6 +385,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         if self._limiter is not None and not self._admit(False, count, timeout, block):
             return None
         rng = self._sampler.process_rng() if rng is None else rng
+        choice = self._window_choice(within_episodes)  # after the wait: a clear since
         with nullcontext() if self._admission is None else \
                 self._admission.given_back_on_error(False, count):  # a failed draw never counts
             leaves, ids, info = self._sampler.draw(count, steps, rng, choice)
