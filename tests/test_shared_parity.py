@@ -463,6 +463,16 @@ def test_a_queue_reads_windows_without_overlap_and_counts_dropped_steps(monkeypa
         assert buffer.dropped == 4
 
 
+def test_a_queue_dataset_reads_on_pull_in_order():
+    with SharedReplayBuffer(SPEC, 2, 8, rate_limiter=Queue(8), seed=0) as buffer:
+        write_steps(buffer, 2, 3)
+        stream = iter(buffer.as_dataset(2, num_parallel_calls=2))  # no workers ahead
+        first, _ = next(stream)
+        assert buffer.unread() == 4  # nothing read ahead of the pull
+        second, _ = next(stream)
+        assert first["step"].tolist() == [0, 0] and second["step"].tolist() == [1, 1]
+
+
 def _read_queue(buffer: SharedReplayBuffer, reads: int, out) -> None:
     got = []
     for _ in range(reads):
