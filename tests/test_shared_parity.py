@@ -376,8 +376,26 @@ def test_within_episodes_draws_exactly_the_windows_of_a_reference(length, rows, 
             assert got == expected  # 300 draws miss one of 4 with p < 1e-30
         assert (batch["step_type"][:, 1:] != FIRST).all()
         np.testing.assert_array_equal(np.diff(batch["step"], axis=1), 1)
-        if not prioritized:
-            np.testing.assert_allclose(info.probabilities, 1 / len(expected), rtol=1e-6)
+        # Every priority is the same (1): uniform over the valid windows either way.
+        np.testing.assert_allclose(info.probabilities, 1 / len(expected), rtol=1e-5)
+
+
+def test_prioritized_within_episodes_draws_by_priority_among_valid_windows():
+    with SharedReplayBuffer(EPISODES, 1, 8, prioritized=True, alpha=1.0,
+                            track_episodes=True, seed=0) as buffer:
+        for t, kind in enumerate([FIRST, MID, MID, FIRST, MID, MID, MID, MID]):
+            buffer.add_batch({"step_type": np.array([kind], np.int32), "row": np.zeros(1, np.int64),
+                              "step": np.array([t])})
+        ids = np.arange(8)  # one row: the item id is the step
+        assert buffer.update_priorities(ids, ids + 1.0) == 8
+        batch, info = buffer.get_next(20_000, 2, within_episodes=True)
+        starts = batch["step"][:, 0]
+        valid = np.array([0, 1, 3, 4, 5, 6])  # [2, 3] crosses the start at 3
+        assert set(starts.tolist()) == set(valid.tolist())
+        np.testing.assert_allclose(info.probabilities, (starts + 1) / 25, rtol=1e-5)
+        counts = np.array([(starts == s).sum() for s in valid])
+        expected = (valid + 1) / 25 * 20_000
+        assert float(((counts - expected) ** 2 / expected).sum()) < 20.52  # 5 dof, p=.001
 
 
 def test_episodes_need_a_step_type_leaf_and_track_episodes():

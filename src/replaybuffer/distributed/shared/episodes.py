@@ -14,7 +14,8 @@ rows of several writer processes need no coordination. A read finds the starts w
 one vectorised pass over the step types (``O(capacity)``, a compare and a
 ``flatnonzero`` over contiguous memory), splits each row's held steps into segments at
 them (``O(E)`` in the starts held), draws among the windows within episodes (uniformly
-by segment, or in proportion to the first step's priority over every valid start),
+by segment, or by the priority tree with draws that cross a start drawn again and
+probabilities over the valid starts' priority mass),
 and, once the windows are copied whole, checks their copied step types again: a window whose steps were rewritten between the scan and the
 copy is drawn again (as a torn one is), so what is returned never crosses a start.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from replaybuffer.distributed.shared.layout import SharedLayout
+from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import RowMarks
 from replaybuffer.errors import EmptyBufferError, SpecError
@@ -63,12 +65,16 @@ class EpisodeWindows:
             ``slot * num_rows + row``).
         leaf: that leaf's index among the storage's leaves.
         num_rows, max_length: the buffer's shape.
+        priorities: the prioritized tree's draws (prioritized buffers).
     """
 
     def __init__(self, layout: SharedLayout, marks: RowMarks, lock: ProcessLock,
-                 step_types: np.ndarray, leaf: int, num_rows: int, max_length: int):
+                 step_types: np.ndarray, leaf: int, num_rows: int, max_length: int,
+                 priorities: SharedPriorities | None = None):
         self._next_id = layout.next_id
         self._tree = layout.tree if layout.prioritized else None
+        self._priorities = priorities
+        self._ends = np.zeros(0, np.int64)
         self._marks = marks
         self._lock = lock
         self._step_types = step_types.reshape(-1)
@@ -97,8 +103,8 @@ class EpisodeWindows:
         keys = keys[np.append(True, keys[1:] != keys[:-1])]
         rows, firsts = keys // _KEY, keys % _KEY
         same_row_next = np.append(rows[1:] == rows[:-1], False)
-        ends = np.where(same_row_next, np.append(firsts[1:], 0), heads[rows])
-        return rows, firsts, np.maximum(ends - firsts - steps + 1, 0)
+        self._ends = np.where(same_row_next, np.append(firsts[1:], 0), heads[rows])
+        return rows, firsts, np.maximum(self._ends - firsts - steps + 1, 0)
 
     def valid_starts(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, starts)``, int64 ``[W]``: every window of ``steps`` within one
@@ -120,20 +126,37 @@ class EpisodeWindows:
             segment = np.searchsorted(ends, draws, side="right")
             starts = firsts[segment] + draws - (ends[segment] - windows[segment])
             return rows[segment], starts, np.full(count, 1.0 / total)
-        rows, starts = self.valid_starts(steps)
-        if not len(rows):
-            raise no_window_error(steps)
-        positions = (starts % self._length) * self._rows_total + rows
+        return self._by_priority(count, steps, rng)
+
+    def _by_priority(self, count: int, steps: int, rng: np.random.Generator
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draws by the tree, those not within an episode turned into redraws (p = 0);
+        probabilities relative to the priority mass of the valid starts: the tree's
+        total less the starts that cannot begin a window (each segment's last
+        ``steps - 1`` steps, ``O(E steps)``)."""
+        assert self._tree is not None and self._priorities is not None
+        seg_rows, firsts, windows = self.segments(steps)
+        lengths = self._ends - firsts
+        invalid = lengths - windows  # per segment: its last starts, or all of a short one
+        segment = np.repeat(np.arange(len(firsts)), invalid)
+        offset = np.arange(len(segment)) - np.repeat(np.cumsum(invalid) - invalid, invalid)
+        ids = firsts[segment] + windows[segment] + offset
+        positions = (ids % self._length) * self._rows_total + seg_rows[segment]
         with self._lock:
-            weights = flat_tree.leaves_of(self._tree, positions)
-        mass = float(weights.sum())
-        if not mass > 0:
+            total = float(self._tree[1])
+            lost = float(flat_tree.leaves_of(self._tree, positions).sum())
+        mass = total - lost
+        if not windows.sum():
+            raise no_window_error(steps)
+        if not mass > 1e-12 * total:  # (rounding may leave a sliver of the subtraction)
             raise EmptyBufferError(f"get_next: no window of num_steps={steps} within one "
                                    "episode has a positive priority")
-        ends = np.cumsum(weights)
-        pick = np.minimum(np.searchsorted(ends, rng.random(count) * mass, side="right"),
-                          len(rows) - 1)
-        return rows[pick], starts[pick], weights[pick] / mass
+        rows, starts, p = self._priorities.draw(count, steps, rng)
+        keys = seg_rows * _KEY + firsts
+        k = np.maximum(np.searchsorted(keys, rows * _KEY + starts, side="right") - 1, 0)
+        within = (seg_rows[k] == rows) & (starts >= firsts[k]) & \
+            (starts - firsts[k] < windows[k])
+        return rows, starts, np.where(within, p * (total / mass), 0.0)
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:
         """No window whose copied steps after the first hold an episode start."""

@@ -35,7 +35,7 @@ class ReadChoice:
         self._held_windows = HeldWindows(layout, marks, priorities)
         self._episodes = None if self._episode_leaf is None else EpisodeWindows(
             layout, marks, lock, storage.arrays[self._episode_leaf], self._episode_leaf,
-            rows, length)
+            rows, length, priorities)
         self._queue = QueueWindows(layout, marks, lock) \
             if isinstance(self._limiter, Queue) else None
 
