@@ -109,7 +109,8 @@ def make(request, tmp_path):
         if kind in SHARED:
             buffer = SharedReplayBuffer(EPISODE_SPEC if episodes else SPEC, ROWS, LENGTH,
                                         prioritized=kind == "shared_prioritized", alpha=1.0,
-                                        rate_limiter=make_limiter(limiter), seed=0)
+                                        rate_limiter=make_limiter(limiter), seed=0,
+                                        track_episodes=episodes)
             shared.append(buffer)
             return buffer
         return request.getfixturevalue("ray_buffers")(kind, limiter, episodes)
@@ -284,8 +285,7 @@ def test_stats_count_inserts_and_samples(make, kind):
     assert (stats.inserts, stats.samples, stats.size) == (ROWS * 3, 5, ROWS * 3)
 
 
-@pytest.mark.parametrize("kind", kinds(["uniform", "shared", "ray"], shared=(
-    "a SharedReplayBuffer refuses the Queue limiter: its reads do not consume (issue 24)"),
+@pytest.mark.parametrize("kind", kinds(["uniform", "shared", "ray"],
     ray="each shard has a Queue of its own: round-robin writes are not held back by "
         "one queue across shards (issue 25)"))
 def test_the_queue_limiter_holds_inserts_until_items_are_read(make, kind):
@@ -324,7 +324,6 @@ def test_draws_follow_the_priorities_set(make, kind):
 
 # ------------------------------------------------------------ save, clear, episodes
 @pytest.mark.parametrize("kind,call", [
-    ("shared", lambda b, path: b.clear()), ("shared", lambda b, path: b.save(path)),
     ("ray", lambda b, path: b.save(path)),
     ("ray", lambda b, path: b.add_batch(items(0), block=False))])
 def test_what_a_buffer_cannot_do_yet_is_refused_by_name(make, kind, call, tmp_path):
@@ -336,8 +335,7 @@ def test_what_a_buffer_cannot_do_yet_is_refused_by_name(make, kind, call, tmp_pa
 
 
 @pytest.mark.parametrize("kind", kinds(
-    ALL, **{k: "no checkpoints of a shared buffer yet (issue 24)" for k in SHARED},
-    **{k: "save(path) of the whole sharded buffer: shards save to checkpoint_dir "
+    ALL, **{k: "save(path) of the whole sharded buffer: shards save to checkpoint_dir "
           "(issue 25)" for k in RAY}))
 def test_save_and_load_round_trip(make, kind, tmp_path):
     buffer = make(kind)
@@ -350,8 +348,7 @@ def test_save_and_load_round_trip(make, kind, tmp_path):
     assert set(batch["step"].tolist()) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("kind", kinds(
-    ALL, **{k: "clear() of a shared buffer (issue 24)" for k in SHARED}))
+@pytest.mark.parametrize("kind", ALL)
 def test_clear_empties_and_the_buffer_fills_again(make, kind):
     buffer = make(kind)
     fill(buffer, range(3))
@@ -366,8 +363,7 @@ def test_clear_empties_and_the_buffer_fills_again(make, kind):
 
 
 @pytest.mark.parametrize("kind", kinds(
-    ["uniform", "prioritized", "shared", "ray"],
-    shared="a SharedReplayBuffer does not track episodes (issue 24)",
+    ["uniform", "prioritized", "shared", "shared_prioritized", "ray"],
     ray="within_episodes across shards (issue 25)"))
 def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     buffer = make(kind, episodes=True)

@@ -224,8 +224,8 @@ def test_bad_items_raise_and_write_nothing(buffer):
 
 
 def test_bad_constructions_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="Queue"):
-        SharedReplayBuffer(SPEC, 2, 4, rate_limiter=Queue(4))
+    with pytest.raises(ValueError, match="Queue of size 9 needs a capacity"):
+        SharedReplayBuffer(SPEC, 2, 4, rate_limiter=Queue(9))  # unread items must fit
     with pytest.raises(ValueError, match="more than the buffer can hold"):
         SharedReplayBuffer(SPEC, 2, 4, rate_limiter=MinSize(9))
     with pytest.raises(ValueError, match="num_rows"):

@@ -34,6 +34,10 @@ POINTS: dict[str, str] = {
     "shared.priorities.update": "a shared sum tree's leaves set (a step hidden or "
                                 "published, or update_priorities), before their "
                                 "ancestors are recomputed",
+    "shared.clear.floors": "a SharedReplayBuffer.clear() with the rows' floors moved "
+                           "and priorities zeroed, before versions and held counts are",
+    "shared.save.publish": "a SharedReplayBuffer.save() with every file of the new "
+                           "checkpoint written, before it is renamed into the series",
 }
 """Every crash point, by name, with the moment it interrupts."""
 

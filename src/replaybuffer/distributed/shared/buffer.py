@@ -26,27 +26,36 @@ written there, ``2 * id + 2`` once written. A reader reads the versions of the p
 it drew, copies the data, reads the versions again, and keeps a sample only when both
 reads show exactly the steps it meant (a window's consecutive ids): a step half written,
 overwritten while copied, or left half written by a writer that was killed is never
-returned; such draws are drawn again. The version stores and the row heads are
-published under the buffer's lock (an ``flock``, released by the kernel when a holder
-dies), whose system calls order the data stores before them; readers' loads are
-ordered by the processor (x86-64 keeps loads in order).
+returned; such draws are drawn again. A uniform buffer's writers and samplers take no
+lock for this: the version stores and loads are ordered by :mod:`.memory_fences`
+(nothing to issue on x86-64, a full fence elsewhere), as :mod:`.writer` and
+:mod:`.sampling` argue. The lock (an ``flock``, released by the kernel when a holder
+dies) is taken to claim rows, by calls the rate limiter holds back, and for the
+priority tree.
 
 Priorities (``prioritized=True``): a flat sum tree of ``priority ** alpha`` in shared
-memory (:mod:`replaybuffer.sampling.flat_tree`), read and written under the lock. A
-position's priority is 0 while it is rewritten, so it is not drawn; then the largest
-priority seen. ``update_priorities`` ignores ids whose step was overwritten since.
+memory (:mod:`replaybuffer.sampling.flat_tree`), written under the lock, each change
+marked first so that the next holder repairs what a killed one left
+(:mod:`.priorities`). A position's priority is 0 while it is rewritten, so it is not
+drawn; then the largest priority seen. ``update_priorities`` ignores ids whose step was
+overwritten or cleared since.
 
-Rate limiters: any :class:`~replaybuffer.RateLimiter` except :class:`~replaybuffer.
-Queue` (whose items must be consumed by reads); its counters live in shared memory, so
-every writer and sampler is paced by the same totals. A held-back call polls (50 us,
-doubling to 2 ms) until it may go, ``timeout`` passes, or, with ``block=False``, at once.
+Rate limiters: any :class:`~replaybuffer.RateLimiter`; its counters live in shared
+memory, so every writer and sampler is paced by the same totals. A held-back call polls
+(50 us, doubling to 2 ms) until it may go, ``timeout`` passes, or, with
+``block=False``, at once. With a :class:`~replaybuffer.Queue` reads consume: each
+window is returned once, oldest first, over every process (:mod:`.queue`).
 
-What the local buffers have and this one lacks yet (episodes and ``within_episodes``,
-``clear()``, ``save()``, the ``Queue`` limiter) is refused with an error that names it
-(:class:`~replaybuffer.distributed.errors.NotSupportedError` for methods); issue 24 adds
-them. The parts live beside this module: :mod:`.layout` (the shared control block),
-:mod:`.process_lock`, :mod:`.writer` (claiming rows, publishing steps),
-:mod:`.sampling` (whole windows), :mod:`.priorities` (the shared sum tree) and
+As the local buffers: ``track_episodes=True`` and ``within_episodes=True`` reads
+(:mod:`.episodes`), :meth:`clear` while writers go on (:mod:`.clearing`), checkpoints
+in the local buffers' format while writers go on (:meth:`save`, :meth:`load`;
+:mod:`.checkpoint`). Frame dedup (``frame_stack``) and n-step transitions are the
+local buffers' alone (see the docs' shared-memory page).
+
+The parts live beside this module: :mod:`.layout` (the shared control block),
+:mod:`.row_marks` (row floors and read cursors), :mod:`.process_lock`, :mod:`.writer`
+(claiming rows, publishing steps), :mod:`.sampling` (whole windows) and
+:mod:`.windows` (which windows), :mod:`.priorities` (the shared sum tree) and
 :mod:`.admission` (the rate limiter on shared counters).
 """
 
@@ -55,29 +64,35 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.buffers.base import package
-from replaybuffer.dataset import RandomStream
-from replaybuffer.distributed.errors import BufferClosedError, not_supported
+from replaybuffer.distributed.errors import BufferClosedError
 from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.checkpoint import SharedCheckpoints
+from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.counters import ProcessCounters
+from replaybuffer.distributed.shared.episodes import step_type_leaf
 from replaybuffer.distributed.shared.items import ItemChecker
+from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
+from replaybuffer.distributed.shared.local_only import refuse_local_only
 from replaybuffer.distributed.shared.priorities import SharedPriorities
+from replaybuffer.distributed.shared.queue import config_with_queue
+from replaybuffer.distributed.shared.row_marks import RowMarks
 from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory_remover,
                                                             removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
+from replaybuffer.distributed.shared.read_choice import ReadChoice
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
-from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -87,7 +102,7 @@ if TYPE_CHECKING:
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
-class SharedReplayBuffer:
+class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteration):
     """A replay buffer that processes on one machine write to and sample from at once.
 
     Args:
@@ -99,18 +114,24 @@ class SharedReplayBuffer:
         prioritized: sample in proportion to ``priority ** alpha`` (see the module
             docstring); ``update_priorities`` sets them.
         alpha, beta: the prioritization and importance-sampling exponents.
-        rate_limiter: paces every process's inserts and samples (not a ``Queue``).
+        rate_limiter: paces every process's inserts and samples; with a ``Queue``,
+            reads consume (each window once, oldest first).
         path: a new or empty directory for the files (default: a fresh one under
             ``/dev/shm``, removed by :meth:`close`; a given path is left in place).
         seed: seeds the sampling generators: process ``k`` to attach (the creator is
             0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
+        track_episodes: allow ``within_episodes=True`` reads (the spec needs a
+            top-level ``step_type`` leaf).
+        frame_stack, n_step: refused (:mod:`.local_only`): the local buffers' alone.
 
     The object pickles as a handle: unpickled in another process (a
     ``multiprocessing.Process`` argument) it maps the same files.
 
     Raises:
-        ValueError: a bad size, exponent or limiter (a ``Queue``, or a
-            ``min_size_to_sample`` above the capacity), or a path in use.
+        ValueError: a bad size, exponent or limiter (a ``min_size_to_sample`` or a
+            ``Queue`` size above the capacity), or a path in use.
+        SpecError: ``track_episodes`` without a ``step_type`` leaf.
+        NotSupportedError: ``frame_stack`` or ``n_step`` given.
         StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
             buffer. A creation that fails removes what it made.
     """
@@ -118,24 +139,29 @@ class SharedReplayBuffer:
     def __init__(self, data_spec: Any, num_rows: int, max_length: int, *,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  rate_limiter: RateLimiter | None = None,
-                 path: str | os.PathLike[str] | None = None, seed: int | None = None):
+                 path: str | os.PathLike[str] | None = None, seed: int | None = None,
+                 track_episodes: bool = False, frame_stack: str | None = None,
+                 n_step: int | None = None):
+        refuse_local_only(type(self), frame_stack, n_step)
         made_directory = path is None or not Path(path).exists()
-        self._config, temporary = SharedConfig.checked(
+        self._config, temporary = config_with_queue(
             data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
             seed)
+        self._track_episodes = bool(track_episodes)
         with removed_on_failure(self._config.path, made_directory):  # no space, memory
             self._map(create=True)
         self._creator = os.getpid()
         self._remover = directory_remover(self, self._config.path) if temporary else None
 
     # ----------------------------------------------------------------- mapping
-    def __getstate__(self) -> SharedConfig:
-        """A handle: the configuration (directory, spec, sizes), never the data."""
-        return self._config
+    def __getstate__(self) -> tuple[SharedConfig, bool]:
+        """A handle: the configuration (directory, spec, sizes) and whether episodes
+        are tracked, never the data."""
+        return self._config, self._track_episodes
 
-    def __setstate__(self, config: SharedConfig) -> None:
+    def __setstate__(self, state: tuple[SharedConfig, bool]) -> None:
         """Unpickled (in another process): map the files the creator made."""
-        self._config = config
+        self._config, self._track_episodes = state
         self._creator, self._remover = -1, None
         self._map(create=False)
 
@@ -147,7 +173,10 @@ class SharedReplayBuffer:
         rows, length = self._rows_total, self._length = config.num_rows, config.max_length
         self.path = Path(config.path)
         self._storage = SharedStorage(specs, rows * length, self.path, create)
+        paths = nest.leaf_paths(self._data_spec)
+        self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
         self._items = ItemChecker(self._data_spec, self._storage)
+        self._marks = marks = RowMarks(self._storage, rows, length)  # before the layout
         self._layout = layout = SharedLayout(self._storage, rows, length,
                                              config.prioritized, create)
         self._next_id, self._control = layout.next_id, layout.control
@@ -163,6 +192,7 @@ class SharedReplayBuffer:
         self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
                                     self._priorities, self._admission)
+        self._wire_choices(layout, marks, self._storage, self._lock, self._priorities)
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties
@@ -208,7 +238,10 @@ class SharedReplayBuffer:
         return self._priorities.max_priority
 
     def __len__(self) -> int:
-        """Items a sample can return (see :meth:`SharedLayout.items_held`)."""
+        """Items a sample can return (see :meth:`SharedLayout.items_held`; after a
+        clear, those since it: :meth:`RowMarks.items_held`)."""
+        if self._marks.cleared:
+            return self._marks.items_held(self._layout.held, self._layout.next_id)
         return self._layout.items_held()
 
     def __repr__(self) -> str:
@@ -289,16 +322,19 @@ class SharedReplayBuffer:
     # ---------------------------------------------------------------- sampling
     @overload
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
 
     @overload
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: bool = True) -> tuple[Any, BufferInfo] | None: ...
 
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None,
                  block: bool = True) -> tuple[Any, BufferInfo] | None:
         """Sample items as :meth:`replaybuffer.ReplayBuffer.get_next` does (same shapes).
 
@@ -306,7 +342,8 @@ class SharedReplayBuffer:
         row, for :meth:`update_priorities`; ``probabilities`` are float32 ``[S]``;
         prioritized buffers add ``weights`` (``(P_min / P(i)) ** beta`` over the batch,
         so the batch's largest is 1). A window lies in one row, consecutive steps,
-        never across the write head.
+        never across the write head. ``within_episodes=True`` (a buffer built with
+        ``track_episodes=True``): never across an episode start either.
 
         Raises:
             EmptyBufferError: no row holds ``num_steps`` steps (nothing with a positive
@@ -316,8 +353,8 @@ class SharedReplayBuffer:
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
-                            block=block)
+        return self.draw(sample_batch_size, num_steps, time_stacked,
+                         within_episodes=within_episodes, timeout=timeout, block=block)
 
     @overload
     def draw(self, sample_batch_size: int | None, num_steps: int | None,
@@ -337,9 +374,9 @@ class SharedReplayBuffer:
              block: bool = True) -> tuple[Any, BufferInfo] | None:
         """:meth:`get_next` after its argument checks, drawing from ``rng`` (default:
         this process's generator); the :class:`~replaybuffer.protocols.SampleSource`
-        seam of dataset streams. ``within_episodes`` is refused (no episodes yet)."""
-        if within_episodes:
-            raise ValueError("within_episodes: a SharedReplayBuffer does not track episodes")
+        seam of dataset streams."""
+        if within_episodes:  # refused before anything is counted
+            self._window_choice(within_episodes)
         self._check_open()
         check_timeout(timeout)
         count = sample_batch_size or 1
@@ -350,9 +387,10 @@ class SharedReplayBuffer:
         if self._limiter is not None and not self._admit(False, count, timeout, block):
             return None
         rng = self._sampler.process_rng() if rng is None else rng
+        choice = self._window_choice(within_episodes)  # after the wait: a clear since
         with nullcontext() if self._admission is None else \
                 self._admission.given_back_on_error(False, count):  # a failed draw never counts
-            leaves, ids, info = self._sampler.draw(count, steps, rng)
+            leaves, ids, info = self._sampler.draw(count, steps, rng, choice)
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
             ids = ids[:, 0]
@@ -389,33 +427,6 @@ class SharedReplayBuffer:
     def stats(self) -> RateLimiterStats | None:
         """The rate limiter's counters over every process (``None`` without one)."""
         return None if self._admission is None else self._admission.stats()
-
-    # -------------------------------------------------------------- iteration
-    def spawn_rng(self) -> np.random.Generator:
-        """A generator for a dataset stream, seeded from this process's generator."""
-        return make_rng(np.random.SeedSequence(self._sampler.process_rng().integers(0, 2**63 - 1)))
-
-    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                   num_parallel_calls: int | None = None,
-                   prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
-        """An endless stream of ``get_next(sample_batch_size, num_steps)`` elements,
-        sampled ahead by ``num_parallel_calls`` threads of this process (see
-        :class:`~replaybuffer.dataset.RandomStream`)."""
-        sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
-        num_steps = positive_or_none(num_steps, "num_steps")
-        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
-
-    # ------------------------------------------------------ not supported yet
-    def clear(self) -> NoReturn:
-        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer cannot
-        be emptied yet."""
-        raise not_supported(type(self), "clear()", "make a new SharedReplayBuffer")
-
-    def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
-        """Refused (issue 24): raises :class:`NotSupportedError`, a shared buffer has no
-        checkpoints yet."""
-        raise not_supported(type(self), "save()", "use a ReplayBuffer (its save() and "
-                            "replaybuffer.load) for checkpoints")
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

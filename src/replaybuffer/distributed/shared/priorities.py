@@ -58,6 +58,9 @@ class SharedPriorities:
         self._rows_total, self._length = num_rows, max_length
         self._alpha = alpha
         self.repairs = 0
+        self.floor: np.ndarray | None = None
+        """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
+        wires them: an id below its row's floor was cleared and is not updated."""
 
     @property
     def max_priority(self) -> float:
@@ -155,6 +158,8 @@ class SharedPriorities:
             largest = float(values.max())
         with self.changing():
             current = self._version[positions] == 2 * steps + 2
+            if self.floor is not None:  # a clear leaves versions as they were
+                current &= steps >= self.floor[rows]
             self.set(positions[current], np.power(values[current], self._alpha))
             if largest is not None and largest > self._max_priority[0]:
                 self._max_priority[0] = largest

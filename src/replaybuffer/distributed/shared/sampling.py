@@ -26,6 +26,7 @@ from replaybuffer.distributed.shared.layout import ATTACHED, SharedLayout
 from replaybuffer.distributed.shared.memory_fences import check_available, order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
+from replaybuffer.distributed.shared.windows import WindowChoice
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling.sampler import make_rng
 from replaybuffer.storage.shared_storage import SharedStorage
@@ -80,11 +81,14 @@ class SharedSampler:
             self._rng_pid = os.getpid()
         return self._rng
 
-    def draw(self, count: int, steps: int, rng: np.random.Generator
+    def draw(self, count: int, steps: int, rng: np.random.Generator,
+             choice: WindowChoice | None = None
              ) -> tuple[list[np.ndarray], np.ndarray, dict[str, np.ndarray]]:
         """``count`` windows of ``steps`` whose every step was whole while copied:
         leaves ``[count, steps, ...]``, int64 item ids ``[count, steps]``, ``info``
         (float32 ``probabilities [count]``; prioritized: float32 ``weights [count]``).
+        ``choice``: the windows to draw instead of any below a row's head (a cleared
+        buffer, episodes, a queue; see :mod:`.windows`).
 
         Raises:
             EmptyBufferError: no row holds ``steps`` steps (no positive priority).
@@ -93,6 +97,8 @@ class SharedSampler:
         rows_total, length = self._rows_total, self._length
         draw_positions = self._draw_uniform if self._priorities is None \
             else self._priorities.draw
+        if choice is not None:  # issue 24 parity hook: clear, episodes, Queue (.windows)
+            draw_positions = choice.positions
         offsets = np.arange(steps, dtype=np.int64)
         todo = np.arange(count)
         leaves: list[np.ndarray] | None = None
@@ -109,6 +115,9 @@ class SharedSampler:
             order_fence()  # the data before the versions again
             whole = ((before == expected) & (self._version.take(positions) == expected)
                      ).all(1) & (p > 0)
+            kept = None if choice is None else choice.keeps(got)  # issue 24 parity hook
+            if kept is not None:
+                whole &= kept
             if leaves is None:  # the first round fills every slot, whole or not
                 leaves = got
                 if whole.all():  # the usual case: nothing to draw again
