@@ -252,7 +252,8 @@ def test_device_updates_and_samples_never_synchronize_cuda():
     _, dev = twins(device, max_length=64, adds=80)
     uniform = rb.UniformReplayBuffer(rb.ArraySpec((3,), np.float32), 2, 64, storage="torch",
                                      device=device, seed=0, sample_on_device=True)
-    uniform.add_batch(torch.ones(2, 3, device=device))
+    for _ in range(2):  # two steps per row, for windows of 2
+        uniform.add_batch(torch.ones(2, 3, device=device))
     _, info = dev.get_next(32, 2)
     priorities = torch.rand(32, device=device, dtype=torch.float64) + 0.1
     dev.update_priorities(info.ids, priorities)  # warm: pending adds flushed
