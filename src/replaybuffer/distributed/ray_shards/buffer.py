@@ -171,8 +171,12 @@ class RayReplayBuffer(ShardWrites):
 
     @property
     def shards_per_batch(self) -> int | None:
-        """Shards each batch is drawn from (``None``: every shard)."""
+        """Shards each batch is drawn from (``None``: every shard); settable."""
         return self._sampler.shards_per_batch
+
+    @shards_per_batch.setter
+    def shards_per_batch(self, value: int | None) -> None:
+        self._sampler.shards_per_batch = positive_or_none(value, "shards_per_batch")
 
     def shards_up(self) -> list[bool]:
         """Which shards answered last (a restarted one is up once it answers again)."""

@@ -199,6 +199,10 @@ class ShardActor:
         else:  # asked of transition buffers only
             items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
                                                                              timeout=timeout)
+        # Contiguous leaves go out of band into Ray's store and the client maps them;
+        # a strided view (a packed leaf) would be pickled in band and copied twice.
+        leaves, structure = nest.flatten(items)
+        items = structure.unflatten([np.ascontiguousarray(leaf) for leaf in leaves])
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
                 self.buffer.window_mass(num_steps or 1), self.status())
 

@@ -56,8 +56,9 @@ class Chunk:
         return any(bool((leaves[i] == LAST).any()) for i in self._ends)
 
     def take(self) -> Op:
-        """The gathered steps as one ``extend`` (sent at once: Ray copies the
-        arguments as the call is made), and an empty chunk."""
+        """The gathered steps as one ``extend`` of views of the chunk's arrays, and an
+        empty chunk: send it before the next :meth:`put` (Ray copies a call's
+        arguments as it is made)."""
         n, self.steps = self.steps, 0
         return ("extend", (self._structure.unflatten([a[:, :n] for a in self._arrays]),),
                 {})
@@ -124,7 +125,8 @@ class ShardWriter:
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         """``add`` on the shard's buffer (transition buffers)."""
-        self._take_chunk()
+        if self._chunk is not None and self._chunk.steps:
+            self._send()  # the gathered steps go first, in order
         self._ops.append(("add", args, kwargs))
         self._steps += 1
         self._send_if_due(False)
@@ -133,7 +135,7 @@ class ShardWriter:
         chunk = self._chunk
         assert chunk is not None  # rows is known for buffers with add_batch
         if count > chunk.room():
-            self._take_chunk()
+            self._send()  # sent at once: the chunk's arrays are reused
         if count >= chunk.capacity:  # a long extend goes as it is
             self._ops.append(("extend", (self._structure_of(leaves),), {}))
             self._steps += count
