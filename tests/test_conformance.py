@@ -182,8 +182,7 @@ def test_get_next_shapes(make, kind, size, steps):
     check_items(batch)
 
 
-@pytest.mark.parametrize("kind", kinds(ALL, **{
-    k: "time_stacked=False is not supported across shards (issue 25)" for k in RAY}))
+@pytest.mark.parametrize("kind", ALL)
 def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
     buffer = make(kind)
     fill(buffer, range(3))
@@ -193,9 +192,7 @@ def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
     np.testing.assert_array_equal(batch[1]["step"], batch[0]["step"] + 1)
 
 
-@pytest.mark.parametrize("kind", kinds(ALL, **{
-    k: "round-robin add_batch puts a writer's consecutive steps on different shards, "
-       "so windows skip steps; write through shard= or writer() (issue 25)" for k in RAY}))
+@pytest.mark.parametrize("kind", LOCAL + SHARED)  # Ray: refused, see below
 def test_windows_stay_in_one_row_and_behind_the_write_head(make, kind):
     buffer = make(kind)
     written = 2 * buffer.capacity // ROWS  # wrapped around twice
@@ -284,10 +281,8 @@ def test_stats_count_inserts_and_samples(make, kind):
     assert (stats.inserts, stats.samples, stats.size) == (ROWS * 3, 5, ROWS * 3)
 
 
-@pytest.mark.parametrize("kind", kinds(["uniform", "shared", "ray"], shared=(
-    "a SharedReplayBuffer refuses the Queue limiter: its reads do not consume (issue 24)"),
-    ray="each shard has a Queue of its own: round-robin writes are not held back by "
-        "one queue across shards (issue 25)"))
+@pytest.mark.parametrize("kind", kinds(["uniform", "shared"], shared=(
+    "a SharedReplayBuffer refuses the Queue limiter: its reads do not consume (issue 24)")))
 def test_the_queue_limiter_holds_inserts_until_items_are_read(make, kind):
     buffer = make(kind, limiter="queue")  # Queue(4): two steps of two rows
     fill(buffer, range(2))
@@ -336,9 +331,8 @@ def test_what_a_buffer_cannot_do_yet_is_refused_by_name(make, kind, call, tmp_pa
 
 
 @pytest.mark.parametrize("kind", kinds(
-    ALL, **{k: "no checkpoints of a shared buffer yet (issue 24)" for k in SHARED},
-    **{k: "save(path) of the whole sharded buffer: shards save to checkpoint_dir "
-          "(issue 25)" for k in RAY}))
+    LOCAL + SHARED, **{k: "no checkpoints of a shared buffer yet (issue 24)"
+                       for k in SHARED}))  # Ray: refused by name, above
 def test_save_and_load_round_trip(make, kind, tmp_path):
     buffer = make(kind)
     fill(buffer, range(3))
@@ -366,9 +360,8 @@ def test_clear_empties_and_the_buffer_fills_again(make, kind):
 
 
 @pytest.mark.parametrize("kind", kinds(
-    ["uniform", "prioritized", "shared", "ray"],
-    shared="a SharedReplayBuffer does not track episodes (issue 24)",
-    ray="within_episodes across shards (issue 25)"))
+    ["uniform", "prioritized", "shared"],
+    shared="a SharedReplayBuffer does not track episodes (issue 24)"))  # Ray: below
 def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     buffer = make(kind, episodes=True)
     step_types = [FIRST, MID, LAST, FIRST, MID, MID, LAST, FIRST]
@@ -381,3 +374,40 @@ def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     # A window's second step is never the FIRST step of a new episode.
     assert (batch["step_type"][:, 1] != FIRST).all()
     np.testing.assert_array_equal(np.diff(batch["value"], axis=1), 1)
+
+
+# ------------------------------------------- what one buffer does and shards cannot
+def ray_windows(buffer):
+    fill(buffer, range(3))
+    return lambda: buffer.get_next(4, 3)
+
+
+def ray_episode_windows(buffer):
+    for t, step_type in enumerate([FIRST, MID, LAST]):
+        buffer.add_batch({"step_type": np.full(ROWS, step_type, np.int32),
+                          "value": np.arange(ROWS) * 1000 + t})
+    buffer.flush()
+    return lambda: next(iter(buffer.as_dataset(64, 2, within_episodes=True)))
+
+
+def ray_queue(buffer):
+    return lambda: buffer.add_batch(items(0))
+
+
+@pytest.mark.parametrize("case,setup,options,names", [
+    ("windows", ray_windows, {}, r"get_next\(num_steps=3\) over round-robin writes"),
+    ("episodes", ray_episode_windows, {"episodes": True},
+     r"get_next\(num_steps=2\) over round-robin writes"),
+    ("queue", ray_queue, {"limiter": "queue"}, "round-robin add_batch into shards with "
+                                               "a Queue rate limiter")])
+def test_ray_refuses_what_shards_cannot_do_as_one_buffer(make, case, setup, options, names):
+    """Windows over round-robin writes would skip steps (consecutive steps went to
+    different shards) and a Queue per shard bounds no whole: refused by name, and the
+    buffer is as it was."""
+    buffer = make("ray", **options)
+    call = setup(buffer)
+    before = len(buffer)
+    with pytest.raises(NotSupportedError, match=f"RayReplayBuffer does not support {names}"):
+        call()
+    buffer.flush()
+    assert len(buffer) == before

@@ -11,6 +11,7 @@ count reaches the shard with the outbox's next call to it (its
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -22,6 +23,11 @@ from replaybuffer import nest
 from replaybuffer.distributed.ray_shards.shard import Op
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.numpy_storage import NumpyStorage
+
+
+RELEASE_TRIES = 20
+"""How many times ``flush`` asks a restarting shard to take its report (about 15 s);
+a report it never took is sent with the next write to that shard."""
 
 
 class Outbox:
@@ -118,14 +124,22 @@ class Outbox:
         the steps lost; raise the first error a write met."""
         while self._pending:
             self._settle()
-        refs = []
-        for shard in sorted(self._release | set(self._lost)):
-            refs.append(self._actors[shard].release.remote(self.writer,
-                                                           self._lost.pop(shard, 0)))
-        self._release.clear()
-        for ref in refs:
-            try:
-                ray.get(ref)
-            except RayError:
-                pass  # died again: what it held is its loss, reported when it is back
+        for attempt in range(RELEASE_TRIES):
+            shards = sorted(self._release | set(self._lost))
+            if not shards:
+                break
+            calls = []
+            for shard in shards:
+                lost = self._lost.pop(shard, 0)
+                calls.append((shard, lost,
+                              self._actors[shard].release.remote(self.writer, lost)))
+            self._release.clear()
+            for shard, lost, ref in calls:
+                try:
+                    ray.get(ref)
+                except RayError:  # restarting: ask again (its new process holds nothing
+                    # of ours, but must hear of the steps lost)
+                    self._lost[shard] = self._lost.get(shard, 0) + lost
+            if self._lost:
+                time.sleep(0.1 * min(attempt + 1, 10))
         self.raise_error()
