@@ -31,8 +31,10 @@ Parts: :mod:`.shard` (the shard actor), :mod:`.shard_home` (its files),
 :mod:`.sampling` (which shards, batches in flight), :mod:`.batches` (one batch from
 the parts), :mod:`.pipeline` (datasets). What the buffer surface
 (:class:`~replaybuffer.protocols.Buffer`) asks and shards cannot do (``save(path)``,
-``block=False``, windows over round-robin writes, one ``Queue`` across shards) is
+``block=False``, one ``Queue`` across shards) is
 refused with a :class:`~replaybuffer.distributed.NotSupportedError` that names it.
+Windows over round-robin writes skip steps (consecutive steps went to different
+shards): write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ray.exceptions import RayError
 
 from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
-from replaybuffer.distributed.errors import (NotSupportedError, ShardsUnavailableError,
+from replaybuffer.distributed.errors import (ShardsUnavailableError,
                                              ShardStartError, not_supported)
 from replaybuffer.distributed.ray_shards.batches import map_leaves
 from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
@@ -124,7 +126,6 @@ class RayReplayBuffer(ShardWrites):
         self._rng = make_rng(seed)
         self._max_in_flight = max_in_flight
         self._next_shard = 0
-        self._spread: set[int] = set()  # shards this client wrote to round-robin
         described = []
         for i, actor in enumerate(self._actors):
             try:
@@ -260,12 +261,6 @@ class RayReplayBuffer(ShardWrites):
         """Send the calls for one batch of ``count`` (see :meth:`finish_batch`)."""
         self._outbox.raise_error()
         self._probe()
-        if num_steps is not None and num_steps > 1 and len(self._spread) > 1:
-            raise NotSupportedError(
-                f"{type(self).__name__} does not support get_next(num_steps={num_steps}) "
-                "over round-robin writes: consecutive add_batch calls went to different "
-                "shards, so a shard's window would skip steps; write through shard= or "
-                "writer(i), one sequence per shard")
         return self._sampler.start("get_next", count, num_steps, rng, timeout,
                                    within_episodes)
 
@@ -355,7 +350,6 @@ class RayReplayBuffer(ShardWrites):
         for i, info in answers.items():
             self._health.renamed(i, info["incarnation"], info["last_id"])
         self._sampler.forget_masses()
-        self._spread.clear()
         missed = [i for i in range(self.num_shards) if i not in answers]
         if missed:
             raise ShardsUnavailableError(f"clear: shards {missed} were down and keep "

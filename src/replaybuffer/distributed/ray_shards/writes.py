@@ -25,8 +25,7 @@ class ShardWrites:
         _actors: their handles; _up: which answer; _outbox: the client's writes in
         flight; _sampler: its masses; _health: incarnations and losses; _data_spec,
         _rows (the shards' ``batch_size``), _max_in_flight, _queued (shards have a
-        ``Queue`` limiter), _next_shard (round-robin), _spread (shards written
-        round-robin).
+        ``Queue`` limiter), _next_shard (round-robin).
     """
 
     num_shards: int
@@ -40,7 +39,6 @@ class ShardWrites:
     _max_in_flight: int
     _queued: bool
     _next_shard: int
-    _spread: set[int]
 
     def _probe(self, interval: float = 0.2) -> None:
         self._health.probe(interval)
@@ -52,7 +50,7 @@ class ShardWrites:
 
         Round-robin suits items whole on their own (transitions); steps that form
         windows (``get_next(num_steps=T)``) must go to one shard per writer:
-        ``shard=`` or a :meth:`writer` (windows after round-robin writes are refused).
+        ``shard=`` or a :meth:`writer` (windows over round-robin writes skip steps).
 
         Args:
             timeout: passed to the shard's ``add_batch`` (its rate limiter's
@@ -100,7 +98,6 @@ class ShardWrites:
         self._probe()
         if shard is None:
             shard = self._pick_writer()
-            self._spread.add(shard)
         elif not 0 <= shard < self.num_shards:
             raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
         self._outbox.send(shard, self._actors[shard], [(method, args, kwargs)], steps,
