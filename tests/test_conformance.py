@@ -182,7 +182,9 @@ def test_get_next_shapes(make, kind, size, steps):
     check_items(batch)
 
 
-@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("kind", kinds(ALL, **{
+    k: "time_stacked=False works across shards, but its windows are drawn over "
+       "round-robin writes, which skip steps (issue 25)" for k in RAY}))
 def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
     buffer = make(kind)
     fill(buffer, range(3))
