@@ -196,6 +196,9 @@ def test_a_writer_sends_chunks_and_keeps_its_order(make):
     writer.flush()
     window, _ = buffer.get_next(1, 300)
     np.testing.assert_array_equal(window["x"][0], np.arange(300))
+    steps, _ = buffer.get_next(5, 3, time_stacked=False)  # a 3-tuple of [5] steps
+    assert isinstance(steps, tuple) and len(steps) == 3 and steps[0]["x"].shape == (5,)
+    np.testing.assert_array_equal(steps[2]["x"], steps[0]["x"] + 2)
 
 
 def test_a_writer_sends_at_an_episode_end_and_after_chunk_seconds(make):

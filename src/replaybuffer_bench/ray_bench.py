@@ -106,12 +106,50 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             "zero_copy_share": zero_copy_share, "seconds": seconds}
 
 
+def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
+             seconds: float = 2.0) -> dict[str, Any]:
+    """The learner alone (no collectors): the median of 100 ``get_next(256)`` over
+    ``shards`` control shards of 1000 items, then items/s from a dataset with
+    ``prefetch`` batches in flight for ``seconds``."""
+    from replaybuffer.distributed import RayReplayBuffer
+
+    make_spec, capacity = WORKLOADS["control"]
+    spec = make_spec()
+    factory = functools.partial(shard_buffer, spec, capacity // shards)
+    with RayReplayBuffer(factory, shards, seed=0, shards_per_batch=shards_per_batch) as b:
+        prefill = random_items(spec, (1, 1000), np.random.default_rng(0))
+        for shard in range(shards):
+            b.extend(prefill, shard=shard)
+        b.flush()
+        for _ in range(20):
+            b.get_next(SAMPLE)
+        latencies = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            b.get_next(SAMPLE)
+            latencies.append(time.perf_counter() - t0)
+        stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch))
+        sampled, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            next(stream)
+            sampled += SAMPLE
+        rate = sampled / (time.perf_counter() - start)
+        stream.close()
+    return {"peer": "replaybuffer[ray] idle", "shards": shards,
+            "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
+            "get_next_ms": float(np.median(latencies)) * 1e3, "dataset_items_per_s": rate}
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
     lines = ["| workload | buffer | shards | shards per batch | inserts/s | samples/s | "
              "idle get_next(256) | batch bytes (mapped by ray.get) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["peer"] == "replaybuffer[ray]":
+        if r["peer"] == "replaybuffer[ray] idle":
+            lines.append(f"| idle | {r['peer']} | {r['shards']} | {r['shards_per_batch']} "
+                         f"| | {r['dataset_items_per_s']:,.0f} | {r['get_next_ms']:.2f} ms "
+                         "| |")
+        elif r["peer"] == "replaybuffer[ray]":
             lines.append(f"| {r['workload']} | {r['peer']} | {r['shards']} | "
                          f"{r['shards_per_batch']} | {r['inserts_per_s']:,.0f} | "
                          f"{r['samples_per_s']:,.0f} | {r['idle_get_next_ms']:.2f} ms | "
@@ -134,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: a number of shards, or 'all'")
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--chunk-steps", type=int, default=256)
+    parser.add_argument("--idle", action="store_true",
+                        help="only the learner alone: get_next latency and dataset items/s")
     parser.add_argument("--no-single", action="store_true",
                         help="skip the one-process row of each workload")
     parser.add_argument("--collectors", type=int, default=4)
@@ -144,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = []
     try:
-        for workload in [w for w in args.workloads.split(",") if w]:
+        for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
+            for shards in [int(s) for s in args.shards.split(",") if s]:
+                rows.append(run_idle(shards, None if mode == "all" else int(mode),
+                                     args.prefetch))
+                print(json.dumps(rows[-1]), flush=True)
+        for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
             if not args.no_single:
                 rows.append(run_single(workload, args.seconds))
                 print(json.dumps(rows[-1]), flush=True)
@@ -162,3 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
