@@ -1,6 +1,6 @@
 """One batch from the shards' parts: tagged with shard and incarnation, rescaled to
 the whole buffer's probabilities, and (parts of several shards) concatenated and
-interleaved. A batch of one part is handed on as Ray gave it: arrays that were
+interleaved. A batch of one part can be handed on as Ray gave it: arrays that were
 contiguous in the shard are views of Ray's object store, read-only, not copied."""
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def map_leaves(fn: Callable[[np.ndarray], np.ndarray], items: Any) -> Any:
 
 
 def combine(parts: list[Part], mass: np.ndarray, num_shards: int, beta: float | None,
-            rng: np.random.Generator) -> tuple[Any, BufferInfo]:
+            rng: np.random.Generator, zero_copy: bool = True) -> tuple[Any, BufferInfo]:
     """The batch of the shards' ``parts``, in an order drawn from ``rng`` (several
-    parts) or as the one part came.
+    parts) or as the one part came (``zero_copy``; else copied, writable).
 
     Args:
         mass: float ``[num_shards]``, the sampling mass of each shard that could give
@@ -62,6 +62,8 @@ def combine(parts: list[Part], mass: np.ndarray, num_shards: int, beta: float | 
     scaled = [p.probabilities * (mass[p.shard] / total) for p in parts]
     if len(parts) == 1:
         items, id_array = parts[0].items, ids[0]
+        if not zero_copy:
+            items = map_leaves(np.array, items)
         probabilities = scaled[0].astype(np.float32)
     else:
         order = rng.permutation(sum(len(p.ids) for p in parts))  # parts interleaved

@@ -191,7 +191,10 @@ class ShardSampler:
                     raise self._empty(batch)
             self._send(batch, todo, mass, first=False)
         available = self._current_mass(key) * self._up * ~held * ~empty
-        return combine(batch.parts, available, self._num_shards, self._beta, batch.rng)
+        # Batches of every shard stay writable, as they always were (one part is
+        # copied); the modes of k shards hand one part over as Ray maps it.
+        return combine(batch.parts, available, self._num_shards, self._beta, batch.rng,
+                       zero_copy=self.shards_per_batch is not None)
 
     def _empty(self, batch: PendingBatch) -> EmptyBufferError:
         return EmptyBufferError(f"{batch.method}: no shard holds a sample of "
