@@ -369,7 +369,7 @@ def test_clear_empties_and_the_buffer_fills_again(make, kind):
     ["uniform", "prioritized", "shared", "ray"],
     shared="a SharedReplayBuffer does not track episodes (issue 24)",
     ray="within_episodes over round-robin writes: each shard holds every other step "
-        "(issue 25); shards written through writer() honour it"))
+        "(issue 25)"))
 def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     buffer = make(kind, episodes=True)
     step_types = [FIRST, MID, LAST, FIRST, MID, MID, LAST, FIRST]
