@@ -184,7 +184,8 @@ def test_get_next_shapes(make, kind, size, steps):
 
 
 @pytest.mark.parametrize("kind", kinds(ALL, **{
-    k: "time_stacked=False is not supported across shards (issue 25)" for k in RAY}))
+    k: "time_stacked=False works across shards, but its windows are drawn over "
+       "round-robin writes, which skip steps (issue 25)" for k in RAY}))
 def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
     buffer = make(kind)
     fill(buffer, range(3))
@@ -196,7 +197,9 @@ def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
 
 @pytest.mark.parametrize("kind", kinds(ALL, **{
     k: "round-robin add_batch puts a writer's consecutive steps on different shards, "
-       "so windows skip steps; write through shard= or writer() (issue 25)" for k in RAY}))
+       "so windows skip steps; write through shard= or writer() (issue 25: refusing "
+       "them would refuse the windows of transitions that test_get_next_shapes draws)"
+    for k in RAY}))
 def test_windows_stay_in_one_row_and_behind_the_write_head(make, kind):
     buffer = make(kind)
     written = 2 * buffer.capacity // ROWS  # wrapped around twice
@@ -285,9 +288,7 @@ def test_stats_count_inserts_and_samples(make, kind):
     assert (stats.inserts, stats.samples, stats.size) == (ROWS * 3, 5, ROWS * 3)
 
 
-@pytest.mark.parametrize("kind", kinds(["uniform", "shared", "ray"],
-    ray="each shard has a Queue of its own: round-robin writes are not held back by "
-        "one queue across shards (issue 25)"))
+@pytest.mark.parametrize("kind", kinds(["uniform", "shared"]))
 def test_the_queue_limiter_holds_inserts_until_items_are_read(make, kind):
     buffer = make(kind, limiter="queue")  # Queue(4): two steps of two rows
     fill(buffer, range(2))
@@ -335,8 +336,7 @@ def test_what_a_buffer_cannot_do_yet_is_refused_by_name(make, kind, call, tmp_pa
 
 
 @pytest.mark.parametrize("kind", kinds(
-    ALL, **{k: "save(path) of the whole sharded buffer: shards save to checkpoint_dir "
-          "(issue 25)" for k in RAY}))
+    LOCAL + SHARED))  # Ray: refused by name, above
 def test_save_and_load_round_trip(make, kind, tmp_path):
     buffer = make(kind)
     fill(buffer, range(3))
@@ -364,7 +364,8 @@ def test_clear_empties_and_the_buffer_fills_again(make, kind):
 
 @pytest.mark.parametrize("kind", kinds(
     ["uniform", "prioritized", "shared", "shared_prioritized", "ray"],
-    ray="within_episodes across shards (issue 25)"))
+    ray="within_episodes over round-robin writes: each shard holds every other step "
+        "(issue 25)"))
 def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     buffer = make(kind, episodes=True)
     step_types = [FIRST, MID, LAST, FIRST, MID, MID, LAST, FIRST]
@@ -377,3 +378,23 @@ def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     # A window's second step is never the FIRST step of a new episode.
     assert (batch["step_type"][:, 1] != FIRST).all()
     np.testing.assert_array_equal(np.diff(batch["value"], axis=1), 1)
+
+
+# ------------------------------------------- what one buffer does and shards cannot
+def ray_queue(buffer):
+    return lambda: buffer.add_batch(items(0))
+
+
+@pytest.mark.parametrize("case,setup,options,names", [
+    ("queue", ray_queue, {"limiter": "queue"}, "round-robin add_batch into shards with "
+                                               "a Queue rate limiter")])
+def test_ray_refuses_what_shards_cannot_do_as_one_buffer(make, case, setup, options, names):
+    """A Queue per shard bounds no whole (the test of the Queue limiter above): a
+    round-robin write is refused by name, and the buffer is as it was."""
+    buffer = make("ray", **options)
+    call = setup(buffer)
+    before = len(buffer)
+    with pytest.raises(NotSupportedError, match=f"RayReplayBuffer does not support {names}"):
+        call()
+    buffer.flush()
+    assert len(buffer) == before

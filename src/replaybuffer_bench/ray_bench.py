@@ -1,12 +1,16 @@
 """``replaybuffer bench --ray``: a :class:`~replaybuffer.distributed.RayReplayBuffer`
-with 1, 2 and 4 shards fed by 4 collector tasks, sampled by the learner (this process).
+with 1, 2, 4 and 8 shards fed by 4 collector tasks, sampled by the learner (this
+process).
 
-Per workload (control, frames) and shard count: a local Ray cluster (``num_cpus=2``),
+Per workload (control, frames), batch mode (``--shards-per-batch``: ``1``, Ape-X's one
+shard per batch, or ``all``) and shard count: a local Ray cluster (``num_cpus=2``),
 uniform shards holding 100k control (20k frames) items between them, prefilled with
 1000 items each; 4 collector tasks (collector ``k`` writes to shard ``k % shards``
-through a :class:`~replaybuffer.distributed.ShardWriter`, ``extend`` of 32 steps at a
-time) run for ``--seconds`` while the learner calls ``get_next(256)``. Inserts/s sum
-the collectors' steps; samples/s count sampled items.
+through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
+``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
+learner iterates ``as_dataset(256, prefetch=--prefetch)``. Inserts/s sum the
+collectors' steps; samples/s count sampled items. Then, with the collectors done, the
+idle latency of one ``get_next(256)`` (median of 50).
 
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
@@ -39,6 +43,7 @@ def shard_buffer(spec: Any, max_length: int) -> Any:
 
 
 def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
+    """Write ``extend`` calls of :data:`CHUNK` steps for ``seconds``; the steps sent."""
     rng = np.random.default_rng(seed)
     chunks = [random_items(spec, (1, CHUNK), rng) for _ in range(4)]
     deadline = time.perf_counter() + seconds
@@ -50,7 +55,11 @@ def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
     return steps
 
 
-def run_ray(workload: str, shards: int, collectors: int, seconds: float) -> dict[str, Any]:
+def run_ray(workload: str, shards: int, collectors: int, seconds: float,
+            shards_per_batch: int | None = 1, prefetch: int = 4,
+            chunk_steps: int = 256) -> dict[str, Any]:
+    """One row: ``shards`` shards, ``collectors`` writers, the learner through a
+    dataset with ``prefetch`` batches in flight."""
     import ray
 
     from replaybuffer.distributed import RayReplayBuffer
@@ -58,46 +67,96 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float) -> dict
     make_spec, capacity = WORKLOADS[workload]
     spec = make_spec()
     factory = functools.partial(shard_buffer, spec, capacity // shards)
-    with RayReplayBuffer(factory, shards, seed=0, max_in_flight=16) as buffer:
+    with RayReplayBuffer(factory, shards, seed=0, max_in_flight=16,
+                         shards_per_batch=shards_per_batch) as buffer:
         prefill = random_items(spec, (1, 1000), np.random.default_rng(0))
         for shard in range(shards):
             buffer.extend(prefill, shard=shard)
         buffer.flush()
         items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
         part = ray.get(buffer.actors[0].draw.remote("get_next", SAMPLE, None, 0.0))[0]
+        idle = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            buffer.get_next(SAMPLE)
+            idle.append(time.perf_counter() - t0)
         # Arrays ray.get maps from the store are read-only; those it copied are not.
         mapped = sum(leaf.nbytes for leaf in part.values() if not leaf.flags.writeable)
         zero_copy_share = mapped / sum(leaf.nbytes for leaf in part.values())
         batch_bytes = sum(leaf.nbytes for leaf in items.values())
         task = ray.remote(num_cpus=0)(_collect)
         start = time.perf_counter()
-        runs = [task.remote(buffer.writer(k % shards), spec, seconds, k)
+        runs = [task.remote(buffer.writer(k % shards, chunk_steps=chunk_steps), spec,
+                            seconds, k)
                 for k in range(collectors)]
         sampled = 0
+        stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch))
         while time.perf_counter() - start < seconds:
-            buffer.get_next(SAMPLE)
+            next(stream)
             sampled += SAMPLE
         sample_seconds = time.perf_counter() - start
+        stream.close()
         inserted = sum(ray.get(runs))
         insert_seconds = time.perf_counter() - start
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
+            "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
+            "chunk_steps": chunk_steps, "idle_get_next_ms": float(np.median(idle)) * 1e3,
             "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
             "zero_copy_share": zero_copy_share, "seconds": seconds}
 
 
+def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
+             seconds: float = 2.0) -> dict[str, Any]:
+    """The learner alone (no collectors): the median of 100 ``get_next(256)`` over
+    ``shards`` control shards of 1000 items, then items/s from a dataset with
+    ``prefetch`` batches in flight for ``seconds``."""
+    from replaybuffer.distributed import RayReplayBuffer
+
+    make_spec, capacity = WORKLOADS["control"]
+    spec = make_spec()
+    factory = functools.partial(shard_buffer, spec, capacity // shards)
+    with RayReplayBuffer(factory, shards, seed=0, shards_per_batch=shards_per_batch) as b:
+        prefill = random_items(spec, (1, 1000), np.random.default_rng(0))
+        for shard in range(shards):
+            b.extend(prefill, shard=shard)
+        b.flush()
+        for _ in range(20):
+            b.get_next(SAMPLE)
+        latencies = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            b.get_next(SAMPLE)
+            latencies.append(time.perf_counter() - t0)
+        stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch))
+        sampled, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            next(stream)
+            sampled += SAMPLE
+        rate = sampled / (time.perf_counter() - start)
+        stream.close()
+    return {"peer": "replaybuffer[ray] idle", "shards": shards,
+            "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
+            "get_next_ms": float(np.median(latencies)) * 1e3, "dataset_items_per_s": rate}
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | buffer | shards | inserts/s | samples/s | batch bytes (mapped "
-             "by ray.get) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| workload | buffer | shards | shards per batch | inserts/s | samples/s | "
+             "idle get_next(256) | batch bytes (mapped by ray.get) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["peer"] == "replaybuffer[ray]":
+        if r["peer"] == "replaybuffer[ray] idle":
+            lines.append(f"| idle | {r['peer']} | {r['shards']} | {r['shards_per_batch']} "
+                         f"| | {r['dataset_items_per_s']:,.0f} | {r['get_next_ms']:.2f} ms "
+                         "| |")
+        elif r["peer"] == "replaybuffer[ray]":
             lines.append(f"| {r['workload']} | {r['peer']} | {r['shards']} | "
-                         f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} | "
+                         f"{r['shards_per_batch']} | {r['inserts_per_s']:,.0f} | "
+                         f"{r['samples_per_s']:,.0f} | {r['idle_get_next_ms']:.2f} ms | "
                          f"{r['batch_bytes']:,} ({r['zero_copy_share']:.1%}) |")
         else:
-            lines.append(f"| {r['workload']} | {r['peer']} | | {r['inserts_per_s']:,.0f} | "
-                         f"{r['samples_per_s']:,.0f} | |")
+            lines.append(f"| {r['workload']} | {r['peer']} | | | {r['inserts_per_s']:,.0f} "
+                         f"| {r['samples_per_s']:,.0f} | | |")
     return "\n".join(lines)
 
 
@@ -108,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="replaybuffer bench --ray")
     parser.add_argument("--workloads", default="control,frames")
-    parser.add_argument("--shards", default="1,2,4")
+    parser.add_argument("--shards", default="1,2,4,8")
+    parser.add_argument("--shards-per-batch", default="1",
+                        help="comma-separated: a number of shards, or 'all'")
+    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--chunk-steps", type=int, default=256)
+    parser.add_argument("--idle", action="store_true",
+                        help="only the learner alone: get_next latency and dataset items/s")
+    parser.add_argument("--no-single", action="store_true",
+                        help="skip the one-process row of each workload")
     parser.add_argument("--collectors", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--json", metavar="FILE")
@@ -117,12 +184,21 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = []
     try:
-        for workload in [w for w in args.workloads.split(",") if w]:
-            rows.append(run_single(workload, args.seconds))
-            print(json.dumps(rows[-1]), flush=True)
+        for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
             for shards in [int(s) for s in args.shards.split(",") if s]:
-                rows.append(run_ray(workload, shards, args.collectors, args.seconds))
+                rows.append(run_idle(shards, None if mode == "all" else int(mode),
+                                     args.prefetch))
                 print(json.dumps(rows[-1]), flush=True)
+        for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
+            if not args.no_single:
+                rows.append(run_single(workload, args.seconds))
+                print(json.dumps(rows[-1]), flush=True)
+            for mode in [m for m in args.shards_per_batch.split(",") if m]:
+                for shards in [int(s) for s in args.shards.split(",") if s]:
+                    rows.append(run_ray(workload, shards, args.collectors, args.seconds,
+                                        None if mode == "all" else int(mode),
+                                        args.prefetch, args.chunk_steps))
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
     print()
@@ -131,3 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

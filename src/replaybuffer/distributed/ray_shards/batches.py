@@ -1,15 +1,29 @@
-"""One batch from the shards' parts: concatenated, tagged with shard and incarnation,
-rescaled to the whole buffer's probabilities, interleaved."""
+"""One batch from the shards' parts: tagged with shard and incarnation, rescaled to
+the whole buffer's probabilities, and (parts of several shards) concatenated and
+interleaved. A batch of one part can be handed on as Ray gave it: arrays that were
+contiguous in the shard are views of Ray's object store, read-only, not copied."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.distributed.ray_shards.shard import INCARNATION_SHIFT
 from replaybuffer.protocols import BufferInfo
+
+
+class Part(NamedTuple):
+    """What one shard gave towards a batch: its ``items`` (leaves ``[n, ...]``),
+    int64 local ``ids``, float ``probabilities`` within the shard, and the shard's
+    ``incarnation`` when it drew them."""
+
+    shard: int
+    items: Any
+    ids: np.ndarray
+    probabilities: np.ndarray
+    incarnation: int
 
 
 def concat(parts: list[Any]) -> Any:
@@ -25,16 +39,15 @@ def map_leaves(fn: Callable[[np.ndarray], np.ndarray], items: Any) -> Any:
     return structure.unflatten([fn(leaf) for leaf in leaves])
 
 
-def combine(parts: dict[int, tuple[Any, ...]], mass: np.ndarray,
-            incarnations: Sequence[int], beta: float | None,
-            rng: np.random.Generator) -> tuple[Any, BufferInfo]:
-    """The batch of the shards' ``parts`` (shard -> ``(items, local ids, probabilities,
-    ...)`` as :meth:`~.shard.ShardActor.draw` returns them), in an order drawn from
-    ``rng``.
+def combine(parts: list[Part], mass: np.ndarray, num_shards: int, beta: float | None,
+            rng: np.random.Generator, zero_copy: bool = True) -> tuple[Any, BufferInfo]:
+    """The batch of the shards' ``parts``, in an order drawn from ``rng`` (several
+    parts) or as the one part came (``zero_copy``; else copied, writable).
 
     Args:
-        mass: float ``[num_shards]``, each shard's sampling mass.
-        incarnations: each shard's incarnation (tagged into the ids).
+        mass: float ``[num_shards]``, the sampling mass of each shard that could give
+            (0 for the others): probabilities are relative to its total.
+        num_shards: shards of the buffer (tagged into the ids).
         beta: the importance-sampling exponent of prioritized shards (``None``:
             uniform, no weights).
 
@@ -43,19 +56,22 @@ def combine(parts: dict[int, tuple[Any, ...]], mass: np.ndarray,
         shard``, float32 probabilities over the whole buffer, float32 weights
         ``(P_min / P) ** beta`` over the batch (prioritized).
     """
-    num_shards = len(mass)
-    total = float(sum(mass[i] for i in parts))
-    shards = sorted(parts)
-    items = concat([parts[i][0] for i in shards])
-    ids = np.concatenate([(incarnations[i] << INCARNATION_SHIFT)
-                          | (parts[i][1] * num_shards + i) for i in shards])
-    probabilities = np.concatenate([parts[i][2] * (mass[i] / total) for i in shards]
-                                   ).astype(np.float32)
-    order = rng.permutation(len(probabilities))  # shard parts interleaved
-    items = map_leaves(lambda a: a[order], items)
-    ids, probabilities = ids[order], probabilities[order]
+    total = float(mass.sum())
+    ids = [(p.incarnation << INCARNATION_SHIFT) | (p.ids * num_shards + p.shard)
+           for p in parts]
+    scaled = [p.probabilities * (mass[p.shard] / total) for p in parts]
+    if len(parts) == 1:
+        items, id_array = parts[0].items, ids[0]
+        if not zero_copy:
+            items = map_leaves(np.array, items)
+        probabilities = scaled[0].astype(np.float32)
+    else:
+        order = rng.permutation(sum(len(p.ids) for p in parts))  # parts interleaved
+        items = map_leaves(lambda a: a[order], concat([p.items for p in parts]))
+        id_array = np.concatenate(ids)[order]
+        probabilities = np.concatenate(scaled).astype(np.float32)[order]
     weights = None
     if beta is not None:  # prioritized: (P_min / P) ** beta over the batch
         p = probabilities.astype(np.float64)
         weights = np.power(p.min() / p, beta).astype(np.float32)
-    return items, BufferInfo(ids, probabilities, weights)
+    return items, BufferInfo(id_array, probabilities, weights)

@@ -6,45 +6,44 @@ the buffer's API:
 
 - writes (``add_batch``, ``extend``, ``add``) go to one shard each, round-robin (or
   ``shard=``), asynchronously with at most ``max_in_flight`` outstanding; ``flush()``
-  waits for them. ``add_batch``/``extend`` items are checked against the spec in the
-  caller's process first, so bad input raises there and reaches no shard.
-- reads (``get_next``, ``sample``) split the batch over the shards that are up by a
-  multinomial draw in proportion to each shard's sampling mass (windows it holds for
-  uniform buffers, its priority total for prioritized ones), as one buffer holding all
-  the shards' items would draw; probabilities (and importance weights) are rescaled to
-  the whole. The masses are those each shard reported with its last answer (to a
-  draw, a write once settled, or a priority update), and all are asked again every
-  :data:`MASS_REFRESH_S`: writes in flight, or from other writers since, are not
-  counted yet.
+  waits for them. Items are checked against the spec and the shards' ``batch_size``
+  in the caller's process first, so bad input raises there and reaches no shard.
+  Collectors write through :meth:`RayReplayBuffer.writer` (a :class:`ShardWriter`,
+  which sends steps in chunks).
+- reads (``get_next``, ``sample``, ``as_dataset``) draw each batch from every shard
+  or from ``shards_per_batch`` of them, chosen by sampling mass (:mod:`.sampling`);
+  probabilities (and importance weights) are those of the whole buffer. Datasets keep
+  ``prefetch`` batches in flight (:mod:`.pipeline`).
 - ``update_priorities`` routes each id to its shard. Ids carry the shard and the
   shard's incarnation (``incarnation << 48 | local_id * num_shards + shard``): an id
-  from before a shard's restart is stale and ignored, as an overwritten one is.
+  from before a shard's restart is stale and ignored by the shard, as an overwritten
+  one is.
 
-Fault tolerance. With ``checkpoint_dir``, each shard saves a checkpoint
-(``buffer.save``, ``keep=2``) every ``checkpoint_every`` inserted steps. A shard actor
-that dies (``ray.kill``, a crash) is restarted by Ray (``max_restarts``) from its last
-checkpoint; meanwhile the client samples from the others. When the shard answers
-again the client records a :class:`ShardLoss`: how many steps the shard had that its
-checkpoint did not (writes in flight to it when it died are counted too).
+Fault tolerance. With ``checkpoint_dir``, each shard saves a checkpoint (with its
+rate limiter's counters) every ``checkpoint_every`` inserted steps. A shard actor that
+dies is restarted by Ray (``max_restarts``) from its last checkpoint; meanwhile the
+client samples from the others, and at its next answer from the shard records a
+:class:`ShardLoss` (:mod:`.health`).
 
-Batches travel through Ray's object store as numpy arrays (pickle protocol 5, out of
-band): a shard's sample is written once into the store, and ``ray.get`` maps it
-without a copy; the client then concatenates the shards' parts (one copy).
-
-Parts: :mod:`.shard` (the shard actor), :mod:`.outbox` (writes in flight,
-:class:`ShardWriter`), :mod:`.health` (shards down and back, :class:`ShardLoss`),
-:mod:`.batches` (one batch from the shards' parts). What the buffer surface
-(:class:`~replaybuffer.protocols.Buffer`) asks and the shards cannot do yet
-(``save(path)``, ``block=False``, ``time_stacked=False``, episodes) is refused with an
-error that names it (issue 25).
+Parts: :mod:`.shard` (the shard actor), :mod:`.shard_home` (its files),
+:mod:`.ordering` (each writer's order), :mod:`.outbox` (writes in flight),
+:mod:`.writer` (:class:`ShardWriter`), :mod:`.health` (shards down and back),
+:mod:`.sampling` (which shards, batches in flight), :mod:`.batches` (one batch from
+the parts), :mod:`.pipeline` (datasets). What the buffer surface
+(:class:`~replaybuffer.protocols.Buffer`) asks and shards cannot do (``save(path)``,
+``block=False``, one ``Queue`` across shards) is
+refused with a :class:`~replaybuffer.distributed.NotSupportedError` that names it.
+Windows over round-robin writes skip steps (consecutive steps went to different
+shards): write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import numpy as np
 import ray
@@ -52,14 +51,15 @@ from ray.exceptions import RayError
 
 from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
-from replaybuffer.dataset import RandomStream
-from replaybuffer.distributed.errors import (ShardsUnavailableError, ShardStartError,
-                                             not_supported)
+from replaybuffer.distributed.errors import (ShardsUnavailableError,
+                                             ShardStartError, not_supported)
 from replaybuffer.distributed.ray_shards.batches import map_leaves
 from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
-from replaybuffer.distributed.ray_shards.outbox import Outbox, ShardWriter
-from replaybuffer.distributed.ray_shards.sampling import (ShardSampler)
-from replaybuffer.distributed.ray_shards.shard import (ShardActor)
+from replaybuffer.distributed.ray_shards.outbox import Outbox
+from replaybuffer.distributed.ray_shards.pipeline import ShardStream
+from replaybuffer.distributed.ray_shards.sampling import PendingBatch, ShardSampler
+from replaybuffer.distributed.ray_shards.shard import ShardActor
+from replaybuffer.distributed.ray_shards.writes import ShardWrites
 from replaybuffer.errors import SpecError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiterStats
@@ -68,7 +68,11 @@ from replaybuffer.sampling.sampler import make_rng
 if TYPE_CHECKING:
     from replaybuffer.protocols import Buffer, PrioritizedBuffer
 
-class RayReplayBuffer:
+DEFAULT_PREFETCH = 2
+"""Batches a dataset keeps in flight unless told."""
+
+
+class RayReplayBuffer(ShardWrites):
     """A buffer whose items live in ``num_shards`` Ray actors (see the module docstring).
 
     Args:
@@ -76,13 +80,15 @@ class RayReplayBuffer:
             must pickle: a module-level function or ``functools.partial``).
         num_shards: shards (actors).
         checkpoint_dir: where shards save (``shard-NNN/checkpoints`` each, beside an
-            ``incarnation`` counter); ``None``: no saves, a
-            restarted shard starts empty.
+            ``incarnation`` counter); ``None``: no saves, a restarted shard starts empty.
         checkpoint_every: inserted steps between a shard's saves.
         max_restarts: restarts Ray gives each shard actor.
         max_in_flight: writes outstanding before a write waits for the oldest.
-        seed: seeds the client's split of samples over shards.
+        seed: seeds the client's choice of shards and the seeds they draw with.
         actor_options: extra ``ray.remote`` options for the shards (``num_cpus``...).
+        shards_per_batch: shards each batch is drawn from, chosen by sampling mass
+            (``1``: Ape-X's one shard per batch); ``None`` (the default): every shard,
+            exactly as one buffer would draw (see :mod:`.sampling`).
 
     Raises:
         ShardStartError: a shard could not start (the cause named).
@@ -93,7 +99,8 @@ class RayReplayBuffer:
                  checkpoint_dir: str | os.PathLike[str] | None = None,
                  checkpoint_every: int | None = None, max_restarts: int = 3,
                  max_in_flight: int = 8, seed: int | None = None,
-                 actor_options: dict[str, Any] | None = None):
+                 actor_options: dict[str, Any] | None = None,
+                 shards_per_batch: int | None = None):
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int)
@@ -102,9 +109,9 @@ class RayReplayBuffer:
                              f"{checkpoint_every!r}")
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
-        # Threaded shards: writes (and saves) run one at a time in the order sent, in
-        # their own thread, so a write held back by the shard's rate limiter waits
-        # while samples go on in the others.
+        shards_per_batch = positive_or_none(shards_per_batch, "shards_per_batch")
+        # Threaded shards: writes (and saves) run one at a time in their own thread, so
+        # a write held back by the shard's rate limiter waits while samples go on.
         options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0,
                    "max_concurrency": 4}
         options.update(actor_options or {})
@@ -113,7 +120,8 @@ class RayReplayBuffer:
             concurrency_groups={"writes": 1})(ShardActor).options(**options)
         root = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
         self.num_shards = num_shards
-        self._actors = [shard_class.remote(buffer_factory, i, root, checkpoint_every)
+        token = os.urandom(6).hex()
+        self._actors = [shard_class.remote(buffer_factory, i, root, checkpoint_every, token)
                         for i in range(num_shards)]
         self._rng = make_rng(seed)
         self._max_in_flight = max_in_flight
@@ -134,13 +142,15 @@ class RayReplayBuffer:
                 raise SpecError(f"shard {i}'s data_spec differs from shard 0's: "
                                 f"{spec} vs {specs[0]}")
         self._data_spec = specs[0]
-        self._outbox = Outbox(self._data_spec, max_in_flight, self._written)
+        self._rows = described[0]["rows"]
+        self._queued = described[0]["limiter"] == "Queue"
+        self._consumes = bool(described[0]["consumes"])
+        self._outbox = Outbox(self._data_spec, self._rows, max_in_flight, self._written)
         self._health = ShardHealth(self._actors, [d["incarnation"] for d in described],
-                                   [d["last_id"] for d in described],
-                                   self._forget_masses)
-        self._sampler = ShardSampler(self._actors, self._health, described[0]["beta"])
-        # The health's lists, read and written in place on every call.
-        self._up, self._last_id = self._health.up, self._health.last_id
+                                   [d["last_id"] for d in described], self._forget_masses)
+        self._sampler = ShardSampler(self._actors, self._health, described[0]["beta"],
+                                     shards_per_batch)
+        self._up = self._health.up  # the health's list, read in place on every call
         self.losses = self._health.losses
         self._capacity = sum(int(d["capacity"]) for d in described)
         self.buffer_class = described[0]["class"]
@@ -160,8 +170,14 @@ class RayReplayBuffer:
         """Rate limiters live in the shards (the factory's buffers)."""
         return None
 
-    paced = True
-    """Prefetch threads sample in short rounds: a shard's limiter may hold them back."""
+    @property
+    def shards_per_batch(self) -> int | None:
+        """Shards each batch is drawn from (``None``: every shard); settable."""
+        return self._sampler.shards_per_batch
+
+    @shards_per_batch.setter
+    def shards_per_batch(self, value: int | None) -> None:
+        self._sampler.shards_per_batch = positive_or_none(value, "shards_per_batch")
 
     def shards_up(self) -> list[bool]:
         """Which shards answered last (a restarted one is up once it answers again)."""
@@ -169,17 +185,20 @@ class RayReplayBuffer:
         return list(self._up)
 
     def describe(self) -> list[dict[str, Any] | None]:
-        """Each shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``mass`` (None
-        for a shard that is down)."""
+        """Each shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``mass``... (see
+        :meth:`~.shard.ShardActor.describe`; None for a shard that is down)."""
         out: list[dict[str, Any] | None] = []
-        for i, actor in enumerate(self._actors):
+        refs = [actor.describe.remote() for actor in self._actors]
+        for i, ref in enumerate(refs):
             try:
-                info = ray.get(actor.describe.remote())
-                info.pop("data_spec")
-                out.append(info)
+                info = ray.get(ref)
             except RayError:
-                self._down(i)
+                self._health.down(i)
                 out.append(None)
+                continue
+            info.pop("data_spec")
+            self._health.observe(i, info["status"])
+            out.append(info)
         return out
 
     @property
@@ -192,134 +211,62 @@ class RayReplayBuffer:
         """Items the shards that answer hold now (writes in flight not counted)."""
         return sum(d["size"] for d in self.describe() if d is not None)
 
-    # ----------------------------------------------------------------- writing
-    def add_batch(self, items: Any, *, shard: int | None = None,
-                  timeout: float | None = None, block: bool = True) -> bool:
-        """Append one step to every row of one shard (round-robin, or ``shard``).
-        Checked here against the spec; written asynchronously (see :meth:`flush`).
-
-        Round-robin suits items whole on their own (transitions); steps that form
-        windows (``get_next(num_steps=T)``) must go to one shard per writer:
-        ``shard=`` or a :meth:`writer`.
-
-        Args:
-            timeout: passed to the shard's ``add_batch`` (its rate limiter's
-                :class:`~replaybuffer.RateLimitedError` surfaces at a later call).
-            block: only ``True``: an asynchronous write cannot say it was held back.
-
-        Returns:
-            ``True``: the write was sent.
-        """
-        self._check_block(block, "add_batch")
-        self._outbox.check(items, 1, "add_batch")
-        self._write("add_batch", (items,), {} if timeout is None else {"timeout": timeout},
-                    shard)
-        return True
-
-    def extend(self, items: Any, *, shard: int | None = None,
-               timeout: float | None = None, block: bool = True) -> bool:
-        """``extend`` on one shard (leaves ``[batch_size, T, ...]``), as :meth:`add_batch`."""
-        self._check_block(block, "extend")
-        self._outbox.check(items, 2, "extend")
-        self._write("extend", (items,), {} if timeout is None else {"timeout": timeout},
-                    shard)
-        return True
-
-    def _check_block(self, block: bool, method: str) -> None:
-        if not block:
-            raise not_supported(type(self), f"{method}(block=False)",
-                                "use timeout= (a shard's rate limiter paces the call)")
-
-    def add(self, *args: Any, shard: int | None = None, **kwargs: Any) -> None:
-        """``add`` on one shard (transition buffers); its errors surface at the next
-        call or :meth:`flush`."""
-        self._write("add", args, kwargs, shard)
-
-    def _write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-               shard: int | None) -> None:
-        self._outbox.raise_error()
-        self._probe()
-        if shard is None:
-            shard = self._pick_writer()
-        elif not 0 <= shard < self.num_shards:
-            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
-        self._outbox.send(shard, self._actors[shard], method, args, kwargs, self._sampler.mass_keys())
-
-    def _pick_writer(self) -> int:
-        for _ in range(self.num_shards):
-            shard = self._next_shard
-            self._next_shard = (self._next_shard + 1) % self.num_shards
-            if self._up[shard]:
-                return shard
-        raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
-
-    def _written(self, shard: int, answer: tuple[int, dict[int | None, float]] | None
-                 ) -> None:
-        """A write settled: its shard's ``last_id`` and masses (``None``: shard down)."""
-        if answer is None:
-            self._down(shard)
-            return
-        last_id, masses = answer
-        self._last_id[shard] = max(self._last_id[shard], last_id)
-        self._sampler.set_masses(shard, masses)
-
-    def flush(self) -> None:
-        """Wait for every write in flight; raise the first error one of them met."""
-        self._outbox.flush()
-
-    def writer(self, shard: int) -> ShardWriter:
-        """A writer to ``shard`` alone, which pickles: hand it to a collector (a Ray
-        actor, a process) so its steps stay one sequence in one shard."""
-        if not 0 <= shard < self.num_shards:
-            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
-        return ShardWriter(self._actors[shard], shard, self._data_spec, self._max_in_flight)
-
     # ---------------------------------------------------------------- reading
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                 time_stacked: bool = True, *, timeout: float | None = None,
-                 block: bool = True) -> tuple[Any, BufferInfo]:
-        """``get_next`` over all shards (shapes as the shards' buffers give).
+                 time_stacked: bool = True, *, within_episodes: bool = False,
+                 timeout: float | None = None, block: bool = True) -> tuple[Any, BufferInfo]:
+        """``get_next`` over the shards (shapes as the shards' buffers give).
 
         A shard whose rate limiter holds its part back for :data:`SHARD_WAIT_S` has
         that part drawn from the others; when every shard holds back, the draw waits
         (up to ``timeout`` seconds, then :class:`~replaybuffer.RateLimitedError`);
-        ``block=False`` is refused (:class:`NotSupportedError`)."""
+        ``block=False`` is refused (:class:`NotSupportedError`). Every shard empty
+        (FIFO shards all read, say): :class:`~replaybuffer.EmptyBufferError`."""
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
         check_timeout(timeout)
-        return self.draw(sample_batch_size, num_steps, time_stacked, timeout=timeout,
-                         block=block)
+        return self.draw(sample_batch_size, num_steps, time_stacked, None, within_episodes,
+                         timeout, block)
 
     def sample(self, batch_size: int, *, timeout: float | None = None
                ) -> tuple[Any, BufferInfo]:
-        """``sample`` over all shards (transition buffers), paced as :meth:`get_next`."""
-        return self._draw("sample", int(batch_size), None, self._rng, timeout)
+        """``sample`` over the shards (transition buffers), paced as :meth:`get_next`."""
+        check_timeout(timeout)
+        return self._sampler.draw("sample", int(batch_size), None, self._rng, timeout)
 
     def draw(self, sample_batch_size: int | None, num_steps: int | None,
              time_stacked: bool = True, rng: np.random.Generator | None = None,
              within_episodes: bool = False, timeout: float | None = None,
              block: bool = True) -> tuple[Any, BufferInfo]:
-        """:meth:`get_next` after its argument checks, splitting with ``rng`` (default:
-        the buffer's); the :class:`~replaybuffer.protocols.SampleSource` seam."""
-        self._check_block(block, "get_next")
-        if within_episodes:
-            raise ValueError("within_episodes is not supported across shards")
-        if not time_stacked:
-            raise ValueError("time_stacked=False is not supported across shards")
-        items, info = self._draw("get_next", sample_batch_size or 1, num_steps,
-                                 rng or self._rng, timeout)
+        """:meth:`get_next` after its argument checks, with ``rng`` (default: the
+        buffer's); the :class:`~replaybuffer.protocols.SampleSource` seam."""
+        if not block:
+            raise not_supported(type(self), "get_next(block=False)",
+                                "use timeout= (a shard's rate limiter paces the call)")
+        items, info = self.finish_batch(self.start_batch(
+            sample_batch_size or 1, num_steps, rng or self._rng, within_episodes, timeout))
         if sample_batch_size is None:
             items = map_leaves(lambda a: a[0], items)
             info = BufferInfo(info.ids[0], info.probabilities[0],
                               None if info.weights is None else info.weights[0])
+        if not time_stacked and num_steps is not None:  # a T-tuple of steps
+            axis = 0 if sample_batch_size is None else 1
+            items = tuple(map_leaves(functools.partial(np.take, indices=t, axis=axis),
+                                     items) for t in range(num_steps))
         return items, info
 
-    def _draw(self, method: str, count: int, num_steps: int | None,
-              rng: np.random.Generator, timeout: float | None = None
-              ) -> tuple[Any, BufferInfo]:
+    def start_batch(self, count: int, num_steps: int | None, rng: np.random.Generator,
+                    within_episodes: bool = False, timeout: float | None = None
+                    ) -> PendingBatch:
+        """Send the calls for one batch of ``count`` (see :meth:`finish_batch`)."""
         self._outbox.raise_error()
         self._probe()
-        return self._sampler.draw(method, count, num_steps, rng, timeout)
+        return self._sampler.start("get_next", count, num_steps, rng, timeout,
+                                   within_episodes)
+
+    def finish_batch(self, batch: PendingBatch) -> tuple[Any, BufferInfo]:
+        """The batch :meth:`start_batch` sent for, once its parts are in."""
+        return self._sampler.finish(batch)
 
     def update_priorities(self, ids: Any, priorities: Any) -> int:
         """Route each id's priority to its shard; returns how many were applied (ids of
@@ -335,12 +282,6 @@ class RayReplayBuffer:
     def _forget_masses(self) -> None:
         self._sampler.forget_masses()
 
-    def _down(self, shard: int) -> None:
-        self._health.down(shard)
-
-    def _probe(self, interval: float = 0.2) -> None:
-        self._health.probe(interval)
-
     def wait_for_shards(self, timeout: float = 60.0) -> None:
         """Block until every shard answers (after restarts), or raise
         :class:`ShardsUnavailableError` after ``timeout`` seconds."""
@@ -355,8 +296,7 @@ class RayReplayBuffer:
     def checkpoint(self) -> list[int]:
         """Save every shard now; the ``last_id`` each saved (down shards: skipped)."""
         self.flush()
-        refs = {i: a.save.remote() for i, a in enumerate(self._actors) if self._up[i]}
-        return [ray.get(ref) for ref in refs.values()]
+        return list(self._health.ask("save").values())
 
     # -------------------------------------------------------------- iteration
     def spawn_rng(self) -> np.random.Generator:
@@ -364,18 +304,35 @@ class RayReplayBuffer:
         return make_rng(np.random.SeedSequence(self._rng.integers(0, 2**63 - 1)))
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
-                   num_parallel_calls: int | None = None,
-                   prefetch: int | None = None) -> Iterable[tuple[Any, BufferInfo]]:
-        """An endless stream of ``get_next`` elements, prefetched from the shards by
-        ``num_parallel_calls`` threads (see :class:`~replaybuffer.dataset.RandomStream`)."""
+                   num_parallel_calls: int | None = None, prefetch: int | None = None,
+                   within_episodes: bool = False) -> ShardStream:
+        """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches with
+        ``prefetch`` batches in flight to the shards while the learner works on the
+        last one (:class:`~.pipeline.ShardStream`; default :data:`DEFAULT_PREFETCH`, or
+        ``num_parallel_calls`` when larger). FIFO shards (which consume what they
+        give) are read on pull: no prefetch.
+
+        Raises:
+            ValueError: ``prefetch`` below 1 (or not an int), a bad size.
+        """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
-        return RandomStream(self, sample_batch_size, num_steps, num_parallel_calls, prefetch)
+        num_parallel_calls = positive_or_none(num_parallel_calls, "num_parallel_calls")
+        if prefetch is not None and (type(prefetch) is not int or prefetch < 1):
+            raise ValueError(f"prefetch must be a positive int (batches in flight) or "
+                             f"None, got {prefetch!r}")
+        if self._consumes:
+            if prefetch or num_parallel_calls:
+                raise ValueError(f"{self.buffer_class} shards read each window once, in "
+                                 "order: no prefetch or num_parallel_calls")
+            return ShardStream(self, sample_batch_size, num_steps, 0, within_episodes)
+        depth = prefetch or max(DEFAULT_PREFETCH, num_parallel_calls or 0)
+        return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes)
 
     def stats(self) -> RateLimiterStats | None:
         """The shards' rate-limiter counters, summed over the shards that answer
-        (``None`` when no shard has a rate limiter). A restarted shard's counters
-        start again from 0 (issue 25)."""
+        (``None`` when no shard has a rate limiter). A restarted shard's counters are
+        those saved with its checkpoint."""
         found = [s for s in self._health.ask("stats").values() if s is not None]
         return RateLimiterStats(*(sum(column) for column in zip(*found))) if found else None
 
@@ -391,8 +348,7 @@ class RayReplayBuffer:
         self.flush()
         answers = self._health.ask("clear")
         for i, info in answers.items():
-            self._health.incarnation[i] = info["incarnation"]
-            self._last_id[i] = info["last_id"]
+            self._health.renamed(i, info["incarnation"], info["last_id"])
         self._sampler.forget_masses()
         missed = [i for i in range(self.num_shards) if i not in answers]
         if missed:
@@ -400,13 +356,18 @@ class RayReplayBuffer:
                                          "their steps")
 
     def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
-        """Refused (issue 25): raises :class:`NotSupportedError`; shards save to the
+        """Refused: raises :class:`NotSupportedError`; shards save to the
         ``checkpoint_dir`` (:meth:`checkpoint`)."""
         raise not_supported(type(self), "save(path)", "give checkpoint_dir= and call "
                             "checkpoint(); each shard saves there")
 
     def close(self) -> None:
-        """Kill the shard actors (their checkpoints stay)."""
+        """Kill the shard actors (their checkpoints stay; temporary files go)."""
+        refs = [actor.remove_files.remote() for actor in self._actors]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        except RayError:
+            pass
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors.clear()

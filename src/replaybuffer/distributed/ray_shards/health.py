@@ -2,9 +2,13 @@
 accounting (:class:`ShardLoss`) when a restarted shard answers again.
 
 A shard actor that dies (``ray.kill``, a crash) is restarted by Ray from its last
-checkpoint; meanwhile the client samples from the others. When the shard answers again
-the client records how many steps it had that its checkpoint did not (writes in flight
-to it when it died are counted too).
+checkpoint; meanwhile the client samples from the others. Every answer of a shard
+carries its status (incarnation, restored ``last_id``, steps lost, ``last_id``), so the
+client sees a restart at its next call to that shard, even one that happened between
+two calls, and records a :class:`ShardLoss`: the steps the shard had applied that its
+checkpoint lacks (the shard keeps a mark of its ``last_id`` that outlives its process,
+so steps from every writer count), plus the steps of writes lost on their way to it
+(each writer reports its own to the shard; the loss grows as reports come).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import RayError, RayTaskError
@@ -24,8 +28,9 @@ class ShardLoss:
 
     Attributes:
         shard: its index.
-        steps_lost: ``last_id`` before the failure minus the restored ``last_id``
-            (every step when there was no checkpoint).
+        steps_lost: the ``last_id`` the shard had applied before the failure minus
+            the restored one (every step when there was no checkpoint), plus steps of
+            writes lost on the way (grows as writers report them).
         restored_last_id: the ``last_id`` it came back with (-1: empty).
         incarnation: its new incarnation.
         at: ``time.time()`` when the client saw it back.
@@ -65,6 +70,37 @@ class ShardHealth:
         self._last_ping = [0.0] * len(actors)
         self._pings: dict[int, Any] = {}
         self._lock = threading.Lock()
+        self._latest: dict[int, ShardLoss] = {}
+        self._seen: dict[int, set[int]] = {}  # incarnations each shard has had
+
+    def observe(self, shard: int, status: Sequence[int]) -> None:
+        """A shard's status from one of its answers: ``(incarnation,
+        restored_last_id, steps_lost, last_id)``. A new incarnation is a restart the
+        client had not seen (a :class:`ShardLoss` is recorded); more steps lost in the
+        same one are writers' reports (the loss grows)."""
+        incarnation, restored, steps_lost, last_id = (int(v) for v in status)
+        loss = self._latest.get(shard)
+        seen = self._seen.setdefault(shard, {self.incarnation[shard]})
+        if incarnation != self.incarnation[shard] and incarnation in seen:
+            return  # an answer of an earlier incarnation, read late
+        if incarnation != self.incarnation[shard]:
+            seen.add(incarnation)
+            loss = ShardLoss(shard, steps_lost, restored, incarnation, time.time())
+            self.losses.append(loss)
+            self._latest[shard] = loss
+            self.incarnation[shard] = incarnation
+            self.last_id[shard] = last_id
+        elif loss is not None and loss.incarnation == incarnation and \
+                steps_lost > loss.steps_lost:
+            loss.steps_lost = steps_lost
+        self.last_id[shard] = max(self.last_id[shard], last_id)
+
+    def renamed(self, shard: int, incarnation: int, last_id: int) -> None:
+        """The shard became a new incarnation on purpose (``clear``): no loss."""
+        self.incarnation[shard] = incarnation
+        self.last_id[shard] = last_id
+        self._latest.pop(shard, None)
+        self._seen.setdefault(shard, set()).add(incarnation)
 
     def down(self, shard: int) -> None:
         """Mark ``shard`` down (its call failed); it is pinged until it answers."""
@@ -114,13 +150,7 @@ class ShardHealth:
                 continue  # still restarting (or gone): ping again later
             self.up[i] = True
             self._on_back()
-            if info["incarnation"] != self.incarnation[i]:
-                self.losses.append(ShardLoss(i, max(0, self.last_id[i] -
-                                                    info["restored_last_id"]),
-                                             info["restored_last_id"],
-                                             info["incarnation"], time.time()))
-                self.incarnation[i] = info["incarnation"]
-                self.last_id[i] = info["last_id"]
+            self.observe(i, info["status"])
 
 
 def failure_cause(exc: BaseException) -> str:

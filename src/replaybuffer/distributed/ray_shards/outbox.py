@@ -1,14 +1,17 @@
-"""Writes on their way to shards: :class:`Outbox` (checked, numbered, bounded in flight)
-and :class:`ShardWriter`, the picklable writer to one shard that collectors hold.
+"""Writes on their way to shards: :class:`Outbox` (checked, numbered, bounded in flight).
 
-Items are checked against the spec in the caller's process before they leave, so bad
-input raises there and reaches no shard. Each outbox numbers its writes per shard; the
-shard applies them in that order (:meth:`~.shard.ShardActor.write`).
+Items are checked against the spec (and the shards' row count) in the caller's
+process before they leave, so bad input raises there and reaches no shard. Each outbox
+numbers its chunks of writes per shard; the shard applies them in that order
+(:mod:`.ordering`). A chunk lost with a shard process that died is counted, and the
+count reaches the shard with the outbox's next call to it (its
+:attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -17,61 +20,96 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from replaybuffer import nest
+from replaybuffer.distributed.ray_shards.shard import Op
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
 
-class Outbox:
-    """Writes in flight to shards: items checked against the spec before they leave,
-    at most ``max_in_flight`` outstanding, answers handed to ``settled(shard, answer)``
-    (``None`` when the shard died), the first error a shard raised kept for the
-    caller's next call."""
+RELEASE_TRIES = 20
+"""How many times ``flush`` asks a restarting shard to take its report (about 15 s);
+a report it never took is sent with the next write to that shard."""
 
-    def __init__(self, data_spec: Any, max_in_flight: int,
+
+class Outbox:
+    """Chunks of writes in flight to shards: at most ``max_in_flight`` outstanding,
+    answers handed to ``settled(shard, answer)`` (``None`` when the shard died), the
+    first error a shard raised kept for the caller's next call.
+
+    Args:
+        data_spec: the shards' data spec.
+        rows: the shards' buffers' ``batch_size`` (``None``: not checked).
+        max_in_flight: chunks outstanding before a send waits for the oldest.
+        settled: called with each answer, in the order sent.
+    """
+
+    def __init__(self, data_spec: Any, rows: int | None, max_in_flight: int,
                  settled: Callable[[int, Any], None]):
         leaf_specs, self._structure = nest.flatten(data_spec)
         self._paths = nest.leaf_paths(data_spec)
         self._checker = NumpyStorage(leaf_specs, 1, pack=False)
+        self._rows = rows
         self._max = max_in_flight
         self._settled = settled
-        self._pending: deque[tuple[int, Any]] = deque()
+        self._pending: deque[tuple[int, int, int, Any]] = deque()
         self._error: BaseException | None = None
-        self._writer = os.urandom(8).hex()  # this outbox's name in the shards
+        self.writer = os.urandom(8).hex()  # this outbox's name in the shards
         self._seq: dict[int, int] = {}
+        self._in_flight: dict[int, deque[int]] = {}
+        self._actors: dict[int, Any] = {}
+        self._release: set[int] = set()  # shards holding chunks of ours
+        self._lost: dict[int, int] = {}  # steps lost per shard, not yet reported to it
+        self.steps_dropped = 0
 
-    def check(self, items: Any, outer: int, method: str) -> None:
-        """Raise :class:`SpecError` (naming the leaf) unless ``items`` match the spec
-        with ``outer`` leading dimensions."""
+    def check(self, items: Any, outer: int, method: str) -> list[np.ndarray]:
+        """``items``' leaves, converted to the spec's dtypes; raise :class:`SpecError`
+        (naming the leaf) unless they match the spec with ``outer`` leading dimensions,
+        the first the shards' ``batch_size``."""
         leaves, structure = nest.flatten(items)
         if structure != self._structure:
             raise SpecError(f"{method}: items do not match the data_spec structure: "
                             f"expected {nest.describe(self._structure)}, got "
                             f"{nest.describe(structure)}")
         shape = np.shape(leaves[0])[:outer]
-        self._checker.convert(leaves, self._paths, tuple(shape),
-                              f"[{', '.join(map(str, shape))}]")
+        if self._rows is not None and len(shape) == outer and shape[0] != self._rows:
+            raise SpecError(f"{method}: items have {shape[0]} rows (the leading dimension "
+                            f"of {self._paths[0]}), but the shards' buffers have "
+                            f"batch_size={self._rows}")
+        return list(self._checker.convert(leaves, self._paths, tuple(shape),
+                                          f"[{', '.join(map(str, shape))}]"))
 
-    def send(self, shard: int, actor: Any, method: str, args: tuple[Any, ...],
-             kwargs: dict[str, Any], keys: list[int | None]) -> None:
-        """Call ``method`` on ``shard``'s buffer, numbered so the shard applies this
-        outbox's writes in the order sent."""
+    def send(self, shard: int, actor: Any, ops: list[Op], steps: int,
+             keys: list[int | None]) -> None:
+        """Send one chunk (``ops``, ``steps`` steps in all) to ``shard``, numbered so
+        the shard applies this outbox's chunks in the order sent."""
         seq = self._seq.get(shard, 0)
         self._seq[shard] = seq + 1
-        ref = actor.write.remote(method, args, kwargs, keys, self._writer, seq)
-        self._pending.append((shard, ref))
+        flying = self._in_flight.setdefault(shard, deque())
+        flying.append(seq)
+        self._actors[shard] = actor
+        lost = self._lost.pop(shard, 0)
+        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost)
+        self._pending.append((shard, seq, steps, ref))
         while len(self._pending) > self._max:
             self._settle()
         self.raise_error()
 
     def _settle(self) -> None:
-        shard, ref = self._pending.popleft()
+        shard, seq, steps, ref = self._pending.popleft()
+        self._in_flight[shard].popleft()
         try:
             answer = ray.get(ref)
-        except RayTaskError as exc:
+        except RayTaskError as exc:  # a write refused in the shard; the others applied
             self._error = self._error or exc.as_instanceof_cause()
+            self._release.add(shard)
             return
-        except RayError:
-            answer = None
+        except RayError:  # the shard process died with it
+            self._lost[shard] = self._lost.get(shard, 0) + steps
+            self.steps_dropped += steps
+            self._release.add(shard)
+            self._settled(shard, None)
+            return
+        if answer[2]:
+            self._release.add(shard)
         self._settled(shard, answer)
 
     def raise_error(self) -> None:
@@ -81,45 +119,27 @@ class Outbox:
             raise error
 
     def flush(self) -> None:
-        """Wait for every write in flight; raise the first error one of them met."""
+        """Wait for every chunk in flight; have each shard that holds chunks of ours
+        apply them (any missing before them are lost: all ours are settled) and count
+        the steps lost; raise the first error a write met."""
         while self._pending:
             self._settle()
+        for attempt in range(RELEASE_TRIES):
+            shards = sorted(self._release | set(self._lost))
+            if not shards:
+                break
+            calls = []
+            for shard in shards:
+                lost = self._lost.pop(shard, 0)
+                calls.append((shard, lost,
+                              self._actors[shard].release.remote(self.writer, lost)))
+            self._release.clear()
+            for shard, lost, ref in calls:
+                try:
+                    ray.get(ref)
+                except RayError:  # restarting: ask again (its new process holds nothing
+                    # of ours, but must hear of the steps lost)
+                    self._lost[shard] = self._lost.get(shard, 0) + lost
+            if self._lost:
+                time.sleep(0.1 * min(attempt + 1, 10))
         self.raise_error()
-
-
-class ShardWriter:
-    """Writes to one shard (from :meth:`RayReplayBuffer.writer`): ``add_batch``,
-    ``extend``, ``add``, ``flush`` as the buffer's, asynchronously, checked against the
-    spec first. Pickles (the actor handle, the shard and the spec), so a collector
-    actor can hold one. A write to a shard that died is dropped (the shard's loss)."""
-
-    def __init__(self, actor: Any, shard: int, data_spec: Any, max_in_flight: int = 8):
-        self._actor, self.shard, self._data_spec = actor, shard, data_spec
-        self._max_in_flight = max_in_flight
-        self._outbox = Outbox(data_spec, max_in_flight, self._written)
-        self.dropped = 0
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return ShardWriter, (self._actor, self.shard, self._data_spec, self._max_in_flight)
-
-    def _written(self, shard: int, answer: Any) -> None:
-        if answer is None:
-            self.dropped += 1
-
-    def add_batch(self, items: Any) -> None:
-        """Append one step to every row of the shard (leaves ``[batch_size, ...]``)."""
-        self._outbox.check(items, 1, "add_batch")
-        self._outbox.send(self.shard, self._actor, "add_batch", (items,), {}, [])
-
-    def extend(self, items: Any) -> None:
-        """Append ``T`` steps (leaves ``[batch_size, T, ...]``) to the shard."""
-        self._outbox.check(items, 2, "extend")
-        self._outbox.send(self.shard, self._actor, "extend", (items,), {}, [])
-
-    def add(self, *args: Any, **kwargs: Any) -> None:
-        """``add`` on the shard's buffer (transition buffers)."""
-        self._outbox.send(self.shard, self._actor, "add", args, kwargs, [])
-
-    def flush(self) -> None:
-        """Wait for this writer's writes in flight."""
-        self._outbox.flush()

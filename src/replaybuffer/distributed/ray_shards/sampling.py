@@ -1,17 +1,36 @@
-"""Reads across shards: each batch split over the shards by their sampling masses,
-and priority updates routed to the shards their ids name.
+"""Reads across shards: which shards each batch comes from, batches in flight, and
+priority updates routed to the shards their ids name.
 
-A read splits the batch over the shards that are up by a multinomial draw in
-proportion to each shard's sampling mass (windows it holds for uniform buffers, its
-priority total for prioritized ones), as one buffer holding all the shards' items would
-draw. The masses are those each shard reported with its last answer (to a draw, a write
-once settled, or a priority update), and all are asked again every
-:data:`MASS_REFRESH_S`.
+Where a batch's items come from (``shards_per_batch``):
+
+- ``None`` (every shard): the batch is split over the shards that are up by a
+  multinomial draw in proportion to their sampling masses (windows held for uniform
+  buffers, the priority total for prioritized ones): exactly what one buffer holding
+  every shard's items would draw. One call per shard per batch.
+- ``k``: ``k`` shards are drawn (with replacement) in proportion to their masses and
+  each gives ``1/k`` of the batch (``k = 1``: Ape-X's whole batch from one shard).
+  Each item's marginal probability is the same as above (its shard is drawn by mass,
+  then the item within the shard as the shard's buffer draws); what changes is that
+  items of one batch are correlated (they share ``k`` shards), and a batch from one
+  shard holds one shard's recent data. The calls per batch stay ``k``, whatever the
+  number of shards.
+
+Masses come with every answer (to a draw, a write, a priority update); no call waits
+for a round of questions. Masses are also asked again, without waiting, every
+:data:`MASS_REFRESH_S` (collectors writing through their own writers change them
+where the client does not see the answers).
+
+A batch is started (its calls sent, :meth:`ShardSampler.start`) and finished (its
+parts gathered, :meth:`ShardSampler.finish`) separately, so a dataset keeps several in
+flight. Each batch draws everything (its shards, the seeds the shards sample with, the
+interleaving) from a generator of its own, spawned in order from the stream's: the
+batches of a seeded stream are the same however many are in flight.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,19 +39,35 @@ from ray.exceptions import RayError, RayTaskError
 
 from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.distributed.errors import ShardsUnavailableError
-from replaybuffer.distributed.ray_shards.batches import combine, concat
+from replaybuffer.distributed.ray_shards.batches import Part, combine
 from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.distributed.ray_shards.shard import INCARNATION_SHIFT, LOCAL_MASK
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimitedError
+from replaybuffer.sampling.sampler import make_rng
 
 MASS_REFRESH_S = 1.0
-"""Each shard's sampling mass is asked again at least this often (collectors writing
-through their own ShardWriters change it without the client seeing their answers)."""
+"""Each shard's sampling mass is asked again (without waiting) at least this often."""
 SHARD_WAIT_S = 0.2
 """How long a shard's rate limiter may hold a part of a sample back before the client
 draws that part from the other shards (or, all held back, asks again)."""
+
+
+@dataclass
+class PendingBatch:
+    """One batch on its way: its calls in flight and the parts come back."""
+
+    method: str
+    count: int
+    num_steps: int | None
+    rng: np.random.Generator
+    within_episodes: bool
+    deadline: float | None
+    timeout: float | None
+    calls: list[tuple[int, Any, int]] = field(default_factory=list)  # shard, ref, n
+    parts: list[Part] = field(default_factory=list)
+    error: BaseException | None = None
 
 
 class ShardSampler:
@@ -43,16 +78,20 @@ class ShardSampler:
         health: which shards are up, and their incarnations.
         beta: the importance-sampling exponent of prioritized shards (``None``:
             uniform).
+        shards_per_batch: see the module docstring (``None``: every shard).
     """
 
-    def __init__(self, actors: list[Any], health: ShardHealth, beta: float | None):
+    def __init__(self, actors: list[Any], health: ShardHealth, beta: float | None,
+                 shards_per_batch: int | None = None):
         self._actors = actors
         self._health = health
-        self._up, self._incarnation = health.up, health.incarnation
+        self._up = health.up
         self._num_shards = len(actors)
         self._beta = beta
+        self.shards_per_batch = shards_per_batch
         self._mass: dict[int | None, np.ndarray] = {}
         self._mass_at: dict[int | None, float] = {}
+        self._asking: dict[int | None, list[tuple[int, Any]]] = {}
 
     def mass_keys(self) -> list[int | None]:
         """The window lengths whose masses are kept (a write's answer reports them)."""
@@ -61,120 +100,173 @@ class ShardSampler:
     def forget_masses(self) -> None:
         """Drop every kept mass (a shard came back: ask again)."""
         self._mass.clear()
+        self._asking.clear()
 
+    # ------------------------------------------------------------------ drawing
     def draw(self, method: str, count: int, num_steps: int | None,
-             rng: np.random.Generator, timeout: float | None = None
-             ) -> tuple[Any, BufferInfo]:
-        """``count`` samples by ``method`` (``get_next`` windows of ``num_steps``, or a
-        transition buffer's ``sample``), split over the shards that are up by their
-        masses and combined (:func:`~.batches.combine`).
+             rng: np.random.Generator, timeout: float | None = None,
+             within_episodes: bool = False) -> tuple[Any, BufferInfo]:
+        """:meth:`start` then :meth:`finish`: ``count`` samples by ``method``
+        (``get_next`` windows of ``num_steps``, or a transition buffer's ``sample``).
 
         Raises:
-            EmptyBufferError: no shard holds a sample.
+            EmptyBufferError: no shard holds a sample (every one asked said so).
             ShardsUnavailableError: every shard is down.
             RateLimitedError: every shard's rate limiter held its part back for
                 ``timeout`` seconds.
         """
-        key = num_steps
-        if key not in self._mass or \
-                time.monotonic() - self._mass_at.get(key, 0.0) > MASS_REFRESH_S:
-            self.refresh(key)
-        parts: dict[int, tuple[Any, ...]] = {}
-        todo = count
-        held = np.zeros(self._num_shards, bool)  # shards whose rate limiter held a part back
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while todo:
-            if held.any() and not (self._mass[key] * np.array(self._up) * ~held).sum() > 0:
-                # Every shard with mass held its part back: ask all again, with fresh
-                # masses (writers elsewhere may have filled the others meanwhile).
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise RateLimitedError(f"{method}: every shard's rate limiter held the "
-                                           f"sample back for {timeout} s")
-                self.refresh(key)
-                held[:] = False
-            mass = self._mass[key] * np.array(self._up) * ~held
-            if not mass.sum() > 0:
+        return self.finish(self.start(method, count, num_steps, rng, timeout,
+                                      within_episodes))
+
+    def start(self, method: str, count: int, num_steps: int | None,
+              rng: np.random.Generator, timeout: float | None = None,
+              within_episodes: bool = False) -> PendingBatch:
+        """Send the calls of one batch (an error is kept for :meth:`finish`)."""
+        batch = PendingBatch(method, count, num_steps,
+                             make_rng(int(rng.integers(0, 2**63 - 1))), within_episodes,
+                             None if timeout is None else time.monotonic() + timeout, timeout)
+        try:
+            mass = self._current_mass(num_steps)
+            if not (mass * self._up).sum() > 0:
                 if not any(self._up):
                     raise ShardsUnavailableError(f"all {self._num_shards} shards are down")
-                self._mass[key] = mass = self.masses(num_steps) * np.array(self._up)
-                if not mass.sum() > 0:
-                    raise EmptyBufferError(f"{method}: no shard holds a sample of "
-                                           f"{num_steps or 1} step(s)")
-            split = rng.multinomial(todo, mass / mass.sum())
-            refs = {i: self._actors[i].draw.remote(method, int(n), num_steps, SHARD_WAIT_S)
-                    for i, n in enumerate(split) if n}
+                self.refresh(num_steps)  # none known to hold any: ask, and wait
+                mass = self._mass[num_steps]
+                if not (mass * self._up).sum() > 0:
+                    raise self._empty(batch)
+            self._send(batch, count, mass * self._up, first=True)
+        except Exception as exc:  # noqa: BLE001 - raised by finish, in the batch's turn
+            batch.error = exc
+        return batch
+
+    def finish(self, batch: PendingBatch) -> tuple[Any, BufferInfo]:
+        """Gather ``batch``'s parts; parts a shard could not give (down, empty, held
+        back by its rate limiter) are drawn again from the others."""
+        if batch.error is not None:
+            raise batch.error
+        key = batch.num_steps
+        held = np.zeros(self._num_shards, bool)  # rate limiter held a part back
+        empty = np.zeros(self._num_shards, bool)  # answered that it holds none
+        while True:
             todo = 0
-            for i, ref in refs.items():
+            for i, ref, n in batch.calls:
                 try:
                     got = ray.get(ref)
                 except RayTaskError as exc:
                     cause = exc.as_instanceof_cause()
                     if isinstance(cause, EmptyBufferError):  # its mass was stale
-                        self._mass[key][i] = 0.0
-                        todo += int(split[i])
-                        continue
-                    if isinstance(cause, RateLimitedError):  # the others take its part
+                        empty[i] = True
+                    elif isinstance(cause, RateLimitedError):  # the others take its part
                         held[i] = True
-                        todo += int(split[i])
-                        continue
-                    raise cause from None
+                    else:
+                        raise cause from None
+                    todo += n
+                    continue
                 except RayError:
                     self._health.down(i)
-                    todo += int(split[i])
+                    todo += n
                     continue
-                self._mass[key][i] = got[3]
-                self._incarnation[i] = got[4]
-                if i in parts:  # a second round for a shard: append
-                    parts[i] = tuple(concat([a, b]) if k < 3 else b
-                                     for k, (a, b) in enumerate(zip(parts[i], got)))
-                else:
-                    parts[i] = got
-        return combine(parts, self._mass[num_steps], self._incarnation, self._beta, rng)
+                self._health.observe(i, got[4])
+                if key in self._mass:
+                    self._mass[key][i] = got[3]
+                batch.parts.append(Part(i, got[0], got[1], got[2], int(got[4][0])))
+            batch.calls = []
+            if not todo:
+                break
+            mass = self._current_mass(key) * self._up * ~held * ~empty
+            if not mass.sum() > 0:
+                if not any(self._up):
+                    raise ShardsUnavailableError(f"all {self._num_shards} shards are down")
+                if not held.any():  # the others answered empty: nothing to draw
+                    raise self._empty(batch)
+                if batch.deadline is not None and time.monotonic() >= batch.deadline:
+                    raise RateLimitedError(f"{batch.method}: every shard's rate limiter "
+                                           f"held the sample back for {batch.timeout} s")
+                # Every shard with mass held its part back (each waited SHARD_WAIT_S):
+                # ask all again, with fresh masses (writers may have filled others).
+                self.refresh(key)
+                held[:] = False
+                mass = self._mass[key] * self._up * ~empty
+                if not mass.sum() > 0:
+                    raise self._empty(batch)
+            self._send(batch, todo, mass, first=False)
+        available = self._current_mass(key) * self._up * ~held * ~empty
+        # Batches of every shard stay writable, as they always were (one part is
+        # copied); the modes of k shards hand one part over as Ray maps it.
+        return combine(batch.parts, available, self._num_shards, self._beta, batch.rng,
+                       zero_copy=self.shards_per_batch is not None)
+
+    def _empty(self, batch: PendingBatch) -> EmptyBufferError:
+        return EmptyBufferError(f"{batch.method}: no shard holds a sample of "
+                                f"{batch.num_steps or 1} step(s)")
+
+    def _send(self, batch: PendingBatch, todo: int, mass: np.ndarray, first: bool) -> None:
+        """Split ``todo`` samples over the shards by ``mass`` (the first time as
+        :attr:`shards_per_batch` says; parts drawn again always by a multinomial, so
+        each stays drawn by mass) and send the calls."""
+        p = mass / mass.sum()
+        k = self.shards_per_batch
+        if first and k is not None:
+            picks = batch.rng.choice(self._num_shards, size=min(k, todo), p=p)
+            sizes = todo // len(picks) + (np.arange(len(picks)) < todo % len(picks))
+            split = np.bincount(picks, weights=sizes, minlength=self._num_shards)
+        else:
+            split = batch.rng.multinomial(todo, p)
+        for i, n in enumerate(split.astype(np.int64)):
+            if n:
+                seed = int(batch.rng.integers(0, 2**63 - 1))
+                ref = self._actors[i].draw.remote(batch.method, int(n), batch.num_steps,
+                                                  SHARD_WAIT_S, seed, batch.within_episodes)
+                batch.calls.append((i, ref, int(n)))
+
+    # ------------------------------------------------------------------- masses
+    def _current_mass(self, key: int | None) -> np.ndarray:
+        """The kept masses for windows of ``key`` steps (asked and waited for the first
+        time), after taking in answers to earlier questions and asking again, without
+        waiting, when they are older than :data:`MASS_REFRESH_S`."""
+        if key not in self._mass:
+            self.refresh(key)
+            return self._mass[key]
+        asking = self._asking.get(key)
+        if asking:
+            ready = set(ray.wait([ref for _, ref in asking], num_returns=len(asking),
+                                 timeout=0)[0])
+            if ready:
+                left = []
+                for i, ref in asking:
+                    if ref not in ready:
+                        left.append((i, ref))
+                        continue
+                    try:
+                        mass, status = ray.get(ref)
+                    except RayError:
+                        self._health.down(i)
+                        continue
+                    self._health.observe(i, status)
+                    self._mass[key][i] = mass
+                self._asking[key] = left
+        elif time.monotonic() - self._mass_at.get(key, 0.0) > MASS_REFRESH_S:
+            self._asking[key] = [(i, a.mass_status.remote(key))
+                                 for i, a in enumerate(self._actors) if self._up[i]]
+            self._mass_at[key] = time.monotonic()
+        return self._mass[key]
 
     def refresh(self, key: int | None) -> None:
-        """Ask every shard that is up for its mass for windows of ``key`` steps."""
-        self._mass[key] = self.masses(key)
-        self._mass_at[key] = time.monotonic()
-
-    def masses(self, num_steps: int | None) -> np.ndarray:
-        """Each shard's mass for windows of ``num_steps`` (0 for a shard down)."""
+        """Ask every shard that is up for its mass for windows of ``key`` steps, and
+        wait for the answers."""
         mass = np.zeros(self._num_shards)
-        refs = {i: a.describe.remote(num_steps or 1) for i, a in enumerate(self._actors)
+        refs = {i: a.mass_status.remote(key) for i, a in enumerate(self._actors)
                 if self._up[i]}
         for i, ref in refs.items():
             try:
-                info = ray.get(ref)
+                mass[i], status = ray.get(ref)
             except RayError:
                 self._health.down(i)
                 continue
-            mass[i] = info["mass"]
-            self._incarnation[i] = info["incarnation"]
-        return mass
-
-    def update_priorities(self, ids: Any, priorities: Any) -> int:
-        """Route each id's priority to its shard; returns how many were applied (ids of
-        a shard's earlier incarnation, and overwritten steps, are ignored)."""
-        id_array, values, _ = checked_priorities(ids, priorities)
-        incarnations = id_array >> INCARNATION_SHIFT
-        local = id_array & LOCAL_MASK
-        local_ids, shards = np.divmod(local, self._num_shards)
-        refs = {}
-        for i in np.unique(shards):
-            mine = (shards == i) & (incarnations == self._incarnation[int(i)])
-            if mine.any() and self._up[int(i)]:
-                refs[int(i)] = self._actors[int(i)].update_priorities.remote(
-                    local_ids[mine], values[mine], list(self._mass))
-        applied = 0
-        for i, ref in refs.items():
-            try:
-                count, masses = ray.get(ref)
-                applied += count
-                self.set_masses(i, masses)
-            except RayTaskError as exc:
-                raise exc.as_instanceof_cause() from None
-            except RayError:
-                self._health.down(i)
-        return applied
+            self._health.observe(i, status)
+        self._mass[key] = mass
+        self._mass_at[key] = time.monotonic()
+        self._asking.pop(key, None)
 
     def set_masses(self, shard: int, masses: dict[int | None, float]) -> None:
         """A shard's sampling masses as it reported them with an answer."""
@@ -182,3 +274,34 @@ class ShardSampler:
             cached = self._mass.get(key)
             if cached is not None:
                 cached[shard] = value
+
+    # --------------------------------------------------------------- priorities
+    def update_priorities(self, ids: Any, priorities: Any) -> int:
+        """Route each id's priority to its shard with the incarnation it was drawn
+        from; the shard ignores ids of another incarnation (drawn before a restart or
+        a clear, even one the client has not noticed yet), as it ignores overwritten
+        steps. Returns how many were applied."""
+        id_array, values, _ = checked_priorities(ids, priorities)
+        incarnations = id_array >> INCARNATION_SHIFT
+        local_ids, shards = np.divmod(id_array & LOCAL_MASK, self._num_shards)
+        refs = []
+        groups = incarnations * self._num_shards + shards  # one per (incarnation, shard)
+        for group in np.unique(groups):
+            incarnation, i = (int(v) for v in divmod(int(group), self._num_shards))
+            mine = groups == group
+            if self._up[i] and incarnation == self._health.incarnation[i]:
+                refs.append((i, self._actors[i].update_priorities.remote(
+                    local_ids[mine], values[mine], incarnation, list(self._mass))))
+        applied = 0
+        for i, ref in refs:
+            try:
+                count, masses, status = ray.get(ref)
+            except RayTaskError as exc:
+                raise exc.as_instanceof_cause() from None
+            except RayError:
+                self._health.down(i)
+                continue
+            self._health.observe(i, status)
+            applied += count
+            self.set_masses(i, masses)
+        return applied

@@ -1,23 +1,31 @@
 """One shard of a :class:`~replaybuffer.distributed.RayReplayBuffer`: the Ray actor
-that holds a buffer, applies each writer's writes in order, samples, and saves
-checkpoints it restarts from.
+that holds a buffer, applies each writer's chunks of writes in order, samples, and
+saves checkpoints (with its rate limiter's counters) it restarts from.
 
 Ids leave a shard as its buffer's local ids; the client tags them with the shard and
 the shard's incarnation (a number per start): ``incarnation << INCARNATION_SHIFT |
 local_id * num_shards + shard``.
+
+Every answer carries the shard's :meth:`~ShardActor.status` (incarnation, restored
+``last_id``, steps lost, ``last_id``), so the client notices a restart at whichever
+call it next makes, with no extra round.
 """
 
 from __future__ import annotations
 
-import os
-import time
+import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 import ray
 
+from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
+from replaybuffer.buffers.queue import FIFOReplayBuffer
+from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
+from replaybuffer.distributed.ray_shards.shard_home import ShardHome
 from replaybuffer.persist import checkpoints, load
 from replaybuffer.rate_limiter import RateLimiterStats
 
@@ -29,123 +37,202 @@ INCARNATION_SHIFT = 48
 """Ids carry the shard's incarnation from this bit up."""
 LOCAL_MASK = (1 << INCARNATION_SHIFT) - 1
 """The bits of an id below its incarnation."""
-GAP_S = 5.0
-"""How long a shard holds a writer's early writes for a missing earlier one."""
+KEEP = 2
+"""Checkpoints (and limiter counters) a shard keeps."""
+
+Op = tuple[str, tuple[Any, ...], dict[str, Any]]
+"""One write: the buffer method's name, its arguments and keywords."""
+Status = tuple[int, int, int, int]
+"""``(incarnation, restored_last_id, steps_lost, last_id)`` of a shard."""
+
+_GENERATORS = threading.local()
+
+
+def seeded(seed: int) -> np.random.Generator:
+    """This thread's generator, its state set from ``seed`` (a 63-bit number the
+    client drew at random): about 1 us where a new seeded generator costs 20-30 us,
+    on every draw of every shard. One per thread: a shard draws in several."""
+    generator = getattr(_GENERATORS, "generator", None)
+    if generator is None:
+        generator = _GENERATORS.generator = np.random.Generator(np.random.PCG64(0))
+    generator.bit_generator.state = {"bit_generator": "PCG64",
+                                     "state": {"state": int(seed), "inc": 0xDA3E39CB94B95BDB},
+                                     "has_uint32": 0, "uinteger": 0}
+    return generator
+
+
+__all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status"]
 
 
 class ShardActor:
     """One shard's actor (wrapped by ``ray.remote`` in
     :class:`~replaybuffer.distributed.RayReplayBuffer`): a buffer made by ``factory``,
-    restored from the shard's last checkpoint under ``root`` when there is one.
+    restored from the shard's last checkpoint under ``root`` when there is one, with
+    its rate limiter's counters as they were at that checkpoint.
 
     Args:
         factory: makes the shard's buffer (a :class:`~replaybuffer.ReplayBuffer`).
         index: the shard's index.
         root: the buffer's checkpoint directory (``None``: no saves).
         checkpoint_every: inserted steps between saves.
+        token: names the shard's temporary directory when ``root`` is ``None``.
     """
 
     def __init__(self, factory: Callable[[], Any], index: int, root: str | None,
-                 checkpoint_every: int | None):
+                 checkpoint_every: int | None, token: str = "shards"):
         self.index = index
-        self.home = None if root is None else Path(root) / f"shard-{index:03d}"
-        self.root = None if self.home is None else self.home / "checkpoints"
+        if root is None:
+            home = Path(tempfile.gettempdir()) / f"replaybuffer-ray-{token}" / \
+                f"shard-{index:03d}"
+            self.files = ShardHome(home, temporary=True)
+            self.root = None
+        else:
+            self.files = ShardHome(Path(root) / f"shard-{index:03d}", temporary=False)
+            self.root = self.files.home / "checkpoints"
         self.checkpoint_every = checkpoint_every
         buffer = factory()
         if not isinstance(buffer, ReplayBuffer):
             raise TypeError(f"buffer_factory returned {type(buffer).__name__}, not a "
                             "replaybuffer buffer")
-        self.incarnation = self._next_incarnation()
+        self.incarnation = self.files.next_incarnation()
         self.restored_last_id = -1
         if self.root is not None and self.root.is_dir() and checkpoints(self.root):
             restored = load(self.root)
             limiter = buffer.rate_limiter
             buffer.rate_limiter = None
-            restored.rate_limiter = limiter  # limiters are not saved: the factory's
+            restored.rate_limiter = limiter  # limiters are not in checkpoints: the factory's
             buffer = restored
             self.restored_last_id = buffer.last_id
+            state = self.files.limiter_state(self.restored_last_id)
+            if limiter is not None and state is not None:
+                limiter.load_state_dict(state)  # no other thread sees it yet
+        # What the previous process had applied and this one lacks (0 at a first start).
+        self.steps_lost = max(0, self.files.mark - self.restored_last_id)
         self.buffer = buffer
+        self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
-        self.next_seq: dict[str, int] = {}
-        self.held: dict[str, dict[int, tuple[str, tuple[Any, ...], dict[str, Any]]]] = {}
-        self.hold_since: dict[str, float] = {}
+        self.order: WriteOrder[list[Op]] = WriteOrder()
 
-    def _next_incarnation(self) -> int:
-        """1, 2, 3, ... per start when the shard has a checkpoint directory (a counter
-        file there; after 32767 it wraps to 1); a random number in [1, 32767] otherwise.
-        Ids carry it in their top 15 bits."""
-        if self.home is None:
-            return (int.from_bytes(os.urandom(2), "little") & 0x7FFF) or 1
-        self.home.mkdir(parents=True, exist_ok=True)
-        counter = self.home / "incarnation"
-        value = int(counter.read_text()) + 1 if counter.exists() else 1
-        tmp = counter.with_suffix(".tmp")
-        tmp.write_text(str(value))
-        os.replace(tmp, counter)
-        return (value - 1) % 0x7FFF + 1
+    def status(self) -> Status:
+        """``(incarnation, restored_last_id, steps_lost, last_id)``."""
+        return (self.incarnation, self.restored_last_id, self.steps_lost,
+                self.buffer.last_id)
 
     def describe(self, num_steps: int = 1) -> dict[str, Any]:
         """The shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``capacity``,
-        ``mass`` (for windows of ``num_steps``), ``restored_last_id``, ``class``,
-        ``data_spec``, ``beta`` and ``saved_last_id``."""
+        ``rows`` (the buffer's ``batch_size``), ``mass`` (for windows of
+        ``num_steps``), ``restored_last_id``, ``steps_lost``, ``class``, ``limiter``
+        (its class name or ``None``), ``consumes``, ``data_spec``, ``beta``,
+        ``saved_last_id`` and ``status``."""
         b = self.buffer
+        limiter = b.rate_limiter
         return {"index": self.index, "incarnation": self.incarnation, "last_id": b.last_id,
-                "size": b.num_frames(), "capacity": b.capacity, "mass": b.window_mass(num_steps),
-                "restored_last_id": self.restored_last_id, "class": type(b).__name__,
-                "data_spec": b.data_spec, "beta": getattr(b, "beta", None),
-                "saved_last_id": self.saved_last_id}
+                "size": b.num_frames(), "capacity": b.capacity,
+                "rows": getattr(b, "batch_size", None), "mass": b.window_mass(num_steps),
+                "restored_last_id": self.restored_last_id, "steps_lost": self.steps_lost,
+                "class": type(b).__name__,
+                "limiter": None if limiter is None else type(limiter).__name__,
+                "consumes": isinstance(b, FIFOReplayBuffer), "data_spec": b.data_spec,
+                "beta": getattr(b, "beta", None), "saved_last_id": self.saved_last_id,
+                "status": self.status()}
 
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
         """The sampling mass for windows of each of ``keys`` steps (``None``: 1)."""
         return {k: self.buffer.window_mass(k or 1) for k in keys}
 
+    def mass_status(self, num_steps: int | None) -> tuple[float, Status]:
+        """The mass for windows of ``num_steps`` and :meth:`status` (a cheap refresh)."""
+        return self.buffer.window_mass(num_steps or 1), self.status()
+
     @ray.method(concurrency_group="writes")
-    def write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-              keys: list[int | None], writer: str, seq: int
-              ) -> tuple[int, dict[int | None, float]]:
-        """Apply writer ``writer``'s write number ``seq`` in its order: a threaded
-        actor may receive calls out of order, so a write that arrives early is held
-        until the ones before it came. A writer's numbers start at 0; if the write a
-        held one waits for has not come within :data:`GAP_S` (it went to this shard's
-        previous incarnation and was lost), the held ones are applied from the
-        lowest."""
-        held = self.held.setdefault(writer, {})
-        held[seq] = (method, args, kwargs)
-        expected = self.next_seq.get(writer, 0)
-        if held and expected not in held:
-            since = self.hold_since.setdefault(writer, time.monotonic())
-            if time.monotonic() - since > GAP_S or min(held) < expected:
-                expected = min(held)
-        while expected in held:
-            name, call_args, call_kwargs = held.pop(expected)
-            getattr(self.buffer, name)(*call_args, **call_kwargs)
-            expected += 1
-            self.hold_since.pop(writer, None)
-        self.next_seq[writer] = expected
-        last_id = self.buffer.last_id
+    def write(self, ops: list[Op], keys: list[int | None], writer: str, seq: int,
+              base: int, lost: int = 0
+              ) -> tuple[int, dict[int | None, float], int, Status]:
+        """Apply chunk ``seq`` of ``writer`` (its writes, in order) in the writer's
+        order (:class:`~.ordering.WriteOrder`; ``base``: the writer's lowest unsettled
+        number). ``lost``: steps of this writer's earlier chunks that a shard process
+        died with (counted in :attr:`steps_lost`).
+
+        Returns:
+            ``(last_id, masses for keys, writes of this writer held, status)``.
+
+        Raises:
+            The first error a write in the due chunks raised; the others are applied.
+        """
+        self.steps_lost += lost
+        self.apply(self.order.arrive(writer, seq, base, ops))
+        return (self.buffer.last_id, self.masses(keys), self.order.waiting(writer),
+                self.status())
+
+    @ray.method(concurrency_group="writes")
+    def release(self, writer: str, lost: int = 0) -> Status:
+        """Apply every held chunk of ``writer`` (it saw all its chunks settled);
+        ``lost`` as for :meth:`write`."""
+        self.steps_lost += lost
+        self.apply(self.order.release(writer))
+        return self.status()
+
+    def apply(self, chunks: list[list[Op]]) -> None:
+        """Apply ``chunks`` in order. A write that fails does not stop the ones after
+        it (they are other, valid writes); the first error is raised at the end."""
+        error: BaseException | None = None
+        for ops in chunks:
+            for name, args, kwargs in ops:
+                try:
+                    self.apply_one(name, args, kwargs)
+                except Exception as exc:  # noqa: BLE001 - raised below, after the rest
+                    error = error or exc
+        self.files.mark = last_id = self.buffer.last_id
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             # ray.method types save as a remote method; in the actor it is a plain one.
             self.save()  # type: ignore[operator]
-        return last_id, self.masses(keys)
+        if error is not None:
+            raise error
 
-    def draw(self, method: str, count: int, num_steps: int | None,
-             timeout: float) -> tuple[Any, ...]:
-        """``count`` samples by ``method`` (``get_next`` or a transition buffer's
-        ``sample``): ``(items, ids, probabilities, mass, incarnation)``."""
+    def apply_one(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """One write. A chunk's ``extend`` into a rate-limited buffer goes in step by
+        step, so that a chunk longer than the limiter's window is paced, not refused."""
+        method = getattr(self.buffer, name)
+        if name != "extend" or self.buffer.rate_limiter is None:
+            method(*args, **kwargs)
+            return
+        items = args[0]
+        leaves, structure = nest.flatten(items)
+        for t in range(np.shape(leaves[0])[1]):
+            self.buffer.add_batch(structure.unflatten([leaf[:, t] for leaf in leaves]),
+                                  **kwargs)
+
+    def draw(self, method: str, count: int, num_steps: int | None, timeout: float,
+             seed: int | None = None, within_episodes: bool = False) -> tuple[Any, ...]:
+        """``count`` samples by ``method`` (``get_next``, drawn with a generator seeded
+        by ``seed``, or a transition buffer's ``sample``): ``(items, ids,
+        probabilities, mass, status)``."""
         if method == "get_next":
-            items, info = self.buffer.get_next(count, num_steps, timeout=timeout)
+            rng = None if seed is None else seeded(seed)
+            items, info = self.buffer.draw(count, num_steps, True, rng, within_episodes,
+                                           timeout)
         else:  # asked of transition buffers only
             items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
                                                                              timeout=timeout)
+        # Contiguous leaves go out of band into Ray's store and the client maps them;
+        # a strided view (a packed leaf) would be pickled in band and copied twice.
+        leaves, structure = nest.flatten(items)
+        items = structure.unflatten([np.ascontiguousarray(leaf) for leaf in leaves])
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
-                self.buffer.window_mass(num_steps or 1), self.incarnation)
+                self.buffer.window_mass(num_steps or 1), self.status())
 
-    def update_priorities(self, ids: np.ndarray, priorities: np.ndarray,
-                          keys: list[int | None]) -> tuple[int, dict[int | None, float]]:
-        """Set the priorities of local ``ids``: how many applied, and the masses."""
-        prioritized = cast("PrioritizedMixin", self.buffer)  # asked of prioritized ones only
-        return prioritized.update_priorities(ids, priorities), self.masses(keys)
+    def update_priorities(self, ids: np.ndarray, priorities: np.ndarray, incarnation: int,
+                          keys: list[int | None]
+                          ) -> tuple[int, dict[int | None, float], Status]:
+        """Set the priorities of local ``ids`` drawn from ``incarnation``: ids of
+        another incarnation (drawn before a restart or a clear) are ignored. Returns
+        how many applied, the masses and :meth:`status`."""
+        applied = 0
+        if incarnation == self.incarnation:
+            prioritized = cast("PrioritizedMixin", self.buffer)  # prioritized ones only
+            applied = prioritized.update_priorities(ids, priorities)
+        return applied, self.masses(keys), self.status()
 
     @ray.method(concurrency_group="writes")
     def clear(self) -> dict[str, Any]:
@@ -153,9 +240,10 @@ class ShardActor:
         checkpoint directory, save the empty buffer so that a restart does not bring
         the steps back. Returns :meth:`describe`."""
         self.buffer.clear()
-        self.incarnation = self._next_incarnation()
+        self.incarnation = self.files.next_incarnation()
         self.restored_last_id = -1
-        self.saved_last_id = self.buffer.last_id
+        self.steps_lost = 0
+        self.files.mark = self.saved_last_id = self.buffer.last_id
         if self.root is not None:
             self.save()  # type: ignore[operator]
         return self.describe()
@@ -166,9 +254,17 @@ class ShardActor:
 
     @ray.method(concurrency_group="writes")
     def save(self) -> int:
-        """Save a checkpoint now (``keep=2``); the ``last_id`` saved."""
+        """Save a checkpoint now (keeping :data:`KEEP`), with the rate limiter's
+        counters; the ``last_id`` saved."""
         if self.root is None:
             return self.saved_last_id
-        self.buffer.save(self.root, keep=2)
+        limiter = self.buffer.rate_limiter
+        if limiter is not None:  # first, so a checkpoint never lacks its counters
+            self.files.save_limiter(self.buffer.last_id, limiter.state_dict(), KEEP)
+        self.buffer.save(self.root, keep=KEEP)
         self.saved_last_id = self.buffer.last_id
         return self.saved_last_id
+
+    def remove_files(self) -> None:
+        """Delete the shard's temporary directory (no checkpoint directory)."""
+        self.files.remove()

@@ -1,0 +1,95 @@
+"""A Ray buffer's dataset: batches kept in flight to the shards while the learner
+trains (:class:`ShardStream`).
+
+Iterating keeps ``prefetch`` batches requested ahead of the one handed out: their
+calls run in the shards while the learner works on the last one, so a learner that
+trains longer than a batch's round trip never waits for one. No thread is needed (Ray
+runs the calls); the bound is the number of batches, so memory stays
+``prefetch + 1`` batches. The order is the seed's: each batch draws from a generator
+spawned, in order, from the stream's (see :mod:`.sampling`), so a seeded buffer gives
+the same batches with any ``prefetch`` (with the shards' contents unchanged).
+
+A batch that fails (every shard empty, every one down, rate limited past the timeout)
+raises in its turn; the batches requested after it are dropped, and the next pull
+starts afresh, seeing the shards as they are by then.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from replaybuffer.distributed.ray_shards.batches import map_leaves
+from replaybuffer.protocols import BufferInfo
+
+if TYPE_CHECKING:
+    from replaybuffer.distributed.ray_shards.sampling import PendingBatch
+
+    from replaybuffer.distributed.ray_shards.buffer import RayReplayBuffer
+
+Element = tuple[Any, BufferInfo]
+
+
+class ShardStream:
+    """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches from a
+    :class:`~replaybuffer.distributed.RayReplayBuffer`, ``prefetch`` in flight. Each
+    ``iter()`` starts an iterator with a generator of its own, spawned from the
+    buffer's."""
+
+    def __init__(self, buffer: "RayReplayBuffer", sample_batch_size: int | None,
+                 num_steps: int | None, prefetch: int, within_episodes: bool = False):
+        self.buffer = buffer
+        self.sample_batch_size = sample_batch_size
+        self.num_steps = num_steps
+        self.prefetch = prefetch
+        self.within_episodes = within_episodes
+
+    def __iter__(self) -> "ShardIterator":
+        return ShardIterator(self)
+
+
+class ShardIterator:
+    """Batches of a :class:`ShardStream`, in the order of its generator."""
+
+    def __init__(self, stream: ShardStream):
+        self._stream = stream
+        self._rng = stream.buffer.spawn_rng()
+        self._pending: deque[PendingBatch] = deque()
+        self._closed = False
+
+    def __iter__(self) -> "ShardIterator":
+        return self
+
+    def __next__(self) -> Element:
+        if self._closed:
+            raise StopIteration
+        s = self._stream
+        while len(self._pending) <= s.prefetch:
+            self._pending.append(s.buffer.start_batch(s.sample_batch_size or 1,
+                                                      s.num_steps, self._rng,
+                                                      s.within_episodes))
+        try:
+            items, info = s.buffer.finish_batch(self._pending.popleft())
+        except BaseException:
+            self._pending.clear()  # drawn from the shards as they were: start afresh
+            raise
+        if s.sample_batch_size is None:
+            items = map_leaves(lambda a: a[0], items)
+            info = BufferInfo(info.ids[0], info.probabilities[0],
+                              None if info.weights is None else info.weights[0])
+        return items, info
+
+    def in_flight(self) -> int:
+        """Batches requested and not yet handed out."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Stop: later pulls end the iteration; batches in flight are dropped."""
+        self._closed = True
+        self._pending.clear()
+
+    def __enter__(self) -> "ShardIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,140 @@
+"""The write half of :class:`~replaybuffer.distributed.RayReplayBuffer`
+(:class:`ShardWrites`): the client's own writes, round-robin or to one shard, and the
+:class:`~.writer.ShardWriter` it hands to collectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from replaybuffer.arguments import check_timeout
+from replaybuffer.distributed.errors import (NotSupportedError, ShardsUnavailableError,
+                                             not_supported)
+from replaybuffer.distributed.ray_shards.health import ShardHealth
+from replaybuffer.distributed.ray_shards.outbox import Outbox
+from replaybuffer.distributed.ray_shards.sampling import ShardSampler
+from replaybuffer.distributed.ray_shards.writer import ShardWriter
+
+
+class ShardWrites:
+    """``add_batch``, ``extend``, ``add``, ``flush`` and ``writer`` of a Ray buffer.
+
+    Attributes (set by the buffer):
+        num_shards: shards.
+        _actors: their handles; _up: which answer; _outbox: the client's writes in
+        flight; _sampler: its masses; _health: incarnations and losses; _data_spec,
+        _rows (the shards' ``batch_size``), _max_in_flight, _queued (shards have a
+        ``Queue`` limiter), _next_shard (round-robin).
+    """
+
+    num_shards: int
+    _actors: list[Any]
+    _up: list[bool]
+    _outbox: Outbox
+    _sampler: ShardSampler
+    _health: ShardHealth
+    _data_spec: Any
+    _rows: int | None
+    _max_in_flight: int
+    _queued: bool
+    _next_shard: int
+
+    def _probe(self, interval: float = 0.2) -> None:
+        self._health.probe(interval)
+
+    def add_batch(self, items: Any, *, shard: int | None = None,
+                  timeout: float | None = None, block: bool = True) -> bool:
+        """Append one step to every row of one shard (round-robin, or ``shard``).
+        Checked here against the spec; written asynchronously (see :meth:`flush`).
+
+        Round-robin suits items whole on their own (transitions); steps that form
+        windows (``get_next(num_steps=T)``) must go to one shard per writer:
+        ``shard=`` or a :meth:`writer` (windows over round-robin writes skip steps).
+
+        Args:
+            timeout: passed to the shard's ``add_batch`` (its rate limiter's
+                :class:`~replaybuffer.RateLimitedError` surfaces at a later call).
+            block: only ``True``: an asynchronous write cannot say it was held back.
+
+        Returns:
+            ``True``: the write was sent.
+        """
+        self._check_write(block, timeout, "add_batch", shard)
+        self._outbox.check(items, 1, "add_batch")
+        self._write("add_batch", (items,), _timeout(timeout), 1, shard)
+        return True
+
+    def extend(self, items: Any, *, shard: int | None = None,
+               timeout: float | None = None, block: bool = True) -> bool:
+        """``extend`` on one shard (leaves ``[batch_size, T, ...]``), as :meth:`add_batch`."""
+        self._check_write(block, timeout, "extend", shard)
+        leaves = self._outbox.check(items, 2, "extend")
+        self._write("extend", (items,), _timeout(timeout), int(np.shape(leaves[0])[1]),
+                    shard)
+        return True
+
+    def add(self, *args: Any, shard: int | None = None, **kwargs: Any) -> None:
+        """``add`` on one shard (transition buffers); its errors surface at the next
+        call or :meth:`flush`."""
+        check_timeout(kwargs.get("timeout"))
+        self._write("add", args, kwargs, 1, shard)
+
+    def _check_write(self, block: bool, timeout: Any, method: str,
+                     shard: int | None) -> None:
+        if not block:
+            raise not_supported(type(self), f"{method}(block=False)",
+                                "use timeout= (a shard's rate limiter paces the call)")
+        check_timeout(timeout)
+        if shard is None and self._queued and self.num_shards > 1:
+            raise NotSupportedError(
+                f"{type(self).__name__} does not support round-robin {method} into shards "
+                "with a Queue rate limiter: each shard's Queue counts its own items, so "
+                "no queue bounds the whole; write through shard= or writer(i)")
+
+    def _write(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+               steps: int, shard: int | None) -> None:
+        self._outbox.raise_error()
+        self._probe()
+        if shard is None:
+            shard = self._pick_writer()
+        elif not 0 <= shard < self.num_shards:
+            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
+        self._outbox.send(shard, self._actors[shard], [(method, args, kwargs)], steps,
+                          self._sampler.mass_keys())
+
+    def _pick_writer(self) -> int:
+        for _ in range(self.num_shards):
+            shard = self._next_shard
+            self._next_shard = (self._next_shard + 1) % self.num_shards
+            if self._up[shard]:
+                return shard
+        raise ShardsUnavailableError(f"all {self.num_shards} shards are down")
+
+    def _written(self, shard: int, answer: tuple[Any, ...] | None) -> None:
+        """A write settled: its shard's masses and status (``None``: shard down)."""
+        if answer is None:
+            self._health.down(shard)
+            return
+        self._sampler.set_masses(shard, answer[1])
+        self._health.observe(shard, answer[3])
+
+    def flush(self) -> None:
+        """Wait for every write in flight to be applied (or lost with a shard that
+        died); raise the first error one of them met."""
+        self._outbox.flush()
+
+    def writer(self, shard: int, *, chunk_steps: int = 64, chunk_seconds: float = 0.05
+               ) -> ShardWriter:
+        """A writer to ``shard`` alone, which pickles: hand it to a collector (a Ray
+        actor, a process) so its steps stay one sequence in one shard. It sends steps
+        in chunks of ``chunk_steps`` (or after ``chunk_seconds``, at an episode's end,
+        at ``flush()``/``close()``; see :class:`ShardWriter`)."""
+        if not 0 <= shard < self.num_shards:
+            raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
+        return ShardWriter(self._actors[shard], shard, self._data_spec, self._max_in_flight,
+                           self._rows, chunk_steps, chunk_seconds)
+
+
+def _timeout(timeout: float | None) -> dict[str, Any]:
+    return {} if timeout is None else {"timeout": timeout}

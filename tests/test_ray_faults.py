@@ -1,0 +1,201 @@
+"""RayReplayBuffer under faults on a local Ray cluster (num_cpus=2): restarts keep
+the rate limiter and report every lost step, writes survive restarts and refused
+neighbours, stale ids are ignored by the shard, bad input is refused in the caller
+(issue 25 item 4, issue 28 items 12-17)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import replaybuffer as rb  # noqa: E402
+from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
+from replaybuffer.errors import SpecError  # noqa: E402
+
+SPEC = {"x": rb.ArraySpec((), np.int64)}
+
+
+def uniform(max_length: int = 1000):
+    return rb.UniformReplayBuffer(SPEC, 1, max_length, seed=0)
+
+
+def prioritized():
+    return rb.PrioritizedReplayBuffer(SPEC, 1, 100, alpha=1.0, seed=0)
+
+
+def limited():
+    buffer = rb.UniformReplayBuffer(SPEC, 1, 1000, seed=0)
+    buffer.rate_limiter = rb.MinSize(1)
+    return buffer
+
+
+def fifo():
+    return rb.FIFOReplayBuffer(SPEC, 1, 10)
+
+
+def transitions():
+    return rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32),
+                                     rb.ArraySpec((), np.int64), capacity=100, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    here = str(Path(__file__).resolve().parent)  # shards import this module's factories
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+def kill_and_wait_restarted(buffer: RayReplayBuffer, shard: int) -> None:
+    """Kill a shard's process and wait until Ray has restarted it, asking the actor
+    directly so that the client does not notice."""
+    before = ray.get(buffer.actors[shard].describe.remote())["incarnation"]
+    ray.kill(buffer.actors[shard], no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(buffer.actors[shard].describe.remote(), timeout=5)["incarnation"] \
+                    != before:
+                return
+        except (ray.exceptions.RayError, TimeoutError):
+            time.sleep(0.1)
+    raise AssertionError("the shard did not restart")
+
+
+def write(writer, values) -> None:
+    for v in values:
+        writer.add_batch({"x": np.array([v])})
+
+
+def test_a_restarted_shard_keeps_its_limiter_counters_and_stats_sum_them(tmp_path):
+    with RayReplayBuffer(limited, 2, checkpoint_dir=tmp_path, seed=1) as buffer:
+        for i in range(2):
+            buffer.extend({"x": np.arange(10)[None]}, shard=i)
+        buffer.flush()
+        buffer.get_next(8)
+        before = buffer.stats()
+        assert (before.inserts, before.samples) == (20, 8)
+        buffer.checkpoint()
+        kill_and_wait_restarted(buffer, 0)
+        buffer.wait_for_shards()
+        after = buffer.stats()
+        assert (after.inserts, after.samples, after.size) == (20, 8, 20)
+
+
+def test_writes_after_a_restart_are_applied_when_flush_returns_and_losses_count(tmp_path):
+    """Items 12 and 15: a restart between two calls is recorded; a writer's steps
+    count in steps_lost; writes after the restart land before flush returns."""
+    with RayReplayBuffer(uniform, 2, checkpoint_dir=tmp_path, checkpoint_every=10,
+                         seed=2) as buffer:
+        writer = buffer.writer(0, chunk_steps=1)
+        write(writer, range(25))  # saved at last_id 9 and 19
+        writer.flush()
+        kill_and_wait_restarted(buffer, 0)  # the client makes no call meanwhile
+        write(writer, range(100, 105))
+        writer.flush()
+        assert buffer.describe()[0]["size"] == 25  # 20 restored + 5 new
+        assert [(loss.shard, loss.steps_lost, loss.restored_last_id)
+                for loss in buffer.losses] == [(0, 5, 19)]
+
+
+def test_writes_sent_to_a_dying_shard_are_counted_lost():
+    with RayReplayBuffer(uniform, 1, seed=3, max_in_flight=64) as buffer:
+        writer = buffer.writer(0, chunk_steps=1)
+        write(writer, range(40))
+        writer.flush()  # 40 steps applied, then lost with the process
+        ray.kill(buffer.actors[0], no_restart=False)
+        write(writer, range(40, 100))  # some to the dead process, some to the new one
+        writer.flush()
+        deadline = time.monotonic() + 60
+        while (info := buffer.describe()[0]) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        size = info["size"]
+        assert len(buffer.losses) == 1
+        # Every step sent is either in the shard or counted lost.
+        assert buffer.losses[0].steps_lost == 100 - size
+        assert writer.steps_dropped <= buffer.losses[0].steps_lost
+
+
+def test_a_refused_write_does_not_drop_the_writers_later_writes():
+    with RayReplayBuffer(transitions, 1, seed=4) as buffer:
+        writer = buffer.writer(0, chunk_steps=1)
+
+        def add(t, width=2):
+            writer.add(np.full((1, width), t, np.float32), np.array([t]), np.array([1.0]),
+                       np.full((1, 2), t + 1, np.float32), np.array([False]))
+        add(0)
+        add(1, width=3)  # refused inside the shard
+        with pytest.raises(Exception, match="3"):
+            writer.flush()
+        for t in range(2, 7):
+            add(t)
+        writer.flush()
+        batch, _ = buffer.sample(200)
+        assert set(batch.actions.tolist()) == {0, 2, 3, 4, 5, 6}
+
+
+def test_get_next_over_read_fifo_shards_raises_instead_of_spinning():
+    with RayReplayBuffer(fifo, 2, seed=5) as buffer:
+        for i in range(2):
+            buffer.extend({"x": np.arange(4)[None] + 10 * i}, shard=i)
+        buffer.flush()
+        read = [int(buffer.get_next()[0]["x"]) for _ in range(8)]  # each item once
+        assert sorted(read) == [0, 1, 2, 3, 10, 11, 12, 13]
+        outcome: list = []
+
+        def read():
+            try:
+                buffer.get_next(2, timeout=0.5)
+            except Exception as exc:  # noqa: BLE001 - inspected below
+                outcome.append(exc)
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "get_next spun past its timeout"
+        assert isinstance(outcome[0], rb.EmptyBufferError)
+
+
+def test_ids_from_before_a_restart_the_client_missed_are_ignored(tmp_path):
+    with RayReplayBuffer(prioritized, 2, checkpoint_dir=tmp_path, checkpoint_every=5,
+                         seed=6) as buffer:
+        for i in range(2):
+            buffer.extend({"x": np.arange(10)[None]}, shard=i)
+        buffer.flush()
+        _, info = buffer.get_next(64)
+        from_shard_1 = int(((info.ids & ((1 << 48) - 1)) % 2 == 1).sum())
+        kill_and_wait_restarted(buffer, 0)  # the client has not noticed
+        assert buffer.update_priorities(info.ids, np.full(64, 5.0)) == from_shard_1
+        assert [loss.shard for loss in buffer.losses] == [0]
+
+
+def test_bad_rows_and_timeouts_are_refused_in_the_caller():
+    with RayReplayBuffer(uniform, 2, seed=7) as buffer:
+        buffer.extend({"x": np.arange(3)[None]}, shard=0)
+        buffer.flush()
+        writer = buffer.writer(1)
+        for call in (lambda: buffer.add_batch({"x": np.array([1, 2])}),
+                     lambda: buffer.extend({"x": np.zeros((2, 3), np.int64)}),
+                     lambda: writer.add_batch({"x": np.array([1, 2])})):
+            with pytest.raises(SpecError, match="2 rows.*batch_size=1"):
+                call()
+        for bad in (float("nan"), -1.0):
+            for call in (functools.partial(buffer.add_batch, {"x": np.array([1])}),
+                         functools.partial(buffer.extend, {"x": np.array([[1]])}),
+                         functools.partial(buffer.get_next, 2),
+                         functools.partial(buffer.sample, 2)):
+                with pytest.raises(ValueError, match="timeout must be None or a number"):
+                    call(timeout=bad)
+        writer.flush()
+        buffer.flush()
+        assert [d["size"] for d in buffer.describe()] == [3, 0]  # nothing reached a shard

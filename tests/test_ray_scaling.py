@@ -1,0 +1,216 @@
+"""RayReplayBuffer's scaling parts on a local Ray cluster (num_cpus=2): batches in
+flight (reproducible from the seed), batches from a fixed number of shards chosen by
+mass (each item's marginal exact, chi-square tested), writers that send chunks in
+order (issue 25).
+
+Starting a shard costs a process, so the module shares two buffers of 3 shards,
+cleared and reseeded by each test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import replaybuffer as rb  # noqa: E402
+from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
+from replaybuffer.sampling.sampler import make_rng  # noqa: E402
+
+SPEC = {"x": rb.ArraySpec((), np.int64), "step_type": rb.ArraySpec((), np.int32)}
+SHARDS = 3
+
+
+def uniform():
+    return rb.UniformReplayBuffer(SPEC, 1, 1000, seed=0)
+
+
+def prioritized():
+    return rb.PrioritizedReplayBuffer(SPEC, 1, 100, alpha=1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def buffers():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    here = str(Path(__file__).resolve().parent)  # shards import this module's factories
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    made = {"uniform": RayReplayBuffer(uniform, SHARDS, seed=0),
+            "prioritized": RayReplayBuffer(prioritized, SHARDS, seed=0)}
+    yield made
+    for buffer in made.values():
+        buffer.close()
+    ray.shutdown()
+
+
+@pytest.fixture
+def make(buffers):
+    def get(kind: str = "uniform", seed: int = 0, shards_per_batch: int | None = None):
+        buffer = buffers[kind]
+        buffer.clear()
+        buffer._rng = make_rng(seed)  # as a new buffer with this seed would have
+        buffer.shards_per_batch = shards_per_batch
+        return buffer
+    return get
+
+
+def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
+    return float(((counts - expected) ** 2 / expected).sum()), len(counts) - 1
+
+
+def below_critical(statistic: float, k: int) -> bool:
+    """Wilson-Hilferty's p = 0.001 critical value of chi-square with k degrees."""
+    return statistic < k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
+
+
+def items(x, step_type: int = 1) -> dict:
+    x = np.asarray(x, np.int64)
+    return {"x": x, "step_type": np.full(x.shape, step_type, np.int32)}
+
+
+def fill_shards(buffer: RayReplayBuffer, sizes: list[int]) -> None:
+    """Shard i holds sizes[i] items, x = 100 * i + t."""
+    for i, n in enumerate(sizes):
+        buffer.extend(items((100 * i + np.arange(n))[None]), shard=i)
+    buffer.flush()
+
+
+def take(buffer: RayReplayBuffer, n: int, prefetch: int, size: int = 16):
+    stream = iter(buffer.as_dataset(size, prefetch=prefetch))
+    try:
+        return [next(stream) for _ in range(n)], stream.in_flight()
+    finally:
+        stream.close()
+
+
+def check_marginal(drawn: np.ndarray, part: int, weight: dict[int, float]) -> None:
+    """Items drawn in parts of ``part`` from shards (x // 100) chosen by mass: the
+    shards' part counts follow their masses, and within each shard the items follow
+    their weights (two chi-square tests; items of one part are not independent)."""
+    total = sum(weight.values())
+    shards = sorted({x // 100 for x in weight})
+    mass = {s: sum(w for x, w in weight.items() if x // 100 == s) for s in shards}
+    per_shard = np.array([(drawn // 100 == s).sum() for s in shards])
+    assert (per_shard % part == 0).all()
+    parts = per_shard // part
+    stat, k = chi_square(parts, np.array([mass[s] / total for s in shards]) * parts.sum())
+    assert below_critical(stat, k)
+    stat, k = 0.0, 0
+    for s, got in zip(shards, per_shard):
+        xs = [x for x in weight if x // 100 == s]
+        counts = np.array([(drawn == x).sum() for x in xs])
+        one, dof = chi_square(counts, np.array([weight[x] for x in xs]) / mass[s] * got)
+        stat, k = stat + one, k + dof
+    assert below_critical(stat, k)
+
+
+@pytest.mark.parametrize("shards_per_batch", [None, 2])
+def test_batches_in_flight_are_bounded_and_the_seed_fixes_their_order(make,
+                                                                      shards_per_batch):
+    runs = []
+    for prefetch in (1, 5):
+        buffer = make(seed=11, shards_per_batch=shards_per_batch)
+        fill_shards(buffer, [10, 20, 30])
+        batches, in_flight = take(buffer, 8, prefetch)
+        assert in_flight == prefetch  # requested ahead while the learner trains
+        runs.append(batches)
+        other, _ = take(buffer, 8, prefetch)  # a second stream draws other batches
+        assert any((x["x"] != y["x"]).any() for (x, _), (y, _) in zip(batches, other))
+    for (a, info_a), (b, info_b) in zip(*runs):
+        np.testing.assert_array_equal(a["x"], b["x"])
+        local = (1 << 48) - 1  # the incarnation (a new one per clear) aside
+        np.testing.assert_array_equal(info_a.ids & local, info_b.ids & local)
+
+
+def test_prefetch_below_one_and_bad_shard_counts_are_refused(make):
+    buffer = make()
+    fill_shards(buffer, [4, 0, 0])
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=f"prefetch must be a positive int.*{bad!r}"):
+            buffer.as_dataset(4, prefetch=bad)
+    with pytest.raises(ValueError, match="shards_per_batch must be a positive int"):
+        buffer.shards_per_batch = 0
+    assert len(buffer) == 4 and buffer.shards_per_batch is None
+
+
+def test_one_shard_per_batch_keeps_each_items_marginal_exact(make):
+    buffer = make(seed=3, shards_per_batch=1)
+    sizes = [5, 10, 15]
+    fill_shards(buffer, sizes)
+    batches, _ = take(buffer, 1500, prefetch=8, size=8)
+    drawn = np.stack([b["x"] for b, _ in batches])
+    assert ((drawn // 100) == (drawn[:, :1] // 100)).all()  # each batch from one shard
+    check_marginal(drawn, 8, {100 * i + t: 1.0 for i, n in enumerate(sizes)
+                              for t in range(n)})
+    for _, info in batches[:50]:
+        np.testing.assert_allclose(info.probabilities, 1 / 30, rtol=1e-6)
+
+
+def test_a_fixed_number_of_shards_per_batch_follows_priorities(make):
+    buffer = make("prioritized", seed=4, shards_per_batch=2)
+    fill_shards(buffer, [2, 3, 3])
+    by_x: dict[int, int] = {}
+    while len(by_x) < 8:
+        batch, info = buffer.get_next(64)
+        by_x.update({int(x): int(i) for x, i in zip(batch["x"], info.ids)})
+    xs = sorted(by_x)
+    priority = {x: 1.0 + k for k, x in enumerate(xs)}  # 1 .. 8, total 36
+    assert buffer.update_priorities(np.array([by_x[x] for x in xs]),
+                                    np.array([priority[x] for x in xs])) == 8
+    batches, _ = take(buffer, 600, prefetch=8, size=10)
+    drawn = np.stack([b["x"] for b, _ in batches])
+    assert all(len(set((row // 100).tolist())) <= 2 for row in drawn)  # <= 2 shards
+    check_marginal(drawn, 5, priority)
+    for b, info in batches[:50]:
+        expected = np.array([priority[int(x)] for x in b["x"]]) / 36
+        np.testing.assert_allclose(info.probabilities, expected, rtol=1e-5)
+
+
+def test_a_batch_from_one_shard_is_handed_over_without_a_copy(make):
+    buffer = make(seed=5, shards_per_batch=1)
+    fill_shards(buffer, [50, 50, 50])
+    batch, info = buffer.get_next(40_000)  # 320 KB: in Ray's object store
+    # Mapped from the store, not copied on this side: read-only.
+    assert not batch["x"].flags.writeable
+    assert len(set((batch["x"] // 100).tolist())) == 1
+    buffer.shards_per_batch = None
+    batch, _ = buffer.get_next(40_000)  # parts of 3 shards: concatenated here
+    assert batch["x"].flags.writeable and len(set((batch["x"] // 100).tolist())) == 3
+
+
+def test_a_writer_sends_chunks_and_keeps_its_order(make):
+    buffer = make(seed=6)
+    writer = buffer.writer(0, chunk_steps=16, chunk_seconds=60)
+    for t in range(0, 300, 3):  # add_batch and extend mixed
+        if t % 2:
+            writer.extend(items(np.arange(t, t + 3)[None]))
+        else:
+            for s in range(t, t + 3):
+                writer.add_batch(items([s]))
+    assert writer._outbox._seq[0] <= 300 // 16 + 1  # chunks, not a call per step
+    assert buffer.describe()[0]["size"] < 300  # the last chunk waits for flush
+    writer.flush()
+    window, _ = buffer.get_next(1, 300)
+    np.testing.assert_array_equal(window["x"][0], np.arange(300))
+    steps, _ = buffer.get_next(5, 3, time_stacked=False)  # a 3-tuple of [5] steps
+    assert isinstance(steps, tuple) and len(steps) == 3 and steps[0]["x"].shape == (5,)
+    np.testing.assert_array_equal(steps[2]["x"], steps[0]["x"] + 2)
+
+
+def test_a_writer_sends_at_an_episode_end_and_after_chunk_seconds(make):
+    buffer = make(seed=7)
+    writer = buffer.writer(0, chunk_steps=64, chunk_seconds=60)
+    for t, step_type in enumerate([0, 1, 1, 2]):  # FIRST, MID, MID, LAST
+        writer.add_batch(items([t], step_type))
+    writer._outbox.flush()  # the chunk went at the LAST step; wait for it to land
+    assert buffer.describe()[0]["size"] == 4
+    quick = buffer.writer(0, chunk_steps=64, chunk_seconds=0)
+    quick.add_batch(items([9]))
+    quick._outbox.flush()
+    assert buffer.describe()[0]["size"] == 5
+    with pytest.raises(ValueError, match="chunk_steps"):
+        buffer.writer(0, chunk_steps=0)
