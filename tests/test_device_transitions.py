@@ -92,6 +92,7 @@ def test_device_draws_are_uniform_over_held_transitions(device):
 
 def test_device_updates_of_prioritized_transitions_match_the_host_twin(device):
     dev = filled(rb.PrioritizedTransitionReplayBuffer, device, alpha=1.0)
+    dev.sampler.device_updates = True  # opt-in (the default checks on the host)
     host = rb.PrioritizedTransitionReplayBuffer(
         rb.ArraySpec((2,), np.float32), rb.ArraySpec((), np.int64), 36, num_envs=ENVS,
         storage="torch", device=device, seed=7, alpha=1.0)

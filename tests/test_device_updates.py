@@ -31,7 +31,8 @@ def twins(device: torch.device, batch_size: int = 2, max_length: int = 12, adds:
           alpha: float = 0.6, normalize: str = "batch") -> tuple[rb.PrioritizedReplayBuffer,
                                                                  rb.PrioritizedReplayBuffer]:
     """Two device-sampling buffers built and filled alike (the ring wrapped when
-    ``adds > max_length``): one is updated through the host path, one on the device."""
+    ``adds > max_length``): one is updated through the host path, one on the device (``device_updates``
+    switched on for it: the default checks on the host)."""
     bufs = []
     for _ in range(2):
         buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
@@ -41,6 +42,7 @@ def twins(device: torch.device, batch_size: int = 2, max_length: int = 12, adds:
         for t in range(adds):
             buf.add_batch(np.arange(batch_size, dtype=np.int64) * 1000 + t)
         bufs.append(buf)
+    bufs[1].sampler.device_updates = True  # opt-in: the device twin checks on the device
     return bufs[0], bufs[1]
 
 

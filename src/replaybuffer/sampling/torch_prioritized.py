@@ -64,17 +64,20 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         search: ``"prefix"`` (running sums, the default) or ``"tree"`` (a sum tree);
             module docstring.
 
-    With ``search="prefix"``, :meth:`update_on_device` applies updates given as
-    device tensors without a host synchronization, checked on the device and reported
-    at the next call (:mod:`~replaybuffer.sampling.torch_priority_updates`). Setting
-    :attr:`device_updates` to ``False`` (on the class or one sampler) sends them
-    through the host instead (copied there and checked at once: two synchronizations
-    per update, a few kernels fewer), for comparison.
+    Updates are copied to the host and checked there at once (two synchronizations per
+    update). With ``search="prefix"`` and :attr:`device_updates` set to ``True`` (on
+    the class or one sampler), :meth:`update_on_device` applies updates given as device
+    tensors without a host synchronization instead, checked on the device and reported
+    at the next call (:mod:`~replaybuffer.sampling.torch_priority_updates`). That is
+    not the default because it measured slower on an NVIDIA H200: about 44 kernels
+    against 9 for an update, 554 against 237 us alone (``replaybuffer bench --gpu``),
+    and 3.49 against 3.17 ms for a whole prioritized train step of a small MLP, where
+    the host's sync waits for the queued step (``benchmarks/gpu_train_loop.py``).
     """
 
     fused_updates = False  # its priorities live in the device tree (_set), not the host's
 
-    device_updates = True
+    device_updates = False
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
