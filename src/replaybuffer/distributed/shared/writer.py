@@ -231,14 +231,20 @@ class SharedWriter:
         start = (step % self._length) * self._rows_total + first
         # One row (an actor with one env): a scalar store, cheaper than a slice's.
         span: int | slice = start if count == 1 else slice(start, start + count)
-        if step >= self._length:  # 1. the oldest step goes: uncounted before it is torn
-            self._my_held.fill(self._length - 1)
+        # 1. the oldest step goes: uncounted just before it is torn (right before its odd
+        # version, never before a wait for the lock: a writer killed while it waited
+        # would leave len() short of steps that are still whole and drawable).
+        rewrites = step >= self._length
         priorities = self._priorities
         if priorities is None:
+            if rewrites:
+                self._my_held.fill(self._length - 1)
             self._version[span] = 2 * step + 1  # 2.
         else:  # not drawn while rewritten
             positions = np.arange(start, start + count)
             with priorities.changing(start, count):
+                if rewrites:
+                    self._my_held.fill(self._length - 1)
                 self._version[span] = 2 * step + 1
                 priorities.set(positions, np.zeros(count))
         order_fence()  # 3.
