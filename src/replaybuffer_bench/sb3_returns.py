@@ -27,7 +27,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -39,6 +39,10 @@ ZOO: dict[str, Any] = dict(
 """RL-Zoo's DQN hyperparameters for CartPole-v1 (rl-baselines3-zoo, hyperparams/dqn.yml)."""
 
 BUFFERS = ("sb3", "ours")
+CONTROL = "sb3-shifted"
+"""A control arm: SB3's buffer after one extra draw from numpy's global generator when
+it is built, as ours makes to seed itself. It differs from ``"sb3"`` in the random
+stream alone, so how far its returns move from ``"sb3"``'s is what noise alone does."""
 
 
 @dataclass
@@ -59,6 +63,7 @@ def train_and_score(buffer: str, seed: int, steps: int, episodes: int) -> Run:
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
 
     from replaybuffer.integrations.sb3 import ReplayBuffer
 
@@ -66,15 +71,30 @@ def train_and_score(buffer: str, seed: int, steps: int, episodes: int) -> Run:
     kwargs = dict(ZOO)
     if buffer == "ours":
         kwargs["replay_buffer_class"] = ReplayBuffer
+    elif buffer == CONTROL:
+        kwargs["replay_buffer_class"] = shifted_sb3_buffer()
     model = DQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **kwargs)
     start = time.perf_counter()
     model.learn(steps)
     seconds = time.perf_counter() - start
-    env = gym.make("CartPole-v1")
+    env = Monitor(gym.make("CartPole-v1"))
     env.reset(seed=10_000 + seed)
-    mean, std = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=True)
+    mean, std = cast(tuple[float, float], evaluate_policy(
+        model, env, n_eval_episodes=episodes, deterministic=True))  # not per-episode lists
     env.close()
     return Run(buffer, seed, float(mean), float(std), seconds)
+
+
+def shifted_sb3_buffer() -> type:
+    """SB3's ``ReplayBuffer`` that draws once from numpy's global generator when built."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    class ShiftedReplayBuffer(SB3ReplayBuffer):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            np.random.randint(2**31 - 1)  # the draw ours seeds itself with
+
+    return ShiftedReplayBuffer
 
 
 def bootstrap_difference(ours: np.ndarray, theirs: np.ndarray, resamples: int,
@@ -98,7 +118,7 @@ def summary(runs: list[Run], resamples: int) -> dict[str, Any]:
     """Per-buffer mean and std (ddof 1) over seeds, and the bootstrap interval of the
     difference of means, from the runs of seeds that both buffers finished."""
     by = {b: {r.seed: r.mean_return for r in runs if r.buffer == b} for b in BUFFERS}
-    seeds = sorted(set(by["sb3"]) & set(by["ours"]))
+    seeds = sorted(set(by["sb3"]) & set(by["ours"]))  # others: the table of the runs
     out: dict[str, Any] = {"seeds": seeds}
     if not seeds:
         return out
@@ -108,23 +128,39 @@ def summary(runs: list[Run], resamples: int) -> dict[str, Any]:
                   "std": float(values[b].std(ddof=1)) if len(seeds) > 1 else 0.0}
     diff, low, high = bootstrap_difference(values["ours"], values["sb3"], resamples)
     out["difference"] = {"ours_minus_sb3": diff, "ci95": [low, high]}
+    control = {r.seed: r.mean_return for r in runs if r.buffer == CONTROL}
+    if control and set(seeds) <= set(control):
+        shifted = np.array([control[s] for s in seeds])
+        out[CONTROL] = {"mean": float(shifted.mean()),
+                        "std": float(shifted.std(ddof=1)) if len(seeds) > 1 else 0.0}
+        diff, low, high = bootstrap_difference(shifted, values["sb3"], resamples)
+        out["control_difference"] = {"shifted_minus_sb3": diff, "ci95": [low, high]}
     return out
 
 
 def table(runs: list[Run], stats: dict[str, Any]) -> str:
     """A markdown table: one row per seed, then the mean, std and the interval."""
     by = {(r.buffer, r.seed): r for r in runs}
-    lines = ["| seed | SB3's buffer | ours |", "|---:|---:|---:|"]
+    arms = [*BUFFERS, *([CONTROL] if CONTROL in stats else [])]
+    names = {"sb3": "SB3's buffer", "ours": "ours", CONTROL: "SB3's, stream shifted"}
+    lines = ["| seed | " + " | ".join(names[a] for a in arms) + " |",
+             "|---:|" + "---:|" * len(arms)]
     for s in stats["seeds"]:
-        lines.append(f"| {s} | {by['sb3', s].mean_return:.1f} | "
-                     f"{by['ours', s].mean_return:.1f} |")
+        lines.append(f"| {s} | " + " | ".join(f"{by[a, s].mean_return:.1f}" for a in arms)
+                     + " |")
     if stats["seeds"]:
-        lines.append(f"| mean | {stats['sb3']['mean']:.1f} | {stats['ours']['mean']:.1f} |")
-        lines.append(f"| std | {stats['sb3']['std']:.1f} | {stats['ours']['std']:.1f} |")
+        for row in ("mean", "std"):
+            lines.append(f"| {row} | " + " | ".join(f"{stats[a][row]:.1f}" for a in arms)
+                         + " |")
         diff = stats["difference"]
         low, high = diff["ci95"]
         lines.append(f"\nours - SB3: {diff['ours_minus_sb3']:+.1f}, 95% bootstrap CI "
                      f"[{low:+.1f}, {high:+.1f}]")
+        if CONTROL in stats:
+            diff = stats["control_difference"]
+            low, high = diff["ci95"]
+            lines.append(f"SB3 shifted - SB3: {diff['shifted_minus_sb3']:+.1f}, 95% "
+                         f"bootstrap CI [{low:+.1f}, {high:+.1f}]")
     return "\n".join(lines)
 
 
@@ -141,18 +177,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=10,
                         help="greedy evaluation episodes per run")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap draws")
+    parser.add_argument("--arms", default="sb3,ours",
+                        help=f"which buffers to train, comma-separated, of sb3, ours and "
+                             f"{CONTROL} (SB3's buffer with the random stream shifted by one "
+                             "draw: what noise alone does)")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="write every run and the summary here (after each run)")
     args = parser.parse_args(argv)
     for name in ("seeds", "steps", "episodes", "resamples"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected a positive int, got {getattr(args, name)}")
+    arms = args.arms.split(",")
+    if not arms or any(a not in (*BUFFERS, CONTROL) for a in arms):
+        parser.error(f"--arms: expected names of {[*BUFFERS, CONTROL]}, got {args.arms!r}")
     if args.first_seed < 0:
         parser.error(f"--first-seed: expected an int >= 0, got {args.first_seed}")
     runs: list[Run] = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         # Alternate which buffer goes first, so that neither always meets a colder cache.
-        order = BUFFERS if seed % 2 == 0 else BUFFERS[::-1]
+        order = [a for a in (BUFFERS if seed % 2 == 0 else BUFFERS[::-1]) if a in arms]
+        order += [CONTROL] if CONTROL in arms else []
         for buffer in order:
             run = train_and_score(buffer, seed, args.steps, args.episodes)
             runs.append(run)
