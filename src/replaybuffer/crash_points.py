@@ -25,6 +25,12 @@ CRASH_EXIT_CODE = 86
 POINTS: dict[str, str] = {
     "mmap.journal.recreate": "an mmap journal file just emptied, before its header is "
                              "written",
+    "checkpoint.write.manifest": "a checkpoint's data and state files written and synced "
+                                 "under its temporary name, before its manifest",
+    "checkpoint.publish.before_rename": "a complete checkpoint, before its temporary "
+                                        "directory is renamed to the next ckpt-N",
+    "checkpoint.prune.renamed": "an old checkpoint renamed aside for pruning, before it "
+                                "is removed",
 }
 """Every crash point, by name, with the moment it interrupts."""
 
