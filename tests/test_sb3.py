@@ -4,6 +4,7 @@ SB3's own buffers fed the same add calls and against a plain list of transitions
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 
 import gymnasium as gym
@@ -669,3 +670,31 @@ def test_a_run_continued_after_set_random_seed_is_reproduced():
         return th.cat([p.detach().flatten() for p in model.policy.parameters()]).numpy()
 
     np.testing.assert_array_equal(run(), run())
+
+
+def test_bench_sb3_returns_quick_writes_the_table_and_json(tmp_path, capsys):
+    from replaybuffer.cli import main
+    from replaybuffer_bench import sb3_returns
+
+    out = tmp_path / "returns.json"
+    assert main(["bench", "--sb3-returns", "--quick", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["steps"] == 1500 and report["hyperparameters"] == sb3_returns.ZOO
+    assert sorted(r["buffer"] for r in report["runs"]) == ["ours", "sb3"]
+    assert all(0 < r["mean_return"] <= 500 for r in report["runs"])
+    summary = report["summary"]
+    low, high = summary["difference"]["ci95"]
+    assert low <= summary["difference"]["ours_minus_sb3"] <= high
+    assert "| seed | SB3's buffer | ours |" in capsys.readouterr().out
+
+
+def test_bootstrap_interval_of_the_difference_of_means():
+    from replaybuffer_bench.sb3_returns import bootstrap_difference
+
+    same = np.array([100.0, 200.0, 300.0, 400.0])
+    diff, low, high = bootstrap_difference(same, same, 2000)
+    assert diff == 0 and low < 0 < high
+    diff, low, high = bootstrap_difference(same + 1000, same, 2000)
+    assert diff == 1000 and 0 < low <= 1000 <= high
+    assert bootstrap_difference(same, same[::-1], 500, seed=3) == \
+        bootstrap_difference(same, same[::-1], 500, seed=3)  # seeded
