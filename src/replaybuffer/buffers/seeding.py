@@ -37,7 +37,7 @@ class Seeding(BufferParts):
 
                 from replaybuffer.sampling.torch_generator import DeviceGenerator
 
-                device = torch.device(getattr(self._storage, "device"))  # where it draws
+                device = torch.device(getattr(self._storage, "device", "cpu"))  # where it draws
                 state["device_rng"] = DeviceGenerator(device, seed).state()
             self._sampler.load_state_dict(state)
             self._reseed_own(seed)
