@@ -81,20 +81,21 @@ def shared_sampler(args: dict[str, Any]) -> None:
 
 
 def shared_everything(args: dict[str, Any]) -> None:
-    """Claim rows, add, sample and reprioritize, ``units`` times: every path of a shared
-    buffer, for crash points of any of them."""
-    with open(args["handle"], "rb") as fh:
-        buffer = pickle.load(fh)
+    """Attach, claim rows, add, sample and reprioritize, then give the rows up
+    (``close``), ``units`` times: every path of a shared buffer, each passed once a
+    unit, for crash points of any of them."""
     rng = np.random.default_rng(args["seed"])
-    first, count = buffer.claim_rows(args["rows"])
-    rows = np.arange(first, first + count)
-    step = int(buffer.steps_written()[first])
     for _ in range(args["units"]):
+        with open(args["handle"], "rb") as fh:
+            buffer = pickle.load(fh)
+        first, count = buffer.claim_rows(args["rows"])
+        rows = np.arange(first, first + count)
+        step = int(buffer.steps_written()[first])
         buffer.add_batch(shared_items(rows, np.full(count, step)))
-        step += 1
         _, info = buffer.get_next(16)
         if args["prioritized"]:
             buffer.update_priorities(info.ids, 0.5 + 1.5 * rng.random(len(info.ids)))
+        buffer.close()
         say("committed", step)
 
 
