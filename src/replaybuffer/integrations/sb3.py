@@ -126,6 +126,7 @@ from replaybuffer.buffers.transitions import (PrioritizedTransitionReplayBuffer,
                                               TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
 from replaybuffer.integrations import sb3_spaces
+from replaybuffer.integrations.sb3_seeding import AlgorithmSeeding
 from replaybuffer.persist import load as _load_checkpoint
 
 _HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
@@ -219,11 +220,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
             raise ValueError(f"n_steps={n_steps!r} needs stable-baselines3>=2.7, whose "
                              "algorithms read samples.discounts; this one has none")
         self.n_steps, self.gamma = n_steps, gamma
-        # seed=None: follow the algorithm's seeding (see _follow_seeding).
-        self._follows_algorithm = seed is None
+        self._seeding = AlgorithmSeeding(action_space, follows=seed is None)
         if seed is None:  # numpy's global generator is what the algorithm's seed= seeds
-            seed = int(np.random.randint(2**31 - 1))
-        self._seeding_seen = self._seeding_mark()
+            seed = self._seeding.draw_seed()
         self.core = self._make_core(obs_spec, action_spec, self.buffer_size * self.n_envs,
                                     num_envs=self.n_envs, n_step=n_steps, gamma=gamma,
                                     frame_stack=frame_stack, stack_axis=stack_axis,
@@ -233,35 +232,16 @@ class ReplayBuffer(_SB3ReplayBuffer):
                    **kwargs: Any) -> TransitionReplayBuffer:
         return TransitionReplayBuffer(observation_spec, action_spec, capacity, **kwargs)
 
-    # ------------------------------------------------------------------- seeding
-    def _seeding_mark(self) -> Any:
-        """What an algorithm's ``set_random_seed(seed)`` changes that this buffer can see
-        without drawing: the generator object of its action space, which
-        ``action_space.seed(seed)`` replaces (even for the same seed). The algorithm
-        hands the buffer its own space; a process-wide mark (torch's initial seed) would
-        also see other models' seedings."""
-        return self.action_space.np_random
-
-    def _follow_seeding(self) -> None:
-        """With ``seed=None``, reseed the core when the algorithm has been seeded since
-        the last sample: from numpy's global generator, which that seeding seeded, so
-        that the same seed reproduces the run as it does with SB3's buffers (which draw
-        from that generator directly)."""
-        mark = self._seeding_mark()
-        if mark is not self._seeding_seen:
-            self._seeding_seen = mark
-            self.core.reseed(int(np.random.randint(2**31 - 1)))
-
     def reseed(self, seed: int) -> None:
         """Sample from now on as a buffer built with ``seed=seed`` and the same
-        transitions would (:meth:`replaybuffer.ReplayBuffer.reseed`); later seedings of
-        the algorithm no longer reseed it.
+        transitions would (:meth:`replaybuffer.ReplayBuffer.reseed`); seedings of the
+        algorithm no longer reseed it.
 
         Raises:
             TypeError, ValueError: ``seed`` is not an int in ``[0, 2**64)``.
         """
         self.core.reseed(seed)
-        self._follows_algorithm = False
+        self._seeding.follows = False
 
     # ------------------------------------------------------------ SB3's bookkeeping
     @property
@@ -332,8 +312,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         Raises:
             EmptyBufferError: nothing is stored.
         """
-        if self._follows_algorithm:
-            self._follow_seeding()
+        self._seeding.before_sample(self.core)
         batch, _ = self.core.sample(batch_size)
         return self._samples(batch, env)
 
@@ -396,9 +375,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
             core = _load_checkpoint(tmp)
             assert isinstance(core, TransitionReplayBuffer)  # what _make_core built
             self.core = core
-        # The checkpoint's generator continues where it was. The unpickled action space
-        # is this buffer's own copy: no algorithm's seeding reaches it (reseed does).
-        self._seeding_seen = self._seeding_mark()
+        self._seeding.rebase()
         self._attach_core()
 
     def _attach_core(self) -> None:
@@ -445,8 +422,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self, batch_size: int, env: VecNormalize | None = None
             ) -> PrioritizedReplayBufferSamples:
         """``batch_size`` transitions drawn in proportion to ``priority ** alpha``."""
-        if self._follows_algorithm:
-            self._follow_seeding()
+        self._seeding.before_sample(self.core)
         batch, info = self.core.sample(batch_size)
         weights = np.asarray(info.weights, np.float32).reshape(-1, 1)
         samples = self._samples(batch, env)
@@ -597,8 +573,7 @@ class HerReplayBuffer(ReplayBuffer, _SB3HerReplayBuffer):
         Raises:
             EmptyBufferError: no episode has completed yet (SB3's raises RuntimeError).
         """
-        if self._follows_algorithm:
-            self._follow_seeding()
+        self._seeding.before_sample(self.core)
         batch, _ = self.core.sample(batch_size)
         samples = self._samples(batch, env)
         assert isinstance(samples, DictReplayBufferSamples)  # goal observations: dicts
