@@ -62,3 +62,19 @@ def to_np(x):
             return np.asarray(leaf.numpy())
         return np.asarray(leaf)
     return nest.map_structure(one, x)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", type=float, default=None, metavar="SECONDS",
+                     help="run tests/test_soak.py's randomized fault soak for SECONDS "
+                          "(default: REPLAYBUFFER_SOAK_SECONDS, else a 20 s bounded run)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak runs for as long as it is asked to: its timeout is that plus 5 minutes."""
+    option = config.getoption("--soak")
+    seconds = option if option is not None else float(
+        os.environ.get("REPLAYBUFFER_SOAK_SECONDS", 20))
+    for item in items:
+        if item.name == "test_randomized_soak":
+            item.add_marker(pytest.mark.timeout(seconds + 300))

@@ -4,6 +4,7 @@ SB3's own buffers fed the same add calls and against a plain list of transitions
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 
 import gymnasium as gym
@@ -611,3 +612,89 @@ def test_an_explicit_seed_is_taken_as_given_and_none_follows_the_global_generato
     np.testing.assert_array_equal(draws(5, 0), draws(5, 1))  # seed= as given
     np.testing.assert_array_equal(draws(None, 3), draws(None, 3))  # from np.random
     assert not np.array_equal(draws(None, 3), draws(None, 4))
+
+
+def filled_model(seed, cls=ReplayBuffer, **kwargs):
+    """A DQN (not trained) whose buffer holds the same 50 transitions whatever ``seed``."""
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=cls, buffer_size=300,
+                learning_starts=10**6, device="cpu", seed=seed, **kwargs)
+    for k in range(50):
+        obs = np.full((1, 4), k, np.float32)
+        model.replay_buffer.add(obs, obs + 1, np.array([k % 2]), np.array([1.0]),
+                                np.array([k % 9 == 8]), [{}])
+    return model
+
+
+def sampled(model):
+    return model.replay_buffer.sample(32).observations.numpy()
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_set_random_seed_on_an_existing_model_reseeds_the_buffer(cls):
+    """After model.set_random_seed(s) the buffer's draws depend on s alone, not on the
+    seed the model was built with, as SB3's own buffer's (numpy's global generator) do;
+    the same s twice on one model repeats the draws; another s differs."""
+    built_0, built_1 = filled_model(0, cls), filled_model(1, cls)
+    assert not np.array_equal(sampled(built_0), sampled(built_1))  # built apart: differ
+    built_0.set_random_seed(7)  # one model at a time: both draw from numpy's generator
+    first = sampled(built_0)
+    built_1.set_random_seed(7)
+    np.testing.assert_array_equal(sampled(built_1), first)
+    built_0.set_random_seed(7)  # the same seed again: torch's initial seed is unchanged
+    np.testing.assert_array_equal(sampled(built_0), first)
+    built_0.set_random_seed(8)
+    assert not np.array_equal(sampled(built_0), first)
+
+
+def test_an_explicit_seed_is_not_reseeded_by_the_algorithm_and_reseed_sets_it():
+    fixed_a = filled_model(0, replay_buffer_kwargs={"seed": 3})
+    fixed_b = filled_model(1, replay_buffer_kwargs={"seed": 3})
+    fixed_b.set_random_seed(9)
+    np.testing.assert_array_equal(sampled(fixed_a), sampled(fixed_b))
+    follows = filled_model(0)
+    follows.replay_buffer.reseed(3)  # now fixed: the algorithm's seeding leaves it
+    follows.set_random_seed(11)
+    np.testing.assert_array_equal(sampled(follows), sampled(filled_model(2, replay_buffer_kwargs={"seed": 3})))
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\*\*64\), got -1"):
+        follows.replay_buffer.reseed(-1)
+
+
+def test_a_run_continued_after_set_random_seed_is_reproduced():
+    def run():
+        model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=ReplayBuffer,
+                    buffer_size=10_000, learning_starts=300, train_freq=4, batch_size=32,
+                    policy_kwargs={"net_arch": [32]}, device="cpu", seed=0)
+        model.learn(1000)
+        model.set_random_seed(5)
+        model.learn(1000, reset_num_timesteps=False)
+        return th.cat([p.detach().flatten() for p in model.policy.parameters()]).numpy()
+
+    np.testing.assert_array_equal(run(), run())
+
+
+def test_bench_sb3_returns_quick_writes_the_table_and_json(tmp_path, capsys):
+    from replaybuffer.cli import main
+    from replaybuffer_bench import sb3_returns
+
+    out = tmp_path / "returns.json"
+    assert main(["bench", "--sb3-returns", "--quick", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["steps"] == 1500 and report["hyperparameters"] == sb3_returns.ZOO
+    assert sorted(r["buffer"] for r in report["runs"]) == ["ours", "sb3"]
+    assert all(0 < r["mean_return"] <= 500 for r in report["runs"])
+    summary = report["summary"]
+    low, high = summary["difference"]["ci95"]
+    assert low <= summary["difference"]["ours_minus_sb3"] <= high
+    assert "| seed | SB3's buffer | ours |" in capsys.readouterr().out
+
+
+def test_bootstrap_interval_of_the_difference_of_means():
+    from replaybuffer_bench.sb3_returns import bootstrap_difference
+
+    same = np.array([100.0, 200.0, 300.0, 400.0])
+    diff, low, high = bootstrap_difference(same, same, 2000)
+    assert diff == 0 and low < 0 < high
+    diff, low, high = bootstrap_difference(same + 1000, same, 2000)
+    assert diff == 1000 and 0 < low <= 1000 <= high
+    assert bootstrap_difference(same, same[::-1], 500, seed=3) == \
+        bootstrap_difference(same, same[::-1], 500, seed=3)  # seeded

@@ -283,7 +283,7 @@ def test_seed_makes_sampling_reproducible(storage):
 
 def test_repr_and_properties(storage):
     buf = counter_buffer(storage, 2, 3, 1)
-    assert "frames=2/6" in repr(buf) and buf.storage == storage["storage"]
+    assert "steps=2/6" in repr(buf) and "frames=" not in repr(buf) and buf.storage == storage["storage"]
     assert buf.nbytes == 6 * 8 and buf.batch_size == 2 and buf.max_length == 3
 
 

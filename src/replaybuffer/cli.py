@@ -143,6 +143,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.sb3:  # on-policy and HER buffers against Stable-Baselines3's
         argv = ["--min-time", "0.05", "--her-capacity", "5000"] if args.quick else []
         return int(harness("replaybuffer_bench.sb3_buffers").main(argv + json_argv))
+    if args.sb3_returns:  # SB3 DQN's returns with SB3's buffer and ours over seeds
+        argv = ["--seeds", "1", "--steps", "1500", "--episodes", "2", "--resamples",
+                "200"] if args.quick else []
+        return int(harness("replaybuffer_bench.sb3_returns").main(argv + json_argv))
     if args.scale or args.plot:  # sample cost against capacity, and its plot
         argv = ["--capacities", "10000,100000"] if args.quick else []
         if args.plot:
@@ -300,6 +304,7 @@ bench modes (one at a time; add --quick for a smoke run, --json FILE to keep the
   replaybuffer bench --peers       the same workloads through cpprb, SB3, TorchRL,
                                    Tianshou, and Pearl's and TF-Agents' own buffers
   replaybuffer bench --sb3         RolloutBuffer and HERBuffer against Stable-Baselines3's
+  replaybuffer bench --sb3-returns SB3 DQN's returns on CartPole, SB3's buffer vs ours
   replaybuffer bench --scale       sample cost against capacity (--plot PNG: and plot it)
   replaybuffer bench --checkpoint  save and load a large buffer while it is in use
   replaybuffer bench --processes   writer processes on one SharedReplayBuffer (--soak S)
@@ -386,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sb3", action="store_true",
                        help="RolloutBuffer (add, GAE, minibatch epochs) and HERBuffer (add, "
                             "sample) against Stable-Baselines3's on the same data")
+    bench.add_argument("--sb3-returns", action="store_true",
+                       help="SB3 DQN on CartPole-v1 (RL-Zoo settings, 20k steps) with SB3's "
+                            "buffer and ours over 10 seeds: greedy returns, mean, std and a "
+                            "bootstrap 95%% CI of the difference (--quick: 1 seed, 1.5k steps)")
     bench.add_argument("--scale", action="store_true",
                        help="sample cost at capacities 10k, 100k, 1M, 10M (uniform, "
                             "prioritized, within episodes, both) against the numpy limit")

@@ -35,9 +35,15 @@ POINTS: dict[str, str] = {
                                 "published, or update_priorities), before their "
                                 "ancestors are recomputed",
     "shared.clear.floors": "a SharedReplayBuffer.clear() with the rows' floors moved "
-                           "and priorities zeroed, before versions and held counts are",
+                           "and priorities zeroed, before held counts are zeroed",
     "shared.save.publish": "a SharedReplayBuffer.save() with every file of the new "
                            "checkpoint written, before it is renamed into the series",
+    "checkpoint.write.manifest": "a checkpoint's data and state files written and synced "
+                                 "under its temporary name, before its manifest",
+    "checkpoint.publish.before_rename": "a complete checkpoint, before its temporary "
+                                        "directory is renamed to the next ckpt-N",
+    "checkpoint.prune.renamed": "an old checkpoint renamed aside for pruning, before it "
+                                "is removed",
 }
 """Every crash point, by name, with the moment it interrupts."""
 

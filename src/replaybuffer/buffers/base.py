@@ -12,7 +12,8 @@ combines the modules that work on them, one concern each:
 - :mod:`~replaybuffer.buffers.episodes`: episode starts recorded as steps arrive;
 - :mod:`~replaybuffer.buffers.rate_limiting`: the rate limiter attached and consulted;
 - :mod:`~replaybuffer.buffers.files`: the life cycle of storage on files (mmap);
-- :mod:`~replaybuffer.buffers.checkpoints`: ``save``, ``state_dict`` and their hooks.
+- :mod:`~replaybuffer.buffers.checkpoints`: ``save``, ``state_dict`` and their hooks;
+- :mod:`~replaybuffer.buffers.seeding`: ``reseed``.
 
 Subclasses choose the sampler; :mod:`~replaybuffer.buffers.wiring` names the attributes
 they and the modules share.
@@ -30,6 +31,7 @@ from replaybuffer.buffers.datasets import Datasets
 from replaybuffer.buffers.episodes import EpisodeRecording
 from replaybuffer.buffers.files import FileLifeCycle
 from replaybuffer.buffers.reads import ReadPath, package
+from replaybuffer.buffers.seeding import Seeding
 from replaybuffer.buffers.rate_limiting import RateLimiting
 from replaybuffer.buffers.write_path import WritePath
 from replaybuffer.errors import SpecError
@@ -47,7 +49,7 @@ __all__ = ["BufferInfo", "ReplayBuffer", "package"]
 
 
 class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting,
-                   FileLifeCycle, Checkpoints):
+                   FileLifeCycle, Checkpoints, Seeding):
     """A fixed-capacity store of steps laid out as ``batch_size`` rows of ``max_length``.
 
     Each :meth:`add_batch` writes one step to every row at the same logical id; once
@@ -227,9 +229,11 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
         return self._ring.num_frames
 
     def __repr__(self) -> str:
+        """``Class(batch_size=B, max_length=L, storage='numpy', steps=held/capacity)``;
+        ``transitions=`` for the transition buffers, which hold one transition a slot."""
         return (f"{type(self).__name__}(batch_size={self.batch_size}, "
                 f"max_length={self.max_length}, storage={self.storage!r}, "
-                f"frames={self.num_frames()}/{self.capacity})")
+                f"{held_unit(type(self))}={self.num_frames()}/{self.capacity})")
 
     def clear(self, zero_storage: bool = False) -> None:
         """Forget every step: ``last_id`` goes back to -1.
@@ -262,3 +266,15 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
         """Build an empty buffer of this class for a restore (``config``: its
         :meth:`constructor_config`)."""
         return cls(data_spec, batch_size, max_length, storage=storage, device=device, **config)
+
+
+TRANSITION_BUFFER = ("replaybuffer.buffers.transitions", "TransitionReplayBuffer")
+"""The class whose kinds hold transitions (named, not imported: it subclasses this module's)."""
+
+
+def held_unit(cls: type) -> str:
+    """What one slot of a buffer of class ``cls`` holds, in the plural: ``"transitions"``
+    for :class:`~replaybuffer.TransitionReplayBuffer` and its kinds (prioritized,
+    rollouts, HER), ``"steps"`` for the others (a stacked-frame buffer's steps too)."""
+    kinds = {(c.__module__, c.__qualname__) for c in cls.__mro__}
+    return "transitions" if TRANSITION_BUFFER in kinds else "steps"

@@ -392,6 +392,9 @@ class HERBuffer(TransitionReplayBuffer):
         self._episode_end[:] = -1
         self._current_start[:] = 0
 
+    def _reseed_own(self, seed: int) -> None:
+        self._rng = make_rng(seed)  # as a buffer built with seed=seed draws its own
+
     # ---------------------------------------------------------------- persistence
     def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
         state, arrays = super().snapshot()

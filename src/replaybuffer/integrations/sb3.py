@@ -70,9 +70,16 @@ Where these differ from SB3's buffers:
   action outside its space raises :class:`~replaybuffer.SpecError` naming the field,
   what was expected and what came, and nothing is stored (SB3's broadcasts or casts).
   Box actions are not range-checked: SB3 stores them scaled to ``[-1, 1]``.
-* **Randomness.** Sampling uses the core's own generator (``seed=``); left ``None``, its
-  seed is drawn from numpy's global generator when the buffer is built, which the
-  algorithm's ``seed=`` seeds, so seeded runs repeat.
+* **Randomness.** Sampling uses the core's own generator. With ``seed=`` in
+  ``replay_buffer_kwargs`` it is seeded with that and nothing else reseeds it but
+  :meth:`ReplayBuffer.reseed`. Left ``None``, the buffer follows the algorithm's
+  seeding, as SB3's buffers do by drawing from numpy's global generator: its seed is
+  drawn from that generator when the buffer is built (after the algorithm's ``seed=``
+  has seeded it), and again at the first sample after each ``model.set_random_seed``
+  (seen as the new generator that seeds the action space the algorithm handed the
+  buffer), so the same seed reproduces a run bit for bit on the CPU. A buffer loaded
+  with ``load_replay_buffer`` holds its own copy of the action space: it continues the
+  generator it was saved with, and only ``buffer.reseed(seed)`` reseeds it.
 * **n-step returns** (SB3 >= 2.7, whose samples have ``discounts``; ``gamma`` in the
   kwargs must be the algorithm's). ``discounts`` is ``gamma ** m`` (``m`` the steps
   summed), 0 where ``dones`` is 1 (SB3 has ``gamma ** m`` there; ``(1 - dones) *
@@ -119,6 +126,7 @@ from replaybuffer.buffers.transitions import (PrioritizedTransitionReplayBuffer,
                                               TransitionReplayBuffer)
 from replaybuffer.errors import SpecError
 from replaybuffer.integrations import sb3_spaces
+from replaybuffer.integrations.sb3_seeding import AlgorithmSeeding
 from replaybuffer.persist import load as _load_checkpoint
 
 _HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
@@ -169,7 +177,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
         n_steps, gamma: n-step returns (SB3's ``NStepReplayBuffer`` keywords).
         frame_stack, stack_axis: store a stacked-frame image observation one frame per
             transition (see the module docstring).
-        seed: seeds sampling (None: drawn from numpy's global generator).
+        seed: seeds sampling (None: follow the algorithm's seeding, see the module
+            docstring).
         memory: ``"warn"`` or ``"strict"``: what to do when the memory the core needs
             exceeds what is available.
 
@@ -211,8 +220,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
             raise ValueError(f"n_steps={n_steps!r} needs stable-baselines3>=2.7, whose "
                              "algorithms read samples.discounts; this one has none")
         self.n_steps, self.gamma = n_steps, gamma
+        self._seeding = AlgorithmSeeding(action_space, follows=seed is None)
         if seed is None:  # numpy's global generator is what the algorithm's seed= seeds
-            seed = int(np.random.randint(2**31 - 1))
+            seed = self._seeding.draw_seed()
         self.core = self._make_core(obs_spec, action_spec, self.buffer_size * self.n_envs,
                                     num_envs=self.n_envs, n_step=n_steps, gamma=gamma,
                                     frame_stack=frame_stack, stack_axis=stack_axis,
@@ -221,6 +231,17 @@ class ReplayBuffer(_SB3ReplayBuffer):
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
                    **kwargs: Any) -> TransitionReplayBuffer:
         return TransitionReplayBuffer(observation_spec, action_spec, capacity, **kwargs)
+
+    def reseed(self, seed: int) -> None:
+        """Sample from now on as a buffer built with ``seed=seed`` and the same
+        transitions would (:meth:`replaybuffer.ReplayBuffer.reseed`); seedings of the
+        algorithm no longer reseed it.
+
+        Raises:
+            TypeError, ValueError: ``seed`` is not an int in ``[0, 2**64)``.
+        """
+        self.core.reseed(seed)
+        self._seeding.follows = False
 
     # ------------------------------------------------------------ SB3's bookkeeping
     @property
@@ -291,6 +312,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         Raises:
             EmptyBufferError: nothing is stored.
         """
+        self._seeding.before_sample(self.core)
         batch, _ = self.core.sample(batch_size)
         return self._samples(batch, env)
 
@@ -353,6 +375,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
             core = _load_checkpoint(tmp)
             assert isinstance(core, TransitionReplayBuffer)  # what _make_core built
             self.core = core
+        self._seeding.rebase()
         self._attach_core()
 
     def _attach_core(self) -> None:
@@ -399,6 +422,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self, batch_size: int, env: VecNormalize | None = None
             ) -> PrioritizedReplayBufferSamples:
         """``batch_size`` transitions drawn in proportion to ``priority ** alpha``."""
+        self._seeding.before_sample(self.core)
         batch, info = self.core.sample(batch_size)
         weights = np.asarray(info.weights, np.float32).reshape(-1, 1)
         samples = self._samples(batch, env)
@@ -549,6 +573,7 @@ class HerReplayBuffer(ReplayBuffer, _SB3HerReplayBuffer):
         Raises:
             EmptyBufferError: no episode has completed yet (SB3's raises RuntimeError).
         """
+        self._seeding.before_sample(self.core)
         batch, _ = self.core.sample(batch_size)
         samples = self._samples(batch, env)
         assert isinstance(samples, DictReplayBufferSamples)  # goal observations: dicts

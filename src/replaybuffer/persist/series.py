@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError
 from replaybuffer.persist.durable import sync_directory
 from replaybuffer.persist.layout import CHECKPOINT, MANIFEST, TMP, TRASH, mmap_buffer_root
@@ -39,6 +40,8 @@ def publish(tmp: Path, root: Path) -> Path:
     while True:
         seq = max((sequence(p) for p in root.iterdir()), default=0) + 1
         final = root / f"{CHECKPOINT}{seq:06d}"
+        if ARMED is not None:
+            crash_point("checkpoint.publish.before_rename")
         try:
             os.rename(tmp, final)  # a checkpoint is never empty, so this never replaces one
         except OSError:
@@ -63,6 +66,8 @@ def prune(root: Path, keep: int) -> None:
             os.rename(old, trash)
         except FileNotFoundError:  # another process saving here pruned it first
             continue
+        if ARMED is not None:
+            crash_point("checkpoint.prune.renamed")
         shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -25,6 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError
 import replaybuffer.persist.durable as durable
 import replaybuffer.persist.series as series
@@ -102,6 +103,8 @@ def _write_checkpoint(buffer: SavableBuffer, directory: Path, metadata: dict[str
         "state_only": state_only is not None,
     }
     manifest["checksum"] = manifest_checksum(manifest)
+    if ARMED is not None:
+        crash_point("checkpoint.write.manifest")
     with durable.naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
         fh.write(json.dumps(manifest, indent=1))
         durable.sync(fh)

@@ -67,3 +67,34 @@ class Sampler(Checkpointable, Protocol):
 def make_rng(seed: int | np.random.SeedSequence | None) -> np.random.Generator:
     """A PCG64 generator; ``None`` draws fresh entropy."""
     return np.random.Generator(np.random.PCG64(seed))
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as an int in ``[0, 2**64)`` (what numpy's and torch's generators both
+    take).
+
+    Raises:
+        TypeError: ``seed`` is not an int (a bool counts as not one).
+        ValueError: it is negative or ``>= 2**64``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int in [0, 2**64), got {type(seed).__name__} "
+                        f"{seed!r}")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError(f"{name}: expected an int in [0, 2**64), got {int(seed)}")
+    return int(seed)
+
+
+def reseeded_state(state: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A sampler's :meth:`~Sampler.state_dict` with its host generator (``"rng"``) put
+    in the state a sampler built with ``seed=seed`` starts in; everything else (trees,
+    priorities, an epoch's order) as it was. A device generator (``"device_rng"``) is
+    left to the caller, who knows the device.
+
+    Every sampler's generator is :func:`make_rng`'s PCG64, whose state is ``"rng"``;
+    samplers without one (FIFO) are returned unchanged.
+    """
+    out = dict(state)
+    if "rng" in out:
+        out["rng"] = make_rng(check_seed(seed)).bit_generator.state
+    return out

@@ -1,0 +1,385 @@
+"""Fault scenarios of the soak and the invariants checked after each.
+
+Each scenario starts child processes running :mod:`soak.workloads`, ends them with a
+fault (``SIGKILL`` at a random moment, or a crash point from
+:data:`replaybuffer.crash_points.POINTS` armed with ``REPLAYBUFFER_CRASH_AT=NAME:N``)
+and then checks, in this process, what survived:
+
+* shared buffer (uniform and prioritized): no torn item (every sampled step holds the
+  one write its row and step name), every committed step drawable and nothing else,
+  ``len()`` equal to what can be drawn; prioritized: every interior node of the sum
+  tree the sum of its children, every drawable step a positive leaf, each sample's
+  probability its leaf over the total;
+* checkpoint series: ``load`` gives the newest complete checkpoint (the last one the
+  saver reported, or the one after it), whole and consistent, and the next save in
+  another process removes what the dead one left;
+* mmap buffer: ``reopen`` gives every step committed before the fault, whole.
+
+Crash points are dispatched by the prefix of their name (:data:`CRASH_WORKLOADS`): a
+point with a prefix no workload serves fails the soak, so a new point cannot go
+untested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from soak import workloads
+
+WORKLOADS_SCRIPT = str(Path(workloads.__file__))
+
+
+@dataclass
+class Tally:
+    """What a soak did: scenarios run (by name), faults injected, invariant checks
+    made, and the failures (each a message saying what broke, with the scenario)."""
+
+    scenarios: Counter = field(default_factory=Counter)
+    faults: Counter = field(default_factory=Counter)
+    checks: int = 0
+    failures: list[str] = field(default_factory=list)
+    scenario: str = ""
+
+    def check(self, ok: Any, message: str) -> bool:
+        self.checks += 1
+        if not ok:
+            self.failures.append(f"{self.scenario}: {message}")
+        return bool(ok)
+
+    def summary(self) -> dict[str, Any]:
+        return {"scenarios": dict(self.scenarios), "scenarios_run": sum(self.scenarios.values()),
+                "faults": dict(self.faults), "faults_injected": sum(self.faults.values()),
+                "invariant_checks": self.checks, "failures": self.failures}
+
+
+class Child:
+    """A workload in a process of its own, its stdout lines collected as they come."""
+
+    def __init__(self, name: str, args: dict[str, Any], crash_at: str | None = None):
+        env = dict(os.environ)
+        env.pop("REPLAYBUFFER_CRASH_AT", None)
+        if crash_at is not None:
+            env["REPLAYBUFFER_CRASH_AT"] = crash_at
+        self.process = subprocess.Popen(
+            [sys.executable, WORKLOADS_SCRIPT, name, json.dumps(args)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+            if line.startswith("ready"):
+                self._ready.set()
+        self._ready.set()  # ended: nobody waits for a ready that cannot come
+
+    def wait_ready(self, timeout: float = 120) -> bool:
+        return self._ready.wait(timeout) and "ready" in self.lines
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.wait(30)
+        self._reader.join(30)
+        return code
+
+    def ended(self) -> str:
+        """How the child ended: its exit status and the end of its stderr (waits for it)."""
+        code = self.wait()
+        assert self.process.stderr is not None
+        return f"exit {code}, stderr: {self.process.stderr.read()[-1500:]}"
+
+    def last(self, word: str) -> int | None:
+        """The number on the last ``word N`` line, or None."""
+        values = [int(line.split()[1]) for line in self.lines if line.startswith(word + " ")]
+        return values[-1] if values else None
+
+
+# ------------------------------------------------------------------ shared buffer
+def make_shared(prioritized: bool, seed: int, rows: int = 4, length: int = 16) -> Any:
+    from replaybuffer.distributed import SharedReplayBuffer
+    return SharedReplayBuffer(workloads.shared_spec(), rows, length,
+                              prioritized=prioritized, seed=seed)
+
+
+def handle_file(buffer: Any, tmp: Path) -> str:
+    path = tmp / "handle.pkl"
+    path.write_bytes(pickle.dumps(buffer))
+    return str(path)
+
+
+def check_shared(buffer: Any, tally: Tally, draws: int = 48) -> None:
+    """The shared buffer's invariants (module docstring), no process writing."""
+    rows_total, length = buffer.num_rows, buffer.max_length
+    heads = buffer.steps_written()
+    if heads.max() == 0:
+        tally.check(len(buffer) == 0, f"len {len(buffer)} with nothing written")
+        return
+    buffer.get_next(1)  # one lock holder first: it repairs what a dead process left
+    drawn: set[tuple[int, int]] = set()
+    prioritized = buffer.layout.prioritized
+    tree = buffer.layout.tree.copy() if prioritized else None
+    bad_probability = torn = outside = 0
+    for _ in range(draws):
+        items, info = buffer.get_next(256)
+        ids = np.asarray(info.ids)
+        rows, steps = ids % rows_total, ids // rows_total
+        want = steps.astype(np.float32) + rows.astype(np.float32) / 8
+        torn += int(((items["payload"] != want[:, None]).any(1) | (items["row"] != rows)
+                     | (items["step"] != steps)).sum())
+        outside += int(((steps >= heads[rows]) | (steps < heads[rows] - length)).sum())
+        drawn.update(zip(rows.tolist(), steps.tolist()))
+        if tree is not None:
+            positions = (steps % length) * rows_total + rows
+            leaves = tree[len(tree) // 2 + positions]
+            expected = leaves / tree[1]
+            bad_probability += int((~np.isclose(np.asarray(info.probabilities), expected,
+                                                rtol=1e-4, atol=0)).sum())
+    tally.check(torn == 0, f"{torn} sampled items torn (bytes of two writes)")
+    tally.check(outside == 0, f"{outside} sampled items outside their row's window")
+    certain = {(r, s) for r in range(rows_total)
+               for s in range(max(0, int(heads[r]) - length + 1), int(heads[r]))}
+    missing = certain - drawn
+    tally.check(not missing, f"{len(missing)} committed steps never drawn in "
+                             f"{draws * 256} draws, e.g. {sorted(missing)[:4]}")
+    tally.check(len(buffer) == len(drawn), f"len() is {len(buffer)}, {len(drawn)} steps "
+                                           "can be drawn")
+    if tree is not None:
+        half = len(tree) // 2
+        interior = np.arange(1, half)
+        sums = tree[2 * interior] + tree[2 * interior + 1]
+        wrong = ~np.isclose(tree[interior], sums, rtol=1e-9, atol=1e-12)
+        tally.check(not wrong.any(), f"{int(wrong.sum())} sum-tree nodes are not the sum "
+                                     f"of their children (root {tree[1]}, leaves sum "
+                                     f"{tree[half:].sum()})")
+        held = np.array([(s % length) * rows_total + r for r, s in drawn], np.int64)
+        tally.check((tree[half + held] > 0).all(), "a drawable step has priority 0")
+        tally.check(bad_probability == 0, f"{bad_probability} sample probabilities are "
+                                          "not their leaf over the total")
+
+
+def shared_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """Writers (and, prioritized, a sampler setting priorities) SIGKILLed at random."""
+    prioritized = bool(rng.integers(2))
+    tally.scenario = f"shared_kill(prioritized={prioritized})"
+    with make_shared(prioritized, int(rng.integers(2**31))) as buffer:
+        handle = handle_file(buffer, tmp)
+        children = [Child("shared_writer", {"handle": handle, "rows": 2,
+                                            "ready_after": int(rng.integers(0, 40))})
+                    for _ in range(2)]
+        if prioritized:
+            for child in children:
+                child.wait_ready()
+            children.append(Child("shared_sampler", {"handle": handle, "prioritized": True,
+                                                     "seed": int(rng.integers(2**31))}))
+        for child in children:
+            if not child.wait_ready():
+                tally.check(False, f"a child never got ready: {child.ended()}")
+        time.sleep(float(rng.uniform(0, 0.03)))
+        for child in rng.permutation(len(children)):
+            children[child].kill()
+            time.sleep(float(rng.uniform(0, 0.005)))
+        for child in children:
+            tally.check(child.wait() == -signal.SIGKILL, "a child ended before its kill")
+            tally.faults["sigkill_shared"] += 1
+        check_shared(buffer, tally)
+
+
+def shared_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+                 tally: Tally) -> None:
+    prioritized = "priorit" in name or bool(rng.integers(2))
+    with make_shared(prioritized, int(rng.integers(2**31))) as buffer:
+        handle = handle_file(buffer, tmp)
+        first = Child("shared_everything", {"handle": handle, "rows": 2, "units": 8,
+                                            "prioritized": prioritized, "seed": 1})
+        if first.wait() != 0:
+            tally.check(False, f"the first writer failed: {first.ended()}")
+        child = Child("shared_everything", {"handle": handle, "rows": 2, "units": 200,
+                                            "prioritized": prioritized,
+                                            "seed": int(rng.integers(2**31))},
+                      crash_at=f"{name}:{count}")
+        expect_crash(child, name, tally)
+        check_shared(buffer, tally)
+
+
+def expect_crash(child: Child, name: str, tally: Tally) -> None:
+    from replaybuffer.crash_points import CRASH_EXIT_CODE
+    code = child.wait()
+    if code == CRASH_EXIT_CODE:
+        tally.check(True, "")
+        tally.faults["crash_point"] += 1
+    else:
+        tally.check(False, f"crash point {name} did not end its child (a workload that never "
+                           f"reaches it leaves it untested): {child.ended()}")
+
+
+# ------------------------------------------------------------------ checkpoints
+def check_series(root: Path, saved: int | None, batch: int, tally: Tally,
+                 keep: int) -> None:
+    """``load`` gives the newest complete checkpoint: the last reported or the next."""
+    import replaybuffer as rb
+    from replaybuffer.persist.series import checkpoints
+    if saved is None and not checkpoints(root):
+        return  # killed before its first save published: nothing to load
+    try:
+        buffer = rb.load(root)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is what the soak reports
+        tally.check(False, f"load failed after {saved} was saved: {type(exc).__name__}: {exc}")
+        return
+    low = -1 if saved is None else saved
+    tally.check(low <= buffer.last_id <= low + 1,
+                f"load gave last_id {buffer.last_id}; the saver had reported {saved}")
+    check_local(buffer, tally)
+    buffer.add_batch(workloads.local_item(buffer.last_id + 1, batch))
+    buffer.save(root, keep=keep)  # another process's save: it clears what the dead left
+    left = [p.name for p in root.iterdir() if not p.name.startswith("ckpt-")]
+    tally.check(not left, f"a dead saver's directories outlived the next save: {left}")
+    tally.check(len(checkpoints(root)) <= keep, f"{len(checkpoints(root))} checkpoints "
+                                                f"after a save with keep={keep}")
+    tally.check(rb.load(root).last_id == buffer.last_id, "the next save is not the newest")
+
+
+def check_local(buffer: Any, tally: Tally) -> None:
+    """Each row of a local buffer holds consecutive whole steps ending at ``last_id``."""
+    everything = buffer.gather_all()
+    batch, n = everything["t"].shape
+    steps = np.arange(buffer.last_id - n + 1, buffer.last_id + 1)
+    rows = np.arange(batch)[:, None]
+    payload = (steps[None, :] + rows / 8).astype(np.float32)
+    whole = ((everything["t"] == steps[None, :]) & (everything["row"] == rows)
+             & (everything["payload"] == payload[..., None]).all(-1))
+    tally.check(whole.all(), f"{int((~whole).sum())} of {whole.size} held steps are not "
+                             f"what was written (last_id {buffer.last_id})")
+
+
+def save_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """A process saving into a series SIGKILLed at a random moment."""
+    keep = int(rng.integers(1, 4))
+    tally.scenario = f"save_kill(keep={keep})"
+    root = tmp / "series"
+    child = Child("saver", {"root": str(root), "batch": 2, "length": 8, "keep": keep,
+                            "units": 10**6})
+    if not child.wait_ready():
+        tally.check(False, f"the saver never got ready: {child.ended()}")
+    time.sleep(float(rng.uniform(0, 0.4)))
+    child.kill()
+    tally.check(child.wait() == -signal.SIGKILL, "the saver ended before its kill")
+    tally.faults["sigkill_save"] += 1
+    check_series(root, child.last("saved"), 2, tally, keep)
+
+
+def save_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+               tally: Tally) -> None:
+    keep = int(rng.integers(1, 4))
+    root = tmp / "series"
+    child = Child("saver", {"root": str(root), "batch": 2, "length": 8, "keep": keep,
+                            "units": 50}, crash_at=f"{name}:{count}")
+    expect_crash(child, name, tally)
+    check_series(root, child.last("saved"), 2, tally, keep)
+
+
+# ------------------------------------------------------------------ mmap
+MMAP_LENGTH = 12
+def check_mmap(path: Path, committed: int | None, tally: Tally) -> None:
+    import replaybuffer as rb
+    if committed is None and not (path / "data").exists():
+        return
+    try:
+        buffer = rb.reopen(path)
+    except Exception as exc:  # noqa: BLE001 - any failure to reopen is what the soak reports
+        tally.check(False, f"reopen failed after {committed} was committed: "
+                           f"{type(exc).__name__}: {exc}")
+        return
+    low = -1 if committed is None else committed
+    tally.check(low <= buffer.last_id <= low + MMAP_LENGTH,  # an extend's steps, at most
+                f"reopen gave last_id {buffer.last_id}; {committed} had been committed")
+    check_local(buffer, tally)
+    buffer.close()
+
+
+def mmap_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """An mmap writer SIGKILLed at a random moment, twice: made, then reopened."""
+    tally.scenario = "mmap_kill"
+    path = tmp / "mmap"
+    for _ in range(2):
+        child = Child("mmap_writer", {"path": str(path), "batch": 2, "length": MMAP_LENGTH,
+                                      "units": 10**6, "grow_every": int(rng.integers(2, 6))})
+        if not child.wait_ready():
+            tally.check(False, f"the mmap writer never got ready: {child.ended()}")
+        time.sleep(float(rng.uniform(0, 0.2)))
+        child.kill()
+        tally.check(child.wait() == -signal.SIGKILL, "the mmap writer ended before its kill")
+        tally.faults["sigkill_mmap"] += 1
+        check_mmap(path, child.last("committed"), tally)
+
+
+def mmap_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+               tally: Tally) -> None:
+    path = tmp / "mmap"
+    child = Child("mmap_writer", {"path": str(path), "batch": 2, "length": MMAP_LENGTH, "units": 200,
+                                  "grow_every": int(rng.integers(2, 6))},
+                  crash_at=f"{name}:{count}")
+    expect_crash(child, name, tally)
+    check_mmap(path, child.last("committed"), tally)
+
+
+# ------------------------------------------------------------------ crash points
+CRASH_WORKLOADS: dict[str, Callable[[str, int, np.random.Generator, Path, Tally], None]] = {
+    "mmap": mmap_crash, "shared": shared_crash, "checkpoint": save_crash,
+    "persist": save_crash}
+"""The scenario that serves each crash-point prefix (the name up to its first dot)."""
+
+
+def crash_workload(name: str) -> Callable[[str, int, np.random.Generator, Path, Tally], None]:
+    """The scenario for crash point ``name``.
+
+    Raises:
+        KeyError: its prefix has none (a new kind of point needs a workload here).
+    """
+    prefix = name.split(".", 1)[0]
+    if prefix not in CRASH_WORKLOADS:
+        raise KeyError(f"crash point {name!r}: no soak workload serves the prefix "
+                       f"{prefix!r} (known: {sorted(CRASH_WORKLOADS)}); add one in "
+                       "tests/soak/scenarios.py")
+    return CRASH_WORKLOADS[prefix]
+
+
+def crash_point(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """A crash point of those that exist, chosen at random, armed for its N-th pass."""
+    from replaybuffer.crash_points import POINTS
+    name = str(rng.choice(sorted(POINTS)))
+    count = int(rng.integers(1, 4))
+    tally.scenario = f"crash_point({name}:{count})"
+    try:
+        scenario = crash_workload(name)
+    except KeyError as exc:
+        tally.check(False, str(exc))
+        return
+    scenario(name, count, rng, tmp, tally)
+
+
+SCENARIOS: dict[str, Callable[[np.random.Generator, Path, Tally], None]] = {
+    "shared_kill": shared_kill, "save_kill": save_kill, "mmap_kill": mmap_kill,
+    "crash_point": crash_point}
