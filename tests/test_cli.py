@@ -241,6 +241,10 @@ def test_every_option_has_help_and_its_default():
     (["bench", "--storage", "numpy,cupy"], "argument --storage: expected a comma-separated "
      "list of numpy, torch, tensorflow, mmap; got 'numpy,cupy'"),
     (["bench", "--workloads", ""], "argument --workloads: expected a comma-separated list"),
+    (["bench", "--writers", "1,0"], "argument --writers: expected a comma-separated list of "
+     "positive integers; got '1,0'"),
+    (["bench", "--shards", "two"], "argument --shards: expected a comma-separated list of "
+     "positive integers; got 'two'"),
     (["bench", "--peer-workloads", "atari"], "argument --peer-workloads: expected"),
 ])
 def test_invalid_arguments_exit_2_with_a_message(argv, message, capsys):
@@ -329,3 +333,33 @@ def test_fresh_pulls_start_from_an_empty_queue():
     pulls()
     pulls()
     assert len(pulls.seconds) == 2 and min(pulls.seconds) >= 0.02
+
+
+@pytest.mark.parametrize("argv, module, passed", [
+    (["bench", "--processes", "--writers", "1,2,4,8,12", "--prioritized"],
+     "replaybuffer_bench.processes", ["--writers", "1,2,4,8,12", "--prioritized"]),
+    (["bench", "--ray", "--shards", "1,8"], "replaybuffer_bench.ray_bench",
+     ["--shards", "1,8"]),
+    (["bench", "--gpu", "--profile"], "replaybuffer_bench.gpu", ["--profile"]),
+])
+def test_bench_passes_its_mode_options_to_the_harness(monkeypatch, argv, module, passed):
+    seen = {}
+
+    class Harness:
+        @staticmethod
+        def main(args):
+            seen["args"] = args
+            return 0
+
+    def harness(name):
+        seen["module"] = name
+        return Harness
+
+    monkeypatch.setattr(cli, "harness", harness)
+    assert main(argv) == 0
+    assert seen["module"] == module
+    args = seen["args"]
+    for option in passed:
+        assert option in args
+    if "--writers" in passed:
+        assert args[args.index("--writers") + 1] == "1,2,4,8,12"

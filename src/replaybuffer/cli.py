@@ -85,6 +85,19 @@ def comma_list(allowed: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
+def count_list(text: str) -> str:
+    """An argparse ``type=``: a comma-separated list of positive integers (``1,2,4``), at
+    least one; the text is returned unchanged."""
+    parts = text.split(",")
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive integers; got {text!r}")
+    return text
+
+
+count_list.__name__ = "comma-separated list of counts"
+
+
 def _integer(text: str) -> int:
     try:
         return int(text)
@@ -136,6 +149,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.gpu:  # the torch storage on a GPU against TorchRL and the memory bandwidth
         argv = ["--workloads", args.workloads, "--device", args.device]
         argv += ["--quick"] if args.quick else []
+        argv += ["--profile"] if args.profile else []
         return int(harness("replaybuffer_bench.gpu").main(argv + json_argv))
     if args.peers:  # the issue-6 workloads through the peer libraries that are installed
         argv = ["--workloads", args.peer_workloads] + (["--quick"] if args.quick else [])
@@ -157,13 +171,15 @@ def _run_bench(args: argparse.Namespace) -> int:
         return int(harness("replaybuffer_bench.checkpoint").main(argv + json_argv))
     if args.ray:  # shards as Ray actors, collectors as Ray tasks
         argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
-        if args.quick:
-            argv += ["--shards", "1,2"]
+        if args.shards or args.quick:
+            argv += ["--shards", args.shards or "1,2"]
         return int(harness("replaybuffer_bench.ray_bench").main(argv + json_argv))
     if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
         argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
-        if args.quick:
-            argv += ["--writers", "1,2", "--no-reverb"]
+        if args.writers or args.quick:
+            argv += ["--writers", args.writers or "1,2"]
+        argv += ["--no-reverb"] if args.quick else []
+        argv += ["--prioritized"] if args.prioritized else []
         if args.soak is not None:
             argv += ["--soak", str(args.soak)]
         return int(harness("replaybuffer_bench.processes").main(argv + json_argv))
@@ -412,13 +428,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "(1, 2, 4 writers), one process alone, and Reverb where "
                             "benchmarks/setup_reverb.sh installed it")
     bench.add_argument("--ray", action="store_true",
-                       help="a RayReplayBuffer with 1, 2, 4 shards and 4 collector tasks "
+                       help="a RayReplayBuffer with 1, 2, 4, 8 shards and 4 collector tasks "
                             "on a local Ray cluster, beside one process alone")
     bench.add_argument("--seconds", type=positive_float, default=5.0,
                        help="with --processes or --ray: seconds per configuration")
     bench.add_argument("--soak", type=positive_float, default=None, metavar="SECONDS",
                        help="with --processes: the stress run (writers killed, every "
                             "sample checked) for SECONDS instead")
+    bench.add_argument("--writers", type=count_list, default=None, metavar="N,N,...",
+                       help="with --processes: the writer counts (default: 1,2,4)")
+    bench.add_argument("--shards", type=count_list, default=None, metavar="N,N,...",
+                       help="with --ray: the shard counts (default: 1,2,4,8)")
+    bench.add_argument("--prioritized", action="store_true",
+                       help="with --processes: a prioritized shared buffer")
+    bench.add_argument("--profile", action="store_true",
+                       help="with --gpu: count kernels, copies and synchronizations per "
+                            "call, and compare with the goals")
     bench.add_argument("--gpu", action="store_true",
                        help="the torch storage on a CUDA device (sampling on the device) "
                             "against TorchRL's LazyTensorStorage there and the device's "
