@@ -132,7 +132,7 @@ def test_a_shared_draw_that_fails_gives_its_admission_back(monkeypatch):
         add(buffer, 3)
         draw = buffer._sampler.draw
 
-        def broken(count, steps, rng):
+        def broken(count, steps, rng, *choice):
             raise OSError("injected: the draw failed")
 
         monkeypatch.setattr(buffer._sampler, "draw", broken)
