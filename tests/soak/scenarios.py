@@ -207,8 +207,66 @@ def shared_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
         check_shared(buffer, tally)
 
 
+def check_shared_reads(buffer: Any, tally: Tally, draws: int = 16) -> None:
+    """After a clear or a save was cut short: ``len()`` equals what can be drawn (0: a
+    read is refused as empty), and nothing drawn is torn or below its row's floor."""
+    from replaybuffer.errors import EmptyBufferError
+    rows_total = buffer.num_rows
+    held = len(buffer)
+    if held == 0:
+        try:
+            buffer.get_next(1)
+        except EmptyBufferError:
+            tally.check(True, "")
+        else:
+            tally.check(False, "len() is 0 but a read returned a step")
+        return
+    drawn: set[tuple[int, int]] = set()
+    torn = 0
+    for _ in range(draws):
+        items, info = buffer.get_next(256)
+        ids = np.asarray(info.ids)
+        rows, steps = ids % rows_total, ids // rows_total
+        want = steps.astype(np.float32) + rows.astype(np.float32) / 8
+        torn += int(((items["payload"] != want[:, None]).any(1) | (items["row"] != rows)
+                     | (items["step"] != steps)).sum())
+        drawn.update(zip(rows.tolist(), steps.tolist()))
+    tally.check(torn == 0, f"{torn} sampled items torn after a cut-short clear or save")
+    tally.check(held == len(drawn), f"len() is {held}, {len(drawn)} steps can be drawn")
+
+
+def shared_clear_save_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+                            tally: Tally) -> None:
+    """A child adding, saving and clearing, ended at ``name``: the buffer reads
+    consistently, the series loads its newest complete checkpoint, and a new writer
+    goes on."""
+    import replaybuffer as rb
+    from replaybuffer.persist.series import checkpoints
+    root = tmp / f"shared-series-{int(rng.integers(2**31))}"
+    with make_shared(bool(rng.integers(2)), int(rng.integers(2**31))) as buffer:
+        handle = handle_file(buffer, tmp)
+        child = Child("shared_clear_save", {"handle": handle, "rows": 2, "units": 20,
+                                             "root": str(root)}, crash_at=f"{name}:{count}")
+        expect_crash(child, name, tally)
+        check_shared_reads(buffer, tally)
+        if checkpoints(root):
+            try:
+                rb.load(root)
+                tally.check(True, "")
+            except Exception as exc:  # noqa: BLE001 - any failure to load is reported
+                tally.check(False, f"load after {name} failed: {type(exc).__name__}: {exc}")
+        after = Child("shared_everything", {"handle": handle, "rows": 2, "units": 1,
+                                            "prioritized": buffer.layout.prioritized,
+                                            "seed": 3})
+        tally.check(after.wait() == 0, f"a writer after {name} failed: {after.ended()}")
+        check_shared_reads(buffer, tally)
+
+
 def shared_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
                  tally: Tally) -> None:
+    if name.startswith(("shared.clear.", "shared.save.")):
+        shared_clear_save_crash(name, count, rng, tmp, tally)
+        return
     prioritized = "priorit" in name or bool(rng.integers(2))
     with make_shared(prioritized, int(rng.integers(2**31))) as buffer:
         handle = handle_file(buffer, tmp)

@@ -99,6 +99,23 @@ def shared_everything(args: dict[str, Any]) -> None:
         say("committed", step)
 
 
+def shared_clear_save(args: dict[str, Any]) -> None:
+    """Attach, claim rows, then ``units`` times: add a step, save the buffer into the
+    series ``root``, clear it; reporting each save and clear once done."""
+    with open(args["handle"], "rb") as fh:
+        buffer = pickle.load(fh)
+    first, count = buffer.claim_rows(args["rows"])
+    rows = np.arange(first, first + count)
+    for _ in range(args["units"]):
+        step = int(buffer.steps_written()[first])
+        buffer.add_batch(shared_items(rows, np.full(count, step)))
+        buffer.save(args["root"], keep=2)
+        say("saved", step)
+        buffer.clear()
+        say("cleared", step)
+    buffer.close()
+
+
 def mmap_writer(args: dict[str, Any]) -> None:
     """Add to an mmap buffer (made, or reopened where it exists) and report each commit;
     every ``grow_every`` adds one ``extend`` of one step more than the last (so that the
@@ -140,7 +157,7 @@ def saver(args: dict[str, Any]) -> None:
 
 WORKLOADS = {"shared_writer": shared_writer, "shared_sampler": shared_sampler,
              "shared_everything": shared_everything, "mmap_writer": mmap_writer,
-             "saver": saver}
+             "saver": saver, "shared_clear_save": shared_clear_save}
 
 
 if __name__ == "__main__":
