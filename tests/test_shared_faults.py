@@ -374,3 +374,43 @@ def test_writers_and_updaters_killed_at_random_moments_leave_a_whole_tree():
             assert_tree_whole(buffer)
         assert buffer.claim_rows(rows) == (0, rows)
         assert_tree_whole(buffer)
+
+
+def _write_steps(buffer: SharedReplayBuffer, rows: int, steps: int) -> None:
+    first, _ = buffer.claim_rows(rows)
+    mine = np.arange(first, first + rows)
+    for step in range(steps):
+        buffer.add_batch(items_for(mine, np.full(rows, step)))
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_rows_left_with_unequal_heads_by_a_killed_publisher_are_claimed_again(prioritized):
+    """A writer killed while publishing a step of 4 rows moved the heads of some rows and
+    not others (here: every row but row 1 wrote step 5 whole, rows 0 and 2 moved their
+    heads, row 3 did not; row 1 was still writing it). The next writer claims the 4 rows: the rows go back to step 5 (the
+    step is written again), len() counts only what can be drawn, nothing torn."""
+    rows, length = 4, 4
+    with SharedReplayBuffer(SPEC, rows, length, prioritized=prioritized, seed=0) as buffer:
+        child = SPAWN.Process(target=_write_steps, args=(buffer, rows, 6))
+        child.start()
+        child.join(120)
+        assert child.exitcode == 0
+        layout = buffer.layout
+        # Undo step 5 partly, as a kill mid-publish leaves it: row 1 torn, row 3 unmoved.
+        position = (5 % length) * rows
+        layout.version[position + 1] = 2 * 5 + 1
+        layout.next_id[[1, 3]] = 5
+        assert buffer.claim_rows(rows) == (0, rows)
+        np.testing.assert_array_equal(buffer.steps_written(), [5, 5, 5, 5])
+        assert len(buffer) == rows * (length - 1)  # steps 2, 3, 4 of each row
+        drawn = set()
+        for _ in range(20):
+            items, info = buffer.get_next(64)
+            np.testing.assert_array_equal(items["row"], info.ids % rows)
+            np.testing.assert_array_equal(items["step"], info.ids // rows)
+            drawn.update(info.ids.tolist())
+        assert drawn == {s * rows + r for s in (2, 3, 4) for r in range(rows)}
+        buffer.add_batch(items_for(np.arange(rows), np.full(rows, 5)))  # written again
+        assert len(buffer) == rows * length
+        if prioritized:
+            assert_tree_whole(buffer)

@@ -150,21 +150,49 @@ class SharedWriter:
             unowned = [bool(owner[r] == 0) for r in range(self._rows_total)]
             # Rows no process held first (a new writer starts on its own rows), then
             # the rows of ended writers, whose steps it continues.
-            for usable in (unowned, free):
+            # Last, rows of ended writers whose heads differ by one: a writer killed while
+            # publishing a step moved some of its rows' heads and not others. Their heads
+            # go back to the lowest: the step that was published on some rows only is
+            # written again (no row is left with a hole that len() would count).
+            ended = [free[r] and bool(owner[r]) and owner[r] != pid
+                     for r in range(self._rows_total)]
+            for usable, spread in ((unowned, 0), (free, 0), (ended, 1)):
                 for first in range(self._rows_total - count + 1):
                     block = slice(first, first + count)
-                    if all(usable[block]) and (heads[block] == heads[first]).all():
-                        owner[block] = pid
-                        if ARMED is not None:
-                            crash_point("shared.claim")
-                        self._rows, self._owner_pid = (first, count), pid
-                        self._my_heads, self._my_held = heads[block], self._held[block]
-                        self._write_exact = self._storage.exact_writer((count,))
-                        return self._rows
+                    if not all(usable[block]):
+                        continue
+                    low = int(heads[block].min())
+                    if int(heads[block].max()) - low > spread:
+                        continue
+                    if spread:
+                        self._roll_back(first, count, low)
+                    owner[block] = pid
+                    if ARMED is not None:
+                        crash_point("shared.claim")
+                    self._rows, self._owner_pid = (first, count), pid
+                    self._my_heads, self._my_held = heads[block], self._held[block]
+                    self._write_exact = self._storage.exact_writer((count,))
+                    return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
                          f"{sorted({int(p) for p in owner if p})}: give the buffer more "
                          "rows, or end a writer")
+
+    def _roll_back(self, first: int, count: int, head: int) -> None:
+        """Set the heads of rows ``first .. first + count - 1`` (of ended writers, the
+        lock held) to ``head``, and recount what each holds: a step at ``head`` that
+        some rows had published is no longer held there (its position holds no step
+        older than ``head`` any more)."""
+        length = self._length
+        rows = np.arange(first, first + count)
+        self._next_id[rows] = head
+        position = (head % length) * self._rows_total + rows
+        version = self._version[position]
+        oldest_gone = (head >= length) & (version != 2 * (head - length) + 2)
+        self._held[rows] = min(head, length) - oldest_gone.astype(np.int64)
+        if self._priorities is not None:  # the step some rows published is not drawn
+            published = position[version == 2 * head + 2]
+            self._priorities.set(published, np.zeros(len(published)))
 
     def _repair_heads(self, rows: list[int]) -> None:
         """Advance the head of each of ``rows`` (of ended writers) past a step written
