@@ -751,3 +751,20 @@ def test_sb3s_buffer_drawing_ours_indices_reproduces_our_run_bit_for_bit():
     np.testing.assert_array_equal(parameters_after(cartpole_dqn(own_stream_sb3_buffer())),
                                   ours)
     assert not np.array_equal(parameters_after(cartpole_dqn(SB3ReplayBuffer)), ours)
+
+
+def test_summary_and_table_carry_each_control_arm():
+    from replaybuffer_bench.sb3_returns import OWN_STREAM, Run, main, summary, table
+
+    runs = [Run(arm, seed, value, 0.0, 1.0) for seed in (0, 1) for arm, value in
+            (("sb3", 200.0 + seed), ("ours", 100.0 + seed), (OWN_STREAM, 100.0 + seed))]
+    stats = summary(runs, 200)
+    assert stats[OWN_STREAM] == {"mean": 100.5, "std": pytest.approx(0.7071, abs=1e-4)}
+    assert stats["own_stream_difference"]["own_stream_minus_sb3"] == -100.0
+    assert "sb3-shifted" not in stats and "control_difference" not in stats
+    text = table(runs, stats)
+    assert "| seed | SB3's buffer | ours | SB3's, ours' index stream |" in text
+    assert "| 1 | 201.0 | 101.0 | 101.0 |" in text
+    assert "SB3's, ours' index stream - SB3: -100.0" in text
+    with pytest.raises(SystemExit):
+        main(["--arms", "ours,sb3-own"])
