@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="greedy evaluation episodes per run")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap draws")
     parser.add_argument("--arms", default="sb3,ours",
-                        help=f"which buffers to train, comma-separated, of sb3, ours and "
+                        help=f"which buffers to train, comma-separated, of sb3, ours, "
                              f"{CONTROL} (SB3's buffer with the random stream shifted by one "
                              f"draw: what noise alone does) and {OWN_STREAM} (SB3's buffer "
                              "drawing indices as ours does)")
