@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m replaybuffer_bench.sb3_returns",
         description="SB3 DQN on CartPole-v1 (RL-Zoo settings) with SB3's buffer and with "
                     "ours over several seeds: greedy returns, mean, spread and a bootstrap "
-                    "95%% CI of the difference",
+                    "95% CI of the difference",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed")
