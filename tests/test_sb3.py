@@ -698,3 +698,73 @@ def test_bootstrap_interval_of_the_difference_of_means():
     assert diff == 1000 and 0 < low <= 1000 <= high
     assert bootstrap_difference(same, same[::-1], 500, seed=3) == \
         bootstrap_difference(same, same[::-1], 500, seed=3)  # seeded
+
+
+# ------------------------------------------------- returns: only the index stream differs
+def cartpole_dqn(replay_buffer_class, **kwargs):
+    """A short DQN on CartPole cut at 25 steps (so both terminations and truncations are
+    stored and sampled), RL-Zoo's learning settings scaled down; one env, no wrap."""
+    env = make_vec_env("CartPole-v1", n_envs=1, env_kwargs={"max_episode_steps": 25})
+    return DQN("MlpPolicy", env, replay_buffer_class=replay_buffer_class, buffer_size=10_000,
+               learning_starts=300, train_freq=64, gradient_steps=32, batch_size=64,
+               target_update_interval=10, policy_kwargs={"net_arch": [32]}, device="cpu",
+               seed=3, **kwargs)
+
+
+def parameters_after(model, steps=1500):
+    before = th.cat([p.detach().flatten() for p in model.q_net.parameters()]).clone()
+    model.learn(steps)
+    after = th.cat([p.detach().flatten() for p in model.q_net.parameters()])
+    assert not th.equal(before, after)  # it trained
+    return after.numpy()
+
+
+def test_dqn_with_ours_drawing_sb3s_indices_reproduces_sb3s_run_bit_for_bit():
+    """Ours made to draw SB3's indices (numpy's global generator, as SB3's sample and
+    _get_samples draw) trains DQN to exactly the parameters SB3's own buffer gives: the
+    stored data, dtypes, shapes, dones at terminations and truncations, next
+    observations at episode ends and everything else train() sees are the same, so the
+    two buffers' returns can differ only by which indices are drawn."""
+    want = parameters_after(cartpole_dqn(SB3ReplayBuffer))
+    model = cartpole_dqn(ReplayBuffer, replay_buffer_kwargs={"seed": 0})  # no global draw
+    core = model.replay_buffer.core
+
+    def sb3s_draws(batch_size):
+        ids = np.random.randint(0, core.last_id + 1, size=batch_size)  # SB3's sample()
+        np.random.randint(0, high=1, size=(batch_size,))  # SB3's _get_samples' env index
+        batch = core.read_steps(ids.astype(np.int64))
+        return type(batch)(*(None if f is None else f[0] for f in batch)), None
+
+    core.sample = sb3s_draws
+    got = parameters_after(model)
+    np.testing.assert_array_equal(got, want)
+    stored = core.all()
+    assert stored.terminated.any() and stored.truncated.any()  # 138 and 5 with seed=3
+
+
+def test_sb3s_buffer_drawing_ours_indices_reproduces_our_run_bit_for_bit():
+    """The bench's control arm sb3-own-stream (SB3's buffer drawing its indices as ours
+    does) trains exactly as ours, so its returns are ours'."""
+    from replaybuffer_bench.sb3_returns import own_stream_sb3_buffer
+
+    ours = parameters_after(cartpole_dqn(ReplayBuffer))
+    np.testing.assert_array_equal(parameters_after(cartpole_dqn(own_stream_sb3_buffer())),
+                                  ours)
+    assert not np.array_equal(parameters_after(cartpole_dqn(SB3ReplayBuffer)), ours)
+
+
+def test_summary_and_table_carry_each_control_arm():
+    from replaybuffer_bench.sb3_returns import OWN_STREAM, Run, main, summary, table
+
+    runs = [Run(arm, seed, value, 0.0, 1.0) for seed in (0, 1) for arm, value in
+            (("sb3", 200.0 + seed), ("ours", 100.0 + seed), (OWN_STREAM, 100.0 + seed))]
+    stats = summary(runs, 200)
+    assert stats[OWN_STREAM] == {"mean": 100.5, "std": pytest.approx(0.7071, abs=1e-4)}
+    assert stats["own_stream_difference"]["own_stream_minus_sb3"] == -100.0
+    assert "sb3-shifted" not in stats and "control_difference" not in stats
+    text = table(runs, stats)
+    assert "| seed | SB3's buffer | ours | SB3's, ours' index stream |" in text
+    assert "| 1 | 201.0 | 101.0 | 101.0 |" in text
+    assert "SB3's, ours' index stream - SB3: -100.0" in text
+    with pytest.raises(SystemExit):
+        main(["--arms", "ours,sb3-own"])

@@ -43,6 +43,16 @@ CONTROL = "sb3-shifted"
 """A control arm: SB3's buffer after one extra draw from numpy's global generator when
 it is built, as ours makes to seed itself. It differs from ``"sb3"`` in the random
 stream alone, so how far its returns move from ``"sb3"``'s is what noise alone does."""
+OWN_STREAM = "sb3-own-stream"
+"""A control arm: SB3's buffer drawing its indices as ours does (its own PCG64 generator,
+seeded by one draw from numpy's global generator when built, each index a raw 64-bit
+draw modulo the stored count) and reading them with SB3's ``_get_samples``. With one env
+and a buffer that has not wrapped, its runs equal ours bit for bit, so a gap between
+``"ours"`` and ``"sb3"`` that it shares is the index stream's, not the stored data's."""
+CONTROLS = (CONTROL, OWN_STREAM)
+DIFFERENCE_KEYS = {CONTROL: ("control_difference", "shifted_minus_sb3"),
+                   OWN_STREAM: ("own_stream_difference", "own_stream_minus_sb3")}
+"""Where the summary keeps each control arm's difference of means from ``"sb3"``."""
 
 
 @dataclass
@@ -73,6 +83,8 @@ def train_and_score(buffer: str, seed: int, steps: int, episodes: int) -> Run:
         kwargs["replay_buffer_class"] = ReplayBuffer
     elif buffer == CONTROL:
         kwargs["replay_buffer_class"] = shifted_sb3_buffer()
+    elif buffer == OWN_STREAM:
+        kwargs["replay_buffer_class"] = own_stream_sb3_buffer()
     model = DQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **kwargs)
     start = time.perf_counter()
     model.learn(steps)
@@ -95,6 +107,28 @@ def shifted_sb3_buffer() -> type:
             np.random.randint(2**31 - 1)  # the draw ours seeds itself with
 
     return ShiftedReplayBuffer
+
+
+def own_stream_sb3_buffer() -> type:
+    """SB3's ``ReplayBuffer`` (one env) drawing its indices the way ours draws them."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    class OwnStreamReplayBuffer(SB3ReplayBuffer):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            if self.n_envs != 1:
+                raise ValueError(f"n_envs: expected 1, got {self.n_envs}")
+            seed = int(np.random.randint(2**31 - 1))  # as ours seeds itself
+            self.rng = np.random.Generator(np.random.PCG64(seed))
+
+        def sample(self, batch_size: int, env: Any = None) -> Any:
+            held = self.buffer_size if self.full else self.pos
+            raw = self.rng.bit_generator.random_raw(batch_size)
+            steps = (raw % np.uint64(held)).astype(np.int64)  # ages: 0 the oldest held
+            first = self.pos if self.full else 0
+            return self._get_samples((steps + first) % self.buffer_size, env=env)
+
+    return OwnStreamReplayBuffer
 
 
 def bootstrap_difference(ours: np.ndarray, theirs: np.ndarray, resamples: int,
@@ -128,21 +162,23 @@ def summary(runs: list[Run], resamples: int) -> dict[str, Any]:
                   "std": float(values[b].std(ddof=1)) if len(seeds) > 1 else 0.0}
     diff, low, high = bootstrap_difference(values["ours"], values["sb3"], resamples)
     out["difference"] = {"ours_minus_sb3": diff, "ci95": [low, high]}
-    control = {r.seed: r.mean_return for r in runs if r.buffer == CONTROL}
-    if control and set(seeds) <= set(control):
-        shifted = np.array([control[s] for s in seeds])
-        out[CONTROL] = {"mean": float(shifted.mean()),
-                        "std": float(shifted.std(ddof=1)) if len(seeds) > 1 else 0.0}
-        diff, low, high = bootstrap_difference(shifted, values["sb3"], resamples)
-        out["control_difference"] = {"shifted_minus_sb3": diff, "ci95": [low, high]}
+    for arm, (key, field) in DIFFERENCE_KEYS.items():
+        control = {r.seed: r.mean_return for r in runs if r.buffer == arm}
+        if control and set(seeds) <= set(control):
+            arm_values = np.array([control[s] for s in seeds])
+            out[arm] = {"mean": float(arm_values.mean()),
+                        "std": float(arm_values.std(ddof=1)) if len(seeds) > 1 else 0.0}
+            diff, low, high = bootstrap_difference(arm_values, values["sb3"], resamples)
+            out[key] = {field: diff, "ci95": [low, high]}
     return out
 
 
 def table(runs: list[Run], stats: dict[str, Any]) -> str:
     """A markdown table: one row per seed, then the mean, std and the interval."""
     by = {(r.buffer, r.seed): r for r in runs}
-    arms = [*BUFFERS, *([CONTROL] if CONTROL in stats else [])]
-    names = {"sb3": "SB3's buffer", "ours": "ours", CONTROL: "SB3's, stream shifted"}
+    arms = [*BUFFERS, *(a for a in CONTROLS if a in stats)]
+    names = {"sb3": "SB3's buffer", "ours": "ours", CONTROL: "SB3's, stream shifted",
+             OWN_STREAM: "SB3's, ours' index stream"}
     lines = ["| seed | " + " | ".join(names[a] for a in arms) + " |",
              "|---:|" + "---:|" * len(arms)]
     for s in stats["seeds"]:
@@ -156,11 +192,11 @@ def table(runs: list[Run], stats: dict[str, Any]) -> str:
         low, high = diff["ci95"]
         lines.append(f"\nours - SB3: {diff['ours_minus_sb3']:+.1f}, 95% bootstrap CI "
                      f"[{low:+.1f}, {high:+.1f}]")
-        if CONTROL in stats:
-            diff = stats["control_difference"]
-            low, high = diff["ci95"]
-            lines.append(f"SB3 shifted - SB3: {diff['shifted_minus_sb3']:+.1f}, 95% "
-                         f"bootstrap CI [{low:+.1f}, {high:+.1f}]")
+        for arm in (a for a in CONTROLS if a in stats):
+            key, field = DIFFERENCE_KEYS[arm]
+            low, high = stats[key]["ci95"]
+            lines.append(f"{names[arm]} - SB3: {stats[key][field]:+.1f}, 95% bootstrap CI "
+                         f"[{low:+.1f}, {high:+.1f}]")
     return "\n".join(lines)
 
 
@@ -169,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m replaybuffer_bench.sb3_returns",
         description="SB3 DQN on CartPole-v1 (RL-Zoo settings) with SB3's buffer and with "
                     "ours over several seeds: greedy returns, mean, spread and a bootstrap "
-                    "95%% CI of the difference",
+                    "95% CI of the difference",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed")
@@ -178,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="greedy evaluation episodes per run")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap draws")
     parser.add_argument("--arms", default="sb3,ours",
-                        help=f"which buffers to train, comma-separated, of sb3, ours and "
+                        help=f"which buffers to train, comma-separated, of sb3, ours, "
                              f"{CONTROL} (SB3's buffer with the random stream shifted by one "
-                             "draw: what noise alone does)")
+                             f"draw: what noise alone does) and {OWN_STREAM} (SB3's buffer "
+                             "drawing indices as ours does)")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="write every run and the summary here (after each run)")
     args = parser.parse_args(argv)
@@ -188,15 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected a positive int, got {getattr(args, name)}")
     arms = args.arms.split(",")
-    if not arms or any(a not in (*BUFFERS, CONTROL) for a in arms):
-        parser.error(f"--arms: expected names of {[*BUFFERS, CONTROL]}, got {args.arms!r}")
+    if not arms or any(a not in (*BUFFERS, *CONTROLS) for a in arms):
+        parser.error(f"--arms: expected names of {[*BUFFERS, *CONTROLS]}, got {args.arms!r}")
     if args.first_seed < 0:
         parser.error(f"--first-seed: expected an int >= 0, got {args.first_seed}")
     runs: list[Run] = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         # Alternate which buffer goes first, so that neither always meets a colder cache.
         order = [a for a in (BUFFERS if seed % 2 == 0 else BUFFERS[::-1]) if a in arms]
-        order += [CONTROL] if CONTROL in arms else []
+        order += [a for a in CONTROLS if a in arms]
         for buffer in order:
             run = train_and_score(buffer, seed, args.steps, args.episodes)
             runs.append(run)
