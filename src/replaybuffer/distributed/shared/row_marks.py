@@ -58,6 +58,7 @@ class RowMarks:
         return oldest
 
     def items_held(self, held: np.ndarray, heads: np.ndarray) -> int:
-        """Items a sample can return: per row the layout's ``held`` count (which its
-        writer keeps, a torn step left out) capped by the steps since its floor."""
+        """Items a sample can return: per row ``held`` (int64 ``[num_rows]``, the
+        layout's :meth:`~.layout.SharedLayout.held_by_versions`, a torn step left out)
+        capped by the steps since its floor."""
         return int(np.maximum(np.minimum(held, heads - self.floor), 0).sum())
