@@ -241,8 +241,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         """Items a sample can return (see :meth:`SharedLayout.items_held`; after a
         clear, those since it: :meth:`RowMarks.items_held`)."""
         if self._marks.cleared:
-            return self._marks.items_held(self._layout.held_by_versions(),
-                                          self._layout.next_id)
+            return self._marks.items_held(self._layout.held, self._layout.next_id)
         return self._layout.items_held()
 
     def __repr__(self) -> str:

@@ -88,21 +88,6 @@ class SharedLayout:
         if create:  # the last file is made: allocate them all, or refuse (no SIGBUS later)
             storage.reserve()
 
-    def held_by_versions(self) -> np.ndarray:
-        """Per row (int64 ``[num_rows]``) the steps a sample can return, from the row
-        heads and the versions alone: ``min(head, max_length)``, less one where the
-        position of the row's oldest step no longer holds it (being rewritten, or
-        rewritten by a writer that has not moved the head yet). The ``held`` counts the
-        writers keep say the same while they live; this stays exact when a writer is
-        killed between its two stores (count down, version odd)."""
-        heads = self.next_id.copy()
-        rows = len(heads)
-        length = len(self.version) // rows
-        positions = (heads % length) * rows + np.arange(rows)
-        gone = (heads >= length) & (self.version[positions] != 2 * (heads - length) + 2)
-        held: np.ndarray = np.minimum(heads, length) - gone
-        return held
-
     def items_held(self) -> int:
-        """Items a sample can return: the sum of :meth:`held_by_versions`."""
-        return int(self.held_by_versions().sum())
+        """Items a sample can return: the sum of ``held`` (see the module docstring)."""
+        return int(self.held.sum())
