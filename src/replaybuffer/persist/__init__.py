@@ -57,19 +57,17 @@ module holds the entry points and :data:`CHUNK_BYTES`, which they read at each c
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from replaybuffer.errors import CheckpointError
 from replaybuffer.persist.layout import (CHECKPOINT, FORMAT, MANIFEST, READS, TMP, TRASH,
                                          VERSION)
 from replaybuffer.persist.manifest import manifest_checksum, read_manifest
 from replaybuffer.persist.mmap_state import reopen_buffer, save_mmap_state
 from replaybuffer.persist.restore import load_checkpoint, verify_checkpoint
 from replaybuffer.persist.savable import SavableBuffer
-from replaybuffer.persist.series import checkpoints, is_checkpoint_root, resolve
+from replaybuffer.persist.series import checked_save_arguments, checkpoints, resolve
 from replaybuffer.persist.spec_codec import decode_spec, encode_spec
 from replaybuffer.persist.writer import save_series
 
@@ -101,21 +99,7 @@ def save(buffer: SavableBuffer, path: str | os.PathLike[str], keep: int = 1,
             checkpoints, or writing failed (disk full, read-only, ...): the message
             names the file; earlier checkpoints and the buffer are unchanged.
     """
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be a positive int (checkpoints to keep), got {keep!r}")
-    metadata = {} if metadata is None else metadata
-    try:
-        if not isinstance(metadata, dict):
-            raise TypeError(f"a {type(metadata).__name__}")
-        json.dumps(metadata)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"metadata must be a JSON-able dict: {exc}") from exc
-    root = Path(path)
-    if root.exists() and not root.is_dir():
-        raise CheckpointError(f"cannot save to {root}: it is a file")
-    if root.is_dir() and not is_checkpoint_root(root):
-        raise CheckpointError(f"refusing to save into {root}: it is a non-empty directory "
-                              "that holds no replaybuffer checkpoints")
+    root, metadata = checked_save_arguments(path, keep, metadata)
     return save_series(buffer, root, keep, metadata, CHUNK_BYTES)
 
 

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError
@@ -181,3 +181,32 @@ def resolve(path: str | os.PathLike[str]) -> Path:
                           "incomplete one" + (f" ({len(partial)} incomplete save(s) ignored: "
                                                f"{', '.join(sorted(partial))})"
                                                if partial else ""))
+
+
+def checked_save_arguments(path: str | os.PathLike[str], keep: Any, metadata: Any
+                           ) -> tuple[Path, dict[str, Any]]:
+    """A save's ``path``, ``keep`` and ``metadata`` checked before anything is written:
+    ``(root, metadata)``, ``metadata`` ``{}`` when ``None``.
+
+    Raises:
+        ValueError: ``keep`` is not a positive int, or ``metadata`` is not a JSON-able
+            dict.
+        CheckpointError: ``path`` is a file, or a non-empty directory that holds no
+            replaybuffer checkpoints.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be a positive int (checkpoints to keep), got {keep!r}")
+    metadata = {} if metadata is None else metadata
+    try:
+        if not isinstance(metadata, dict):
+            raise TypeError(f"a {type(metadata).__name__}")
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metadata must be a JSON-able dict: {exc}") from exc
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"cannot save to {root}: it is a file")
+    if root.is_dir() and not is_checkpoint_root(root):
+        raise CheckpointError(f"refusing to save into {root}: it is a non-empty directory "
+                              "that holds no replaybuffer checkpoints")
+    return root, metadata

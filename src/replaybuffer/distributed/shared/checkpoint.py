@@ -45,7 +45,7 @@ from replaybuffer.errors import CheckpointError
 from replaybuffer.persist.layout import FORMAT, MANIFEST, TMP, VERSION
 from replaybuffer.persist.manifest import manifest_checksum
 from replaybuffer.persist.manifest import read_manifest
-from replaybuffer.persist.series import is_checkpoint_root
+from replaybuffer.persist.series import checked_save_arguments
 from replaybuffer.persist.spec_codec import decode_spec
 from replaybuffer.persist.state_files import internalise_arrays
 from replaybuffer.persist.streams import read_stream
@@ -104,21 +104,7 @@ class SharedCheckpoints:
             BufferClosedError: the buffer was closed.
         """
         self._check_open()
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive int (checkpoints to keep), got {keep!r}")
-        metadata = {} if metadata is None else metadata
-        try:
-            if not isinstance(metadata, dict):
-                raise TypeError(f"a {type(metadata).__name__}")
-            json.dumps(metadata)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"metadata must be a JSON-able dict: {exc}") from exc
-        root = Path(path)
-        if root.exists() and not root.is_dir():
-            raise CheckpointError(f"cannot save to {root}: it is a file")
-        if root.is_dir() and not is_checkpoint_root(root):
-            raise CheckpointError(f"refusing to save into {root}: it is a non-empty "
-                                  "directory that holds no replaybuffer checkpoints")
+        root, metadata = checked_save_arguments(path, keep, metadata)
         config = self._config
         snap = take_snapshot(self._layout, self._marks, self._storage, self._lock,
                              config.num_rows, config.max_length)
