@@ -80,16 +80,17 @@ class Outbox:
                                           f"[{', '.join(map(str, shape))}]"))
 
     def send(self, shard: int, actor: Any, ops: list[Op], steps: int,
-             keys: list[int | None]) -> None:
+             keys: list[int | None], round_robin: bool = False) -> None:
         """Send one chunk (``ops``, ``steps`` steps in all) to ``shard``, numbered so
-        the shard applies this outbox's chunks in the order sent."""
+        the shard applies this outbox's chunks in the order sent; ``round_robin``: the
+        writer's next steps go to other shards (the shard then refuses windows)."""
         seq = self._seq.get(shard, 0)
         self._seq[shard] = seq + 1
         flying = self._in_flight.setdefault(shard, deque())
         flying.append(seq)
         self._actors[shard] = actor
         lost = self._lost.pop(shard, None)
-        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost)
+        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
         self._pending.append((shard, seq, steps, ref))
         while len(self._pending) > self._max:
             self._settle()

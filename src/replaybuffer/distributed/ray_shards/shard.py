@@ -24,6 +24,7 @@ import ray
 from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer
+from replaybuffer.distributed.errors import NotSupportedError
 from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
 from replaybuffer.distributed.ray_shards.shard_home import ShardHome, writer_key
 from replaybuffer.persist import checkpoints, load
@@ -151,12 +152,14 @@ class ShardActor:
 
     @ray.method(concurrency_group="writes")
     def write(self, ops: list[Op], keys: list[int | None], writer: str, seq: int,
-              base: int, lost: Lost | None = None
+              base: int, lost: Lost | None = None, round_robin: bool = False
               ) -> tuple[int, dict[int | None, float], int, Status]:
         """Apply chunk ``seq`` of ``writer`` (its writes, in order) in the writer's
         order (:class:`~.ordering.WriteOrder`; ``base``: the writer's lowest unsettled
         number). ``lost``: this writer's earlier chunks whose answers a shard process
         died with (counted in :attr:`steps_lost` unless a process applied them).
+        ``round_robin``: the chunk is a round-robin write (the writer's next steps go
+        to other shards): windows of more than one step are refused from then on.
 
         Returns:
             ``(last_id, masses for keys, writes of this writer held, status)``.
@@ -165,6 +168,8 @@ class ShardActor:
             The first error a write in the due chunks raised; the others are applied.
         """
         self.count_lost(writer, lost)
+        if round_robin and not self.files.round_robin:
+            self.files.round_robin = True
         self.apply(self.order.arrive(writer, seq, base, ops), writer)
         return (self.buffer.last_id, self.masses(keys), self.order.waiting(writer),
                 self.status())
@@ -226,6 +231,13 @@ class ShardActor:
         by ``seed``, or a transition buffer's ``sample``): ``(items, ids,
         probabilities, mass, status)``."""
         if method == "get_next":
+            if self.files.round_robin and (num_steps or 1) > 1:
+                raise NotSupportedError(
+                    f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
+                    "over round-robin writes: each row's consecutive steps went to different shards, so a "
+                    "shard's window would skip steps. Write sequences through shard= or "
+                    "writer(i), one writer per shard's rows (clear() forgets the "
+                    "round-robin writes)")
             rng = None if seed is None else seeded(seed)
             items, info = self.buffer.draw(count, num_steps, True, rng, within_episodes,
                                            timeout)
@@ -261,6 +273,7 @@ class ShardActor:
         self.restored_last_id = -1
         self.steps_lost = 0
         self.files.forget_applied()
+        self.files.round_robin = False
         self.applied_before = {}
         self.files.mark = self.saved_last_id = self.buffer.last_id
         if self.root is not None:

@@ -11,7 +11,8 @@ can say what it lost and resume where it stood.
   chunk of its writes applied: a writer whose chunk was lost on its way back (the
   process died after applying it, before answering) reports it lost, and the next
   process counts it only if no process before it applied it (the mark counts it
-  otherwise).
+  otherwise); and whether round-robin writes came since the last clear (windows over
+  them are refused).
 - ``limiter/<last_id>.json``: the rate limiter's counters saved with each checkpoint
   (checkpoints save the buffer, not its limiter), restored with it.
 
@@ -37,9 +38,10 @@ WRITER_SLOTS = 256
 """Writers whose applied chunks the mark file records; chunks of further writers
 reported lost are counted whether or not they were applied."""
 
-_MARK_WORDS = 1 + 2 * WRITER_SLOTS
-"""int64 words of the mark file: the mark, then per slot the writer's key and
-``1 +`` its newest applied chunk's number (0: a free slot)."""
+_MARK_WORDS = 2 + 2 * WRITER_SLOTS
+"""int64 words of the mark file: the mark, whether round-robin writes came (1) since
+the shard was last cleared, then per slot the writer's key and ``1 +`` its newest
+applied chunk's number (0: a free slot)."""
 
 
 class ShardHome:
@@ -64,7 +66,8 @@ class ShardHome:
             self._map = mmap.mmap(fh.fileno(), size)
         words = np.frombuffer(self._map, np.int64, _MARK_WORDS)
         self._mark = words[:1]
-        self._writers = words[1:].reshape(WRITER_SLOTS, 2)
+        self._round_robin = words[1:2]
+        self._writers = words[2:].reshape(WRITER_SLOTS, 2)
         self._slots: dict[int, int] = {}
         if fresh:
             self._mark[0] = -1
@@ -87,6 +90,16 @@ class ShardHome:
     @mark.setter
     def mark(self, last_id: int) -> None:
         self._mark[0] = last_id
+
+    @property
+    def round_robin(self) -> bool:
+        """Whether the shard holds steps of round-robin writes (whose rows' consecutive
+        steps went to other shards too) since it was last cleared."""
+        return bool(self._round_robin[0])
+
+    @round_robin.setter
+    def round_robin(self, value: bool) -> None:
+        self._round_robin[0] = int(value)
 
     def applied(self) -> dict[int, int]:
         """Per writer key (:func:`writer_key`), the number of the newest chunk of its

@@ -283,6 +283,8 @@ class SharedWriter:
             with priorities.changing(start, count):
                 if rewrites:
                     self._my_held.fill(self._length - 1)
+                    if ARMED is not None:
+                        crash_point("shared.write.uncount")
                 self._version[span] = 2 * step + 1
                 priorities.set(positions, np.zeros(count))
         order_fence()  # 3.
