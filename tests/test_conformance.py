@@ -133,6 +133,20 @@ def fill(buffer, steps: range) -> None:
     buffer.flush()
 
 
+def in_sequence(buffer) -> dict:
+    """Keywords of an ``add_batch`` that keeps each row's steps in one sequence: a Ray
+    buffer's round-robin writes spread them over shards (windows over them are refused,
+    below), so its sequences go to shard 0."""
+    return {"shard": 0} if getattr(buffer, "num_shards", 1) > 1 else {}
+
+
+def fill_sequences(buffer, steps: range) -> None:
+    """:func:`fill`, each row's steps in one sequence (:func:`in_sequence`)."""
+    for t in steps:
+        assert buffer.add_batch(items(t), **in_sequence(buffer)) is True
+    buffer.flush()
+
+
 def check_items(batch: dict) -> None:
     """Every sampled item is one that was written: its obs names its step and row."""
     np.testing.assert_array_equal(batch["obs"][..., 0], batch["step"])
@@ -175,7 +189,7 @@ def test_add_batch_and_extend_grow_len_and_ids_name_steps(make, kind):
 @pytest.mark.parametrize("size,steps", [(None, None), (3, None), (None, 2), (3, 2)])
 def test_get_next_shapes(make, kind, size, steps):
     buffer = make(kind)
-    fill(buffer, range(3))
+    fill_sequences(buffer, range(3))
     batch, info = buffer.get_next(size, steps)
     outer = tuple(n for n in (size, steps) if n is not None)
     assert batch["obs"].shape == outer + (3,) and batch["step"].shape == outer
@@ -183,28 +197,22 @@ def test_get_next_shapes(make, kind, size, steps):
     check_items(batch)
 
 
-@pytest.mark.parametrize("kind", kinds(ALL, **{
-    k: "time_stacked=False works across shards, but its windows are drawn over "
-       "round-robin writes, which skip steps (issue 25)" for k in RAY}))
+@pytest.mark.parametrize("kind", ALL)
 def test_get_next_unstacked_gives_a_tuple_of_steps(make, kind):
     buffer = make(kind)
-    fill(buffer, range(3))
+    fill_sequences(buffer, range(3))
     batch, info = buffer.get_next(5, 2, time_stacked=False)
     assert isinstance(batch, tuple) and len(batch) == 2
     assert batch[0]["obs"].shape == (5, 3)
     np.testing.assert_array_equal(batch[1]["step"], batch[0]["step"] + 1)
 
 
-@pytest.mark.parametrize("kind", kinds(ALL, **{
-    k: "round-robin add_batch puts a writer's consecutive steps on different shards, "
-       "so windows skip steps; write through shard= or writer() (issue 25: refusing "
-       "them would refuse the windows of transitions that test_get_next_shapes draws)"
-    for k in RAY}))
+@pytest.mark.parametrize("kind", ALL)
 def test_windows_stay_in_one_row_and_behind_the_write_head(make, kind):
     buffer = make(kind)
-    written = 2 * buffer.capacity // ROWS  # wrapped around twice
-    fill(buffer, range(written))
-    kept = buffer.capacity // ROWS
+    kept = LENGTH  # steps a row holds (one shard's, for the Ray buffers)
+    written = 2 * kept  # wrapped around twice
+    fill_sequences(buffer, range(written))
     batch, _ = buffer.get_next(400, 3)
     check_items(batch)
     assert (batch["row"] == batch["row"][:, :1]).all()
@@ -260,7 +268,7 @@ def test_an_empty_buffer_raises_empty_buffer_error(make, kind):
 @pytest.mark.parametrize("kind", ALL)
 def test_as_dataset_streams_batches_of_the_asked_shape(make, kind):
     buffer = make(kind)
-    fill(buffer, range(4))
+    fill_sequences(buffer, range(4))
     stream = iter(buffer.as_dataset(4, 2, num_parallel_calls=2))
     try:
         for _ in range(3):
@@ -362,16 +370,14 @@ def test_clear_empties_and_the_buffer_fills_again(make, kind):
     assert set(batch["step"].tolist()) == {10, 11}
 
 
-@pytest.mark.parametrize("kind", kinds(
-    ["uniform", "prioritized", "shared", "shared_prioritized", "ray"],
-    ray="within_episodes over round-robin writes: each shard holds every other step "
-        "(issue 25)"))
+@pytest.mark.parametrize("kind", ["uniform", "prioritized", "shared", "shared_prioritized",
+                                  "ray"])
 def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
     buffer = make(kind, episodes=True)
     step_types = [FIRST, MID, LAST, FIRST, MID, MID, LAST, FIRST]
     for t, step_type in enumerate(step_types):
         buffer.add_batch({"step_type": np.full(ROWS, step_type, np.int32),
-                          "value": np.arange(ROWS) * 1000 + t})
+                          "value": np.arange(ROWS) * 1000 + t}, **in_sequence(buffer))
     buffer.flush()
     stream = iter(buffer.as_dataset(64, 2, within_episodes=True))
     batch, _ = next(stream)
@@ -381,6 +387,21 @@ def test_within_episodes_windows_never_cross_an_episode_start(make, kind):
 
 
 # ------------------------------------------- what one buffer does and shards cannot
+@pytest.mark.parametrize("kind", RAY)
+def test_ray_refuses_windows_over_round_robin_writes_until_cleared(make, kind):
+    buffer = make(kind)
+    fill(buffer, range(4))  # round-robin: each shard holds every other step of a row
+    with pytest.raises(NotSupportedError, match=r"windows \(num_steps=2\) over "
+                                                "round-robin writes"):
+        buffer.get_next(4, 2)
+    batch, _ = buffer.get_next(50)  # single steps are whole wherever they went
+    check_items(batch)
+    buffer.clear()
+    fill_sequences(buffer, range(3))
+    batch, _ = buffer.get_next(20, 2)
+    np.testing.assert_array_equal(np.diff(batch["step"], axis=1), 1)
+
+
 def ray_queue(buffer):
     return lambda: buffer.add_batch(items(0))
 

@@ -310,6 +310,26 @@ def test_a_prioritized_writer_killed_at_a_crash_point_leaves_a_whole_tree(monkey
         assert len(buffer) == 3 * length
 
 
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_len_stays_exact_after_a_writer_killed_between_counting_out_and_overwriting(
+        monkeypatch, prioritized):
+    """Killed after counting its rows' oldest step out of ``held`` and before marking it
+    overwritten: those steps are whole and drawable, and ``len()`` says so."""
+    length = 4
+    with SharedReplayBuffer(SPEC, 3, length, prioritized=prioritized, alpha=1.0,
+                            seed=0) as buffer:
+        crash_a_child(monkeypatch, buffer, "shared.write.uncount", 3, 6)
+        assert buffer.layout.held.tolist() == [length - 1] * 3  # the writer's count
+        assert len(buffer) == 3 * length
+        if prioritized:
+            assert_tree_whole(buffer)
+        items, _ = buffer.get_next(len(buffer))  # a window is one step: all drawable
+        assert set(items["step"].tolist()) == set(range(length))
+        assert buffer.claim_rows(3) == (0, 3)
+        buffer.add_batch(items_for(np.arange(3), np.full(3, length)))
+        assert len(buffer) == 3 * length
+
+
 def _claim(buffer: SharedReplayBuffer) -> None:
     buffer.claim_rows(2)
 

@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -23,6 +24,7 @@ from replaybuffer.distributed import NotSupportedError, SharedReplayBuffer
 from replaybuffer.distributed.shared import queue as shared_queue
 from replaybuffer.errors import CheckpointError, EmptyBufferError, SpecError
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.shared_storage import SharedStorage
 
 SPEC = {"row": ArraySpec((), np.int64), "step": ArraySpec((), np.int64),
         "obs": ArraySpec((3,), np.float32)}
@@ -177,6 +179,40 @@ def test_clear_while_a_writer_process_goes_on_never_returns_an_older_step():
 
 
 # ------------------------------------------------------------------------ checkpoints
+def test_a_read_straddling_the_first_clear_redraws_only_steps_since_it(monkeypatch):
+    """A read draws (uniformly, nothing cleared yet), then stalls before its copy; the
+    buffer is cleared and one step written over the oldest. The windows that step
+    tore are drawn again among the steps since the clear only (the others, whole, were
+    drawn before it)."""
+    release, drawn, got = threading.Event(), [], []
+    gather = SharedStorage.gather
+
+    def stalled(storage, positions):
+        if threading.current_thread().name == "reader" and not release.is_set():
+            drawn.append(np.array(positions))
+            release.wait(30)
+        return gather(storage, positions)
+
+    monkeypatch.setattr(SharedStorage, "gather", stalled)
+    with SharedReplayBuffer(SPEC, 1, 4, seed=0) as buffer:
+        write_steps(buffer, 1, 4)
+        reader = threading.Thread(target=lambda: got.append(buffer.get_next(64)[0]),
+                                  name="reader")
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not drawn:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        buffer.clear()
+        buffer.add_batch(items_for(np.zeros(1), np.array([4])))  # over step 0
+        release.set()
+        reader.join(10)
+        torn = int((drawn[0] == 0).sum())
+        assert torn > 0
+        steps = got[0]["step"]
+        assert int((steps == 4).sum()) == torn and int((steps == 0).sum()) == 0
+
+
 def test_save_and_load_into_a_local_buffer_keeps_rows_and_priorities(tmp_path):
     with SharedReplayBuffer(SPEC, 3, 4, prioritized=True, alpha=1.0, seed=0) as buffer:
         write_steps(buffer, 3, 6)  # wrapped: steps 2..5 held
@@ -513,6 +549,96 @@ def test_a_queue_across_processes_returns_every_item_exactly_once():
         for one in got:  # each reader saw the queue oldest first
             assert [s for _, s in one] == sorted(s for _, s in one)
         assert buffer.dropped == 0
+
+
+def _stalled_queue_read(monkeypatch, buffer: SharedReplayBuffer):
+    """Start a thread whose ``get_next(1)`` is stalled between claiming its window and
+    copying it (the storage's first gather in that thread waits for the returned
+    event); returns ``(thread, release event, list the batch lands in)``."""
+    release, got = threading.Event(), []
+    gather = SharedStorage.gather
+
+    def stalled(storage, positions):
+        if threading.current_thread().name == "reader" and not release.is_set():
+            release.wait(30)
+        return gather(storage, positions)
+
+    monkeypatch.setattr(SharedStorage, "gather", stalled)
+    reader = threading.Thread(target=lambda: got.append(buffer.get_next(1)[0]),
+                              name="reader")
+    reader.start()
+    deadline = time.monotonic() + 10
+    while buffer.unread() == 4:  # until its window is claimed
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return reader, release, got
+
+
+def test_a_queue_window_claimed_and_not_yet_copied_is_never_overwritten(monkeypatch):
+    """A reader descheduled between its claim and its copy: the writer, which the
+    limiter lets go on, waits for the copy rather than overwrite the window."""
+    with SharedReplayBuffer(SPEC, 1, 4, rate_limiter=Queue(4), seed=0) as buffer:
+        write_steps(buffer, 1, 4)
+        reader, release, got = _stalled_queue_read(monkeypatch, buffer)
+        writer = threading.Thread(target=buffer.add_batch,
+                                  args=(items_for(np.zeros(1), np.array([4])),))
+        writer.start()  # step 4 overwrites step 0, which the reader holds
+        writer.join(0.3)
+        assert writer.is_alive() and buffer.steps_written().tolist() == [4]
+        release.set()
+        reader.join(10)
+        writer.join(10)
+        assert got[0]["step"].tolist() == [0]
+        batch, _ = buffer.get_next(4)
+        assert batch["step"].tolist() == [1, 2, 3, 4] and buffer.dropped == 0
+
+
+def test_a_pin_left_by_a_killed_reader_does_not_stall_the_writers(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # ended and reaped: its pid names no process
+    with SharedReplayBuffer(SPEC, 1, 4, rate_limiter=Queue(4), path=tmp_path / "b",
+                            seed=0) as buffer:
+        write_steps(buffer, 1, 4)
+        assert buffer.get_next(1)[0]["step"].tolist() == [0]
+        owners = np.load(tmp_path / "b" / "read_pin_owners.npy", mmap_mode="r+")
+        pins = np.load(tmp_path / "b" / "read_pins.npy", mmap_mode="r+")
+        slot = int(np.flatnonzero(owners == 0)[0])
+        owners[slot], pins[slot, 0] = dead.pid, 1  # killed while copying step 0
+        writer = threading.Thread(target=buffer.add_batch,
+                                  args=(items_for(np.zeros(1), np.array([4])),))
+        writer.start()
+        writer.join(10)
+        assert not writer.is_alive() and pins[slot, 0] == 0
+        assert buffer.get_next(4)[0]["step"].tolist() == [1, 2, 3, 4]
+
+
+def test_a_queue_window_lost_while_copied_is_replaced_dropped_and_counted(monkeypatch,
+                                                                          tmp_path):
+    """With every pin slot taken by other live processes a read goes unpinned: a window
+    overwritten while copied is replaced by the next, counted in ``dropped``, and
+    counted as read by the limiter (an admitted read never finds a window missing)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with SharedReplayBuffer(SPEC, 1, 4, rate_limiter=Queue(4), path=tmp_path / "b",
+                                seed=0) as buffer:
+            owners = np.load(tmp_path / "b" / "read_pin_owners.npy", mmap_mode="r+")
+            owners[:] = sleeper.pid
+            owners.flush()
+            write_steps(buffer, 1, 4)
+            reader, release, got = _stalled_queue_read(monkeypatch, buffer)
+            buffer.add_batch(items_for(np.zeros(1), np.array([4])))  # laps step 0
+            release.set()
+            reader.join(10)
+            assert got[0]["step"].tolist() == [1] and buffer.dropped == 1
+            stats = buffer.stats()
+            assert (stats.inserts, stats.samples) == (5, 2)
+            batch, _ = buffer.get_next(3, timeout=5)
+            assert batch["step"].tolist() == [2, 3, 4]
+            with pytest.raises(RateLimitedError):  # not admitted, then EmptyBufferError
+                buffer.get_next(1, timeout=0.05)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # ----------------------------------------------------------------------- crash points

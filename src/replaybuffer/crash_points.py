@@ -27,6 +27,9 @@ POINTS: dict[str, str] = {
                              "written",
     "shared.claim": "a shared buffer's rows just marked as this process's, under the "
                     "lock, before the claim returns",
+    "shared.write.uncount": "a full row's oldest step counted out of a shared buffer's "
+                            "held count, before its odd version marks it being "
+                            "overwritten",
     "shared.write.data": "a shared buffer's step written (data copied, versions odd), "
                          "before it is published",
     "shared.write.publish": "a shared buffer's step versions published (even), before "

@@ -33,8 +33,9 @@ the parts), :mod:`.pipeline` (datasets). What the buffer surface
 (:class:`~replaybuffer.protocols.Buffer`) asks and shards cannot do (``save(path)``,
 ``block=False``, one ``Queue`` across shards) is
 refused with a :class:`~replaybuffer.distributed.NotSupportedError` that names it.
-Windows over round-robin writes skip steps (consecutive steps went to different
-shards): write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
+Windows over round-robin writes would skip steps (consecutive steps went to different
+shards): a shard that took them refuses windows of more than one step, by name, until
+cleared; write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Items are checked against the spec (and the shards' row count) in the caller's
 process before they leave, so bad input raises there and reaches no shard. Each outbox
 numbers its chunks of writes per shard; the shard applies them in that order
-(:mod:`.ordering`). A chunk lost with a shard process that died is counted, and the
-count reaches the shard with the outbox's next call to it (its
+(:mod:`.ordering`). A chunk whose answer was lost with a shard process that died is
+reported, by number, with the outbox's next call to that shard, which counts its steps
+lost unless a process of the shard applied it (its
 :attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``).
 """
 
@@ -57,7 +58,8 @@ class Outbox:
         self._in_flight: dict[int, deque[int]] = {}
         self._actors: dict[int, Any] = {}
         self._release: set[int] = set()  # shards holding chunks of ours
-        self._lost: dict[int, int] = {}  # steps lost per shard, not yet reported to it
+        # Chunks whose answers were lost, per shard, not yet reported to it: (seq, steps).
+        self._lost: dict[int, list[tuple[int, int]]] = {}
         self.steps_dropped = 0
 
     def check(self, items: Any, outer: int, method: str) -> list[np.ndarray]:
@@ -78,16 +80,17 @@ class Outbox:
                                           f"[{', '.join(map(str, shape))}]"))
 
     def send(self, shard: int, actor: Any, ops: list[Op], steps: int,
-             keys: list[int | None]) -> None:
+             keys: list[int | None], round_robin: bool = False) -> None:
         """Send one chunk (``ops``, ``steps`` steps in all) to ``shard``, numbered so
-        the shard applies this outbox's chunks in the order sent."""
+        the shard applies this outbox's chunks in the order sent; ``round_robin``: the
+        writer's next steps go to other shards (the shard then refuses windows)."""
         seq = self._seq.get(shard, 0)
         self._seq[shard] = seq + 1
         flying = self._in_flight.setdefault(shard, deque())
         flying.append(seq)
         self._actors[shard] = actor
-        lost = self._lost.pop(shard, 0)
-        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost)
+        lost = self._lost.pop(shard, None)
+        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
         self._pending.append((shard, seq, steps, ref))
         while len(self._pending) > self._max:
             self._settle()
@@ -102,8 +105,8 @@ class Outbox:
             self._error = self._error or exc.as_instanceof_cause()
             self._release.add(shard)
             return
-        except RayError:  # the shard process died with it
-            self._lost[shard] = self._lost.get(shard, 0) + steps
+        except RayError:  # the shard process died with it (having applied it or not)
+            self._lost.setdefault(shard, []).append((seq, steps))
             self.steps_dropped += steps
             self._release.add(shard)
             self._settled(shard, None)
@@ -130,7 +133,7 @@ class Outbox:
                 break
             calls = []
             for shard in shards:
-                lost = self._lost.pop(shard, 0)
+                lost = self._lost.pop(shard, [])
                 calls.append((shard, lost,
                               self._actors[shard].release.remote(self.writer, lost)))
             self._release.clear()
@@ -139,7 +142,7 @@ class Outbox:
                     ray.get(ref)
                 except RayError:  # restarting: ask again (its new process holds nothing
                     # of ours, but must hear of the steps lost)
-                    self._lost[shard] = self._lost.get(shard, 0) + lost
+                    self._lost.setdefault(shard, []).extend(lost)
             if self._lost:
                 time.sleep(0.1 * min(attempt + 1, 10))
         self.raise_error()

@@ -24,8 +24,9 @@ import ray
 from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer
+from replaybuffer.distributed.errors import NotSupportedError
 from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
-from replaybuffer.distributed.ray_shards.shard_home import ShardHome
+from replaybuffer.distributed.ray_shards.shard_home import ShardHome, writer_key
 from replaybuffer.persist import checkpoints, load
 from replaybuffer.rate_limiter import RateLimiterStats
 
@@ -42,6 +43,8 @@ KEEP = 2
 
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 """One write: the buffer method's name, its arguments and keywords."""
+Lost = list[tuple[int, int]]
+"""Chunks of a writer's writes lost with a shard process: ``(seq, steps)`` each."""
 Status = tuple[int, int, int, int]
 """``(incarnation, restored_last_id, steps_lost, last_id)`` of a shard."""
 
@@ -108,6 +111,9 @@ class ShardActor:
                 limiter.load_state_dict(state)  # no other thread sees it yet
         # What the previous process had applied and this one lacks (0 at a first start).
         self.steps_lost = max(0, self.files.mark - self.restored_last_id)
+        # Chunks a process before this one applied: counted above, never again when a
+        # writer reports them lost (it saw no answer, not that they were not applied).
+        self.applied_before = self.files.applied()
         self.buffer = buffer
         self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
@@ -146,12 +152,14 @@ class ShardActor:
 
     @ray.method(concurrency_group="writes")
     def write(self, ops: list[Op], keys: list[int | None], writer: str, seq: int,
-              base: int, lost: int = 0
+              base: int, lost: Lost | None = None, round_robin: bool = False
               ) -> tuple[int, dict[int | None, float], int, Status]:
         """Apply chunk ``seq`` of ``writer`` (its writes, in order) in the writer's
         order (:class:`~.ordering.WriteOrder`; ``base``: the writer's lowest unsettled
-        number). ``lost``: steps of this writer's earlier chunks that a shard process
-        died with (counted in :attr:`steps_lost`).
+        number). ``lost``: this writer's earlier chunks whose answers a shard process
+        died with (counted in :attr:`steps_lost` unless a process applied them).
+        ``round_robin``: the chunk is a round-robin write (the writer's next steps go
+        to other shards): windows of more than one step are refused from then on.
 
         Returns:
             ``(last_id, masses for keys, writes of this writer held, status)``.
@@ -159,21 +167,32 @@ class ShardActor:
         Raises:
             The first error a write in the due chunks raised; the others are applied.
         """
-        self.steps_lost += lost
-        self.apply(self.order.arrive(writer, seq, base, ops))
+        self.count_lost(writer, lost)
+        if round_robin and not self.files.round_robin:
+            self.files.round_robin = True
+        self.apply(self.order.arrive(writer, seq, base, ops), writer)
         return (self.buffer.last_id, self.masses(keys), self.order.waiting(writer),
                 self.status())
 
     @ray.method(concurrency_group="writes")
-    def release(self, writer: str, lost: int = 0) -> Status:
+    def release(self, writer: str, lost: Lost | None = None) -> Status:
         """Apply every held chunk of ``writer`` (it saw all its chunks settled);
         ``lost`` as for :meth:`write`."""
-        self.steps_lost += lost
-        self.apply(self.order.release(writer))
+        self.count_lost(writer, lost)
+        self.apply(self.order.release(writer), writer)
         return self.status()
 
-    def apply(self, chunks: list[list[Op]]) -> None:
-        """Apply ``chunks`` in order. A write that fails does not stop the ones after
+    def count_lost(self, writer: str, lost: Lost | None) -> None:
+        """Count in :attr:`steps_lost` the steps of ``writer``'s chunks ``lost`` that
+        no process of this shard applied (those it applied after its last checkpoint
+        are counted by the mark already)."""
+        if lost:
+            applied = self.applied_before.get(writer_key(writer), -1)
+            self.steps_lost += sum(steps for seq, steps in lost if seq > applied)
+
+    def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
+        """Apply ``chunks`` in order (of ``writer``, whose newest applied chunk is then
+        recorded in the shard's home). A write that fails does not stop the ones after
         it (they are other, valid writes); the first error is raised at the end."""
         error: BaseException | None = None
         for ops in chunks:
@@ -183,6 +202,9 @@ class ShardActor:
                 except Exception as exc:  # noqa: BLE001 - raised below, after the rest
                     error = error or exc
         self.files.mark = last_id = self.buffer.last_id
+        if writer is not None and chunks:
+            self.files.record_applied(writer_key(writer),
+                                      self.order.next_seq.get(writer, 0) - 1)
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             # ray.method types save as a remote method; in the actor it is a plain one.
@@ -209,6 +231,13 @@ class ShardActor:
         by ``seed``, or a transition buffer's ``sample``): ``(items, ids,
         probabilities, mass, status)``."""
         if method == "get_next":
+            if self.files.round_robin and (num_steps or 1) > 1:
+                raise NotSupportedError(
+                    f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
+                    "over round-robin writes: each row's consecutive steps went to different shards, so a "
+                    "shard's window would skip steps. Write sequences through shard= or "
+                    "writer(i), one writer per shard's rows (clear() forgets the "
+                    "round-robin writes)")
             rng = None if seed is None else seeded(seed)
             items, info = self.buffer.draw(count, num_steps, True, rng, within_episodes,
                                            timeout)
@@ -243,6 +272,9 @@ class ShardActor:
         self.incarnation = self.files.next_incarnation()
         self.restored_last_id = -1
         self.steps_lost = 0
+        self.files.forget_applied()
+        self.files.round_robin = False
+        self.applied_before = {}
         self.files.mark = self.saved_last_id = self.buffer.last_id
         if self.root is not None:
             self.save()  # type: ignore[operator]

@@ -6,7 +6,13 @@ can say what it lost and resume where it stood.
 - ``mark``: the ``last_id`` of the last applied write, an int64 in a memory-mapped
   file. A store into a shared file mapping survives the process being killed (the
   page belongs to the kernel's page cache), so a restarted shard knows how many steps
-  its checkpoint lacks, whoever wrote them; it costs one memory store per write.
+  its checkpoint lacks, whoever wrote them; it costs one memory store per write. The
+  same file holds, per writer (up to :data:`WRITER_SLOTS`), the number of the newest
+  chunk of its writes applied: a writer whose chunk was lost on its way back (the
+  process died after applying it, before answering) reports it lost, and the next
+  process counts it only if no process before it applied it (the mark counts it
+  otherwise); and whether round-robin writes came since the last clear (windows over
+  them are refused).
 - ``limiter/<last_id>.json``: the rate limiter's counters saved with each checkpoint
   (checkpoints save the buffer, not its limiter), restored with it.
 
@@ -28,6 +34,15 @@ import numpy as np
 INCARNATIONS = 0x7FFF
 """Incarnations wrap after this many starts (ids carry them in 15 bits)."""
 
+WRITER_SLOTS = 256
+"""Writers whose applied chunks the mark file records; chunks of further writers
+reported lost are counted whether or not they were applied."""
+
+_MARK_WORDS = 2 + 2 * WRITER_SLOTS
+"""int64 words of the mark file: the mark, whether round-robin writes came (1) since
+the shard was last cleared, then per slot the writer's key and ``1 +`` its newest
+applied chunk's number (0: a free slot)."""
+
 
 class ShardHome:
     """The files of one shard under ``home`` (created if missing).
@@ -43,12 +58,17 @@ class ShardHome:
         home.mkdir(parents=True, exist_ok=True)
         path = home / "mark"
         fresh = not path.exists()
+        size = 8 * _MARK_WORDS
         with open(path, "a+b") as fh:
-            if fresh or os.path.getsize(path) < 8:
-                fh.truncate(8)
+            if fresh or os.path.getsize(path) < size:
+                fh.truncate(size)  # zeros past a shorter file: no writer recorded
                 fh.flush()
-            self._map = mmap.mmap(fh.fileno(), 8)
-        self._mark = np.frombuffer(self._map, np.int64, 1)
+            self._map = mmap.mmap(fh.fileno(), size)
+        words = np.frombuffer(self._map, np.int64, _MARK_WORDS)
+        self._mark = words[:1]
+        self._round_robin = words[1:2]
+        self._writers = words[2:].reshape(WRITER_SLOTS, 2)
+        self._slots: dict[int, int] = {}
         if fresh:
             self._mark[0] = -1
 
@@ -70,6 +90,44 @@ class ShardHome:
     @mark.setter
     def mark(self, last_id: int) -> None:
         self._mark[0] = last_id
+
+    @property
+    def round_robin(self) -> bool:
+        """Whether the shard holds steps of round-robin writes (whose rows' consecutive
+        steps went to other shards too) since it was last cleared."""
+        return bool(self._round_robin[0])
+
+    @round_robin.setter
+    def round_robin(self, value: bool) -> None:
+        self._round_robin[0] = int(value)
+
+    def applied(self) -> dict[int, int]:
+        """Per writer key (:func:`writer_key`), the number of the newest chunk of its
+        writes any process of this shard applied (writers not recorded are absent)."""
+        return {int(key): int(seq) - 1 for key, seq in self._writers if seq}
+
+    def record_applied(self, writer: int, seq: int) -> None:
+        """Record that the chunks of ``writer`` (a :func:`writer_key`) up to ``seq``
+        are applied: one memory store (a slot is found once per writer)."""
+        slot = self._slots.get(writer)
+        if slot is None:
+            keys = self._writers[:, 0]
+            found = np.flatnonzero((keys == writer) & (self._writers[:, 1] > 0))
+            free = np.flatnonzero(self._writers[:, 1] == 0)
+            if len(found):
+                slot = int(found[0])
+            elif len(free):
+                slot = int(free[0])
+                self._writers[slot, 0] = writer
+            else:
+                return  # no room: this writer's lost chunks are counted in full
+            self._slots[writer] = slot
+        self._writers[slot, 1] = max(int(self._writers[slot, 1]), seq + 1)
+
+    def forget_applied(self) -> None:
+        """Forget every writer's record (a clear starts the shard afresh)."""
+        self._writers[:] = 0
+        self._slots.clear()
 
     def save_limiter(self, last_id: int, state: dict[str, Any], keep: int) -> None:
         """Save a limiter's counters for the checkpoint of ``last_id``; keep the
@@ -95,3 +153,9 @@ class ShardHome:
         """Delete the directory if it is a temporary one (no checkpoint directory)."""
         if self.temporary:
             shutil.rmtree(self.home, ignore_errors=True)
+
+
+def writer_key(writer: str) -> int:
+    """A writer's name (16 hex digits) as the int64 the mark file stores (never 0)."""
+    key = int(np.array(int(writer, 16) & (2**64 - 1), np.uint64).view(np.int64))
+    return key or 1

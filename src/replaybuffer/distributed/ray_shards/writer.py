@@ -82,8 +82,9 @@ class ShardWriter:
         chunk_seconds: the longest a step waits in a chunk, checked at each write.
 
     Attributes:
-        steps_dropped: steps of chunks lost with a shard process that died (also
-            counted in the buffer's ``losses``).
+        steps_dropped: steps of chunks whose answer was lost with a shard process that
+            died, applied there or not (the buffer's ``losses`` count each lost step
+            once: by the shard's mark if a process applied it, else by this report).
     """
 
     def __init__(self, actor: Any, shard: int, data_spec: Any, max_in_flight: int = 8,

@@ -50,7 +50,9 @@ class ShardWrites:
 
         Round-robin suits items whole on their own (transitions); steps that form
         windows (``get_next(num_steps=T)``) must go to one shard per writer:
-        ``shard=`` or a :meth:`writer` (windows over round-robin writes skip steps).
+        ``shard=`` or a :meth:`writer`. A shard that took round-robin writes refuses
+        windows of more than one step (they would skip steps) with a
+        :class:`~replaybuffer.distributed.NotSupportedError`, until it is cleared.
 
         Args:
             timeout: passed to the shard's ``add_batch`` (its rate limiter's
@@ -96,12 +98,13 @@ class ShardWrites:
                steps: int, shard: int | None) -> None:
         self._outbox.raise_error()
         self._probe()
+        round_robin = shard is None and self.num_shards > 1
         if shard is None:
             shard = self._pick_writer()
         elif not 0 <= shard < self.num_shards:
             raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
         self._outbox.send(shard, self._actors[shard], [(method, args, kwargs)], steps,
-                          self._sampler.mass_keys())
+                          self._sampler.mass_keys(), round_robin)
 
     def _pick_writer(self) -> int:
         for _ in range(self.num_shards):

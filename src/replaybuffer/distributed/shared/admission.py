@@ -81,7 +81,10 @@ class SharedAdmission:
         control: the shared int64 control array (:mod:`.layout`).
         lock: the buffer's process lock, held by calls held back (to count and
             publish themselves) and to raise the largest call recorded.
-        size: the buffer's item count now (``len(buffer)``).
+        size: the buffer's item count now (``len(buffer)``, exact).
+        quick_size: the same by the writers' own counts, cheaper, and at most short
+            (never over) after a writer was killed: the first look of a decision; a
+            sample it would hold back is decided again on ``size``.
         check_open: raises :class:`~replaybuffer.distributed.BufferClosedError` once the
             buffer is closed (a waiting call stops then).
         counters: the per-process counts (:mod:`.counters`).
@@ -89,12 +92,14 @@ class SharedAdmission:
     """
 
     def __init__(self, limiter: RateLimiter, control: np.ndarray, lock: ProcessLock,
-                 size: Callable[[], int], check_open: Callable[[], None],
-                 counters: ProcessCounters, capacity: int):
+                 size: Callable[[], int], quick_size: Callable[[], int],
+                 check_open: Callable[[], None], counters: ProcessCounters,
+                 capacity: int):
         self.limiter = limiter
         self._control = control
         self._lock = lock
         self._size = size
+        self._quick_size = quick_size
         self._check_open = check_open
         self._counters = counters
         self._capacity = capacity
@@ -182,7 +187,7 @@ class SharedAdmission:
             full_fence()
         totals = counters.totals()
         mine = n if refusable else 0
-        size = self._size()
+        size = self._quick_size()
         if insert:
             limiter.inserts = int(totals[ADMITTED_INSERTS] + totals[RESERVED_INSERTS]) - mine
             limiter.samples = int(totals[ADMITTED_SAMPLES])
@@ -191,6 +196,9 @@ class SharedAdmission:
             limiter.inserts = int(totals[ADMITTED_INSERTS])
             limiter.samples = int(totals[ADMITTED_SAMPLES] + totals[RESERVED_SAMPLES]) - mine
             ready = limiter.can_sample(n, size)
+            if not ready:  # only the exact count may hold a sample back
+                exact = self._size()
+                ready = exact != size and limiter.can_sample(n, exact)
         control = self._control
         limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
         limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
@@ -227,6 +235,11 @@ class SharedAdmission:
         that it does not hold later calls back. (The largest call recorded stays: it
         only makes the check of calls too large for the window stricter.)"""
         self._counters.add(ADMITTED_INSERTS if insert else ADMITTED_SAMPLES, -n)
+
+    def count_more(self, insert: bool, n: int) -> None:
+        """Count ``n`` items more than were admitted: a ``Queue`` read that replaced
+        windows lost while it copied them consumed those too (:mod:`.queue`)."""
+        self._counters.add(ADMITTED_INSERTS if insert else ADMITTED_SAMPLES, n)
 
     # ---------------------------------------------------------- waiting calls
     def _refuse_a_deadlock(self, insert: bool, n: int, size: int) -> None:

@@ -89,10 +89,11 @@ from replaybuffer.distributed.shared.process_lock import (ProcessLock, directory
                                                             removed_on_failure)
 from replaybuffer.distributed.shared.sampling import SharedSampler
 from replaybuffer.distributed.shared.read_choice import ReadChoice
+from replaybuffer.distributed.shared.read_pins import ReadPins
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
-from replaybuffer.rate_limiter import RateLimiter, RateLimiterStats
+from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -176,23 +177,27 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         paths = nest.leaf_paths(self._data_spec)
         self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
         self._items = ItemChecker(self._data_spec, self._storage)
+        self._lock = ProcessLock(self.path / "lock")
         self._marks = marks = RowMarks(self._storage, rows, length)  # before the layout
+        pins = ReadPins(self._storage, rows, self._lock) \
+            if isinstance(config.rate_limiter, Queue) else None  # before the layout too
         self._layout = layout = SharedLayout(self._storage, rows, length,
                                              config.prioritized, create)
         self._next_id, self._control = layout.next_id, layout.control
-        self._lock = ProcessLock(self.path / "lock")
         self._priorities = SharedPriorities(layout, self._lock, rows, length,
                                             config.alpha) if config.prioritized else None
         self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
                                       self._priorities, config.beta, config.seed)
         self._limiter: RateLimiter | None = config.rate_limiter
         self._admission = None if self._limiter is None else SharedAdmission(
-            self._limiter, self._control, self._lock, self.__len__, self._check_open,
+            self._limiter, self._control, self._lock, self.__len__, self._items_counted,
+            self._check_open,
             ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
         self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    self._priorities, self._admission)
-        self._wire_choices(layout, marks, self._storage, self._lock, self._priorities)
+                                    self._priorities, self._admission, pins)
+        self._wire_choices(layout, marks, self._storage, self._lock, self._priorities,
+                           pins, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed
 
     # -------------------------------------------------------------- properties
@@ -238,11 +243,24 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         return self._priorities.max_priority
 
     def __len__(self) -> int:
-        """Items a sample can return (see :meth:`SharedLayout.items_held`; after a
-        clear, those since it: :meth:`RowMarks.items_held`)."""
+        """Items a sample can return, exact whatever a killed writer left (see
+        :meth:`SharedLayout.held_by_versions`; after a clear, those since it:
+        :meth:`RowMarks.items_held`)."""
+        return self._items_held(self._layout.held_by_versions())
+
+    def _items_counted(self) -> int:
+        """:meth:`__len__` by the counts the writers keep (a fifth of its cost): the
+        same while the writers live, one short per row of a writer killed between
+        counting a step out and starting to overwrite it (the rate limiter's first
+        look; it looks at :meth:`__len__` before it holds a sample back)."""
+        return self._items_held(self._layout.held)
+
+    def _items_held(self, held: np.ndarray) -> int:
+        """The items of per-row counts ``held`` (int64 ``[num_rows]``) a sample can
+        return: all of them, or after a clear those since it."""
         if self._marks.cleared:
-            return self._marks.items_held(self._layout.held, self._layout.next_id)
-        return self._layout.items_held()
+            return self._marks.items_held(held, self._layout.next_id)
+        return int(held.sum())
 
     def __repr__(self) -> str:
         return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
@@ -389,8 +407,10 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         rng = self._sampler.process_rng() if rng is None else rng
         choice = self._window_choice(within_episodes)  # after the wait: a clear since
         with nullcontext() if self._admission is None else \
-                self._admission.given_back_on_error(False, count):  # a failed draw never counts
-            leaves, ids, info = self._sampler.draw(count, steps, rng, choice)
+                self._admission.given_back_on_error(False, count), \
+                self._reading(choice):  # a failed draw never counts; a Queue's pins
+            leaves, ids, info = self._sampler.draw(
+                count, steps, rng, choice, lambda: self._window_choice(within_episodes))
         if num_steps is None:
             leaves = [leaf[:, 0] for leaf in leaves]
             ids = ids[:, 0]

@@ -10,7 +10,10 @@ its directory:
 - ``owner`` int64 ``[num_rows]``: the pid writing each row (0: none);
 - ``held`` int64 ``[num_rows]``: steps of each row a sample can return, kept by its
   writer: ``min(next_id, max_length)``, less one while a full row's oldest step is
-  rewritten (so a step a killed writer left half overwritten is never counted);
+  rewritten (so a step a killed writer left half overwritten is never counted). A
+  writer killed between its two stores (the count, the odd version) leaves it one
+  short until its rows are claimed again; ``len()`` counts from the heads and
+  versions instead (:meth:`SharedLayout.held_by_versions`), exact at every moment;
 - ``control`` int64 ``[16]``: the fields named below (the rate limiter's largest calls,
   blocked counts and waiting calls, closed flag, how many processes attached);
 - ``counters`` int64 ``[SLOTS + 1, COLUMNS]`` and ``counter_owners`` int64 ``[SLOTS + 1]``:
@@ -88,6 +91,17 @@ class SharedLayout:
         if create:  # the last file is made: allocate them all, or refuse (no SIGBUS later)
             storage.reserve()
 
-    def items_held(self) -> int:
-        """Items a sample can return: the sum of ``held`` (see the module docstring)."""
-        return int(self.held.sum())
+    def held_by_versions(self) -> np.ndarray:
+        """Per row (int64 ``[num_rows]``) the steps a sample can return, from the row
+        heads and the versions alone: ``min(head, max_length)``, less one where the
+        position of the row's oldest step no longer holds it (being rewritten, or
+        rewritten by a writer that has not moved the head yet). The ``held`` counts the
+        writers keep say the same while they live; this stays exact when a writer is
+        killed between its two stores (count down, version odd)."""
+        heads = self.next_id.copy()
+        rows = len(heads)
+        length = len(self.version) // rows
+        positions = (heads % length) * rows + np.arange(rows)
+        gone = (heads >= length) & (self.version[positions] != 2 * (heads - length) + 2)
+        held: np.ndarray = np.minimum(heads, length) - gone
+        return held

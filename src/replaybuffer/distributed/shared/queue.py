@@ -10,10 +10,14 @@ buffer's lock, so two readers never take the same window. The limiter paces inse
 and reads by the shared counters as any limiter does: inserts wait while ``size``
 items are unread, reads wait for unread items.
 
-Steps overwritten before they were read (a row's writer lapped its cursor) are
-skipped and counted (:attr:`~replaybuffer.distributed.SharedReplayBuffer.dropped`);
-a claimed window overwritten while it was copied is replaced by the next unread one
-(and not counted).
+A claimed window is pinned while it is copied (:mod:`.read_pins`): its row's writer
+waits rather than overwrite it, however long the reader is descheduled. Steps
+overwritten before they were read anyway (a row's writer lapped its cursor; a window
+claimed unpinned, or in the race pins leave open) are skipped and counted
+(:attr:`~replaybuffer.distributed.SharedReplayBuffer.dropped`); a claimed window lost
+so is replaced by the next unread one, and the replacement is counted as a read by the
+rate limiter too, so that its counts keep matching the unread windows (otherwise an
+admitted read would later find one window fewer than the limiter promised).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.process_lock import ProcessLock
+from replaybuffer.distributed.shared.read_pins import ReadPins
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.errors import EmptyBufferError
@@ -47,12 +53,26 @@ class QueueWindows:
         layout: the buffer's control arrays.
         marks: its row floors and read cursors.
         lock: its process lock (held while cursors are read and moved).
+        pins: the pins of windows being copied.
+        count_reads: counts ``n`` more reads in the rate limiter (replacements).
     """
 
-    def __init__(self, layout: SharedLayout, marks: RowMarks, lock: ProcessLock):
+    def __init__(self, layout: SharedLayout, marks: RowMarks, lock: ProcessLock,
+                 pins: ReadPins, count_reads: Callable[[int], None]):
         self._next_id = layout.next_id
         self._marks = marks
         self._lock = lock
+        self._pins = pins
+        self._count_reads = count_reads
+        self._replacing = False
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """The context of one read (its claims stay pinned until it ends); a claim
+        after its first is a replacement of windows lost while copied."""
+        with self._pins.reading():
+            self._replacing = False
+            yield
 
     def _unread_from(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row (int64 ``[num_rows]`` each): where its next unread window starts (past
@@ -96,6 +116,10 @@ class QueueWindows:
         row, from :meth:`_unread_from`); the lock held."""
         marks = self._marks
         marks.counts[DROPPED] += int(np.maximum(start - marks.cursor, 0).sum())
+        if self._replacing:  # the read's windows lost while copied: dropped, and read
+            marks.counts[DROPPED] += count * steps
+            self._count_reads(count)
+        self._replacing = True
         # Each row's first min(windows, count) windows; the count oldest of them.
         nth = np.arange(min(count, int(windows.max())), dtype=np.int64)
         candidate = nth < windows[:, None]
@@ -105,6 +129,7 @@ class QueueWindows:
         rows, starts = rows[order], starts[order]
         marks.cursor[:] = start
         np.maximum.at(marks.cursor, rows, starts + steps)
+        self._pins.pin(rows, starts)
         return rows, starts, np.ones(count)
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:

@@ -7,11 +7,16 @@ the ``Queue`` limiter's counts.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import ContextManager
+
+from replaybuffer.distributed.shared.admission import SharedAdmission
 from replaybuffer.distributed.shared.episodes import EpisodeWindows
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.queue import QueueWindows
+from replaybuffer.distributed.shared.read_pins import ReadPins
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
 from replaybuffer.distributed.shared.windows import HeldWindows, WindowChoice
 from replaybuffer.rate_limiter import Queue, RateLimiter
@@ -29,8 +34,10 @@ class ReadChoice:
     _limiter: RateLimiter | None
 
     def _wire_choices(self, layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
-                      lock: ProcessLock, priorities: SharedPriorities | None) -> None:
-        """Make the window choices of this buffer's reads (at mapping)."""
+                      lock: ProcessLock, priorities: SharedPriorities | None,
+                      pins: ReadPins | None, admission: SharedAdmission | None) -> None:
+        """Make the window choices of this buffer's reads (at mapping); ``pins`` and
+        ``admission``: a ``Queue`` buffer's."""
         rows, length = len(layout.next_id), len(layout.version) // len(layout.next_id)
         self._held_windows = HeldWindows(layout, marks, priorities)
         if priorities is not None:  # ids below a floor were cleared: not updated
@@ -38,8 +45,18 @@ class ReadChoice:
         self._episodes = None if self._episode_leaf is None else EpisodeWindows(
             layout, marks, lock, storage.arrays[self._episode_leaf], self._episode_leaf,
             rows, length, priorities)
-        self._queue = QueueWindows(layout, marks, lock) \
-            if isinstance(self._limiter, Queue) else None
+        self._queue = None
+        if isinstance(self._limiter, Queue):
+            assert pins is not None and admission is not None
+            self._queue = QueueWindows(layout, marks, lock, pins,
+                                       lambda n: admission.count_more(False, n))
+
+    def _reading(self, choice: WindowChoice | None) -> ContextManager[None]:
+        """The context of a read drawing from ``choice``: a ``Queue``'s pins its
+        claimed windows while they are copied (:mod:`.read_pins`)."""
+        if self._queue is not None and choice is self._queue:
+            return self._queue.reading()
+        return nullcontext()
 
     def _window_choice(self, within_episodes: bool) -> WindowChoice | None:
         """The windows a read draws from (:mod:`.windows`); ``None``: any window below

@@ -19,6 +19,7 @@ and checks the data outside it, as a uniform draw does.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -82,13 +83,16 @@ class SharedSampler:
         return self._rng
 
     def draw(self, count: int, steps: int, rng: np.random.Generator,
-             choice: WindowChoice | None = None
+             choice: WindowChoice | None = None,
+             recheck: Callable[[], WindowChoice | None] | None = None
              ) -> tuple[list[np.ndarray], np.ndarray, dict[str, np.ndarray]]:
         """``count`` windows of ``steps`` whose every step was whole while copied:
         leaves ``[count, steps, ...]``, int64 item ids ``[count, steps]``, ``info``
         (float32 ``probabilities [count]``; prioritized: float32 ``weights [count]``).
         ``choice``: the windows to draw instead of any below a row's head (a cleared
-        buffer, episodes, a queue; see :mod:`.windows`).
+        buffer, episodes, a queue; see :mod:`.windows`). ``recheck``: asked again for
+        the choice before a redraw while it is ``None`` (a clear since the read began
+        narrows the redraws to the steps since it).
 
         Raises:
             EmptyBufferError: no row holds ``steps`` steps (no positive priority).
@@ -104,7 +108,11 @@ class SharedSampler:
         leaves: list[np.ndarray] | None = None
         ids = np.empty((count, steps), np.int64)
         chance = np.empty(count, np.float64)
-        for _ in range(MAX_REDRAWS):
+        for round_ in range(MAX_REDRAWS):
+            if round_ and choice is None and recheck is not None:
+                choice = recheck()
+                if choice is not None:
+                    draw_positions = choice.positions
             rows, starts, p = draw_positions(len(todo), steps, rng)
             step_ids = starts[:, None] + offsets
             positions = (step_ids % length) * rows_total + rows[:, None]

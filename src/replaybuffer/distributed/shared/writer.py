@@ -6,7 +6,9 @@ with ``B`` envs owns ``B`` rows) under the buffer's lock; each row has one write
 writes need no lock against each other. Rows of a process that ended (however it ended)
 are free again, with their steps, for the next claim.
 
-A step of a uniform buffer, at positions ``span`` of the rows, is written with no lock:
+A step of a uniform buffer, at positions ``span`` of the rows, is written with no lock
+(with a ``Queue`` limiter, after waiting for any read still copying a window the step
+overwrites: :mod:`.read_pins`):
 
 1. ``held`` of the rows drops by one when the step overwrites the row's oldest;
 2. ``version[span] = 2 * id + 1`` (odd: being written);
@@ -53,6 +55,7 @@ from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock, process_ended
+from replaybuffer.distributed.shared.read_pins import ReadPins
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -70,15 +73,18 @@ class SharedWriter:
             admits (and counts) each insert before it is written gets the count of a
             write that fails back, so that an insert that never happened holds no later
             call back; one that never holds an insert back counts it at the commit.
+        pins: (``Queue`` buffers) windows being read, which a step waits for rather than
+            overwrite (:mod:`.read_pins`).
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
-                 admission: SharedAdmission | None):
+                 admission: SharedAdmission | None, pins: ReadPins | None = None):
         self._version, self._next_id = layout.version, layout.next_id
         self._owner, self._control = layout.owner, layout.control
         self._held = layout.held
         self._priorities = priorities
+        self._pins = pins
         self._storage = storage
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
@@ -263,16 +269,22 @@ class SharedWriter:
         # version, never before a wait for the lock: a writer killed while it waited
         # would leave len() short of steps that are still whole and drawable).
         rewrites = step >= self._length
+        if rewrites and self._pins is not None:  # a Queue's read copying it: wait
+            self._pins.wait_for_readers(first, count, step - self._length)
         priorities = self._priorities
         if priorities is None:
             if rewrites:
                 self._my_held.fill(self._length - 1)
+                if ARMED is not None:
+                    crash_point("shared.write.uncount")
             self._version[span] = 2 * step + 1  # 2.
         else:  # not drawn while rewritten
             positions = np.arange(start, start + count)
             with priorities.changing(start, count):
                 if rewrites:
                     self._my_held.fill(self._length - 1)
+                    if ARMED is not None:
+                        crash_point("shared.write.uncount")
                 self._version[span] = 2 * step + 1
                 priorities.set(positions, np.zeros(count))
         order_fence()  # 3.
