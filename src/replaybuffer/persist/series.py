@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -50,6 +51,35 @@ def publish(tmp: Path, root: Path) -> Path:
             raise
         sync_directory(root)
         return final
+
+
+def save_into(root: Path, keep: int, write: Callable[[Path], None]) -> Path:
+    """Add a checkpoint to the series at ``root`` (made if missing): ``write`` fills a
+    temporary directory in it, which is then published as the next ``ckpt-N``; the
+    series is pruned to ``keep``. What an earlier dead saver left is removed first.
+
+    Returns:
+        The new checkpoint's directory.
+
+    Raises:
+        CheckpointError: a file system error (the message names ``root`` and the
+            error); the series is as it was, the temporary directory removed.
+    """
+    tmp = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(root)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
+        write(tmp)
+        final = publish(tmp, root)
+        tmp = None
+        prune(root, keep)
+    except OSError as exc:
+        raise CheckpointError(f"cannot save to {root}: {exc}") from exc
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def prune(root: Path, keep: int) -> None:

@@ -17,19 +17,15 @@ each phase by replacing them there.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 from replaybuffer.crash_points import ARMED, crash_point
-from replaybuffer.errors import CheckpointError
 import replaybuffer.persist.durable as durable
 import replaybuffer.persist.series as series
-from replaybuffer.persist.layout import FORMAT, MANIFEST, TMP, VERSION
+from replaybuffer.persist.layout import FORMAT, MANIFEST, VERSION
 from replaybuffer.persist.manifest import manifest_checksum
 from replaybuffer.persist.savable import SavableBuffer
 from replaybuffer.persist.spec_codec import encode_spec
@@ -56,21 +52,8 @@ def save_series(buffer: SavableBuffer, root: Path, keep: int, metadata: dict[str
     with _SAVING_LOCK:  # one save of a buffer at a time: each holds a snapshot open
         saving = _SAVING.setdefault(buffer, threading.Lock())
     with saving:
-        tmp = None
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            series.remove_abandoned(root)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
-            _write_checkpoint(buffer, tmp, metadata, chunk_bytes, state_only)
-            final = series.publish(tmp, root)
-            tmp = None
-            series.prune(root, keep)
-        except OSError as exc:
-            raise CheckpointError(f"cannot save to {root}: {exc}") from exc
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return series.save_into(root, keep, lambda tmp: _write_checkpoint(
+            buffer, tmp, metadata, chunk_bytes, state_only))
 
 
 def _write_checkpoint(buffer: SavableBuffer, directory: Path, metadata: dict[str, Any],

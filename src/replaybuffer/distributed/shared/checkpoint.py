@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import CLEARS, DROPPED, RowMarks
 from replaybuffer.distributed.shared.snapshot import RowSnapshot, take_snapshot
 from replaybuffer.errors import CheckpointError
-from replaybuffer.persist.layout import FORMAT, MANIFEST, TMP, VERSION
+from replaybuffer.persist.layout import FORMAT, MANIFEST, VERSION
 from replaybuffer.persist.manifest import manifest_checksum
 from replaybuffer.persist.manifest import read_manifest
 from replaybuffer.persist.series import checked_save_arguments
@@ -108,23 +106,13 @@ class SharedCheckpoints:
         config = self._config
         snap = take_snapshot(self._layout, self._marks, self._storage, self._lock,
                              config.num_rows, config.max_length)
-        tmp = None
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            series.remove_abandoned(root)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP}{os.getpid()}-", dir=root))
+
+        def write(tmp: Path) -> None:
             self._write_checkpoint(tmp, snap, metadata)
             if ARMED is not None:
                 crash_point("shared.save.publish")
-            final = series.publish(tmp, root)
-            tmp = None
-            series.prune(root, keep)
-        except OSError as exc:
-            raise CheckpointError(f"cannot save to {root}: {exc}") from exc
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-        return final
+
+        return series.save_into(root, keep, write)
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike[str], *,
