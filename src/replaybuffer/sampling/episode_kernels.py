@@ -15,11 +15,11 @@ Start keys: an episode start of row ``r`` at id ``i`` is the key ``r * KEY_STRID
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.importance import weigh_into
 
 #: Row stride of an episode start's key (module docstring): ids stay below 2 ** 40.
 KEY_STRIDE = 1 << 40
@@ -134,13 +134,5 @@ def draw_within_round(nodes: np.ndarray, runs: np.ndarray, root_width: int, heig
             kept += 1
     if kept < need:
         return kept
-    low = values[0]
-    for k in range(need):
-        v = values[k]
-        weighed[0, k] = v / valid_mass
-        low = v if v < low else low
-    if not math.isnan(floor):
-        low = floor
-    for k in range(need):
-        weighed[1, k] = low / values[k]
+    weigh_into(values, need, valid_mass, floor, weighed)
     return kept

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.importance import probabilities_and_ratios
+from replaybuffer.sampling.importance import probabilities_and_ratios, weigh_into
 from replaybuffer.sampling.priority_range import range_segments
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.ring import Ring
@@ -115,13 +115,5 @@ def _fused(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
         indices[1, k] = position
         if v == 0.0 or i >= hi:  # a slot of 0, or a start outside the range
             return False
-    low = values[0]
-    for k in range(count):
-        v = values[k]
-        weighed[0, k] = v / valid_mass
-        low = v if v < low else low
-    if not math.isnan(floor):
-        low = floor
-    for k in range(count):
-        weighed[1, k] = low / values[k]
+    weigh_into(values, count, valid_mass, floor, weighed)
     return True

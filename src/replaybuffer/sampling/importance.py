@@ -45,18 +45,26 @@ def _numpy(values: np.ndarray, valid_mass: float, floor: float
 
 
 @tree_kernels.compile_kernel
-def _compiled(values: np.ndarray, valid_mass: float, floor: float
-              ) -> tuple[np.ndarray, np.ndarray]:
-    count = values.shape[0]
-    probabilities = np.empty(count, np.float32)
+def weigh_into(values: np.ndarray, count: int, valid_mass: float, floor: float,
+               weighed: np.ndarray) -> None:
+    """The compiled loop: the first ``count`` of ``values`` (float64) weighed into
+    ``weighed`` (float32 ``[2, >= count]``: probabilities, then ratios); a kernel that
+    drew the values calls it before it returns (one call into compiled code)."""
     low = values[0]
     for k in range(count):
         v = values[k]
-        probabilities[k] = v / valid_mass
+        weighed[0, k] = v / valid_mass
         low = v if v < low else low  # values are > 0 (never NaN): the exact minimum
     if not math.isnan(floor):
         low = floor
-    ratios = np.empty(count, np.float32)
     for k in range(count):
-        ratios[k] = low / values[k]
-    return probabilities, ratios
+        weighed[1, k] = low / values[k]
+
+
+@tree_kernels.compile_kernel
+def _compiled(values: np.ndarray, valid_mass: float, floor: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+    count = values.shape[0]
+    weighed = np.empty((2, count), np.float32)
+    weigh_into(values, count, valid_mass, floor, weighed)
+    return weighed[0], weighed[1]

@@ -20,7 +20,23 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling.ring import items_per_row, oldest_id
 
 
-class ReplayBuffer(BaseBuffer):
+class TrajectoryReads(BaseBuffer):
+    """A Pearl buffer whose ``last()`` and ``all()`` give :class:`Trajectories`."""
+
+    def last(self, batch_size: int, flatten_env: bool = False,
+             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """The ``batch_size`` most recent transitions (of each env), oldest first."""
+        out: Trajectories = self._last(batch_size, flatten_env, dtype)
+        return out
+
+    def all(self, flatten_env: bool = False,
+            dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
+        """Every stored transition, oldest first."""
+        out: Trajectories = self._all(flatten_env, dtype)
+        return out
+
+
+class ReplayBuffer(TrajectoryReads):
     """Pearl's off-policy buffer: uniform replay over a
     :class:`~replaybuffer.TransitionReplayBuffer` (observations stored once, exact next
     observations)."""
@@ -59,20 +75,8 @@ class ReplayBuffer(BaseBuffer):
         out = self._output(batch, flatten_env, dtype, env_axis=False)
         return out
 
-    def last(self, batch_size: int, flatten_env: bool = False,
-             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
-        """The ``batch_size`` most recent transitions (of each env), oldest first."""
-        out: Trajectories = self._last(batch_size, flatten_env, dtype)
-        return out
 
-    def all(self, flatten_env: bool = False,
-            dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
-        """Every stored transition, oldest first."""
-        out: Trajectories = self._all(flatten_env, dtype)
-        return out
-
-
-class RolloutBuffer(BaseBuffer):
+class RolloutBuffer(TrajectoryReads):
     """Pearl's on-policy buffer over a :class:`~replaybuffer.RolloutBuffer`.
 
     ``core.compute_returns_and_advantages(...)`` and ``core.minibatches(...)`` add GAE
@@ -119,18 +123,6 @@ class RolloutBuffer(BaseBuffer):
         if not self.vector:
             batch = nest.map_structure(lambda x: x[0], batch)
         out: Trajectories = self._output(batch, flatten_env, dtype, keep=count)
-        return out
-
-    def last(self, batch_size: int, flatten_env: bool = False,
-             dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
-        """The ``batch_size`` most recent transitions (of each env), oldest first."""
-        out: Trajectories = self._last(batch_size, flatten_env, dtype)
-        return out
-
-    def all(self, flatten_env: bool = False,
-            dtype: Union[str, TrajectoryType] = "torch") -> Trajectories:
-        """Every stored transition, oldest first."""
-        out: Trajectories = self._all(flatten_env, dtype)
         return out
 
 
