@@ -129,7 +129,9 @@ class QueueWindows:
         rows, starts = rows[order], starts[order]
         marks.cursor[:] = start
         np.maximum.at(marks.cursor, rows, starts + steps)
-        self._pins.pin(rows, starts)
+        claimed = np.zeros(len(start), bool)
+        claimed[rows] = True
+        self._pins.pin(claimed, start)  # a row's claimed windows begin at its start
         return rows, starts, np.ones(count)
 
     def keeps(self, leaves: list[np.ndarray]) -> np.ndarray | None:

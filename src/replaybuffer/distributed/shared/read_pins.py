@@ -71,18 +71,17 @@ class ReadPins:
                 if self._slot >= 0 and self._slot_pid == os.getpid():
                     self._pins[self._slot] = 0
 
-    def pin(self, rows: np.ndarray, starts: np.ndarray) -> None:
-        """Pin windows claimed by this read: ``rows`` and first step ``starts`` (int64
-        ``[n]`` each). The buffer's lock is held (the claim's)."""
+    def pin(self, claimed: np.ndarray, starts: np.ndarray) -> None:
+        """Pin the windows a claim of this read took: ``claimed`` (bool ``[num_rows]``)
+        marks the rows it took windows of, ``starts`` (int64 ``[num_rows]``) the first
+        step of the oldest of them per row. The buffer's lock is held (the claim's)."""
         slot = self._my_slot()
-        if slot < 0 or not len(rows):
+        if slot < 0:
             return
-        lowest = np.full(self._pins.shape[1], np.iinfo(np.int64).max)
-        np.minimum.at(lowest, rows, starts + 1)
         pins = self._pins[slot]
-        held = pins > 0
-        pins[:] = np.where(held, np.minimum(pins, lowest), lowest)
-        pins[pins == np.iinfo(np.int64).max] = 0
+        new = np.where(claimed, starts + 1, 0)
+        older = (pins > 0) & ((new == 0) | (pins < new))  # an earlier claim of this read
+        pins[:] = np.where(older, pins, new)
 
     def _my_slot(self) -> int:
         """This process's slot, claimed if it has none (the lock held); -1: none free."""
