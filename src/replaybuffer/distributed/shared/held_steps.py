@@ -30,17 +30,21 @@ def held_steps(version: np.ndarray, heads: np.ndarray, max_length: int,
     rows still running shrink each pass).
     """
     num_rows = len(heads)
-    rows = np.arange(num_rows) if rows is None else np.asarray(rows, np.int64)
-    row_heads = heads[rows]
+    if rows is None:  # all rows: the first pass as plain slices (the common call)
+        rows, row_heads = np.arange(num_rows), heads
+    else:
+        rows = np.asarray(rows, np.int64)
+        row_heads = heads[rows]
     span = np.minimum(row_heads, max_length)
     oldest = row_heads - span
-    gone = np.zeros(len(rows), np.int64)
-    running = np.flatnonzero(span > 0)
+    positions = (oldest % max_length) * num_rows + rows
+    gone = ((span > 0) & (version[positions] != 2 * oldest + 2)).astype(np.int64)
+    running = np.flatnonzero(gone)  # rows whose oldest is torn: is the next one too?
+    running = running[gone[running] < span[running]]
     while len(running):
         ids = oldest[running] + gone[running]
         positions = (ids % max_length) * num_rows + rows[running]
-        torn = version[positions] != 2 * ids + 2
-        running = running[torn]
+        running = running[version[positions] != 2 * ids + 2]
         gone[running] += 1
         running = running[gone[running] < span[running]]
     held: np.ndarray = span - gone
