@@ -188,6 +188,37 @@ def test_an_extend_whose_write_fails_publishes_the_steps_before_and_keeps_the_re
         assert_tree_whole(buffer)
 
 
+def test_a_clear_while_a_failing_extend_writes_restores_no_step_from_before_it():
+    """A clear between the block's hide and its failed write: the steps the block
+    did not write are from before the clear, so they are not restored to draws."""
+    with SharedReplayBuffer(SPEC, 2, 4, prioritized=True, alpha=1.0, seed=0) as buffer:
+        rows = np.arange(2)
+        buffer.extend(block_of(rows, 0, 4))
+        writer = buffer._writer
+        write = writer._write_exact
+        calls: list[int] = []
+
+        def clears_then_fails_on_the_second_call(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                buffer.clear()
+                raise OSError("the device went away")
+            return write(*args)
+
+        writer._write_exact = clears_then_fails_on_the_second_call
+        with pytest.raises(OSError, match="went away"):
+            buffer.extend(block_of(rows, 4, 3))
+        writer._write_exact = write
+        assert buffer.steps_written().tolist() == [5, 5]
+        assert len(buffer) == 2  # step 4, written after the clear's floor
+        assert drawn_steps(buffer) == {4}
+        leaves = flat_tree.leaves_of(buffer.layout.tree, np.arange(buffer.capacity))
+        assert np.count_nonzero(leaves) == 2
+        rebuilt = buffer.layout.tree.copy()
+        flat_tree.rebuild(rebuilt)
+        np.testing.assert_allclose(buffer.layout.tree, rebuilt)
+
+
 # ------------------------------------------------------ a writer killed midway
 def _extend_then_crash(buffer: SharedReplayBuffer, rows: int, block: int) -> None:
     """Extend ``rows`` rows by blocks of ``block`` steps until the armed crash point

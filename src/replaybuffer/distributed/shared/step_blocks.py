@@ -119,6 +119,11 @@ class StepBlocks:
         flat = positions.ravel()
         values = np.full(len(flat), priorities.entering_value())
         values[done:] = kept[1][done:]
+        floor = priorities.floor
+        if done < len(flat) and floor is not None:  # a clear since the hide: its old
+            # steps are gone, not restored to draws
+            old_ids = kept[0][done:] // 2 - 1
+            values[done:][old_ids < floor[flat[done:] % self._rows_total]] = 0.0
         with priorities.changing(int(positions[0, 0]), count, n):
             priorities.set(flat, values)
             versions = np.repeat(2 * ids + 2, count)
