@@ -82,9 +82,9 @@ class StepBlocks:
         positions = span_positions(start, count, n, rows_total, length)  # [n, count]
         flat = positions.ravel()
         last = s0 + n - 1
-        if self._pins is not None:  # a Queue's read copying a step overwritten: wait
-            for step in range(max(s0, length), last + 1):
-                self._pins.wait_for_readers(first, count, step - length)
+        if self._pins is not None and last >= length:  # a Queue's read copying a
+            # step the block overwrites (at or below the newest of them): wait
+            self._pins.wait_for_readers(first, count, last - length)
         priorities, version = self._priorities, self._version
         with priorities.changing(start, count, n):  # 1.
             if last >= length:  # the oldest steps go: uncounted right before they tear
