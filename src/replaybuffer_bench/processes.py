@@ -21,7 +21,9 @@ summed over the writers: the part of an insert no other writer can overlap; 0 on
 uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up over one
 writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
 ``inf`` when nothing is serialized). ``--prioritized`` runs the shared rows on a
-prioritized buffer (whose steps take the tree's lock twice). The benchmark needs numpy,
+prioritized buffer (whose ``add_batch`` takes the tree's lock twice a step, its
+``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
+``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one. The benchmark needs numpy,
 this package and its core dependencies only, so it runs as it is on a larger machine:
 ``python -m replaybuffer.cli bench --processes --writers 1,2,4,8,12 --seconds 3
 --no-reverb --json FILE``.
@@ -56,23 +58,26 @@ SAMPLE = 256
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _batches(spec: Any, seed: int, count: int = 64) -> list[Any]:
+def _batches(spec: Any, seed: int, count: int = 64, steps: int = 1) -> list[Any]:
+    """``count`` inserts of one row: ``[1]`` leaves, or ``[1, steps]`` for ``extend``."""
     rng = np.random.default_rng(seed)
-    return [random_items(spec, (1,), rng) for _ in range(count)]
+    shape = (1,) if steps == 1 else (1, steps)
+    return [random_items(spec, shape, rng) for _ in range(count)]
 
 
 def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds: float,
-            out: Any) -> None:
-    batches = _batches(buffer.data_spec, seed)
-    buffer.add_batch(batches[0])  # claims the row and warms up; not counted
+            out: Any, steps: int = 1) -> None:
+    batches = _batches(buffer.data_spec, seed, 64 if steps == 1 else 16, steps)
+    write = buffer.add_batch if steps == 1 else buffer.extend
+    write(batches[0])  # claims the row and warms up; not counted
     ready.put(1)
     go.wait()
     acquired, held = lock_totals()
     done, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for batch in batches[:16]:
-            buffer.add_batch(batch)
-        done += 16
+            write(batch)
+        done += 16 * steps
     acquired_after, held_after = lock_totals()
     out.put(("inserts", done, acquired_after - acquired, held_after - held))
 
@@ -90,7 +95,7 @@ def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
 
 
 def run_shared(workload: str, writers: int, seconds: float,
-               prioritized: bool = False) -> dict[str, Any]:
+               prioritized: bool = False, steps: int = 1) -> dict[str, Any]:
     """Writers and one sampler on a shared buffer for ``seconds`` (see the module)."""
     make_spec, capacity = WORKLOADS[workload]
     spec = make_spec()
@@ -101,7 +106,8 @@ def run_shared(workload: str, writers: int, seconds: float,
         prefill = random_items(spec, (1, PREFILL), np.random.default_rng(0))
         buffer.extend(prefill)
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_writer, args=(buffer, k, ready, go, seconds, out))
+        procs = [ctx.Process(target=_writer,
+                             args=(buffer, k, ready, go, seconds, out, steps))
                  for k in range(writers)]
         procs.append(ctx.Process(target=_sampler, args=(buffer, ready, go, seconds, out)))
         for p in procs:
@@ -122,7 +128,8 @@ def run_shared(workload: str, writers: int, seconds: float,
     inserts = max(1, totals["inserts"])
     per_insert_us = 1e6 * seconds * writers / inserts  # one writer's time per insert
     serial_us = held_ns / 1e3 / inserts
-    return {"peer": "replaybuffer[shared]" + ("[prioritized]" if prioritized else ""),
+    return {"peer": "replaybuffer[shared]" + ("[prioritized]" if prioritized else "")
+            + (f"[extend {steps}]" if steps > 1 else ""),
             "workload": workload, "writers": writers,
             "inserts_per_s": totals["inserts"] / seconds,
             "samples_per_s": totals["samples"] / seconds, "seconds": seconds,
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reverb", action="store_true")
     parser.add_argument("--prioritized", action="store_true",
                         help="shared rows on a prioritized buffer")
+    parser.add_argument("--extend", type=int, default=1, metavar="STEPS",
+                        help="writers extend by STEPS steps a call (1: add_batch)")
     parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                         help="run the stress run for SECONDS instead")
     parser.add_argument("--json", metavar="FILE")
@@ -228,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_single(workload, args.seconds))
         print(json.dumps(rows[-1]), flush=True)
         for count in writers:
-            rows.append(run_shared(workload, count, args.seconds, args.prioritized))
+            rows.append(run_shared(workload, count, args.seconds, args.prioritized,
+                                   args.extend))
             print(json.dumps(rows[-1]), flush=True)
     if not args.no_reverb:
         for row in run_reverb(workloads, writers, args.seconds):

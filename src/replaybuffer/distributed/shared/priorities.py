@@ -11,7 +11,12 @@ of ancestors), and a process can be killed between any two of them; the kernel t
 releases its ``flock`` and the next process takes it. So every change is bracketed in the
 shared ``tree_intent`` record, under the lock: ``TREE_DIRTY`` set (with the span of
 positions a writer is hiding or publishing) before the first store, cleared after the
-last. A holder that finds it set repairs first (:meth:`SharedPriorities.repair`): the
+last. The span is ``TREE_STEP`` consecutive steps of ``TREE_COUNT`` adjacent rows, the
+first step's first position at ``TREE_START`` (one step for ``add_batch``, a block of
+up to ``max_length`` for a prioritized ``extend``: :mod:`.step_blocks`; a step's
+positions are ``slot * num_rows + row``, so the steps' runs are ``num_rows`` apart and
+wrap at the ring's end: :func:`span_positions`). A holder that finds it set repairs first
+(:meth:`SharedPriorities.repair`): the
 leaves of the recorded span whose version is odd (a step not published) go to 0, and the
 interior is recomputed from the leaves. Every leaf is then a priority a completed call
 set (or 0 for a step being written) and every interior node the sum below it, whatever
@@ -30,7 +35,7 @@ import numpy as np
 from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.layout import (TREE_COUNT, TREE_DIRTY, TREE_START,
-                                                    SharedLayout)
+                                                    TREE_STEP, SharedLayout)
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import flat_tree
@@ -69,15 +74,17 @@ class SharedPriorities:
 
     # ------------------------------------------------------------- the guard
     @contextmanager
-    def changing(self, start: int = 0, count: int = 0) -> Iterator[None]:
-        """Hold the lock to change the tree (and, for a writer, the versions of
-        positions ``start .. start + count - 1``): repair first what a killed holder
-        left, mark the change in ``tree_intent``, unmark it after."""
+    def changing(self, start: int = 0, count: int = 0, steps: int = 1) -> Iterator[None]:
+        """Hold the lock to change the tree (and, for a writer, the versions of the
+        positions of ``steps`` consecutive steps of ``count`` rows, the first at
+        ``start``: :func:`span_positions`): repair first what a killed holder left, mark
+        the change in ``tree_intent``, unmark it after."""
         with self._lock:
             intent = self._intent
             if intent[TREE_DIRTY]:
                 self.repair()
             intent[TREE_START], intent[TREE_COUNT] = start, count
+            intent[TREE_STEP] = steps
             intent[TREE_DIRTY] = 1
             yield
             intent[TREE_DIRTY] = 0
@@ -87,8 +94,10 @@ class SharedPriorities:
         held; see the module): unpublished steps of the recorded span to 0, the interior
         recomputed from the leaves."""
         start, count = int(self._intent[TREE_START]), int(self._intent[TREE_COUNT])
+        steps = max(1, int(self._intent[TREE_STEP]))  # 0: a record of one step
         if count:
-            positions = np.arange(start, start + count)
+            positions = span_positions(start, count, steps, self._rows_total,
+                                       self._length).ravel()
             unpublished = positions[self._version[positions] % 2 == 1]
             flat_tree.set_leaves(self._tree, unpublished, np.zeros(len(unpublished)))
         flat_tree.rebuild(self._tree)
@@ -102,6 +111,11 @@ class SharedPriorities:
         if ARMED is not None:
             crash_point("shared.priorities.update")
         flat_tree.propagate(self._tree, positions)
+
+    def leaves(self, positions: np.ndarray) -> np.ndarray:
+        """The leaves of ``positions`` (int64, any shape), float64 (``** alpha``); read
+        inside :meth:`changing`."""
+        return flat_tree.leaves_of(self._tree, positions)
 
     def entering_value(self) -> float:
         """A new step's leaf: the largest priority seen, ``** alpha``."""
@@ -164,3 +178,13 @@ class SharedPriorities:
             if largest is not None and largest > self._max_priority[0]:
                 self._max_priority[0] = largest
         return int(current.sum())
+
+
+def span_positions(start: int, count: int, steps: int, num_rows: int,
+                   max_length: int) -> np.ndarray:
+    """The positions (int64 ``[steps, count]``) of ``steps`` consecutive steps of rows
+    ``start % num_rows ..`` ``+ count - 1``, the first step at slot ``start // num_rows``:
+    row ``k`` of the result is step ``k``'s run, its slot wrapping at ``max_length``."""
+    slot, first = divmod(start, num_rows)
+    slots = (slot + np.arange(steps)) % max_length
+    return slots[:, None] * num_rows + (first + np.arange(count))[None, :]

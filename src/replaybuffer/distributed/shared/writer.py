@@ -31,7 +31,8 @@ loads keep program order) and a ``seq_cst`` fence elsewhere (:mod:`.memory_fence
 A prioritized buffer also hides the positions in the sum tree (leaves 0) with the odd
 versions and publishes their leaves with the even ones, both under the lock
 (:meth:`~.priorities.SharedPriorities.changing`, which repairs what a killed holder
-left): two lock sections a step.
+left): two lock sections a step for ``add_batch``, and two for a whole ``extend`` of up
+to ``max_length`` steps, hidden together and published together (:mod:`.step_blocks`).
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
@@ -51,11 +52,13 @@ import numpy as np
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.held_steps import held_steps
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock, process_ended
 from replaybuffer.distributed.shared.read_pins import ReadPins
+from replaybuffer.distributed.shared.step_blocks import StepBlocks
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -91,6 +94,8 @@ class SharedWriter:
         admits = admission is not None and admission.admits_inserts
         self._admission = admission if admits else None  # gives failed writes back
         self._commits = None if admits else admission  # counts inserts at the commit
+        self._blocks = None if priorities is None else StepBlocks(
+            layout, storage, priorities, num_rows, max_length, pins, self._commits)
         self._forget_rows()
         self._threads = threading.Lock()  # this process's writing threads, one at a time
         mine = weakref.ref(self)
@@ -194,27 +199,30 @@ class SharedWriter:
         self._next_id[rows] = head
         position = (head % length) * self._rows_total + rows
         version = self._version[position]
-        oldest_gone = (head >= length) & (version != 2 * (head - length) + 2)
-        self._held[rows] = min(head, length) - oldest_gone.astype(np.int64)
         if self._priorities is not None:  # the step some rows published is not drawn
             published = position[version == 2 * head + 2]
             self._priorities.set(published, np.zeros(len(published)))
+        self._held[rows] = held_steps(self._version, self._next_id.copy(), length, rows)
 
     def _repair_heads(self, rows: list[int]) -> None:
         """Advance the head of each of ``rows`` (of ended writers) past a step written
         whole whose head update its writer did not finish: a writer killed while
         publishing a step may have moved some of its rows' heads and not others. Then
-        recount the steps each holds (a killed writer may have left ``held`` short)."""
+        recount the steps each holds (a killed writer may have left ``held`` short). A
+        block of steps (:mod:`.step_blocks`) killed after publishing its versions moves
+        the head past each of them."""
         length = self._length
         for row in rows:
             head = int(self._next_id[row])
-            position = (head % length) * self._rows_total + row
-            if self._version[position] == 2 * head + 2:
-                self._next_id[row] = head = head + 1
+            for _ in range(length):
                 position = (head % length) * self._rows_total + row
-            oldest_gone = head >= length and \
-                self._version[position] != 2 * (head - length) + 2
-            self._held[row] = min(head, length) - int(oldest_gone)
+                if self._version[position] != 2 * head + 2:
+                    break
+                head += 1
+            self._next_id[row] = head
+        if rows:
+            self._held[rows] = held_steps(self._version, self._next_id.copy(), length,
+                                          np.array(rows))
 
     def release_rows(self) -> None:
         """Give up this process's rows (they keep their steps for the next claim)."""
@@ -243,9 +251,19 @@ class SharedWriter:
         written = 0
         try:
             with self._threads:
-                for arrays in steps:
-                    self._write_step(first, count, arrays)
-                    written += 1
+                blocks = self._blocks
+                if blocks is None:
+                    for arrays in steps:
+                        self._write_step(first, count, arrays)
+                        written += 1
+                else:  # prioritized: two lock sections a block (more than max_length
+                    # steps: blocks of max_length, the last max_length steps survive)
+                    for at in range(0, len(steps), self._length):
+                        try:
+                            blocks.write(first, count, steps[at:at + self._length],
+                                         self._write_exact, self._my_heads, self._my_held)
+                        finally:
+                            written += blocks.published
         except BaseException:
             if self._admission is not None:  # the steps not written were never inserted
                 self._admission.give_back(True, count * (len(steps) - written))
