@@ -266,11 +266,11 @@ def test_a_writer_killed_inside_a_block_leaves_a_whole_tree(monkeypatch, point, 
         assert child.exitcode == CRASH_EXIT_CODE
         assert_tree_whole(buffer)
         assert drawn_steps(buffer) == before
-        assert counted(buffer) == rows * len(before)
+        assert counted(buffer) == rows * len(before) == len(buffer)
         assert buffer.claim_rows(rows) == (0, rows)  # the killed writer's rows
         assert buffer.steps_written().tolist() == [head] * rows
         assert drawn_steps(buffer) == after
-        assert counted(buffer) == rows * len(after)
+        assert counted(buffer) == rows * len(after) == len(buffer)
         assert buffer.layout.held.tolist() == [len(after)] * rows  # recounted
         assert_tree_whole(buffer)
         buffer.extend(block_of(np.arange(rows), head, length))  # the rows go on, whole

@@ -23,8 +23,8 @@ its directory:
   ``priority ** alpha`` over the positions (:mod:`replaybuffer.sampling.flat_tree`),
   ``max_priority`` float64 ``[1]``, and ``tree_intent`` int64 ``[4]``: what the holder
   of the lock is changing in the tree (``TREE_DIRTY``: 1 while it does; the span of
-  positions a writer is hiding or publishing; ``TREE_STEP`` is unused), so that the next holder repairs what
-  a holder killed midway left (:mod:`.priorities`).
+  positions a writer is hiding or publishing, ``TREE_STEP`` steps of it), so that the
+  next holder repairs what a holder killed midway left (:mod:`.priorities`).
 
 Writers and readers of the uniform path share these arrays without a lock; the order of
 their loads and stores is argued in :mod:`.writer` and :mod:`.sampling`.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from replaybuffer.distributed.shared.counters import COLUMNS, SLOTS
+from replaybuffer.distributed.shared.held_steps import held_steps
 from replaybuffer.sampling import flat_tree
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -93,15 +94,11 @@ class SharedLayout:
 
     def held_by_versions(self) -> np.ndarray:
         """Per row (int64 ``[num_rows]``) the steps a sample can return, from the row
-        heads and the versions alone: ``min(head, max_length)``, less one where the
-        position of the row's oldest step no longer holds it (being rewritten, or
+        heads and the versions alone (:func:`~.held_steps.held_steps`):
+        ``min(head, max_length)`` less the run of oldest steps whose positions no longer
+        hold them (being rewritten, one step or a prioritized ``extend``'s block, or
         rewritten by a writer that has not moved the head yet). The ``held`` counts the
-        writers keep say the same while they live; this stays exact when a writer is
-        killed between its two stores (count down, version odd)."""
-        heads = self.next_id.copy()
-        rows = len(heads)
-        length = len(self.version) // rows
-        positions = (heads % length) * rows + np.arange(rows)
-        gone = (heads >= length) & (self.version[positions] != 2 * (heads - length) + 2)
-        held: np.ndarray = np.minimum(heads, length) - gone
-        return held
+        writers keep say the same while they live; this stays exact whatever a killed
+        writer left between its stores."""
+        return held_steps(self.version, self.next_id.copy(),
+                          len(self.version) // len(self.next_id))
