@@ -285,3 +285,20 @@ class SharedAdmission:
                                 float(c[SAMPLE_BLOCKED_NS]) / 1e9, int(c[INSERTS_BLOCKED]),
                                 int(c[SAMPLES_BLOCKED]),
                                 inserts * self.limiter.samples_per_insert - samples)
+
+
+class Pacing:
+    """The rate limiter's part of :class:`~replaybuffer.distributed.SharedReplayBuffer`:
+    its admission of each call and its counters."""
+
+    _admission: SharedAdmission | None
+
+    def _admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
+        """Wait until the rate limiter lets ``n`` items be inserted (or sampled); see
+        :class:`SharedAdmission`."""
+        assert self._admission is not None
+        return self._admission.admit(insert, n, timeout, block)
+
+    def stats(self) -> RateLimiterStats | None:
+        """The rate limiter's counters over every process (``None`` without one)."""
+        return None if self._admission is None else self._admission.stats()

@@ -72,7 +72,7 @@ from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.buffers.base import package
 from replaybuffer.distributed.errors import BufferClosedError
-from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.admission import Pacing, SharedAdmission
 from replaybuffer.distributed.shared.checkpoint import SharedCheckpoints
 from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
@@ -93,7 +93,7 @@ from replaybuffer.distributed.shared.read_pins import ReadPins
 from replaybuffer.distributed.shared.writer import SharedWriter
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
-from replaybuffer.rate_limiter import Queue, RateLimiter, RateLimiterStats
+from replaybuffer.rate_limiter import Queue, RateLimiter
 from replaybuffer.storage.base import identity
 from replaybuffer.storage.shared_storage import SharedStorage
 
@@ -103,7 +103,7 @@ if TYPE_CHECKING:
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
-class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteration):
+class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteration, Pacing):
     """A replay buffer that processes on one machine write to and sample from at once.
 
     Args:
@@ -244,23 +244,14 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
 
     def __len__(self) -> int:
         """Items a sample can return, exact whatever a killed writer left (see
-        :meth:`SharedLayout.held_by_versions`; after a clear, those since it:
-        :meth:`RowMarks.items_held`)."""
-        return self._items_held(self._layout.held_by_versions())
+        :meth:`SharedLayout.held_by_versions` and :meth:`RowMarks.items_held`)."""
+        return self._marks.items_held(self._layout.held_by_versions(), self._next_id)
 
     def _items_counted(self) -> int:
         """:meth:`__len__` by the counts the writers keep (a fifth of its cost): the
-        same while the writers live, one short per row of a writer killed between
-        counting a step out and starting to overwrite it (the rate limiter's first
-        look; it looks at :meth:`__len__` before it holds a sample back)."""
-        return self._items_held(self._layout.held)
-
-    def _items_held(self, held: np.ndarray) -> int:
-        """The items of per-row counts ``held`` (int64 ``[num_rows]``) a sample can
-        return: all of them, or after a clear those since it."""
-        if self._marks.cleared:
-            return self._marks.items_held(held, self._layout.next_id)
-        return int(held.sum())
+        same while the writers live, short after a writer was killed mid-step (the
+        limiter's first look; it looks at :meth:`__len__` before holding a sample back)."""
+        return self._marks.items_held(self._layout.held, self._next_id)
 
     def __repr__(self) -> str:
         return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
@@ -436,17 +427,6 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
                              "prioritized=True")
         self._check_open()
         return self._priorities.update(ids, priorities)
-
-    # ----------------------------------------------------------------- pacing
-    def _admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
-        """Wait until the rate limiter lets ``n`` items be inserted (or sampled); see
-        :class:`~replaybuffer.distributed.shared.admission.SharedAdmission`."""
-        assert self._admission is not None
-        return self._admission.admit(insert, n, timeout, block)
-
-    def stats(self) -> RateLimiterStats | None:
-        """The rate limiter's counters over every process (``None`` without one)."""
-        return None if self._admission is None else self._admission.stats()
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

@@ -59,6 +59,9 @@ class RowMarks:
 
     def items_held(self, held: np.ndarray, heads: np.ndarray) -> int:
         """Items a sample can return: per row ``held`` (int64 ``[num_rows]``, the
-        layout's :meth:`~.layout.SharedLayout.held_by_versions`, a torn step left out)
-        capped by the steps since its floor."""
+        steps a row holds whole: :meth:`~.layout.SharedLayout.held_by_versions`, or the
+        writers' counts), after a clear capped by the steps since the row's floor
+        (``heads``: int64 ``[num_rows]``, the row heads)."""
+        if not self.cleared:
+            return int(held.sum())
         return int(np.maximum(np.minimum(held, heads - self.floor), 0).sum())
