@@ -13,7 +13,9 @@ between them and prefilled with 1000 steps each. A local cluster (``num_cpus=2``
 4 collector tasks, collector ``k`` adding ``SampleBatch``es of 32 steps to actor
 ``k % N`` (``actor.add.remote(batch)``, at most ``--in-flight`` adds unacknowledged)
 for ``--seconds``, while this process, the learner, calls ``sample.remote(256)`` on an
-actor chosen at random per batch, with ``--prefetch`` requests in flight.
+actor chosen at random per batch, with ``--prefetch`` requests in flight. The clock
+starts when all collectors have loaded RLlib (a gate actor holds them until then:
+that import takes a fresh worker seconds on a shared machine).
 Inserts/s: steps the collectors sent and had acknowledged, over the time until the
 last collector returned. Samples/s: steps the learner received within ``--seconds``.
 Then, with the collectors done, the idle latency of one synchronous ``sample(256)``
@@ -77,10 +79,16 @@ def buffer_class(name: str) -> tuple[type, dict[str, Any], dict[str, Any]]:
     raise SystemExit(f"--buffer: expected replay, prioritized or multi_agent, got {name!r}")
 
 
-def collect(actor: Any, workload: str, seconds: float, seed: int, in_flight: int) -> int:
-    """Add ``SampleBatch``es of :data:`CHUNK` steps to ``actor`` for ``seconds``, at most
-    ``in_flight`` unacknowledged; the steps acknowledged."""
+def collect(actor: Any, gate: Any, workload: str, seconds: float, seed: int,
+            in_flight: int) -> tuple[int, float]:
+    """Once ``gate`` opens, add ``SampleBatch``es of :data:`CHUNK` steps to ``actor`` for
+    ``seconds``, at most ``in_flight`` unacknowledged; the steps acknowledged and the
+    wall-clock time (``time.time()``) at which the first add was sent."""
     chunks = [make_steps(workload, CHUNK, seed * 4 + i) for i in range(4)]
+    ray.get(gate.arrive.remote())
+    while not ray.get(gate.is_open.remote()):
+        time.sleep(0.005)
+    began = time.time()
     pending: collections.deque[Any] = collections.deque()
     deadline = time.perf_counter() + seconds
     sent = 0
@@ -90,7 +98,29 @@ def collect(actor: Any, workload: str, seconds: float, seed: int, in_flight: int
         pending.append(actor.add.remote(chunks[sent % 4]))
         sent += 1
     ray.get(list(pending))
-    return sent * CHUNK
+    return sent * CHUNK, began
+
+
+class Gate:
+    """Holds the collectors until all of them are ready: importing RLlib (and the torch
+    it loads) takes a worker process seconds on a shared machine, and a collector that
+    started seconds late would leave the timed window without its writes."""
+
+    def __init__(self) -> None:
+        self.ready = 0
+        self.open = False
+
+    def arrive(self) -> None:
+        self.ready += 1
+
+    def count(self) -> int:
+        return self.ready
+
+    def release(self) -> None:
+        self.open = True
+
+    def is_open(self) -> bool:
+        return self.open
 
 
 def run(workload: str, buffer: str, shards: int, collectors: int, seconds: float,
@@ -109,33 +139,40 @@ def run(workload: str, buffer: str, shards: int, collectors: int, seconds: float
 
     first = ray.get(request())  # warm up (and the batch's bytes)
     batch_bytes = int(first.size_bytes())
-    idle = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        ray.get(request())
-        idle.append(time.perf_counter() - t0)
+    gate = ray.remote(num_cpus=0)(Gate).remote()
     task = ray.remote(num_cpus=0)(collect)
-    start = time.perf_counter()
-    runs = [task.remote(actors[k % shards], workload, seconds, k, in_flight)
+    runs = [task.remote(actors[k % shards], gate, workload, seconds, k, in_flight)
             for k in range(collectors)]
+    while ray.get(gate.count.remote()) < collectors:
+        time.sleep(0.01)
+    start, wall_start = time.perf_counter(), time.time()
+    ray.get(gate.release.remote())
     sampled = 0
     pending = collections.deque(request() for _ in range(prefetch))
     while time.perf_counter() - start < seconds:
         sampled += ray.get(pending.popleft()).count
         pending.append(request())
     sample_seconds = time.perf_counter() - start
-    inserted = sum(ray.get(runs, timeout=seconds + 300))
+    done = ray.get(runs, timeout=seconds + 300)
+    inserted = sum(steps for steps, _ in done)
     insert_seconds = time.perf_counter() - start
     ray.get(list(pending))
+    idle = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        ray.get(request())
+        idle.append(time.perf_counter() - t0)
     stored = sum(s["num_entries"] for s in ray.get([a.stats.remote() for a in actors]))
-    for a in actors:
+    for a in [*actors, gate]:
         ray.kill(a)
     return {"peer": f"rllib[ray] {cls.__name__}", "workload": workload, "shards": shards,
             "collectors": collectors, "prefetch": prefetch, "in_flight": in_flight,
             "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds,
             "idle_sample_ms": float(np.median(idle)) * 1e3, "batch_bytes": batch_bytes,
-            "stored_steps": stored, "seconds": seconds}
+            "stored_steps": stored, "seconds": seconds,
+            # How long after the gate opened the last collector sent its first add.
+            "collector_start_lag_s": max(began for _, began in done) - wall_start}
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
