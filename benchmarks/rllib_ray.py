@@ -123,6 +123,14 @@ class Gate:
         return self.open
 
 
+def stored_entries(stats: dict[str, Any]) -> int:
+    """The ``num_entries`` in a buffer's ``stats()``; a multi-agent buffer nests one
+    underlying buffer's stats per policy."""
+    if "num_entries" in stats:
+        return int(stats["num_entries"])
+    return sum(stored_entries(v) for v in stats.values() if isinstance(v, dict))
+
+
 def run(workload: str, buffer: str, shards: int, collectors: int, seconds: float,
         prefetch: int, in_flight: int) -> dict[str, Any]:
     cls, ctor_args, sample_args = buffer_class(buffer)
@@ -162,7 +170,7 @@ def run(workload: str, buffer: str, shards: int, collectors: int, seconds: float
         t0 = time.perf_counter()
         ray.get(request())
         idle.append(time.perf_counter() - t0)
-    stored = sum(s["num_entries"] for s in ray.get([a.stats.remote() for a in actors]))
+    stored = sum(map(stored_entries, ray.get([a.stats.remote() for a in actors])))
     for a in [*actors, gate]:
         ray.kill(a)
     return {"peer": f"rllib[ray] {cls.__name__}", "workload": workload, "shards": shards,
