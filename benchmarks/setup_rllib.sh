@@ -5,10 +5,9 @@
 #   VENV/bin/python benchmarks/rllib_ray.py [--shards 1,2,4,8] [--seconds 5]
 #
 # RLlib (ray[rllib] 2.60.0) pins gymnasium 1.2.2, while .venv-bench holds gymnasium 1.4
-# for SB3 and Tianshou, so RLlib gets a venv of its own. VENV defaults to .venv-rllib
-# beside this checkout (in its parent folder: the repository's .gitignore does not cover
-# a .venv-rllib inside it); VENV_RLLIB does the same as the argument. Never the project's
-# .venv nor .venv-bench.
+# for SB3 and Tianshou, so RLlib gets a venv of its own. VENV defaults to .venv-rllib in
+# this checkout (ignored by git); VENV_RLLIB does the same as the argument. Never the
+# project's .venv nor .venv-bench.
 #
 # Installs, in this order:
 #   1. the pinned CPU torch, alone, so that no resolver ever picks another build (a CUDA
@@ -25,7 +24,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${1:-${VENV_RLLIB:-$(dirname "$ROOT")/.venv-rllib}}"
+VENV="${1:-${VENV_RLLIB:-$ROOT/.venv-rllib}}"
 PYTHON="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
 RLLIB_PIN="ray[rllib]==2.60.0"
