@@ -9,8 +9,9 @@ uniform shards holding 100k control (20k frames) items between them, prefilled w
 through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
 learner iterates ``as_dataset(256, prefetch=--prefetch)``. Inserts/s sum the
-collectors' steps; samples/s count sampled items. Then, with the collectors done, the
-idle latency of one ``get_next(256)`` (median of 50).
+collectors' steps; samples/s count sampled items. The idle latency of one
+``get_next(256)`` (median of 50) is taken first, on the prefilled shards, before the
+collectors start.
 
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
