@@ -96,7 +96,8 @@ class PriorityUpdates:
         """
         id_array, values, _ = checked_priorities(ids, priorities)
         if block:
-            self.flush()  # every earlier call applied first: this one's count is its own
+            if self._pending or self._held:
+                self.flush()  # every earlier call applied first: this count is its own
         else:
             self.collect()
             while self._pending and len(self._pending) >= self._max:  # room for this one
