@@ -227,3 +227,24 @@ def test_ids_from_before_a_restart_are_ignored(tmp_path):
         buffer.flush()
         assert buffer.priorities_applied == 8 + 4 + 4 + 1
         assert set(from_shard_1.tolist()) <= set(info.ids.tolist())
+
+
+def test_updates_in_flight_to_a_shard_that_dies_are_dropped_and_later_ones_applied(tmp_path):
+    with RayReplayBuffer(prioritized, 2, checkpoint_dir=tmp_path, checkpoint_every=4,
+                         seed=7) as buffer:
+        ids = filled(buffer)
+        for k in range(5):
+            buffer.update_priorities(ids, np.full(8, 1.0 + k), block=False)
+        ray.kill(buffer.actors[0], no_restart=False)  # with some of them in flight
+        buffer.flush()  # a lost update is no error: its ids are stale now anyway
+        buffer.wait_for_shards()
+        applied = buffer.priorities_applied
+        items, info = buffer.get_next(400)
+        by_x = {int(x): int(i) for x, i in zip(items["x"], info.ids)}
+        assert sorted(by_x) == list(range(8))
+        fresh = np.array([by_x[x] for x in range(8)])  # shard 0's of its new incarnation
+        buffer.update_priorities(fresh, np.arange(1.0, 9.0), block=False)
+        buffer.flush()
+        assert buffer.priorities_applied == applied + 8
+        np.testing.assert_allclose(probabilities_by_x(buffer), np.arange(1.0, 9.0) / 36,
+                                   rtol=1e-5)
