@@ -33,7 +33,8 @@ Parts: :mod:`.shard` (the shard actor), :mod:`.shard_home` (its files),
 the parts), :mod:`.pipeline` (datasets), :mod:`.priority_updates` (updates in
 flight). What the buffer surface (:class:`~replaybuffer.protocols.Buffer`) asks and
 shards cannot do (``save(path)``, ``block=False`` of reads and writes, one ``Queue``
-across shards) is refused with a :class:`~replaybuffer.distributed.NotSupportedError` that names it.
+across shards) is refused with a :class:`~replaybuffer.distributed.NotSupportedError`
+that names it.
 Windows over round-robin writes would skip steps (consecutive steps went to different
 shards): a shard that took them refuses windows of more than one step, by name, until
 cleared; write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
