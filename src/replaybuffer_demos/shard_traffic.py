@@ -36,8 +36,8 @@ def sample_stream(buffer: Any, sample_batch_size: int, num_steps: int
                   ) -> Iterator[tuple[Any, BufferInfo]]:
     """The learner's endless stream of ``(items, BufferInfo)`` batches of
     ``sample_batch_size`` windows of ``num_steps`` steps, :data:`PREFETCH` of them drawn
-    ahead (their calls in flight to the shards) while the learner trains. The iterator has ``close()``: it ends
-    the stream (a pending ``next`` raises ``StopIteration``)."""
+    ahead (their calls in flight to the shards) while the learner trains. The iterator
+    has ``close()``: it ends the stream (a pending ``next`` raises ``StopIteration``)."""
     stream: Iterator[tuple[Any, BufferInfo]] = iter(buffer.as_dataset(
         sample_batch_size, num_steps, num_parallel_calls=1, prefetch=PREFETCH))
     return stream
