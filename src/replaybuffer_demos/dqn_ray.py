@@ -18,8 +18,9 @@ shard is an :class:`~replaybuffer_demos.apex.ActorPrioritizedBuffer`, each colle
 sends its steps with initial priorities (``|TD error|`` from its copy of the network,
 which is why it sends a chunk once it has seen the step after it), and the learner
 weights its loss by importance weights (beta annealed to 1 over the run) and sets the
-priorities of the windows it sampled to its own ``|TD error|``. Reads and writes go
-through :mod:`replaybuffer_demos.shard_traffic`: the learner draws its batches through a
+priorities of the windows it sampled to its own ``|TD error|`` without waiting for the
+shards (as Ape-X's learner does). Reads and writes go through
+:mod:`replaybuffer_demos.shard_traffic`: the learner draws its batches through a
 stream that samples ahead while it trains.
 
 Collectors report each episode's return to the parameter store as it ends; the
@@ -46,7 +47,7 @@ from replaybuffer_demos.apex import (ActorPrioritizedBuffer, annealed_beta,
 from replaybuffer_demos.dqn_learner import (DQNConfig, DQNResult, Selection,
                                             decay_learning_rate, gradient_step, learner,
                                             make_env, progress_bar)
-from replaybuffer_demos.shard_traffic import sample_stream, send_steps
+from replaybuffer_demos.shard_traffic import sample_stream, send_priorities, send_steps
 
 CHUNK = 32
 """Steps a collector sends per ``extend`` (and between parameter checks)."""
@@ -277,7 +278,7 @@ def train_ray(config: DQNConfig, num_collectors: int = 2, progress: bool = True,
             td = gradient_step(q_net, target_net, optimizer, trajectories, info,
                                config.gamma)
             if config.prioritized:
-                buffer.update_priorities(info.ids, td + config.priority_epsilon)
+                send_priorities(buffer, info.ids, td + config.priority_epsilon)
             gradient_steps += 1
             if gradient_steps % config.target_update == 0:
                 target_net.load_state_dict(q_net.state_dict())

@@ -1,10 +1,11 @@
-"""The Ray demo's two calls into a :class:`~replaybuffer.distributed.RayReplayBuffer`: how
-an actor sends its steps (:func:`send_steps`) and how the learner draws its batches
-(:func:`sample_stream`).
+"""The Ray demo's calls into a :class:`~replaybuffer.distributed.RayReplayBuffer`: how an
+actor sends its steps (:func:`send_steps`), how the learner draws its batches
+(:func:`sample_stream`) and sets their priorities (:func:`send_priorities`).
 
 They are kept here, and nowhere else in the demo, so that switching them to the
 buffer's pipelined reads (``as_dataset(..., prefetch=N)`` keeping ``N`` batches in
-flight) and chunked writers (issue 25, items 1 and 3) is a change of these two bodies.
+flight), chunked writers and priority updates sent without waiting (issue 25) is a
+change of these bodies.
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ def sample_stream(buffer: Any, sample_batch_size: int, num_steps: int
                   ) -> Iterator[tuple[Any, BufferInfo]]:
     """The learner's endless stream of ``(items, BufferInfo)`` batches of
     ``sample_batch_size`` windows of ``num_steps`` steps, :data:`PREFETCH` of them drawn
-    ahead by a thread while the learner trains. The iterator has ``close()``: it ends
-    the stream (a pending ``next`` raises ``StopIteration``)."""
+    ahead (their calls in flight to the shards) while the learner trains. The iterator
+    has ``close()``: it ends the stream (a pending ``next`` raises ``StopIteration``)."""
     stream: Iterator[tuple[Any, BufferInfo]] = iter(buffer.as_dataset(
         sample_batch_size, num_steps, num_parallel_calls=1, prefetch=PREFETCH))
     return stream
+
+
+def send_priorities(buffer: Any, ids: np.ndarray, priorities: np.ndarray) -> None:
+    """Set the priorities (float ``[S]``) of the learner's last batch (``ids``: its
+    ``BufferInfo.ids``) without waiting for the shards, as Ape-X's learner does: the
+    call returns once the updates are sent (a bounded number stay in flight), so the
+    next batch may be drawn before they land; a shard's error raises at a later call."""
+    buffer.update_priorities(ids, priorities, block=False)

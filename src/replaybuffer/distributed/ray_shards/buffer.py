@@ -14,7 +14,8 @@ the buffer's API:
   or from ``shards_per_batch`` of them, chosen by sampling mass (:mod:`.sampling`);
   probabilities (and importance weights) are those of the whole buffer. Datasets keep
   ``prefetch`` batches in flight (:mod:`.pipeline`).
-- ``update_priorities`` routes each id to its shard. Ids carry the shard and the
+- ``update_priorities`` routes each id to its shard, waiting for the answers or
+  (``block=False``) not (:mod:`.priority_updates`). Ids carry the shard and the
   shard's incarnation (``incarnation << 48 | local_id * num_shards + shard``): an id
   from before a shard's restart is stale and ignored by the shard, as an overwritten
   one is.
@@ -29,10 +30,11 @@ Parts: :mod:`.shard` (the shard actor), :mod:`.shard_home` (its files),
 :mod:`.ordering` (each writer's order), :mod:`.outbox` (writes in flight),
 :mod:`.writer` (:class:`ShardWriter`), :mod:`.health` (shards down and back),
 :mod:`.sampling` (which shards, batches in flight), :mod:`.batches` (one batch from
-the parts), :mod:`.pipeline` (datasets). What the buffer surface
-(:class:`~replaybuffer.protocols.Buffer`) asks and shards cannot do (``save(path)``,
-``block=False``, one ``Queue`` across shards) is
-refused with a :class:`~replaybuffer.distributed.NotSupportedError` that names it.
+the parts), :mod:`.pipeline` (datasets), :mod:`.priority_updates` (updates in
+flight). What the buffer surface (:class:`~replaybuffer.protocols.Buffer`) asks and
+shards cannot do (``save(path)``, ``block=False`` of reads and writes, one ``Queue``
+across shards) is refused with a :class:`~replaybuffer.distributed.NotSupportedError`
+that names it.
 Windows over round-robin writes would skip steps (consecutive steps went to different
 shards): a shard that took them refuses windows of more than one step, by name, until
 cleared; write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
@@ -44,7 +46,7 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Literal, NoReturn, overload
 
 import numpy as np
 import ray
@@ -58,6 +60,7 @@ from replaybuffer.distributed.ray_shards.batches import map_leaves
 from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
 from replaybuffer.distributed.ray_shards.outbox import Outbox
 from replaybuffer.distributed.ray_shards.pipeline import ShardStream
+from replaybuffer.distributed.ray_shards.priority_updates import PriorityUpdates
 from replaybuffer.distributed.ray_shards.sampling import PendingBatch, ShardSampler
 from replaybuffer.distributed.ray_shards.shard import ShardActor
 from replaybuffer.distributed.ray_shards.writes import ShardWrites
@@ -84,7 +87,8 @@ class RayReplayBuffer(ShardWrites):
             ``incarnation`` counter); ``None``: no saves, a restarted shard starts empty.
         checkpoint_every: inserted steps between a shard's saves.
         max_restarts: restarts Ray gives each shard actor.
-        max_in_flight: writes outstanding before a write waits for the oldest.
+        max_in_flight: writes outstanding before a write waits for the oldest (and
+            ``update_priorities(block=False)`` calls before one waits for the oldest).
         seed: seeds the client's choice of shards and the seeds they draw with.
         actor_options: extra ``ray.remote`` options for the shards (``num_cpus``...).
         shards_per_batch: shards each batch is drawn from, chosen by sampling mass
@@ -112,13 +116,15 @@ class RayReplayBuffer(ShardWrites):
             raise ValueError("checkpoint_every needs a checkpoint_dir")
         shards_per_batch = positive_or_none(shards_per_batch, "shards_per_batch")
         # Threaded shards: writes (and saves) run one at a time in their own thread, so
-        # a write held back by the shard's rate limiter waits while samples go on.
+        # a write held back by the shard's rate limiter waits while samples go on;
+        # priority updates in another (one: their order kept in one place), so that a
+        # learner's update never waits behind a write its own sampling would release.
         options = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": 0,
                    "max_concurrency": 4}
         options.update(actor_options or {})
         # ray.remote's overloads list task options only; concurrency_groups is an actor's.
         shard_class = ray.remote(  # type: ignore[call-overload]
-            concurrency_groups={"writes": 1})(ShardActor).options(**options)
+            concurrency_groups={"writes": 1, "priorities": 1})(ShardActor).options(**options)
         root = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
         self.num_shards = num_shards
         token = os.urandom(6).hex()
@@ -151,6 +157,8 @@ class RayReplayBuffer(ShardWrites):
                                    [d["last_id"] for d in described], self._forget_masses)
         self._sampler = ShardSampler(self._actors, self._health, described[0]["beta"],
                                      shards_per_batch)
+        self._updates = PriorityUpdates(self._actors, self._health, self._sampler,
+                                        max_in_flight)
         self._up = self._health.up  # the health's list, read in place on every call
         self.losses = self._health.losses
         self._capacity = sum(int(d["capacity"]) for d in described)
@@ -261,6 +269,8 @@ class RayReplayBuffer(ShardWrites):
                     ) -> PendingBatch:
         """Send the calls for one batch of ``count`` (see :meth:`finish_batch`)."""
         self._outbox.raise_error()
+        self._updates.collect()
+        self._updates.raise_error()
         self._probe()
         return self._sampler.start("get_next", count, num_steps, rng, timeout,
                                    within_episodes)
@@ -269,15 +279,44 @@ class RayReplayBuffer(ShardWrites):
         """The batch :meth:`start_batch` sent for, once its parts are in."""
         return self._sampler.finish(batch)
 
-    def update_priorities(self, ids: Any, priorities: Any) -> int:
-        """Route each id's priority to its shard; returns how many were applied (ids of
-        a shard's earlier incarnation, and overwritten steps, are ignored).
+    @overload
+    def update_priorities(self, ids: Any, priorities: Any,
+                          *, block: Literal[True] = ...) -> int: ...
+    @overload
+    def update_priorities(self, ids: Any, priorities: Any, *, block: Literal[False]) -> None: ...
+    @overload
+    def update_priorities(self, ids: Any, priorities: Any, *, block: bool) -> int | None: ...
+
+    def update_priorities(self, ids: Any, priorities: Any, *, block: bool = True
+                          ) -> int | None:
+        """Route each id's priority to its shard (``ids``: ``BufferInfo.ids``, int64
+        ``[S]`` or ``[S, T]``; ``priorities``: ``[S]``, finite, >= 0), applied in the
+        order sent (the later of two updates of one id wins); ids of a shard's earlier
+        incarnation, and overwritten steps, are ignored (:mod:`.priority_updates`).
+
+        ``block=True``: returns how many were applied. ``block=False`` (Ape-X's
+        learner): returns ``None`` at once; at most ``max_in_flight`` such calls
+        outstanding, their counts summed in :attr:`priorities_applied` as they settle
+        or at :meth:`flush`; a shard's error raised by the next call or ``flush()``.
 
         Raises:
-            ValueError: mismatched shapes, or a NaN, infinite or negative priority.
+            ValueError: mismatched shapes, or a NaN, infinite or negative priority;
+                raised before anything is sent (no shard changes).
         """
         self._outbox.raise_error()
-        return self._sampler.update_priorities(ids, priorities)
+        return self._updates.send(ids, priorities, block)
+
+    @property
+    def priorities_applied(self) -> int:
+        """Priorities applied by the updates settled so far (blocking ones included)."""
+        return self._updates.applied
+
+    def flush(self) -> None:
+        """Wait for every write and priority update in flight to be applied (or lost
+        with a shard that died); raise the first error one of them met."""
+        self._updates.flush()
+        self._outbox.flush()
+        self._updates.raise_error()
 
     # -------------------------------------------------------------- failures
     def _forget_masses(self) -> None:

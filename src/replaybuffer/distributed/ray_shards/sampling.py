@@ -1,5 +1,5 @@
-"""Reads across shards: which shards each batch comes from, batches in flight, and
-priority updates routed to the shards their ids name.
+"""Reads across shards: which shards each batch comes from, and batches in flight
+(priority updates, routed to the shards their ids name, are in :mod:`.priority_updates`).
 
 Where a batch's items come from (``shards_per_batch``):
 
@@ -37,11 +37,9 @@ import numpy as np
 import ray
 from ray.exceptions import RayError, RayTaskError
 
-from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.distributed.errors import ShardsUnavailableError
 from replaybuffer.distributed.ray_shards.batches import Part, combine
 from replaybuffer.distributed.ray_shards.health import ShardHealth
-from replaybuffer.distributed.ray_shards.shard import INCARNATION_SHIFT, LOCAL_MASK
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimitedError
@@ -71,7 +69,7 @@ class PendingBatch:
 
 
 class ShardSampler:
-    """Draws batches from the shards and routes priority updates to them.
+    """Draws batches from the shards and keeps their sampling masses.
 
     Args:
         actors: the shard actor handles (the buffer's list).
@@ -274,34 +272,3 @@ class ShardSampler:
             cached = self._mass.get(key)
             if cached is not None:
                 cached[shard] = value
-
-    # --------------------------------------------------------------- priorities
-    def update_priorities(self, ids: Any, priorities: Any) -> int:
-        """Route each id's priority to its shard with the incarnation it was drawn
-        from; the shard ignores ids of another incarnation (drawn before a restart or
-        a clear, even one the client has not noticed yet), as it ignores overwritten
-        steps. Returns how many were applied."""
-        id_array, values, _ = checked_priorities(ids, priorities)
-        incarnations = id_array >> INCARNATION_SHIFT
-        local_ids, shards = np.divmod(id_array & LOCAL_MASK, self._num_shards)
-        refs = []
-        groups = incarnations * self._num_shards + shards  # one per (incarnation, shard)
-        for group in np.unique(groups):
-            incarnation, i = (int(v) for v in divmod(int(group), self._num_shards))
-            mine = groups == group
-            if self._up[i] and incarnation == self._health.incarnation[i]:
-                refs.append((i, self._actors[i].update_priorities.remote(
-                    local_ids[mine], values[mine], incarnation, list(self._mass))))
-        applied = 0
-        for i, ref in refs:
-            try:
-                count, masses, status = ray.get(ref)
-            except RayTaskError as exc:
-                raise exc.as_instanceof_cause() from None
-            except RayError:
-                self._health.down(i)
-                continue
-            self._health.observe(i, status)
-            applied += count
-            self.set_masses(i, masses)
-        return applied

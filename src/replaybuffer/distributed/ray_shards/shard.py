@@ -47,6 +47,8 @@ Lost = list[tuple[int, int]]
 """Chunks of a writer's writes lost with a shard process: ``(seq, steps)`` each."""
 Status = tuple[int, int, int, int]
 """``(incarnation, restored_last_id, steps_lost, last_id)`` of a shard."""
+PriorityUpdate = tuple[np.ndarray, np.ndarray, int]
+"""One priority update: local ids, their priorities, the incarnation they were drawn from."""
 
 _GENERATORS = threading.local()
 
@@ -64,7 +66,8 @@ def seeded(seed: int) -> np.random.Generator:
     return generator
 
 
-__all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status"]
+__all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status",
+           "PriorityUpdate"]
 
 
 class ShardActor:
@@ -118,6 +121,7 @@ class ShardActor:
         self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
         self.order: WriteOrder[list[Op]] = WriteOrder()
+        self.priority_order: WriteOrder[PriorityUpdate] = WriteOrder()
 
     def status(self) -> Status:
         """``(incarnation, restored_last_id, steps_lost, last_id)``."""
@@ -251,17 +255,52 @@ class ShardActor:
         return (items, np.asarray(info.ids), np.asarray(info.probabilities),
                 self.buffer.window_mass(num_steps or 1), self.status())
 
+    @ray.method(concurrency_group="priorities")
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray, incarnation: int,
-                          keys: list[int | None]
-                          ) -> tuple[int, dict[int | None, float], Status]:
-        """Set the priorities of local ``ids`` drawn from ``incarnation``: ids of
-        another incarnation (drawn before a restart or a clear) are ignored. Returns
-        how many applied, the masses and :meth:`status`."""
+                          keys: list[int | None], client: str, seq: int, base: int
+                          ) -> tuple[int, dict[int | None, float], Status, int]:
+        """Set the priorities (float64 ``[S]``) of local ``ids`` (int64 ``[S]``) drawn
+        from ``incarnation``: ids of another incarnation (drawn before a restart or a
+        clear) are ignored. Call ``seq`` of ``client``, applied in the client's order
+        (held until those before it came, as writes are: ``base`` is the client's
+        lowest unsettled number; see :mod:`.priority_updates`), in the shard's
+        ``priorities`` concurrency group (one thread: the order is kept in one place).
+
+        Returns:
+            ``(priorities applied by the calls now due, masses for keys, status, calls
+            of this client held)``.
+
+        Raises:
+            The first error an update of the due calls raised; the others are applied.
+        """
+        due = self.priority_order.arrive(client, seq, base, (ids, priorities, incarnation))
+        return (self.apply_priorities(due), self.masses(keys), self.status(),
+                self.priority_order.waiting(client))
+
+    @ray.method(concurrency_group="priorities")
+    def release_priorities(self, client: str, keys: list[int | None]
+                           ) -> tuple[int, dict[int | None, float], Status]:
+        """Apply every held call of ``client`` in order (it saw all its calls settled:
+        the missing ones will never come). Returns ``(applied, masses, status)``."""
+        return (self.apply_priorities(self.priority_order.release(client)),
+                self.masses(keys), self.status())
+
+    def apply_priorities(self, updates: list[PriorityUpdate]) -> int:
+        """Apply ``updates`` in order; how many priorities were set. An update that
+        fails does not stop the ones after it; the first error is raised at the end."""
         applied = 0
-        if incarnation == self.incarnation:
+        error: BaseException | None = None
+        for ids, priorities, incarnation in updates:
+            if incarnation != self.incarnation:
+                continue  # drawn before a restart or a clear: stale
             prioritized = cast("PrioritizedMixin", self.buffer)  # prioritized ones only
-            applied = prioritized.update_priorities(ids, priorities)
-        return applied, self.masses(keys), self.status()
+            try:
+                applied += prioritized.update_priorities(ids, priorities)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the rest
+                error = error or exc
+        if error is not None:
+            raise error
+        return applied
 
     @ray.method(concurrency_group="writes")
     def clear(self) -> dict[str, Any]:
