@@ -279,6 +279,33 @@ def test_a_writer_killed_inside_a_block_leaves_a_whole_tree(monkeypatch, point, 
         assert drawn_steps(buffer) == set(range(head, head + length))
 
 
+@pytest.mark.parametrize("go_on", ["add_batch", "extend"])
+def test_writes_after_a_killed_block_keep_the_writers_counts_exact(monkeypatch, go_on):
+    """A block killed with most of it hidden leaves a run of torn steps at the oldest
+    end; the next writer's short writes overwrite it a step at a time, and the counts
+    it keeps (the rate limiter's first look) stay equal to the steps held whole."""
+    rows, length = 3, 4
+    with SharedReplayBuffer(SPEC, rows, length, prioritized=True, alpha=1.0,
+                            seed=0) as buffer:
+        monkeypatch.setenv("REPLAYBUFFER_CRASH_AT", "shared.write.data:7")
+        child = SPAWN.Process(target=_extend_then_crash, args=(buffer, rows, 3))
+        child.start()
+        monkeypatch.delenv("REPLAYBUFFER_CRASH_AT")
+        child.join(120)
+        assert child.exitcode == CRASH_EXIT_CODE
+        buffer.claim_rows(rows)
+        mine = np.arange(rows)
+        for step in range(6, 6 + length + 1):
+            if go_on == "add_batch":
+                buffer.add_batch(items_for(mine, np.full(rows, step)))
+            else:
+                buffer.extend(block_of(mine, step, 1))
+            whole = counted(buffer)
+            assert int(buffer.layout.held.sum()) == whole == len(buffer), step
+            assert len(drawn_steps(buffer, 500)) == whole // rows
+        assert_tree_whole(buffer)
+
+
 def _extend_forever(buffer: SharedReplayBuffer, rows: int, ready) -> None:
     first, _ = buffer.claim_rows(rows)
     mine = np.arange(first, first + rows)

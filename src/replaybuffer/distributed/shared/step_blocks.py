@@ -67,11 +67,14 @@ class StepBlocks:
         self.published = 0
 
     def write(self, first: int, count: int, steps: Sequence[Sequence[Any]],
-              write_exact: Any, heads: np.ndarray, held: np.ndarray) -> None:
+              write_exact: Any, heads: np.ndarray, held: np.ndarray,
+              torn: np.ndarray | None = None) -> None:
         """Write ``steps`` (each the storage's converted leaves ``[count, *shape]``; at
         most ``max_length`` of them) to rows ``first .. first + count - 1``, whose head
         and count views are ``heads`` and ``held``; ``write_exact``: the storage's fused
-        writer for ``count`` rows (or ``None``). The caller holds the thread lock."""
+        writer for ``count`` rows (or ``None``); ``torn``: per row, the run of oldest
+        steps a killed writer left torn (``None``: at most one). The caller holds the
+        thread lock."""
         self.published = 0
         length, rows_total = self._length, self._rows_total
         n = len(steps)
@@ -88,7 +91,11 @@ class StepBlocks:
         priorities, version = self._priorities, self._version
         with priorities.changing(start, count, n):  # 1.
             if last >= length:  # the oldest steps go: uncounted right before they tear
-                held.fill(max(0, s0 - max(0, s0 - length, last + 1 - length)))
+                if torn is None:
+                    held.fill(max(0, s0 - max(0, s0 - length, last + 1 - length)))
+                else:  # those of the torn run were uncounted already
+                    held[:] = np.maximum(0, s0 - np.maximum(
+                        max(0, last + 1 - length), s0 - length + torn))
                 if ARMED is not None:
                     crash_point("shared.write.uncount")
             kept = version[flat], priorities.leaves(flat)  # (fancy reads: copies)
@@ -106,11 +113,11 @@ class StepBlocks:
                 written += 1
         finally:
             order_fence()
-            self._publish(first, count, positions, ids, written, kept, heads, held)
+            self._publish(first, count, positions, ids, written, kept, heads, held, torn)
 
     def _publish(self, first: int, count: int, positions: np.ndarray, ids: np.ndarray,
                  written: int, kept: tuple[np.ndarray, np.ndarray], heads: np.ndarray,
-                 held: np.ndarray) -> None:
+                 held: np.ndarray, torn: np.ndarray | None) -> None:
         """3.: publish the first ``written`` steps of the block, restore the others'
         ``kept`` versions and leaves (their old steps are whole)."""
         priorities, version = self._priorities, self._version
@@ -133,8 +140,12 @@ class StepBlocks:
                 crash_point("shared.write.publish")
             if written:
                 heads.fill(int(ids[0]) + written)
-            if written == n:
+            if written == n and torn is None:
                 held.fill(min(int(ids[-1]) + 1, length))
+            elif written == n and torn is not None:  # the block's steps, whole, and
+                # the steps left whole beyond what is left of the run
+                held[:] = int(ids[-1]) + 1 - np.maximum(
+                    max(0, int(ids[-1]) + 1 - length), int(ids[0]) - length + torn)
             else:  # the restored steps: count what is whole
                 rows = np.arange(first, first + count)
                 held[:] = held_steps(version, self._next_id.copy(), length, rows)

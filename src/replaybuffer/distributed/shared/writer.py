@@ -108,6 +108,10 @@ class SharedWriter:
         # Views of this process's rows' heads and counts (a view's fill() is 4x
         # faster than a slice store on the write path).
         self._my_heads = self._my_held = self._held[:0]
+        # Per row, the run of oldest steps a killed writer left torn, while some row's
+        # is longer than one step (a prioritized block, step_blocks); None otherwise.
+        # ``held`` is then kept by increments, exact, rather than by fills.
+        self._torn: np.ndarray | None = None
         # The storage's fused check-and-write for batches of this process's row count
         # (converted leaves always pass its check: 2-3 us where storage.write's loop
         # of field assignments takes 4-5).
@@ -183,11 +187,19 @@ class SharedWriter:
                     self._rows, self._owner_pid = (first, count), pid
                     self._my_heads, self._my_held = heads[block], self._held[block]
                     self._write_exact = self._storage.exact_writer((count,))
+                    self._torn = self._torn_run()
                     return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
                          f"{sorted({int(p) for p in owner if p})}: give the buffer more "
                          "rows, or end a writer")
+
+    def _torn_run(self) -> np.ndarray | None:
+        """Per row of this process, the run of oldest steps no longer whole (the
+        ``held`` counts are exact: just recounted, or kept so), when some row's is
+        longer than one step; ``None`` otherwise (a fill of ``held`` is then exact)."""
+        run: np.ndarray = np.minimum(self._my_heads, self._length) - self._my_held
+        return run if len(run) and int(run.max()) > 1 else None
 
     def _roll_back(self, first: int, count: int, head: int) -> None:
         """Set the heads of rows ``first .. first + count - 1`` (of ended writers, the
@@ -261,9 +273,11 @@ class SharedWriter:
                     for at in range(0, len(steps), self._length):
                         try:
                             blocks.write(first, count, steps[at:at + self._length],
-                                         self._write_exact, self._my_heads, self._my_held)
+                                         self._write_exact, self._my_heads, self._my_held,
+                                         self._torn)
                         finally:
                             written += blocks.published
+                            self._torn = self._torn_run()
         except BaseException:
             if self._admission is not None:  # the steps not written were never inserted
                 self._admission.give_back(True, count * (len(steps) - written))
@@ -292,7 +306,7 @@ class SharedWriter:
         priorities = self._priorities
         if priorities is None:
             if rewrites:
-                self._my_held.fill(self._length - 1)
+                self._count_out()
                 if ARMED is not None:
                     crash_point("shared.write.uncount")
             self._version[span] = 2 * step + 1  # 2.
@@ -300,7 +314,7 @@ class SharedWriter:
             positions = np.arange(start, start + count)
             with priorities.changing(start, count):
                 if rewrites:
-                    self._my_held.fill(self._length - 1)
+                    self._count_out()
                     if ARMED is not None:
                         crash_point("shared.write.uncount")
                 self._version[span] = 2 * step + 1
@@ -321,13 +335,25 @@ class SharedWriter:
         if self._commits is not None:  # 7.
             self._commits.committed(count)
 
+    def _count_out(self) -> None:
+        """1.: the rows' oldest steps leave ``held`` (one whole step each; where a
+        killed writer left the oldest torn, it was counted out already)."""
+        if self._torn is None:
+            self._my_held.fill(self._length - 1)
+        else:
+            np.minimum(self._my_held, self._length - 1, out=self._my_held)
+
     def _publish(self, span: int | slice, step: int) -> None:
         """6.: the even versions of ``span``, then this process's row heads and counts."""
         self._version[span] = 2 * step + 2
         if ARMED is not None:
             crash_point("shared.write.publish")
         self._my_heads.fill(step + 1)
-        self._my_held.fill(min(step + 1, self._length))
+        if self._torn is None:
+            self._my_held.fill(min(step + 1, self._length))
+        else:  # one whole step more than after 1.
+            self._my_held += 1
+            self._torn = self._torn_run()
 
 
 def _after_fork(writer: "weakref.ref[SharedWriter]") -> None:
