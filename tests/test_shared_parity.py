@@ -593,6 +593,28 @@ def test_a_queue_window_claimed_and_not_yet_copied_is_never_overwritten(monkeypa
         assert batch["step"].tolist() == [1, 2, 3, 4] and buffer.dropped == 0
 
 
+def test_a_process_forked_while_a_queue_read_copies_reads_too(monkeypatch):
+    """The read's thread lock is fresh in a forked child (the thread holding the
+    parent's does not exist there), and the child pins in a slot of its own."""
+    with SharedReplayBuffer(SPEC, 1, 4, rate_limiter=Queue(4), seed=0) as buffer:
+        write_steps(buffer, 1, 4)
+        reader, release, got = _stalled_queue_read(monkeypatch, buffer)
+        pid = os.fork()
+        if pid == 0:  # the child: one read, or the alarm ends it (a hang)
+            import signal
+            signal.alarm(20)
+            try:
+                batch, _ = buffer.get_next(1, timeout=10)
+                os._exit(0 if batch["step"].tolist() == [1] else 3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        reader.join(10)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert got[0]["step"].tolist() == [0]
+
+
 def test_a_pin_left_by_a_killed_reader_does_not_stall_the_writers(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # ended and reaped: its pid names no process

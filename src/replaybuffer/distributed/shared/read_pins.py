@@ -16,8 +16,9 @@ Arrays (``.npy`` files in the buffer's directory, only in buffers with a ``Queue
   ``1 +`` the first id of the oldest window being copied (0: none);
 - ``read_pin_owners`` int64 ``[PIN_SLOTS]``: the pid of each slot (0: free).
 
-A slot is claimed under the buffer's lock, once per process (the slot of a process that
-ended is taken over, its pins cleared). A process that finds no free slot reads
+A slot is claimed under the buffer's lock, once per handle and process (two handles of
+one buffer in a process never share one; the slot of a process that ended is taken
+over, its pins cleared; a handle that is collected gives its slot back). A process that finds no free slot reads
 unpinned: should a writer then lap a window it claimed, the window counts as dropped
 and is replaced (:class:`~.queue.QueueWindows`), as it does in the one race pins leave
 open: a writer that loaded the pins just before a claim of the very step it then
@@ -32,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -59,8 +61,14 @@ class ReadPins:
         self._owners = storage.map("read_pin_owners", (PIN_SLOTS,), np.int64)
         self._lock = lock
         self._slot, self._slot_pid = -1, -1
-        self._threads = threading.Lock()  # one pinning read of this process at a time
+        self._threads = threading.Lock()  # one pinning read of this handle at a time
+        mine = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(mine))
 
+    def forked(self) -> None:
+        """In a forked child: a fresh thread lock (the parent's may be held by a thread
+        the child does not have); the child claims a slot of its own at its first pin."""
+        self._threads = threading.Lock()
     @contextmanager
     def reading(self) -> Iterator[None]:
         """The context of one read: its pins (:meth:`pin`) stand until it ends."""
@@ -89,14 +97,14 @@ class ReadPins:
         if self._slot_pid == pid:
             return self._slot
         owners = self._owners
-        free = [s for s in range(PIN_SLOTS) if owners[s] == pid]
-        free = free or [s for s in range(PIN_SLOTS) if owners[s] == 0]
+        free = [s for s in range(PIN_SLOTS) if owners[s] == 0]
         free = free or [s for s in range(PIN_SLOTS) if process_ended(int(owners[s]))]
         self._slot = free[0] if free else -1
         self._slot_pid = pid
         if free:
             owners[self._slot] = pid
             self._pins[self._slot] = 0
+            weakref.finalize(self, _give_back, self._pins, owners, self._slot, pid)
         return self._slot
 
     def wait_for_readers(self, first: int, count: int, step: int) -> None:
@@ -119,3 +127,18 @@ class ReadPins:
                 continue
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
+
+
+def _give_back(pins: np.ndarray, owners: np.ndarray, slot: int, pid: int) -> None:
+    """A collected handle's slot, free again (if its process still owns it: a fork's
+    copy of the handle never claimed it)."""
+    if owners[slot] == pid and os.getpid() == pid:
+        pins[slot] = 0
+        owners[slot] = 0
+
+
+def _after_fork(pins: "weakref.ref[ReadPins]") -> None:
+    """In a forked child: :meth:`ReadPins.forked`, if the handle still exists."""
+    alive = pins()
+    if alive is not None:
+        alive.forked()
