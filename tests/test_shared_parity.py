@@ -615,6 +615,27 @@ def test_a_process_forked_while_a_queue_read_copies_reads_too(monkeypatch):
         assert got[0]["step"].tolist() == [0]
 
 
+def test_a_queue_read_that_fails_after_its_claim_counts_its_windows_consumed(
+        monkeypatch):
+    with SharedReplayBuffer(SPEC, 1, 4, rate_limiter=Queue(4), seed=0) as buffer:
+        write_steps(buffer, 1, 4)
+        gather = SharedStorage.gather
+
+        def failing(storage, positions):
+            raise OSError("the copy failed")
+
+        monkeypatch.setattr(SharedStorage, "gather", failing)
+        with pytest.raises(OSError, match="the copy failed"):
+            buffer.get_next(1)
+        monkeypatch.setattr(SharedStorage, "gather", gather)
+        assert buffer.dropped == 1 and buffer.unread() == 3
+        assert (buffer.stats().inserts, buffer.stats().samples) == (4, 1)
+        batch, _ = buffer.get_next(3)
+        assert batch["step"].tolist() == [1, 2, 3]
+        with pytest.raises(RateLimitedError):  # not admitted (nor EmptyBufferError)
+            buffer.get_next(1, timeout=0.05)
+
+
 def test_a_pin_left_by_a_killed_reader_does_not_stall_the_writers(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # ended and reaped: its pid names no process

@@ -65,14 +65,26 @@ class QueueWindows:
         self._pins = pins
         self._count_reads = count_reads
         self._replacing = False
+        self._first_claim = (0, 0)  # (windows, steps) of the read's first claim
 
     @contextmanager
     def reading(self) -> Iterator[None]:
         """The context of one read (its claims stay pinned until it ends); a claim
-        after its first is a replacement of windows lost while copied."""
+        after its first is a replacement of windows lost while copied. A read that
+        fails after its first claim consumed its windows all the same: they count as
+        read (the caller gives its admitted count back) and as dropped."""
         with self._pins.reading():
             self._replacing = False
-            yield
+            self._first_claim = (0, 0)
+            try:
+                yield
+            except BaseException:
+                count, steps = self._first_claim
+                if count:
+                    with self._lock:
+                        self._marks.counts[DROPPED] += count * steps
+                    self._count_reads(count)
+                raise
 
     def _unread_from(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row (int64 ``[num_rows]`` each): where its next unread window starts (past
@@ -119,6 +131,8 @@ class QueueWindows:
         if self._replacing:  # the read's windows lost while copied: dropped, and read
             marks.counts[DROPPED] += count * steps
             self._count_reads(count)
+        else:
+            self._first_claim = (count, steps)
         self._replacing = True
         # Each row's first min(windows, count) windows; the count oldest of them.
         nth = np.arange(min(count, int(windows.max())), dtype=np.int64)
