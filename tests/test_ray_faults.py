@@ -152,6 +152,56 @@ def test_a_chunk_applied_by_a_dead_shard_process_is_counted_lost_once(tmp_path):
     assert second.steps_lost == 6
 
 
+def test_writes_held_for_a_lost_one_go_before_those_after_the_base_moved():
+    """Write 1 is lost with a shard process; write 2 reached the next process first
+    (held for 1); once the writer's base moves past 1, write 2 is applied before 3,
+    never after it (the later of two priority updates of an id must win)."""
+    from replaybuffer.distributed.ray_shards.ordering import WriteOrder
+
+    order: WriteOrder[str] = WriteOrder()
+    assert order.arrive("w", 2, 1, "two") == []  # held: 1 may still come
+    assert order.arrive("w", 3, 3, "three") == ["two", "three"]
+    assert order.arrive("w", 4, 3, "four") == ["four"] and order.waiting("w") == 0
+    assert order.arrive("v", 5, 1, "five") == []
+    assert order.arrive("v", 0, 6, "late") == ["five", "late"]  # a late one, after
+
+
+class _DyingShard:
+    def write(self, *args):
+        os._exit(1)
+
+
+class _RecordingShard:
+    def __init__(self):
+        self.reported = []
+
+    def write(self, ops, keys, writer, seq, base, lost=None, round_robin=False):
+        self.reported.append(lost)
+        return 0, {}, 0, (1, -1, 0, 0)
+
+    def release(self, writer, lost=None):
+        self.reported.append(lost)
+        return (1, -1, 0, 0)
+
+    def seen(self):
+        return self.reported
+
+
+def test_a_loss_report_carried_by_a_write_that_is_lost_too_is_reported_again():
+    from replaybuffer.distributed.ray_shards.outbox import Outbox
+
+    dying = ray.remote(_DyingShard).options(max_restarts=0).remote()
+    recording = ray.remote(_RecordingShard).remote()
+    outbox = Outbox(SPEC, None, 1, lambda shard, answer: None)
+    op = [("add_batch", ({"x": np.array([0])},), {})]
+    for _ in range(3):  # each write after the first carries the losses seen so far
+        outbox.send(0, dying, op, 1, [])
+    outbox.send(0, recording, op, 1, [])
+    outbox.flush()
+    reported = [tuple(chunk) for r in ray.get(recording.seen.remote()) if r for chunk in r]
+    assert sorted(reported) == [(0, 1), (1, 1), (2, 1)]  # each lost write, once
+
+
 def test_a_refused_write_does_not_drop_the_writers_later_writes():
     with RayReplayBuffer(transitions, 1, seed=4) as buffer:
         writer = buffer.writer(0, chunk_steps=1)

@@ -36,14 +36,16 @@ class WriteOrder(Generic[Payload]):
         none: it is held)."""
         held = self.held.setdefault(writer, {})
         expected = max(self.next_seq.get(writer, 0), base)
+        # Held writes the base has moved past (the one they waited for was lost):
+        # due now, in order, before anything after them.
+        due = [held.pop(k) for k in sorted(k for k in held if k < expected)]
         if seq < expected:  # a duplicate, or one already given up on: apply it now
-            return [payload]
+            return due + [payload]
         held[seq] = payload
         if expected not in held:
             since = self.since.setdefault(writer, time.monotonic())
             if time.monotonic() - since > GAP_S:
                 expected = min(held)
-        due = []
         while expected in held:
             due.append(held.pop(expected))
             expected += 1

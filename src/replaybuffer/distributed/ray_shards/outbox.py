@@ -51,7 +51,9 @@ class Outbox:
         self._rows = rows
         self._max = max_in_flight
         self._settled = settled
-        self._pending: deque[tuple[int, int, int, Any]] = deque()
+        # (shard, seq, steps, answer, lost chunks reported with it)
+        self._pending: deque[tuple[int, int, int, Any, list[tuple[int, int]] | None]] = \
+            deque()
         self._error: BaseException | None = None
         self.writer = os.urandom(8).hex()  # this outbox's name in the shards
         self._seq: dict[int, int] = {}
@@ -91,13 +93,13 @@ class Outbox:
         self._actors[shard] = actor
         lost = self._lost.pop(shard, None)
         ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
-        self._pending.append((shard, seq, steps, ref))
+        self._pending.append((shard, seq, steps, ref, lost))
         while len(self._pending) > self._max:
             self._settle()
         self.raise_error()
 
     def _settle(self) -> None:
-        shard, seq, steps, ref = self._pending.popleft()
+        shard, seq, steps, ref, reported = self._pending.popleft()
         self._in_flight[shard].popleft()
         try:
             answer = ray.get(ref)
@@ -105,8 +107,9 @@ class Outbox:
             self._error = self._error or exc.as_instanceof_cause()
             self._release.add(shard)
             return
-        except RayError:  # the shard process died with it (having applied it or not)
-            self._lost.setdefault(shard, []).append((seq, steps))
+        except RayError:  # the shard process died with it (having applied it or not),
+            # and with the losses it carried, which the next call reports again
+            self._lost.setdefault(shard, []).extend([*(reported or []), (seq, steps)])
             self.steps_dropped += steps
             self._release.add(shard)
             self._settled(shard, None)
