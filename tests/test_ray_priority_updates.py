@@ -183,6 +183,16 @@ def test_a_shards_error_is_raised_by_a_later_call_or_flush_and_the_rest_applied(
             buffer.update_priorities(ids[:1], [REFUSED])
 
 
+def test_clear_with_an_update_error_pending_clears_then_raises_it():
+    with RayReplayBuffer(picky, 2, seed=6, max_in_flight=2) as buffer:
+        ids = filled(buffer)
+        buffer.update_priorities(ids[:1], [REFUSED], block=False)
+        with pytest.raises(RuntimeError, match="refuses priority 13"):
+            buffer.clear()
+        assert len(buffer) == 0  # cleared all the same
+        buffer.flush()  # raised once
+
+
 def test_bad_input_is_refused_in_the_caller_with_nothing_sent():
     with RayReplayBuffer(prioritized, 2, seed=5) as buffer:
         ids = filled(buffer)

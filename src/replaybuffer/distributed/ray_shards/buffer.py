@@ -318,6 +318,15 @@ class RayReplayBuffer(ShardWrites):
         self._outbox.flush()
         self._updates.raise_error()
 
+    def _settled(self) -> Exception | None:
+        """:meth:`flush`, its error returned rather than raised: a call that settles
+        first (``clear``, ``checkpoint``) does its own work, then raises it."""
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - raised by the caller once done
+            return exc
+        return None
+
     # -------------------------------------------------------------- failures
     def _forget_masses(self) -> None:
         self._sampler.forget_masses()
@@ -334,9 +343,13 @@ class RayReplayBuffer(ShardWrites):
             raise ShardsUnavailableError(f"shards {down} did not come back in {timeout} s")
 
     def checkpoint(self) -> list[int]:
-        """Save every shard now; the ``last_id`` each saved (down shards: skipped)."""
-        self.flush()
-        return list(self._health.ask("save").values())
+        """Save every shard now; the ``last_id`` each saved (down shards: skipped). An
+        error a write or update in flight met is raised after the save."""
+        pending = self._settled()
+        saved = list(self._health.ask("save").values())
+        if pending is not None:
+            raise pending
+        return saved
 
     # -------------------------------------------------------------- iteration
     def spawn_rng(self) -> np.random.Generator:
@@ -384,8 +397,10 @@ class RayReplayBuffer(ShardWrites):
 
         Raises:
             ShardsUnavailableError: a shard was down (it keeps its steps).
+            Exception: the first error a write or update in flight met, raised once
+                the shards are cleared.
         """
-        self.flush()
+        pending = self._settled()
         answers = self._health.ask("clear")
         for i, info in answers.items():
             self._health.renamed(i, info["incarnation"], info["last_id"])
@@ -393,7 +408,9 @@ class RayReplayBuffer(ShardWrites):
         missed = [i for i in range(self.num_shards) if i not in answers]
         if missed:
             raise ShardsUnavailableError(f"clear: shards {missed} were down and keep "
-                                         "their steps")
+                                         "their steps") from pending
+        if pending is not None:
+            raise pending
 
     def save(self, path: str | os.PathLike[str], keep: int = 1) -> NoReturn:
         """Refused: raises :class:`NotSupportedError`; shards save to the
