@@ -99,14 +99,17 @@ def test_writes_after_a_restart_are_applied_when_flush_returns_and_losses_count(
     with RayReplayBuffer(uniform, 2, checkpoint_dir=tmp_path, checkpoint_every=10,
                          seed=2) as buffer:
         writer = buffer.writer(0, chunk_steps=1)
-        write(writer, range(25))  # saved at last_id 9 and 19
-        writer.flush()
+        write(writer, range(25))  # saved every 10 steps or more (chunks that arrive
+        writer.flush()            # out of order are applied, and saved, together)
         kill_and_wait_restarted(buffer, 0)  # the client makes no call meanwhile
         write(writer, range(100, 105))
         writer.flush()
-        assert buffer.describe()[0]["size"] == 25  # 20 restored + 5 new
-        assert [(loss.shard, loss.steps_lost, loss.restored_last_id)
-                for loss in buffer.losses] == [(0, 5, 19)]
+        size = buffer.describe()[0]["size"]  # (its answer reports the restart)
+        [loss] = buffer.losses
+        restored = loss.restored_last_id + 1
+        assert 10 <= restored <= 25
+        assert size == restored + 5  # restored + 5 new
+        assert (loss.shard, loss.steps_lost) == (0, 25 - restored)
 
 
 def test_writes_sent_to_a_dying_shard_are_counted_lost():
