@@ -9,12 +9,13 @@ import functools
 import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+
+from ray_cluster import start_local_cluster, kill_and_wait_restarted  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -48,29 +49,9 @@ def transitions():
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    here = str(Path(__file__).resolve().parent)  # shards import this module's factories
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    start_local_cluster()
     yield
     ray.shutdown()
-
-
-def kill_and_wait_restarted(buffer: RayReplayBuffer, shard: int) -> None:
-    """Kill a shard's process and wait until Ray has restarted it, asking the actor
-    directly so that the client does not notice."""
-    before = ray.get(buffer.actors[shard].describe.remote())["incarnation"]
-    ray.kill(buffer.actors[shard], no_restart=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if ray.get(buffer.actors[shard].describe.remote(), timeout=5)["incarnation"] \
-                    != before:
-                return
-        except (ray.exceptions.RayError, TimeoutError):
-            time.sleep(0.1)
-    raise AssertionError("the shard did not restart")
 
 
 def write(writer, values) -> None:

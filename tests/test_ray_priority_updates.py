@@ -6,14 +6,14 @@ bad input refused in the caller with nothing sent, ids from before a restart ign
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+
+from ray_cluster import start_local_cluster, kill_and_wait_restarted, chi_square_passes  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -43,19 +43,9 @@ def picky():
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    here = str(Path(__file__).resolve().parent)  # shards import this module's factories
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    start_local_cluster()
     yield
     ray.shutdown()
-
-
-def chi_square_passes(counts: np.ndarray, expected: np.ndarray) -> bool:
-    k = len(counts) - 1
-    critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
-    return float(((counts - expected) ** 2 / expected).sum()) < critical
 
 
 def filled(buffer: RayReplayBuffer, count: int = 8) -> np.ndarray:
@@ -76,22 +66,6 @@ def probabilities_by_x(buffer: RayReplayBuffer, count: int = 8, draws: int = 400
     out = np.full(count, np.nan)
     out[items["x"]] = info.probabilities
     return out
-
-
-def kill_and_wait_restarted(buffer: RayReplayBuffer, shard: int) -> None:
-    """Kill a shard's process and wait until Ray has restarted it, asking the actor
-    directly so that the client does not notice."""
-    before = ray.get(buffer.actors[shard].describe.remote())["incarnation"]
-    ray.kill(buffer.actors[shard], no_restart=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if ray.get(buffer.actors[shard].describe.remote(), timeout=5)["incarnation"] \
-                    != before:
-                return
-        except (ray.exceptions.RayError, TimeoutError):
-            time.sleep(0.1)
-    raise AssertionError("the shard did not restart")
 
 
 def test_updates_sent_without_waiting_are_applied_by_flush():

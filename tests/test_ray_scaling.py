@@ -8,13 +8,13 @@ cleared and reseeded by each test."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+
+from ray_cluster import start_local_cluster  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -34,11 +34,7 @@ def prioritized():
 
 @pytest.fixture(scope="module")
 def buffers():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    here = str(Path(__file__).resolve().parent)  # shards import this module's factories
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    start_local_cluster()
     made = {"uniform": RayReplayBuffer(uniform, SHARDS, seed=0),
             "prioritized": RayReplayBuffer(prioritized, SHARDS, seed=0)}
     yield made

@@ -4,7 +4,6 @@ ids, shard restart from checkpoints, bad input."""
 from __future__ import annotations
 
 import functools
-import os
 import time
 from pathlib import Path
 
@@ -12,6 +11,8 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+
+from ray_cluster import start_local_cluster, chi_square_passes  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import (RayReplayBuffer, ShardsUnavailableError,  # noqa: E402
@@ -46,21 +47,9 @@ def alternating_factory(counter: str):
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Shard processes import this module's factories by name (and replaybuffer from
-    # wherever the caller's PYTHONPATH put it, as a checkout's src/).
-    here = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    start_local_cluster()
     yield
     ray.shutdown()
-
-
-def chi_square_passes(counts: np.ndarray, expected: np.ndarray) -> bool:
-    k = len(counts) - 1
-    critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
-    return float(((counts - expected) ** 2 / expected).sum()) < critical
 
 
 def fill(buffer: RayReplayBuffer, values, shard=None) -> None:
