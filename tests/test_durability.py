@@ -68,6 +68,30 @@ def test_load_while_another_process_saves_and_prunes_the_series(tmp_path):
     assert not failures, f"{len(failures)} of {loads} loads failed: {failures[:3]}"
 
 
+def test_a_checkpoint_being_loaded_is_not_pruned_until_the_load_ends(tmp_path):
+    """A load pins the checkpoint it reads: saves with ``keep=1`` meanwhile publish
+    theirs and leave it; the first save after the load prunes it."""
+    from replaybuffer.persist import series
+
+    buf = make()
+    buf.add_batch(item(0, 3))
+    first = buf.save(tmp_path / "c", keep=1)
+
+    def read_while_saving(directory):
+        assert directory == first
+        for step in (1, 2):  # each would prune every older checkpoint
+            buf.add_batch(item(step, 3))
+            buf.save(tmp_path / "c", keep=1)
+        assert directory.is_dir()  # still there, whole: the load goes on
+        return rb.load(directory)
+
+    loaded = series.read_newest(tmp_path / "c", read_while_saving)
+    assert len(loaded) == 3 and len(series.checkpoints(tmp_path / "c")) == 2
+    buf.save(tmp_path / "c", keep=1)
+    assert series.checkpoints(tmp_path / "c") == [series.resolve(tmp_path / "c")]
+    assert not first.exists()
+
+
 def test_a_named_checkpoint_that_is_gone_is_not_swapped_for_another(tmp_path):
     """Only a series is re-resolved: a load of one named checkpoint directory that is
     removed says so, and corrupt files of a checkpoint still present are reported as

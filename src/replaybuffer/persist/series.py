@@ -19,8 +19,14 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
+
+try:  # POSIX: readers pin the checkpoint they read (below); elsewhere they retry
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError
@@ -92,13 +98,62 @@ def prune(root: Path, keep: int) -> None:
         excess -= 1
     for old in done[:max(0, excess)]:
         trash = root / f"{TRASH}{os.getpid()}-{old.name}"
-        try:
-            os.rename(old, trash)
-        except FileNotFoundError:  # another process saving here pruned it first
-            continue
+        with _unread(old) as free:
+            if not free:  # a load is reading it: the next save prunes it
+                continue
+            try:
+                os.rename(old, trash)
+            except FileNotFoundError:  # another process saving here pruned it first
+                continue
         if ARMED is not None:
             crash_point("checkpoint.prune.renamed")
         shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextmanager
+def _unread(directory: Path) -> Iterator[bool]:
+    """Whether no load is reading ``directory`` (``False`` also when it is gone); while
+    the context lasts, none can start (an exclusive ``flock`` on the directory)."""
+    if fcntl is None:
+        yield True
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _reading(directory: Path) -> Iterator[bool]:
+    """Pin ``directory`` for a load (a shared ``flock``: a prune skips it); ``False``
+    when it was pruned (renamed aside) before the pin took."""
+    if fcntl is None:
+        yield True
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            here = os.stat(directory).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            here = False
+        yield here
+    finally:
+        os.close(fd)
 
 
 def _remove_legacy(root: Path) -> None:
@@ -165,10 +220,10 @@ def is_checkpoint_root(root: Path) -> bool:
 
 
 def read_newest(path: str | os.PathLike[str], read: Callable[[Path], T]) -> T:
-    """``read(directory)`` of the checkpoint that ``path`` names (:func:`resolve`). When
-    ``path`` is a series and a save into it prunes that checkpoint while ``read`` runs
-    (``read`` fails and the directory is gone), ``read`` the then-newest one, up to
-    :data:`PRUNED_RETRIES` checkpoints. Errors of a checkpoint still there (a corrupt
+    """``read(directory)`` of the checkpoint that ``path`` names (:func:`resolve`),
+    pinned while it is read: a save into the series does not prune it then (it goes at
+    a later save). Should a save prune it between finding and pinning it, ``read`` the
+    then-newest one, up to :data:`PRUNED_RETRIES` checkpoints. Errors of a checkpoint still there (a corrupt
     file) are raised at once.
 
     Raises:
@@ -176,14 +231,18 @@ def read_newest(path: str | os.PathLike[str], read: Callable[[Path], T]) -> T:
             tried was pruned while it was read.
     """
     root = Path(path)
+    last: BaseException | None = None
     for _ in range(PRUNED_RETRIES):
         directory = resolve(root)
-        try:
-            return read(directory)
-        except (CheckpointError, OSError) as exc:
-            if directory == root or directory.exists():  # not pruned: the error stands
-                raise
-            last = exc
+        with _reading(directory) as pinned:  # a save's prune skips it while read
+            if not pinned:  # pruned between finding it and pinning it
+                continue
+            try:
+                return read(directory)
+            except (CheckpointError, OSError) as exc:
+                if directory == root or directory.exists():  # not pruned: the error stands
+                    raise
+                last = exc
     raise CheckpointError(f"cannot read {root}: its newest checkpoint was pruned by a save "
                           f"into the series while it was read, {PRUNED_RETRIES} times in a "
                           "row; have the saver keep more (save(path, keep=2)) so that a "
