@@ -311,22 +311,6 @@ class RayReplayBuffer(ShardWrites):
         """Priorities applied by the updates settled so far (blocking ones included)."""
         return self._updates.applied
 
-    def flush(self) -> None:
-        """Wait for every write and priority update in flight to be applied (or lost
-        with a shard that died); raise the first error one of them met."""
-        self._updates.flush()
-        self._outbox.flush()
-        self._updates.raise_error()
-
-    def _settled(self) -> Exception | None:
-        """:meth:`flush`, its error returned rather than raised: a call that settles
-        first (``clear``, ``checkpoint``) does its own work, then raises it."""
-        try:
-            self.flush()
-        except Exception as exc:  # noqa: BLE001 - raised by the caller once done
-            return exc
-        return None
-
     # -------------------------------------------------------------- failures
     def _forget_masses(self) -> None:
         self._sampler.forget_masses()

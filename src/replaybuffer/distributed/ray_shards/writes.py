@@ -13,6 +13,7 @@ from replaybuffer.distributed.errors import (NotSupportedError, ShardsUnavailabl
                                              not_supported)
 from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.distributed.ray_shards.outbox import Outbox
+from replaybuffer.distributed.ray_shards.priority_updates import PriorityUpdates
 from replaybuffer.distributed.ray_shards.sampling import ShardSampler
 from replaybuffer.distributed.ray_shards.writer import ShardWriter
 
@@ -23,7 +24,8 @@ class ShardWrites:
     Attributes (set by the buffer):
         num_shards: shards.
         _actors: their handles; _up: which answer; _outbox: the client's writes in
-        flight; _sampler: its masses; _health: incarnations and losses; _data_spec,
+        flight; _updates: its priority updates in flight; _sampler: its masses;
+        _health: incarnations and losses; _data_spec,
         _rows (the shards' ``batch_size``), _max_in_flight, _queued (shards have a
         ``Queue`` limiter), _next_shard (round-robin).
     """
@@ -32,6 +34,7 @@ class ShardWrites:
     _actors: list[Any]
     _up: list[bool]
     _outbox: Outbox
+    _updates: PriorityUpdates
     _sampler: ShardSampler
     _health: ShardHealth
     _data_spec: Any
@@ -42,6 +45,22 @@ class ShardWrites:
 
     def _probe(self, interval: float = 0.2) -> None:
         self._health.probe(interval)
+
+    def flush(self) -> None:
+        """Wait for every write and priority update in flight to be applied (or lost
+        with a shard that died); raise the first error one of them met."""
+        self._updates.flush()
+        self._outbox.flush()
+        self._updates.raise_error()
+
+    def _settled(self) -> Exception | None:
+        """:meth:`flush`, its error returned rather than raised: a call that settles
+        first (``clear``, ``checkpoint``) does its own work, then raises it."""
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - raised by the caller once done
+            return exc
+        return None
 
     def add_batch(self, items: Any, *, shard: int | None = None,
                   timeout: float | None = None, block: bool = True) -> bool:
@@ -121,11 +140,6 @@ class ShardWrites:
             return
         self._sampler.set_masses(shard, answer[1])
         self._health.observe(shard, answer[3])
-
-    def flush(self) -> None:
-        """Wait for every write in flight to be applied (or lost with a shard that
-        died); raise the first error one of them met."""
-        self._outbox.flush()
 
     def writer(self, shard: int, *, chunk_steps: int = 64, chunk_seconds: float = 0.05
                ) -> ShardWriter:
