@@ -305,8 +305,11 @@ class SharedWriter:
             self._pins.wait_for_readers(first, count, step - self._length)
         priorities = self._priorities
         if priorities is None:
-            if rewrites:
-                self._count_out()
+            if rewrites:  # (inline: the hot path of a uniform writer)
+                if self._torn is None:
+                    self._my_held.fill(self._length - 1)
+                else:
+                    self._count_out()
                 if ARMED is not None:
                     crash_point("shared.write.uncount")
             self._version[span] = 2 * step + 1  # 2.
@@ -340,7 +343,7 @@ class SharedWriter:
         killed writer left the oldest torn, it was counted out already)."""
         if self._torn is None:
             self._my_held.fill(self._length - 1)
-        else:
+        else:  # a row whose oldest is torn holds fewer already
             np.minimum(self._my_held, self._length - 1, out=self._my_held)
 
     def _publish(self, span: int | slice, step: int) -> None:
