@@ -98,7 +98,7 @@ def prune(root: Path, keep: int) -> None:
         excess -= 1
     for old in done[:max(0, excess)]:
         trash = root / f"{TRASH}{os.getpid()}-{old.name}"
-        with _unread(old) as free:
+        with _locked(old, exclusive=True) as free:
             if not free:  # a load is reading it: the next save prunes it
                 continue
             try:
@@ -111,9 +111,11 @@ def prune(root: Path, keep: int) -> None:
 
 
 @contextmanager
-def _unread(directory: Path) -> Iterator[bool]:
-    """Whether no load is reading ``directory`` (``False`` also when it is gone); while
-    the context lasts, none can start (an exclusive ``flock`` on the directory)."""
+def _locked(directory: Path, exclusive: bool) -> Iterator[bool]:
+    """A ``flock`` on ``directory`` for the context: shared (a load pins the checkpoint
+    it reads; waits for a prune in progress) or exclusive without waiting (a prune:
+    ``False`` when a load holds it). ``False`` too when ``directory`` is gone or was
+    renamed aside before the lock took."""
     if fcntl is None:
         yield True
         return
@@ -124,29 +126,10 @@ def _unread(directory: Path) -> Iterator[bool]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
         except BlockingIOError:
             yield False
             return
-        yield True
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _reading(directory: Path) -> Iterator[bool]:
-    """Pin ``directory`` for a load (a shared ``flock``: a prune skips it); ``False``
-    when it was pruned (renamed aside) before the pin took."""
-    if fcntl is None:
-        yield True
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except FileNotFoundError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             here = os.stat(directory).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -234,7 +217,7 @@ def read_newest(path: str | os.PathLike[str], read: Callable[[Path], T]) -> T:
     last: BaseException | None = None
     for _ in range(PRUNED_RETRIES):
         directory = resolve(root)
-        with _reading(directory) as pinned:  # a save's prune skips it while read
+        with _locked(directory, exclusive=False) as pinned:  # a save's prune skips it while read
             if not pinned:  # pruned between finding it and pinning it
                 continue
             try:
