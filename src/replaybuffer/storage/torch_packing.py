@@ -44,10 +44,12 @@ class PackedLeaves:
         dtypes: each leaf's torch dtype.
         capacity: positions.
         device: where the blocks live.
+        blocks: the blocks, if they exist already (:meth:`over`); else made as zeros.
     """
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
-                 capacity: int, device: torch.device):
+                 capacity: int, device: torch.device,
+                 blocks: Sequence[torch.Tensor] | None = None):
         self.shapes = [tuple(s) for s in shapes]
         order: list[torch.dtype] = []  # the blocks, in order of first appearance
         for d in dtypes:
@@ -60,8 +62,8 @@ class PackedLeaves:
             b, n = order.index(d), math.prod(shape)
             self.columns.append((b, widths[b], n))
             widths[b] += n
-        self.blocks = [torch.zeros((capacity, w), dtype=d, device=device)
-                       for d, w in zip(order, widths)]
+        self.blocks = list(blocks) if blocks is not None else [
+            torch.zeros((capacity, w), dtype=d, device=device) for d, w in zip(order, widths)]
         # A leaf alone in its block is the block reshaped, and gathers as it.
         self._alone = [widths[b] == n for b, _, n in self.columns]
         self.views = [self._leaf(self.blocks[b], i, (capacity,))
@@ -89,7 +91,67 @@ class PackedLeaves:
             out.append(self._leaf(block, i, outer))
         return out
 
+    def leaves(self, blocks: Sequence[torch.Tensor], outer: tuple[int, ...],
+               which: Sequence[int]) -> list[torch.Tensor]:
+        """Leaves ``which`` as views of gathered ``blocks`` (one ``[N, width]`` tensor per
+        block, in block order, ``N`` = prod(outer)), each ``[*outer, *shape]``: what
+        :meth:`gather` returns, from blocks gathered elsewhere (a captured draw's)."""
+        return [self._leaf(blocks[self.columns[i][0]], i, outer) for i in which]
+
+    @classmethod
+    def over(cls, views: Sequence[torch.Tensor]) -> PackedLeaves:
+        """The packing that ``views`` (a packed storage's leaves, ``[capacity, *shape]``
+        each, as :attr:`views` gives them) are views of, its blocks the tensors they
+        share: no copy, so writes through the views are seen in the blocks.
+
+        Raises:
+            ValueError: the views are not leaves of blocks packed as this class packs
+                them (numpy records, say, or tensors of their own).
+        """
+        if not views:
+            raise ValueError("no leaves to find blocks of")
+        capacity = int(views[0].shape[0])
+        bases: list[tuple[int, torch.dtype]] = []  # (storage address, dtype) per block
+        widths: list[int] = []
+        columns: list[tuple[int, int, int]] = []
+        for v in views:
+            n = math.prod(v.shape[1:])
+            key = (v.untyped_storage().data_ptr(), v.dtype)
+            width = int(v.stride(0)) if v.dim() else 0
+            first = int(v.storage_offset())
+            if tuple(v.shape[:1]) != (capacity,) or n == 0 or first + n > width or \
+                    (n > 1 and _row_strides(v, capacity, n) != (width, 1)):
+                raise ValueError(f"a leaf of shape {tuple(v.shape)} and strides "
+                                 f"{v.stride()} is not a view of a packed block")
+            if key not in bases:
+                bases.append(key)
+                widths.append(width)
+            b = bases.index(key)
+            if widths[b] != width:
+                raise ValueError("leaves of one block disagree on its width")
+            columns.append((b, first, n))
+        blocks = []
+        for (_, dtype), width in zip(bases, widths):
+            leaf = next(v for v in views if v.dtype == dtype and v.stride(0) == width)
+            block = leaf.as_strided((capacity, width), (width, 1), 0)
+            if block.untyped_storage().nbytes() != capacity * width * block.element_size():
+                raise ValueError("a block is not the whole of its tensor's memory")
+            blocks.append(block)
+        packed = cls([tuple(v.shape[1:]) for v in views], [v.dtype for v in views],
+                     capacity, views[0].device, blocks)
+        if packed.columns != columns:
+            raise ValueError("the leaves are packed in another order than this class's")
+        return packed
+
     def zero(self) -> None:
         """Every block back to zeros."""
         for block in self.blocks:
             block.zero_()
+
+
+def _row_strides(view: torch.Tensor, capacity: int, n: int) -> tuple[int, ...] | None:
+    """The strides of ``view`` seen as ``[capacity, n]``, or None where it cannot be."""
+    try:
+        return tuple(view.view(capacity, n).stride())
+    except RuntimeError:  # not contiguous within a position
+        return None
