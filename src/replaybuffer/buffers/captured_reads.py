@@ -188,6 +188,7 @@ class CapturedReads(ReadPath):
         """The recordings ``capture_samples`` asks for, or ``None`` where this buffer's
         storage cannot have them (``ValueError`` if ``required``)."""
         why = "frame_stack deduplicates frames on read" if self._codec is not None else None
+        captures = None
         try:
             captures = None if why else SampleCaptures(
                 self._storage, self._sampler, self._ring.batch_size, self._ring.max_length,

@@ -51,17 +51,7 @@ class PackedLeaves:
                  capacity: int, device: torch.device,
                  blocks: Sequence[torch.Tensor] | None = None):
         self.shapes = [tuple(s) for s in shapes]
-        order: list[torch.dtype] = []  # the blocks, in order of first appearance
-        for d in dtypes:
-            if d not in order:
-                order.append(d)
-        widths = [0] * len(order)
-        # Per leaf: (its block, its first column, its columns).
-        self.columns: list[tuple[int, int, int]] = []
-        for shape, d in zip(self.shapes, dtypes):
-            b, n = order.index(d), math.prod(shape)
-            self.columns.append((b, widths[b], n))
-            widths[b] += n
+        order, widths, self.columns = _layout(self.shapes, dtypes)
         self.blocks = list(blocks) if blocks is not None else [
             torch.zeros((capacity, w), dtype=d, device=device) for d, w in zip(order, widths)]
         # A leaf alone in its block is the block reshaped, and gathers as it.
@@ -112,36 +102,34 @@ class PackedLeaves:
             raise ValueError("no leaves to find blocks of")
         capacity = int(views[0].shape[0])
         bases: list[tuple[int, torch.dtype]] = []  # (storage address, dtype) per block
-        widths: list[int] = []
+        blocks: list[torch.Tensor] = []
         columns: list[tuple[int, int, int]] = []
         for v in views:
             n = math.prod(v.shape[1:])
-            key = (v.untyped_storage().data_ptr(), v.dtype)
-            width = int(v.stride(0)) if v.dim() else 0
+            memory = v.untyped_storage()
+            # A block is the whole of its memory, [capacity, width] (strides of axes
+            # of size 1 say nothing, so the width comes from the memory's size).
+            width = memory.nbytes() // max(1, capacity * v.element_size())
             first = int(v.storage_offset())
-            if tuple(v.shape[:1]) != (capacity,) or n == 0 or first + n > width or \
-                    (n > 1 and _row_strides(v, capacity, n) != (width, 1)):
+            if v.dim() == 0 or int(v.shape[0]) != capacity or n == 0 or \
+                    memory.nbytes() != capacity * width * v.element_size() or \
+                    first + n > width or \
+                    (capacity > 1 and int(v.stride(0)) != width) or \
+                    (n > 1 and _row_strides(v, capacity, n)[1:] != (1,)):
                 raise ValueError(f"a leaf of shape {tuple(v.shape)} and strides "
-                                 f"{v.stride()} is not a view of a packed block")
+                                 f"{v.stride()} is not the whole of its tensor's memory "
+                                 f"packed as a block")
+            key = (memory.data_ptr(), v.dtype)
             if key not in bases:
                 bases.append(key)
-                widths.append(width)
-            b = bases.index(key)
-            if widths[b] != width:
-                raise ValueError("leaves of one block disagree on its width")
-            columns.append((b, first, n))
-        blocks = []
-        for (_, dtype), width in zip(bases, widths):
-            leaf = next(v for v in views if v.dtype == dtype and v.stride(0) == width)
-            block = leaf.as_strided((capacity, width), (width, 1), 0)
-            if block.untyped_storage().nbytes() != capacity * width * block.element_size():
-                raise ValueError("a block is not the whole of its tensor's memory")
-            blocks.append(block)
-        packed = cls([tuple(v.shape[1:]) for v in views], [v.dtype for v in views],
-                     capacity, views[0].device, blocks)
-        if packed.columns != columns:
+                blocks.append(v.as_strided((capacity, width), (width, 1), 0))
+            columns.append((bases.index(key), first, n))
+        shapes = [tuple(v.shape[1:]) for v in views]
+        dtypes = [v.dtype for v in views]
+        _, widths, expected = _layout(shapes, dtypes)
+        if expected != columns or widths != [int(b.shape[1]) for b in blocks]:
             raise ValueError("the leaves are packed in another order than this class's")
-        return packed
+        return cls(shapes, dtypes, capacity, views[0].device, blocks)
 
     def zero(self) -> None:
         """Every block back to zeros."""
@@ -149,9 +137,27 @@ class PackedLeaves:
             block.zero_()
 
 
-def _row_strides(view: torch.Tensor, capacity: int, n: int) -> tuple[int, ...] | None:
-    """The strides of ``view`` seen as ``[capacity, n]``, or None where it cannot be."""
+def _layout(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]
+            ) -> tuple[list[torch.dtype], list[int], list[tuple[int, int, int]]]:
+    """The packing of leaves of ``shapes`` and ``dtypes``: the blocks' dtypes (in order
+    of first appearance), their widths, and per leaf ``(its block, its first column,
+    its columns)``."""
+    order: list[torch.dtype] = []
+    for d in dtypes:
+        if d not in order:
+            order.append(d)
+    widths = [0] * len(order)
+    columns = []
+    for shape, d in zip(shapes, dtypes):
+        b, n = order.index(d), math.prod(shape)
+        columns.append((b, widths[b], n))
+        widths[b] += n
+    return order, widths, columns
+
+
+def _row_strides(view: torch.Tensor, capacity: int, n: int) -> tuple[int, ...]:
+    """The strides of ``view`` seen as ``[capacity, n]`` (``()`` where it cannot be)."""
     try:
         return tuple(view.view(capacity, n).stride())
     except RuntimeError:  # not contiguous within a position
-        return None
+        return ()
