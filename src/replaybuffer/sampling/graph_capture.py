@@ -83,21 +83,26 @@ class CudaGraphCapture:
 
     def record(self, fn: Callable[[], None], scalar: torch.Tensor,
                output: torch.Tensor) -> None:
-        states = [g.get_state() for g in self._generators]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            fn()  # the warm-up: lazy initializations happen outside the capture
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for g, state in zip(self._generators, states):
-            g.set_state(state)
-        graph = torch.cuda.CUDAGraph()
-        for g in self._generators:
-            if g is not torch.cuda.default_generators[self.device.index or 0]:
-                graph.register_generator_state(g)
-        # thread_local: other threads may allocate and launch while this one captures.
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            fn()
+        # On the storage's GPU whatever the calling thread's current device: the
+        # capture stream and the graph's memory pool belong to it.
+        with torch.cuda.device(self.device):
+            states = [g.get_state() for g in self._generators]
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                fn()  # the warm-up: lazy initializations happen outside the capture
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            for g, state in zip(self._generators, states):
+                g.set_state(state)  # the warm-up's draws are not the user's
+            graph = torch.cuda.CUDAGraph()
+            default = torch.cuda.default_generators[self.device.index or 0]
+            for g in self._generators:
+                if g is not default:  # the default generator is registered by torch
+                    graph.register_generator_state(g)
+            # thread_local: other threads may allocate and launch while this one
+            # captures (a collector adding steps, say).
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                fn()
         self._graph, self._scalar, self._output = graph, scalar, output
         self._done = torch.cuda.Event()
         self._last_stream = None
