@@ -8,18 +8,13 @@ observation, action, reward, discount; int32 step type) gathered leaf by leaf is
 five are three (its uint8 observation keeps a block of its own, so a gather of the
 small leaves alone never reads frames).
 
-Why packed gathers rather than a CUDA graph of the whole sample: the profile of a
-uniform ``sample(256)`` with next steps (``replaybuffer bench --gpu --profile``, H100:
-11 kernels, about 200 us of host time for 33 us of device time) is host-bound, and a
-graph would replace the launches by one replay, but its inputs change with every add
-(the valid range of window starts, baked into the index arithmetic) and its outputs
-live in static buffers: each replay needs a host-to-device copy of the range and a
-copy out of every output (or outputs valid only until the next sample, a trap for a
-learner that keeps a batch), and the device generator must be registered with the
-graph. That is about as many operations as the eager sequence once its gathers are
-packed (randint, the window offsets, the modulo, one gather per dtype, the
-probabilities: 6 kernels for the control workload, from 11), with none of the
-invalidation a graph needs on writes, shape changes and restores.
+Packing also makes a recorded sample small: a uniform ``sample(256)`` with next steps
+(``replaybuffer bench --gpu --profile``, H100: 11 kernels, about 200 us of host time for
+33 us of device time) is host-bound, and
+:mod:`replaybuffer.sampling.captured_draws` records the whole of it in a CUDA graph that
+gathers these blocks (found from the storage's leaf views by :meth:`PackedLeaves.over`)
+into one static buffer: a replay and one copy out per call, whatever the block count.
+The graph reads the write head from a device scalar, so writes need no new recording.
 
 Each leaf is a view of its block (``[capacity, *shape]``, strided: a row of the block
 per position), so writes, loads and zeroing through the views are what they were.
