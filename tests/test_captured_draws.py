@@ -299,6 +299,8 @@ def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
 def test_capture_samples_choices_and_errors(monkeypatch):
     assert make(None)._captures is None  # auto: CUDA only
     assert make(False)._captures is None
+    # A buffer that does not record keeps the read path's draw: no check per call.
+    assert "draw" not in vars(make(False)) and "draw" in vars(make(True))
     for bad in ("yes", 1, 0.0):
         with pytest.raises(ValueError, match="capture_samples must be True, False or None"):
             make(bad)

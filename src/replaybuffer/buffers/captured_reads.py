@@ -25,7 +25,7 @@ torch_storage.TorchStorage`); a run takes part through the storage's public
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -145,27 +145,17 @@ class SampleCaptures:
 
 
 class CapturedReads(ReadPath):
-    """:meth:`draw` from :class:`SampleCaptures` where the buffer has them
-    (``_captures``, set by the buffer's constructor), eagerly otherwise."""
+    """:meth:`draw` from :class:`SampleCaptures` for buffers that record
+    (:meth:`record_samples`), eagerly otherwise."""
 
     _captures: SampleCaptures | None = None
 
-    @overload
-    def draw(self, sample_batch_size: int | None, num_steps: int | None,
-             time_stacked: bool = True, rng: np.random.Generator | None = None,
-             within_episodes: bool = False, timeout: float | None = None,
-             block: Literal[True] = True) -> tuple[Any, BufferInfo]: ...
-
-    @overload
-    def draw(self, sample_batch_size: int | None, num_steps: int | None,
-             time_stacked: bool = True, rng: np.random.Generator | None = None,
-             within_episodes: bool = False, timeout: float | None = None,
-             block: bool = True) -> tuple[Any, BufferInfo] | None: ...
-
-    def draw(self, sample_batch_size: int | None, num_steps: int | None,
-             time_stacked: bool = True, rng: np.random.Generator | None = None,
-             within_episodes: bool = False, timeout: float | None = None,
-             block: bool = True) -> tuple[Any, BufferInfo] | None:
+    def _captured_draw(self, sample_batch_size: int | None, num_steps: int | None,
+                       time_stacked: bool = True, rng: np.random.Generator | None = None,
+                       within_episodes: bool = False, timeout: float | None = None,
+                       block: bool = True) -> tuple[Any, BufferInfo] | None:
+        """:meth:`draw` of a buffer that records: from a recording where one serves
+        the call, else eager."""
         captures = self._captures
         if captures is not None and rng is None and not within_episodes and \
                 self._limiter is None and self._codec is None:
@@ -181,12 +171,13 @@ class CapturedReads(ReadPath):
                 info: dict[str, Any] = {"probabilities": probabilities}
                 return self._package(leaves, ids, info,  # type: ignore[arg-type]
                                      sample_batch_size, num_steps, time_stacked)
-        return super().draw(sample_batch_size, num_steps, time_stacked, rng,
-                            within_episodes, timeout, block)
+        # The class's draw (the instance's is this one).
+        return type(self).draw(self, sample_batch_size, num_steps, time_stacked, rng,
+                               within_episodes, timeout, block)
 
-    def record_samples(self, required: bool) -> SampleCaptures | None:
-        """The recordings ``capture_samples`` asks for, or ``None`` where this buffer's
-        storage cannot have them (``ValueError`` if ``required``)."""
+    def record_samples(self, required: bool) -> None:
+        """Serve :meth:`draw` from recordings (``capture_samples``) where this buffer's
+        storage can have them (``ValueError`` if ``required`` and it cannot)."""
         why = "frame_stack deduplicates frames on read" if self._codec is not None else None
         captures = None
         try:
@@ -198,4 +189,8 @@ class CapturedReads(ReadPath):
         if captures is None and required:
             raise ValueError(f"capture_samples=True: this buffer's draws cannot be "
                              f"recorded: {why}")
-        return captures
+        if captures is not None:
+            self._captures = captures
+            # The check is paid by buffers that record only: the others' draw is
+            # ReadPath's, with no frame added to every get_next.
+            self.draw = self._captured_draw  # type: ignore[method-assign,assignment]

@@ -77,7 +77,7 @@ class UniformReplayBuffer(CapturedReads, ReplayBuffer):
 
             self._sampler = TorchUniformSampler(self.device, seed)
         if captures_samples(capture_samples, on_device, self.device):
-            self._captures = self.record_samples(capture_samples is True)
+            self.record_samples(capture_samples is True)
         self._seed = seed
         self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
         self._files_ready()
