@@ -64,11 +64,11 @@ def flat(batch) -> list:
 
 
 def assert_same(a, b) -> None:
-    """Byte for byte: the same dtypes, shapes and values (NaN-free data)."""
+    """Byte for byte: the same dtypes, shapes, strides and values (NaN-free data)."""
     xs, ys = flat(a), flat(b)
     assert len(xs) == len(ys)
     for x, y in zip(xs, ys):
-        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
         assert torch.equal(x, y)
 
 

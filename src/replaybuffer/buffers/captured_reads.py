@@ -66,7 +66,9 @@ class SampleCaptures:
         self.batch_size, self.max_length = batch_size, max_length
         # CUDA graphs on CUDA, the eager twin elsewhere (the CPU: tests).
         self.graph, self.required = storage.device.type == "cuda", required
+        # Per (sample_batch_size, num_steps): the recording, and its outputs' views.
         self.draws: dict[tuple[int, int | None], Any] = {}
+        self.outputs: dict[tuple[int, int | None], Any] = {}
         self.calls: dict[tuple[int, int | None], int] = {}
         self.generation: int | None = None
         self.disabled: str | None = None  # why recordings stopped (a failed one)
@@ -78,8 +80,7 @@ class SampleCaptures:
         if storage is not self.storage:  # a save's snapshot wraps it for a while
             return False
         if sampler is not self.sampler:
-            self.draws.clear()
-            self.calls.clear()
+            self._drop()
             if not hasattr(sampler, "generator") or not hasattr(sampler, "device"):
                 return False  # not a device uniform sampler: eager from now on
             self.sampler = sampler
@@ -89,11 +90,16 @@ class SampleCaptures:
             packing = PackedLeaves.over(storage.arrays)
             if [b.data_ptr() for b in packing.blocks] != \
                     [b.data_ptr() for b in self.packing.blocks]:
-                self.draws.clear()
-                self.calls.clear()
+                self._drop()
                 self.packing = packing
             self.generation = generation
         return True
+
+    def _drop(self) -> None:
+        """Forget every recording (each is made again after a warm-up)."""
+        self.draws.clear()
+        self.outputs.clear()
+        self.calls.clear()
 
     def sample(self, sampler: Any, storage: Any, generation: int, last_id: int,
                sample_batch_size: int, num_steps: int | None
@@ -114,13 +120,13 @@ class SampleCaptures:
             if draw is None:
                 return None
         storage.gather(self._nowhere, ())  # after the storage's last write
-        *blocks, ids, probabilities = draw.sample(last_id)
+        copy = draw.run(last_id)
         storage.gather(self._nowhere, ())  # the storage's next write after this read
-        outer = draw.outer
-        return self.packing.leaves(blocks, outer, self._all), ids, probabilities
+        *leaves, ids, probabilities = self.outputs[key].of(copy)
+        return leaves, ids, probabilities
 
     def _record(self, sample_batch_size: int, num_steps: int | None) -> Any:
-        from replaybuffer.sampling.captured_draws import CapturedUniformDraw
+        from replaybuffer.sampling.captured_draws import CapturedUniformDraw, ViewsOf
         from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
 
         generator = self.sampler.generator
@@ -140,6 +146,10 @@ class SampleCaptures:
                           f"({exc}); pass capture_samples=False to say so",
                           RuntimeWarning, stacklevel=4)
             return None
+        *blocks, ids, probabilities = draw.static
+        # The leaves as the storage's gather makes them (views of the gathered blocks).
+        templates = self.packing.leaves(blocks, draw.outer, self._all) + [ids, probabilities]
+        self.outputs[(sample_batch_size, num_steps)] = ViewsOf(draw.output, templates)
         self.draws[(sample_batch_size, num_steps)] = draw
         return draw
 

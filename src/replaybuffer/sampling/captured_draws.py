@@ -75,7 +75,8 @@ class CapturedUniformDraw:
             self._segments.append((dtype, shape, offset, offset + size))
             offset += -(-size // _ALIGN) * _ALIGN
         self.output = torch.empty(max(offset, _ALIGN), dtype=torch.uint8, device=device)
-        self._static = self.views(self.output)
+        self.static = [self.output[first:end].view(dtype).view(shape)
+                       for dtype, shape, first, end in self._segments]
         self.last_id = torch.zeros((), dtype=torch.int64, device=device)
         # Window offsets made here, never inside the recording (a tensor made while a
         # CUDA graph is captured is filled only when it is replayed).
@@ -83,23 +84,16 @@ class CapturedUniformDraw:
         self._position_steps = self._id_steps * batch
         capture.record(self._sequence, self.last_id, self.output)
 
-    def views(self, output: torch.Tensor) -> list[torch.Tensor]:
-        """``output`` (a copy of the static buffer) as its segments: each gathered block
-        ``[S * T, width]``, then the ids (int64 ``[S, T]``, or ``[S]`` without
-        ``num_steps``) and the probabilities (float32 ``[S]``)."""
-        return [output[first:end].view(dtype).view(shape)
-                for dtype, shape, first, end in self._segments]
-
     def _sequence(self) -> None:
         """The recorded work: every input from :attr:`last_id`, every result into
-        :attr:`output` (through :attr:`_static`)."""
+        :attr:`output` (through :attr:`static`)."""
         last, steps = self.last_id, self.num_steps or 1
         lo = torch.clamp_min(last + (1 - self.length), 0)  # ring.oldest_id
         n = (torch.maximum(lo, last + (2 - steps)) - lo) * self.batch
         bits = draw_bits(self.generator, self.sample_batch_size, self.device)
         ids, positions = starts_from_bits(bits, lo, n, self.batch, self.length,
                                           self.capacity)
-        *gathered, ids_out, probabilities = self._static
+        *gathered, ids_out, probabilities = self.static
         if self.num_steps is None:
             window_positions = positions
             ids_out.copy_(ids)
@@ -113,7 +107,40 @@ class CapturedUniformDraw:
         probabilities.copy_(torch.reciprocal(n.to(torch.float64)).to(torch.float32)
                             .expand(self.sample_batch_size))
 
-    def sample(self, last_id: int) -> list[torch.Tensor]:
+    def run(self, last_id: int) -> torch.Tensor:
         """One call: the ring's write head ``last_id`` (at least ``num_steps - 1``: a
-        window must fit) in, and fresh tensors out, as :meth:`views` lists them."""
-        return self.views(self.capture.run(last_id))
+        window must fit) in, a fresh copy of :attr:`output` out. Its segments are
+        :attr:`static`'s: each gathered block ``[S * T, width]`` (``T`` = 1 without
+        ``num_steps``), then the ids (int64 ``[S, T]``, or ``[S]`` without
+        ``num_steps``) and the probabilities (float32 ``[S]``); :class:`ViewsOf` remakes
+        views of them (or of leaves of them) on the copy."""
+        return self.capture.run(last_id)
+
+
+class ViewsOf:
+    """The views ``templates`` of a byte buffer ``buffer`` (any dtypes, shapes and
+    strides), remade on a copy of it: one ``view(dtype)`` per dtype and one
+    ``as_strided`` per view, fewer tensor constructions than slicing it again.
+
+    Args:
+        buffer: uint8 ``[B]``, contiguous, ``B`` a multiple of every dtype's size.
+        templates: views of ``buffer``.
+    """
+
+    def __init__(self, buffer: torch.Tensor, templates: Sequence[torch.Tensor]):
+        base = buffer.untyped_storage().data_ptr()
+        self.dtypes: list[torch.dtype] = []
+        self.specs: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = []
+        for t in templates:
+            if t.untyped_storage().data_ptr() != base:
+                raise ValueError("a template is not a view of the buffer")
+            if t.dtype not in self.dtypes:
+                self.dtypes.append(t.dtype)
+            self.specs.append((self.dtypes.index(t.dtype), tuple(t.shape), tuple(t.stride()),
+                               int(t.storage_offset())))
+
+    def of(self, copy: torch.Tensor) -> list[torch.Tensor]:
+        """The templates' views of ``copy`` (a copy of the buffer), in their order."""
+        typed = [copy.view(dtype) for dtype in self.dtypes]
+        return [typed[i].as_strided(shape, stride, offset)
+                for i, shape, stride, offset in self.specs]
