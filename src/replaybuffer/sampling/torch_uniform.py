@@ -46,7 +46,8 @@ def starts_from_bits(bits: torch.Tensor, lo: int | torch.Tensor, n: int | torch.
     """
     draws = bits.remainder_(n)
     if batch == 1:
-        ids = draws.add_(lo)
+        # Until the ring wraps the eager lo is 0: a launch saved.
+        ids = draws.add_(lo) if isinstance(lo, torch.Tensor) or lo else draws
         return ids, ids
     ids = torch.div(draws, batch, rounding_mode="floor").add_(lo)
     positions = draws.add_((lo % length) * batch).remainder_(capacity)
