@@ -271,6 +271,37 @@ def test_calls_a_recording_cannot_serve_are_eager():
     draw_both(a, b, 4, None)
 
 
+def test_recordings_are_bounded_and_another_sampler_drops_them(monkeypatch):
+    from replaybuffer.buffers import captured_reads
+    from replaybuffer.sampling.torch_uniform import TorchUniformSampler
+
+    monkeypatch.setattr(captured_reads, "MAX_RECORDINGS", 3)
+    a, b = make(True), make(False)
+    rng = np.random.default_rng(10)
+    for _ in range(6):
+        x = items(rng, 2)
+        a.add_batch(x)
+        b.add_batch(x)
+    for s in range(1, 7):
+        for _ in range(3):
+            draw_both(a, b, s, 2)
+    assert set(a._captures.draws) == {(1, 2), (2, 2), (3, 2)}
+    # Another sampler of the same kind: recordings of the old one dropped, new ones
+    # made from the new sampler's generator.
+    for buf in (a, b):
+        buf._sampler = TorchUniformSampler(buf.device, 11)
+    draw_both(a, b, 2, 2)
+    assert not a._captures.draws
+    draw_both(a, b, 2, 2)
+    assert a._captures.draws[(2, 2)].generator is a._sampler.generator
+    # A sampler of another kind (its draws differ): eager from then on.
+    for buf in (a, b):
+        buf._sampler = rb.sampling.UniformSampler(12)
+    for _ in range(3):
+        draw_both(a, b, 2, 2)
+    assert not a._captures.draws
+
+
 def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
     def fail(self, *args, **kwargs):
         raise RuntimeError("no capture here")

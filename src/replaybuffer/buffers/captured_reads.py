@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 # Calls served eagerly per (sample_batch_size, num_steps) before one is recorded.
 WARM_UP_CALLS = 1
+# Recordings a buffer keeps at most (each holds a graph, its memory pool and static
+# buffers): a learner asks for one or two shapes; calls of further shapes are eager.
+MAX_RECORDINGS = 8
 
 
 class SampleCaptures:
@@ -80,9 +83,11 @@ class SampleCaptures:
         if storage is not self.storage:  # a save's snapshot wraps it for a while
             return False
         if sampler is not self.sampler:
+            from replaybuffer.sampling.torch_uniform import TorchUniformSampler
+
             self._drop()
-            if not hasattr(sampler, "generator") or not hasattr(sampler, "device"):
-                return False  # not a device uniform sampler: eager from now on
+            if type(sampler) is not TorchUniformSampler:
+                return False  # its draws are not the recorded ones: eager
             self.sampler = sampler
         if generation != self.generation:
             from replaybuffer.storage.torch_packing import PackedLeaves
@@ -114,7 +119,7 @@ class SampleCaptures:
         if draw is None:
             calls = self.calls.get(key, 0) + 1
             self.calls[key] = calls
-            if calls <= WARM_UP_CALLS:
+            if calls <= WARM_UP_CALLS or len(self.draws) >= MAX_RECORDINGS:
                 return None
             draw = self._record(sample_batch_size, num_steps)
             if draw is None:
