@@ -14,7 +14,9 @@
 #   2. every test parametrized on a CUDA device runs (pytest -k cuda);
 #   3. replaybuffer bench --gpu --profile times ours, TorchRL and the copy bandwidth, and
 #      counts our kernels, copies, synchronizations and device time per call, ending
-#      with the goals table (ours, TorchRL, the ratio, the profile, goal met or not).
+#      with the goals table (ours, TorchRL, the ratio, the profile, goal met or not);
+#      uniform sample(256)+next twice: eager, and from its CUDA graph (uniform[captured],
+#      tests/test_captured_draws.py's *_cuda tests check it against the eager path).
 # The whole run is sized for about 6 minutes at most (the tests, 200 s, beside the
 # build, 240 s; the bench, 150 s: about 90 s expected).
 # Logs, the JUnit report and the bench's table and JSON go to $OUT (default
@@ -64,7 +66,8 @@ TEST_FILES=(tests/test_uniform_buffer.py tests/test_storage.py tests/test_priori
             tests/test_transitions.py tests/test_rollout.py tests/test_her.py
             tests/test_threading.py tests/test_persist.py tests/test_resume.py
             tests/test_device_sampling.py tests/test_device_updates.py
-            tests/test_device_packing.py tests/test_device_transitions.py)
+            tests/test_device_packing.py tests/test_device_transitions.py
+            tests/test_captured_draws.py)
 PARALLEL=()
 "$PY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n 6)
 timeout 200 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k cuda --timeout 150 \

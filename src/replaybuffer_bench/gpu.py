@@ -4,8 +4,10 @@ On one CUDA device (or ``--device cpu`` for a smoke run) it times, for the contr
 frames workloads (:mod:`replaybuffer_bench.workloads`' specs):
 
 - ours: ``extend`` of 256 steps given as device tensors, and ``get_next(256, 2)``
-  (each step with its next one) drawn by uniform and by prioritized sampling on the
-  device, plus ``update_priorities(256)`` with device tensors;
+  (each step with its next one) drawn by uniform sampling on the device, eagerly
+  (``uniform``) and from its recorded CUDA graph (``uniform[captured]``,
+  ``capture_samples=True``), and by prioritized sampling, plus
+  ``update_priorities(256)`` with device tensors;
 - TorchRL: a ``TensorDictReplayBuffer`` over ``LazyTensorStorage(device=...)`` holding
   the same steps with a stored next observation (TorchRL's layout), ``extend(256)``,
   ``sample(256)`` with its random and its prioritized sampler, ``update_priority``;
@@ -128,6 +130,14 @@ def _cycle(buf: Any, ids: Any, priorities: Any) -> None:
     buf.get_next(BATCH, 2)
 
 
+def _uniform(spec: Any, capacity: int, device: Any, name: str) -> Any:
+    """A device-sampling uniform buffer: eager draws (``uniform``), or served by its
+    recorded draw and gather (``uniform[captured]``: a CUDA graph)."""
+    return UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device, seed=0,
+                               sample_on_device=True,
+                               capture_samples=name == "uniform[captured]")
+
+
 def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> Any:
     """A device-sampling prioritized buffer whose sampler searches by ``search`` (its
     default when None)."""
@@ -146,13 +156,18 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
     rows = []
     # "[prefix,host-checked]": updates copied to the host and checked there (two
     # synchronizations each), the way before device updates, for comparison.
-    variants: list[tuple[str, str | None]] = [("uniform", None), ("prioritized", None),
+    variants: list[tuple[str, str | None]] = [("uniform", None), ("uniform[captured]", None),
+                                              ("prioritized", None),
                                               ("prioritized[prefix,host-checked]", "prefix"),
                                               ("prioritized[tree]", "tree")]
     for name, search in variants:
-        if name == "uniform":
-            buf: Any = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
-                                           seed=0, sample_on_device=True)
+        if name.startswith("uniform"):
+            try:
+                buf: Any = _uniform(spec, capacity, device, name)
+            except ValueError as exc:  # no recording on this device (the CPU)
+                rows.append(Row(workload, "replaybuffer", f"{name} sample({BATCH})+next",
+                                math.nan, BATCH, None, f"cannot run: {exc}"))
+                continue
         else:
             buf = _prioritized(spec, capacity, device, search)
             if search is None:  # named by the search it defaults to
@@ -167,7 +182,7 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
         seconds = time_op(torch, device, partial(buf.get_next, BATCH, 2), min_time)
         rows.append(Row(workload, "replaybuffer", f"{name} sample({BATCH})+next", seconds,
                         BATCH, limit(2 * BATCH * step)))
-        if name != "uniform":
+        if not name.startswith("uniform"):
             ids = buf.get_next(BATCH, 2)[1].ids[:, 0]
             priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
             seconds = time_op(torch, device,
@@ -337,11 +352,16 @@ def profile_ops(torch: Any, device: Any, workload: str, spec: Any, capacity: int
     keyed by the op names of the timed rows."""
     host, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     host_batch = nest.map_structure(lambda a: np.ascontiguousarray(a[:, :BATCH]), host)
-    uniform = UniformReplayBuffer(spec, 1, capacity, storage="torch", device=device,
-                                  seed=0, sample_on_device=True)
+    uniform = _uniform(spec, capacity, device, "uniform")
     prioritized = _prioritized(spec, capacity, device, None)
     search = prioritized.sampler.search
-    for buf in (uniform, prioritized):
+    buffers = [uniform, prioritized]
+    try:
+        captured: Any = _uniform(spec, capacity, device, "uniform[captured]")
+        buffers.append(captured)
+    except ValueError:  # no recording on this device (the CPU)
+        captured = None
+    for buf in buffers:
         _fill(buf, on_device, capacity, chunk)
     ids = prioritized.get_next(BATCH, 2)[1].ids[:, 0]
     priorities = torch.rand(BATCH, device=device, dtype=torch.float64) + 0.1
@@ -349,6 +369,8 @@ def profile_ops(torch: Any, device: Any, workload: str, spec: Any, capacity: int
         (f"add({BATCH})", partial(uniform.extend, batch)),
         (f"add({BATCH}) numpy", partial(uniform.extend, host_batch)),
         (f"uniform sample({BATCH})+next", partial(uniform.get_next, BATCH, 2)),
+    ] + ([(f"uniform[captured] sample({BATCH})+next", partial(captured.get_next, BATCH, 2))]
+         if captured is not None else []) + [
         (f"prioritized[{search}] sample({BATCH})+next",
          partial(prioritized.get_next, BATCH, 2)),
         (f"prioritized[{search}] update({BATCH})",
@@ -373,9 +395,10 @@ GOALS = {f"uniform sample({BATCH})+next": (2.0, 2.0),
 
 
 def _torchrl_op(op: str) -> str:
-    """TorchRL's row for our op: ``prioritized[prefix] x`` is its ``prioritized x``."""
-    if op.startswith("prioritized["):
-        return "prioritized" + op[op.index("]") + 1:]
+    """TorchRL's row for our op: ``prioritized[prefix] x`` is its ``prioritized x``,
+    ``uniform[captured] x`` its ``uniform x``."""
+    if "[" in op:
+        return op[:op.index("[")] + op[op.index("]") + 1:]
     return op
 
 
@@ -395,7 +418,8 @@ def goals_table(rows: list[Row], profiles: dict[str, dict[str, Profile]]) -> lis
             else math.nan
         ratio = peer_us / (r.seconds * 1e6)
         p = profiles.get(r.workload, {}).get(r.op)
-        goal = next((g for key, g in GOALS.items() if r.op.endswith(key)), None)
+        goal = next((g for key, g in GOALS.items() if _torchrl_op(r.op).endswith(key)),
+                    None)
         over_device = r.seconds * 1e6 / p.device_us if p is not None and p.device_us \
             else math.nan
         goal_text, met = "", ""

@@ -43,6 +43,42 @@ def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,
     return torch.device(device if device is not None else "cpu").type != "cpu"
 
 
+def captures_samples(capture_samples: bool | None, on_device: bool, device: Any) -> bool:
+    """Whether a uniform buffer serves ``get_next`` from recorded draws
+    (:mod:`replaybuffer.buffers.captured_reads`): ``capture_samples`` if given
+    (checked), else whether it samples on a CUDA device (``on_device``: the choice of
+    :func:`samples_on_device`). ``True`` on the CPU records the eager twin of the
+    graph (the same static buffers and copies, for tests).
+
+    Raises:
+        ValueError: ``capture_samples`` is not a bool or None; or ``True`` where the
+            buffer does not sample on the device, or on a device other than CUDA or
+            the CPU.
+    """
+    if capture_samples is not None and not isinstance(capture_samples, bool):
+        raise ValueError(f"capture_samples must be True, False or None, got "
+                         f"{capture_samples!r}")
+    if capture_samples is False or not (on_device or capture_samples):
+        return False
+    if not on_device:
+        raise ValueError("capture_samples=True records the draws made on the device: it "
+                         "needs storage='torch' with sample_on_device (not False) and "
+                         "no track_episodes")
+    kind = _device_type(device)
+    if capture_samples is None:
+        return kind == "cuda"
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"capture_samples=True records CUDA graphs (or their CPU twin), "
+                         f"not work on a {kind!r} device")
+    return True
+
+
+def _device_type(device: Any) -> str:
+    import torch
+
+    return torch.device(device if device is not None else "cpu").type
+
+
 # Where "auto" turns from running sums to the sum tree. The running sums cost O(capacity)
 # bytes per write (a cumsum), the tree a few launches per level: on an H100 (bench --gpu
 # --scale) an update and a batch of 256 took 0.73-1.29 ms with the running sums against

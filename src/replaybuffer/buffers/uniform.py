@@ -6,13 +6,14 @@ import os
 from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
-from replaybuffer.buffers.device_sampling import samples_on_device
+from replaybuffer.buffers.captured_reads import CapturedReads
+from replaybuffer.buffers.device_sampling import captures_samples, samples_on_device
 from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import UniformSampler
 from replaybuffer.storage.base import Storage
 
 
-class UniformReplayBuffer(ReplayBuffer):
+class UniformReplayBuffer(CapturedReads, ReplayBuffer):
     """A replay buffer that samples every valid window with equal probability.
 
     ``batch_size`` rows of ``max_length`` steps; capacity ``batch_size * max_length``.
@@ -40,6 +41,12 @@ class UniformReplayBuffer(ReplayBuffer):
             probabilities come back as tensors there, with no host round trip); default
             ``None``: for torch storage on a GPU (without ``track_episodes``). See
             :mod:`replaybuffer.buffers.device_sampling`.
+        capture_samples: serve ``get_next`` on the device from a recorded draw and
+            gather per ``(sample_batch_size, num_steps)`` (a CUDA graph: one replay
+            and one copy out per call; the same batches as without), see
+            :mod:`replaybuffer.buffers.captured_reads`; default ``None``: where the
+            buffer samples on a CUDA device. ``True`` where it cannot is a
+            ``ValueError``.
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
             (the same as setting :attr:`rate_limiter` afterwards).
 
@@ -58,15 +65,19 @@ class UniformReplayBuffer(ReplayBuffer):
                  track_episodes: bool = False, frame_stack: str | None = None,
                  stack_axis: int = 0, path: str | os.PathLike[str] | None = None,
                  sample_on_device: bool | None = None,
-                 rate_limiter: RateLimiter | None = None):
+                 rate_limiter: RateLimiter | None = None,
+                 capture_samples: bool | None = None):
         super().__init__(data_spec, batch_size, max_length, storage=storage, device=device,
                          sampler=UniformSampler(seed), track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path,
                          rate_limiter=rate_limiter)
-        if samples_on_device(self.storage, device, sample_on_device, track_episodes):
+        on_device = samples_on_device(self.storage, device, sample_on_device, track_episodes)
+        if on_device:
             from replaybuffer.sampling.torch_uniform import TorchUniformSampler
 
             self._sampler = TorchUniformSampler(self.device, seed)
+        if captures_samples(capture_samples, on_device, self.device):
+            self.record_samples(capture_samples is True)
         self._seed = seed
         self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
         self._files_ready()

@@ -20,6 +20,40 @@ from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episod
 from replaybuffer.sampling.uniform import UniformSampler
 
 
+# Draws are 62 random bits taken modulo the number of valid starts: one formula whether
+# that number is a Python int (here) or a device tensor that a captured CUDA graph reads
+# (captured_draws.py, where no Python int may be baked in), so both give the same
+# starts for the same generator state. The modulo's bias is below n / 2**62.
+DRAW_BITS = 1 << 62
+
+
+def draw_bits(generator: torch.Generator, count: int, device: torch.device) -> torch.Tensor:
+    """``count`` uniform int64 draws in ``[0, 2**62)`` from ``generator`` on ``device``."""
+    return torch.randint(0, DRAW_BITS, (count,), generator=generator, device=device)
+
+
+def starts_from_bits(bits: torch.Tensor, lo: int | torch.Tensor, n: int | torch.Tensor,
+                     batch: int, length: int, capacity: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start ids and positions (int64 ``[S]``) of the windows that ``bits``
+    (:func:`draw_bits`, consumed in place) pick among the ``n`` valid ``(start, row)``
+    pairs from start id ``lo`` of a ring of ``batch`` rows by ``length`` steps.
+
+    ``lo`` and ``n`` are Python ints or 0-d int64 tensors on the bits' device (a
+    captured graph's inputs): the same arithmetic, the same result. With one row the
+    positions are the ids themselves, not yet taken modulo the capacity (the torch
+    storage takes it as it gathers, once).
+    """
+    draws = bits.remainder_(n)
+    if batch == 1:
+        # Until the ring wraps the eager lo is 0: a launch saved.
+        ids = draws.add_(lo) if isinstance(lo, torch.Tensor) or lo else draws
+        return ids, ids
+    ids = torch.div(draws, batch, rounding_mode="floor").add_(lo)
+    positions = draws.add_((lo % length) * batch).remainder_(capacity)
+    return ids, positions
+
+
 class TorchUniformSampler(UniformSampler):
     """Each valid ``(start id, row)`` pair with probability ``1 / (starts * batch_size)``,
     drawn on ``device``.
@@ -49,23 +83,17 @@ class TorchUniformSampler(UniformSampler):
         lo, hi = ring.valid_start_range(num_steps)
         batch, length = ring.batch_size, ring.max_length
         n = (hi - lo) * batch
-        generator = self._generator.for_call(rng)
-        if batch == 1:
-            # One kernel: randint(lo, lo + n) is randint(0, n) + lo, draw for draw. The
-            # position is the id modulo the capacity, which the torch storage takes as
-            # it gathers: the ids serve as positions (a kernel saved), as the read path
-            # does for windows of one row.
-            ids = torch.randint(lo, lo + n, (sample_batch_size,), generator=generator,
-                                device=self.device)
-            positions = ids
-        else:
-            draws = torch.randint(0, n, (sample_batch_size,), generator=generator,
-                                  device=self.device)
-            ids = draws // batch + lo
-            positions = (draws + (lo % length) * batch) % ring.capacity
+        bits = draw_bits(self._generator.for_call(rng), sample_batch_size, self.device)
+        ids, positions = starts_from_bits(bits, lo, n, batch, length, ring.capacity)
         probabilities = torch.full((sample_batch_size,), 1.0 / n, dtype=torch.float32,
                                    device=self.device)
         return SampleIndices(ids, positions), {"probabilities": probabilities}  # type: ignore[arg-type]
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The device generator the draws come from (a captured draw registers it with
+        its CUDA graph: :mod:`replaybuffer.sampling.captured_draws`)."""
+        return self._generator.generator
 
     def state_dict(self) -> dict[str, Any]:
         """The host generator's state and the device generator's (uint8 ``[n]``)."""
