@@ -19,6 +19,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
+from replaybuffer.buffers.captured_reads import SampleCaptures  # noqa: E402
 from replaybuffer.errors import EmptyBufferError  # noqa: E402
 from replaybuffer.sampling import captured_draws  # noqa: E402
 from replaybuffer.sampling.graph_capture import EagerCapture  # noqa: E402
@@ -368,32 +369,28 @@ def test_eager_capture_sets_the_scalar_and_copies_out():
     assert first.data_ptr() != output.data_ptr() and second.data_ptr() != first.data_ptr()
 
 
-def test_packed_leaves_found_from_a_storage_views():
+def test_packed_blocks_gathered_elsewhere_give_the_storage_s_leaves():
     storage = TorchStorage([rb.ArraySpec((3,), np.float32), rb.ArraySpec((), np.int32),
                             rb.ArraySpec((), np.float32), rb.ArraySpec((2, 2), np.uint8)],
                            10)
-    found = PackedLeaves.over(storage.arrays)
-    assert [b.data_ptr() for b in found.blocks] == \
-        [b.data_ptr() for b in storage._packed.blocks]
-    assert found.columns == storage._packed.columns
+    packing = storage.packing
+    assert packing is not None and len(packing.blocks) == 3  # float32, int32, uint8
     storage.arrays[0][4] = torch.tensor([1.0, 2.0, 3.0])
-    assert found.blocks[0][4, :3].tolist() == [1.0, 2.0, 3.0]
+    assert packing.blocks[0][4, :3].tolist() == [1.0, 2.0, 3.0]  # views, no copy
     flat_positions = torch.tensor([4, 0, 4])
-    blocks = [torch.index_select(b, 0, flat_positions) for b in found.blocks]
-    got = found.leaves(blocks, (3,), range(4))
+    blocks = [torch.index_select(b, 0, flat_positions) for b in packing.blocks]
+    got = packing.leaves(blocks, (3,), range(4))
     want = storage.gather(flat_positions)
     for x, y in zip(got, want):
-        assert torch.equal(x, y) and x.shape == y.shape
-    for not_blocks in ([torch.zeros(12)[:10]], [torch.zeros(10, 2, 3)[:, :, :2]],
-                       [torch.zeros(3, 10).t()[:, 0]]):
-        with pytest.raises(ValueError, match="not the whole of its tensor's memory"):
-            PackedLeaves.over(not_blocks)
-    # Blocks each, but two float32 blocks: not how the storage packs (one per dtype).
-    # A column of a block, but not where the storage would put a lone leaf.
-    for other in ([torch.zeros(10, 3)[:, :2], torch.zeros(10, 3)[:, 1]],
-                  [torch.zeros(10, 3)[:, 1:][:, ::2]]):
-        with pytest.raises(ValueError, match="packed in another order"):
-            PackedLeaves.over(other)
+        assert torch.equal(x, y) and x.shape == y.shape and x.stride() == y.stride()
+
+
+def test_the_cpu_layout_of_numpy_records_has_no_packing_to_record(monkeypatch):
+    monkeypatch.setattr(TorchStorage, "numpy_views", True)
+    storage = TorchStorage([rb.ArraySpec((3,), np.float32)], 10)
+    assert storage.packing is None
+    with pytest.raises(ValueError, match="packed blocks"):
+        SampleCaptures(storage, None, 1, 10, required=True)
 
 
 # ------------------------------------------------------------------ CUDA graphs

@@ -60,12 +60,14 @@ class SampleCaptures:
 
     def __init__(self, storage: Any, sampler: Any, batch_size: int, max_length: int, *,
                  required: bool):
-        import torch
 
-        from replaybuffer.storage.torch_packing import PackedLeaves
 
         self.storage, self.sampler = storage, sampler
-        self.packing: PackedLeaves = PackedLeaves.over(storage.arrays)
+        packing = storage.packing
+        if packing is None:
+            raise ValueError("recorded draws gather packed blocks: the torch storage's "
+                             "device layout (not its CPU layout of numpy records)")
+        self.packing: PackedLeaves = packing
         self.batch_size, self.max_length = batch_size, max_length
         # CUDA graphs on CUDA, the eager twin elsewhere (the CPU: tests).
         self.graph, self.required = storage.device.type == "cuda", required
@@ -75,7 +77,6 @@ class SampleCaptures:
         self.calls: dict[tuple[int, int | None], int] = {}
         self.generation: int | None = None
         self.disabled: str | None = None  # why recordings stopped (a failed one)
-        self._nowhere = torch.zeros(0, dtype=torch.int64, device=storage.device)
         self._all = list(range(len(storage.arrays)))
 
     def _valid(self, sampler: Any, storage: Any, generation: int) -> bool:
@@ -90,9 +91,7 @@ class SampleCaptures:
                 return False  # its draws are not the recorded ones: eager
             self.sampler = sampler
         if generation != self.generation:
-            from replaybuffer.storage.torch_packing import PackedLeaves
-
-            packing = PackedLeaves.over(storage.arrays)
+            packing = storage.packing
             if [b.data_ptr() for b in packing.blocks] != \
                     [b.data_ptr() for b in self.packing.blocks]:
                 self._drop()
@@ -124,9 +123,9 @@ class SampleCaptures:
             draw = self._record(sample_batch_size, num_steps)
             if draw is None:
                 return None
-        storage.gather(self._nowhere, ())  # after the storage's last write
+        storage.before_read()
         copy = draw.run(last_id)
-        storage.gather(self._nowhere, ())  # the storage's next write after this read
+        storage.after_read()
         *leaves, ids, probabilities = self.outputs[key].of(copy)
         return leaves, ids, probabilities
 

@@ -12,8 +12,7 @@ Packing also makes a recorded sample small: a uniform ``sample(256)`` with next 
 (``replaybuffer bench --gpu --profile``, H100: 11 kernels, about 200 us of host time for
 33 us of device time) is host-bound, and
 :mod:`replaybuffer.sampling.captured_draws` records the whole of it in a CUDA graph that
-gathers these blocks (found from the storage's leaf views by :meth:`PackedLeaves.over`)
-into one static buffer: a replay and one copy out per call, whatever the block count.
+gathers these blocks (the storage's ``packing``) into one static buffer: a replay and one copy out per call, whatever the block count.
 The graph reads the write head from a device scalar, so writes need no new recording.
 
 Each leaf is a view of its block (``[capacity, *shape]``, strided: a row of the block
@@ -39,16 +38,14 @@ class PackedLeaves:
         dtypes: each leaf's torch dtype.
         capacity: positions.
         device: where the blocks live.
-        blocks: the blocks, if they exist already (:meth:`over`); else made as zeros.
     """
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
-                 capacity: int, device: torch.device,
-                 blocks: Sequence[torch.Tensor] | None = None):
+                 capacity: int, device: torch.device):
         self.shapes = [tuple(s) for s in shapes]
         order, widths, self.columns = _layout(self.shapes, dtypes)
-        self.blocks = list(blocks) if blocks is not None else [
-            torch.zeros((capacity, w), dtype=d, device=device) for d, w in zip(order, widths)]
+        self.blocks = [torch.zeros((capacity, w), dtype=d, device=device)
+                       for d, w in zip(order, widths)]
         # A leaf alone in its block is the block reshaped, and gathers as it.
         self._alone = [widths[b] == n for b, _, n in self.columns]
         self.views = [self._leaf(self.blocks[b], i, (capacity,))
@@ -83,49 +80,6 @@ class PackedLeaves:
         :meth:`gather` returns, from blocks gathered elsewhere (a captured draw's)."""
         return [self._leaf(blocks[self.columns[i][0]], i, outer) for i in which]
 
-    @classmethod
-    def over(cls, views: Sequence[torch.Tensor]) -> PackedLeaves:
-        """The packing that ``views`` (a packed storage's leaves, ``[capacity, *shape]``
-        each, as :attr:`views` gives them) are views of, its blocks the tensors they
-        share: no copy, so writes through the views are seen in the blocks.
-
-        Raises:
-            ValueError: the views are not leaves of blocks packed as this class packs
-                them (numpy records, say, or tensors of their own).
-        """
-        if not views:
-            raise ValueError("no leaves to find blocks of")
-        capacity = int(views[0].shape[0])
-        bases: list[tuple[int, torch.dtype]] = []  # (storage address, dtype) per block
-        blocks: list[torch.Tensor] = []
-        columns: list[tuple[int, int, int]] = []
-        for v in views:
-            n = math.prod(v.shape[1:])
-            memory = v.untyped_storage()
-            # A block is the whole of its memory, [capacity, width] (strides of axes
-            # of size 1 say nothing, so the width comes from the memory's size).
-            width = memory.nbytes() // max(1, capacity * v.element_size())
-            first = int(v.storage_offset())
-            if v.dim() == 0 or int(v.shape[0]) != capacity or n == 0 or \
-                    memory.nbytes() != capacity * width * v.element_size() or \
-                    first + n > width or \
-                    (capacity > 1 and int(v.stride(0)) != width) or \
-                    (n > 1 and _row_strides(v, capacity, n)[1:] != (1,)):
-                raise ValueError(f"a leaf of shape {tuple(v.shape)} and strides "
-                                 f"{v.stride()} is not the whole of its tensor's memory "
-                                 f"packed as a block")
-            key = (memory.data_ptr(), v.dtype)
-            if key not in bases:
-                bases.append(key)
-                blocks.append(v.as_strided((capacity, width), (width, 1), 0))
-            columns.append((bases.index(key), first, n))
-        shapes = [tuple(v.shape[1:]) for v in views]
-        dtypes = [v.dtype for v in views]
-        _, widths, expected = _layout(shapes, dtypes)
-        if expected != columns or widths != [int(b.shape[1]) for b in blocks]:
-            raise ValueError("the leaves are packed in another order than this class's")
-        return cls(shapes, dtypes, capacity, views[0].device, blocks)
-
     def zero(self) -> None:
         """Every block back to zeros."""
         for block in self.blocks:
@@ -148,11 +102,3 @@ def _layout(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]
         columns.append((b, widths[b], n))
         widths[b] += n
     return order, widths, columns
-
-
-def _row_strides(view: torch.Tensor, capacity: int, n: int) -> tuple[int, ...]:
-    """The strides of ``view`` seen as ``[capacity, n]`` (``()`` where it cannot be)."""
-    try:
-        return tuple(view.view(capacity, n).stride())
-    except RuntimeError:  # not contiguous within a position
-        return ()

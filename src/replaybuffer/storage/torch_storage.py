@@ -206,20 +206,38 @@ class TorchStorage:
             flat = torch.remainder(positions, self.capacity).reshape(-1)
         else:
             flat = positions
-        if not self._cuda:
-            assert self._packed is not None
-            return self._packed.gather(flat, tuple(shape), indices)
-        stream = torch.cuda.current_stream(self.device)
-        if self._write_event is not None:
-            stream.wait_event(self._write_event)
         assert self._packed is not None
+        if not self._cuda:
+            return self._packed.gather(flat, tuple(shape), indices)
+        self.before_read()
         out = self._packed.gather(flat, tuple(shape), indices)
+        self.after_read()
+        return out
+
+    @property
+    def packing(self) -> PackedLeaves | None:
+        """The packed blocks of the device layout (leaves of one dtype side by side in
+        one tensor); ``None`` for the CPU layout of numpy records."""
+        return self._packed
+
+    def before_read(self) -> None:
+        """Order a read of the storage issued next on the current CUDA stream after the
+        last write (a gather does this itself; for reads made around it, such as a
+        recorded CUDA graph of gathers). Nothing on the CPU."""
+        if self._cuda and self._write_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._write_event)
+
+    def after_read(self) -> None:
+        """Order the storage's next write after the reads issued so far on the current
+        CUDA stream (the pair of :meth:`before_read`). Nothing on the CPU."""
+        if not self._cuda:
+            return
+        stream = torch.cuda.current_stream(self.device)
         event = self._read_events.get(stream)
         if event is None:
             event = self._read_events[stream] = torch.cuda.Event()
         event.record(stream)
         self._reads_pending.add(stream)
-        return out
 
     def _wait_for_reads(self) -> None:
         if not self._reads_pending:
