@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.distributed.shared.frame_ring import FrameOptions
 from replaybuffer.rate_limiter import Queue, RateLimiter
 from replaybuffer.specs import as_data_spec
 
@@ -34,6 +35,8 @@ class SharedConfig:
     rate_limiter: RateLimiter | None
     seed: int | None
     path: str
+    frames: FrameOptions | None = None
+    """Frame dedup of a stacked leaf (:mod:`.frame_ring`); ``None``: none."""
 
     @classmethod
     def checked(cls, data_spec: Any, num_rows: int, max_length: int, prioritized: bool,

@@ -52,6 +52,7 @@ import numpy as np
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.held_steps import held_steps
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
@@ -78,16 +79,21 @@ class SharedWriter:
             call back; one that never holds an insert back counts it at the commit.
         pins: (``Queue`` buffers) windows being read, which a step waits for rather than
             overwrite (:mod:`.read_pins`).
+        frames: the frame ring of a stacked leaf (:mod:`.frame_ring`): a step's stacks
+            are encoded before step 1 (a full side area raises with nothing written)
+            and their frames written with its data (4.).
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
-                 admission: SharedAdmission | None, pins: ReadPins | None = None):
+                 admission: SharedAdmission | None, pins: ReadPins | None = None,
+                 frames: SharedFrameRing | None = None):
         self._version, self._next_id = layout.version, layout.next_id
         self._owner, self._control = layout.owner, layout.control
         self._held = layout.held
         self._priorities = priorities
         self._pins = pins
+        self._frames = frames
         self._storage = storage
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
@@ -188,6 +194,8 @@ class SharedWriter:
                     self._my_heads, self._my_held = heads[block], self._held[block]
                     self._write_exact = self._storage.exact_writer((count,))
                     self._torn = self._torn_run()
+                    if self._frames is not None:  # a previous writer's state is not ours
+                        self._frames.forget()
                     return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
@@ -264,7 +272,7 @@ class SharedWriter:
         try:
             with self._threads:
                 blocks = self._blocks
-                if blocks is None:
+                if blocks is None or self._frames is not None:  # (frames: step by step)
                     for arrays in steps:
                         self._write_step(first, count, arrays)
                         written += 1
@@ -294,6 +302,11 @@ class SharedWriter:
         """:meth:`write_step`, the thread lock held (the row head is read here); the
         steps of the protocol are numbered in the module docstring."""
         step = int(self._next_id[first])
+        frames = self._frames
+        if frames is not None:  # references for the stacks; raises before anything
+            arrays = list(arrays)
+            leaf = frames.leaf
+            arrays[leaf], frame_writes = frames.encode(step, first, arrays[leaf])
         start = (step % self._length) * self._rows_total + first
         # One row (an actor with one env): a scalar store, cheaper than a slice's.
         span: int | slice = start if count == 1 else slice(start, start + count)
@@ -326,6 +339,8 @@ class SharedWriter:
         write_exact = self._write_exact  # 4.
         if write_exact is None or not write_exact(start, arrays):
             self._storage.write(start, arrays)
+        if frames is not None:
+            frames.commit(frame_writes)
         if ARMED is not None:
             crash_point("shared.write.data")
         order_fence()  # 5.

@@ -1,0 +1,394 @@
+"""Frame dedup in the shared-memory buffer: each frame stored once in shared memory,
+stacks byte-identical to those added, over rows of several writer processes, killed
+writers, clear, windows, episodes, the Queue limiter, priorities and checkpoints."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replaybuffer as rb
+from replaybuffer import Queue
+from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing, SideFramesFullError
+from replaybuffer.errors import CheckpointError, SpecError
+
+H, W = 3, 4
+FORK = mp.get_context("fork")
+
+
+def spec(K: int, axis: int = 0, frame=(H, W)) -> dict:
+    shape = (K,) + frame if axis == 0 else frame + (K,)
+    return {"obs": rb.ArraySpec(shape, np.uint8), "row": rb.ArraySpec((), np.int64),
+            "step": rb.ArraySpec((), np.int64)}
+
+
+def plain_frame(value: int) -> np.ndarray:
+    return np.full((H, W), value % 256, np.uint8)
+
+
+class StackModel:
+    """The plain model: per row, the frames a frame-stack wrapper saw, and the stack of
+    each step as it was added (axis 0), by ``(row, step)``."""
+
+    def __init__(self, K: int, rng: np.random.Generator):
+        self.K, self.rng = K, rng
+        self.added: dict[tuple[int, int], np.ndarray] = {}
+        self.history: dict[int, list[np.ndarray]] = {}
+        self.padding: dict[int, np.ndarray] = {}
+
+    def stack(self, row: int, step: int, kind: str) -> np.ndarray:
+        """The next stack of ``row``: ``reset``/``zero`` start an episode padded by
+        repetition or zeros, ``slide`` slides on (a new frame), ``random`` is a stack of
+        frames drawn from a small palette (zero and earlier frames included, so that
+        frame-by-frame matches of every kind happen; it never slides)."""
+        K, seen = self.K, self.history.setdefault(row, [])
+        new = plain_frame(int(self.rng.integers(1, 250)))
+        if kind == "random":
+            palette = [np.zeros((H, W), np.uint8), new] + seen[-K:]
+            frames = [palette[int(self.rng.integers(len(palette)))] for _ in range(K - 1)]
+            stack = np.stack(frames + [new])
+            seen.clear()
+        elif kind in ("reset", "zero") or not seen:
+            pad = new if kind != "zero" else np.zeros((H, W), np.uint8)
+            stack = np.stack([pad] * (K - 1) + [new])
+            seen[:] = [new]
+            self.padding[row] = pad
+        else:
+            seen.append(new)
+            window = seen[-K:]
+            stack = np.stack([self.padding[row]] * (K - len(window)) + window)
+        if kind != "random":
+            seen[:] = seen[-K:]
+        self.added[(row, step)] = stack
+        return stack
+
+
+def item(stacks: np.ndarray, rows: np.ndarray, steps: np.ndarray, axis: int = 0) -> dict:
+    obs = stacks if axis == 0 else np.moveaxis(stacks, 1, -1)
+    return {"obs": np.ascontiguousarray(obs), "row": rows.astype(np.int64),
+            "step": steps.astype(np.int64)}
+
+
+def check_samples(buffer: SharedReplayBuffer, added: dict, draws: int = 200,
+                  axis: int = 0, num_steps: int | None = None) -> int:
+    """Every sampled stack is, byte for byte, the one added at its (row, step)."""
+    batch, info = buffer.get_next(draws, num_steps)
+    obs = batch["obs"] if axis == 0 else np.moveaxis(batch["obs"], -1, -3)
+    ids = np.asarray(info.ids)
+    np.testing.assert_array_equal(ids % buffer.num_rows, batch["row"])
+    np.testing.assert_array_equal(ids // buffer.num_rows, batch["step"])
+    for stack, row, step in zip(obs.reshape((-1,) + obs.shape[-3:]),
+                                batch["row"].reshape(-1), batch["step"].reshape(-1)):
+        expected = added[(int(row), int(step))]
+        assert stack.tobytes() == expected.tobytes(), (int(row), int(step))
+    return len(ids)
+
+
+def state_of(buffer: SharedReplayBuffer) -> list[bytes]:
+    """Every shared array of the buffer's directory, as bytes."""
+    return [np.load(path, mmap_mode="r").tobytes()
+            for path in sorted(buffer.path.glob("*.npy"))]
+
+
+# ------------------------------------------------------------ against the model
+@settings(max_examples=25, deadline=None)
+@given(K=st.integers(2, 4), rows=st.integers(1, 3), max_length=st.integers(1, 6),
+       axis=st.sampled_from([0, -1]),
+       plan=st.lists(st.tuples(st.sampled_from(["reset", "zero", "slide", "slide",
+                                                "slide", "random"]),
+                               st.integers(1, 4)), min_size=1, max_size=12),
+       seed=st.integers(0, 2**16))
+def test_stacks_come_back_byte_identical_to_a_plain_model(K, rows, max_length, axis, plan,
+                                                          seed):
+    """Random episodes (reset and zero padding, sliding and non-sliding stacks) written by
+    add_batch and extend past the wrap: every sampled stack, alone or in windows, is the
+    one added, and len() is the model's."""
+    model = StackModel(K, np.random.default_rng(seed))
+    with SharedReplayBuffer(spec(K, axis), rows, max_length, frame_stack="obs",
+                            stack_axis=axis, side_frames=(K - 1) * max_length,
+                            seed=seed) as buffer:
+        row_ids = np.arange(rows)
+        written = 0
+        for kind, steps in plan:
+            stacks = [np.stack([model.stack(r, written + t, kind if t == 0 else "slide")
+                                for r in range(rows)]) for t in range(steps)]
+            if steps == 1:
+                buffer.add_batch(item(stacks[0], row_ids, np.full(rows, written), axis))
+            else:  # extend: leaves [B, T, ...]
+                per_step = [item(s, row_ids, np.full(rows, written + t), axis)
+                            for t, s in enumerate(stacks)]
+                buffer.extend({k: np.stack([p[k] for p in per_step], 1)
+                               for k in per_step[0]})
+            written += steps
+        assert len(buffer) == rows * min(written, max_length)
+        check_samples(buffer, model.added, 64, axis)
+        if min(written, max_length) >= 2:
+            check_samples(buffer, model.added, 16, axis, num_steps=2)
+
+
+def test_memory_is_about_one_frame_per_step():
+    """The shared files of a dedup buffer against those of the same buffer storing whole
+    stacks: the stacked leaf costs about a frame and K references per step."""
+    K, frame, rows, length = 4, (32, 32), 2, 256
+    with SharedReplayBuffer(spec(K, frame=frame), rows, length) as stacked, \
+            SharedReplayBuffer(spec(K, frame=frame), rows, length, frame_stack="obs",
+                               side_frames=8) as dedup:
+        def size(buffer):
+            return sum(p.stat().st_size for p in buffer.path.glob("*.npy"))
+        frame_bytes, positions = 32 * 32, rows * length
+        others = size(stacked) - positions * K * frame_bytes  # all but the stacks
+        per_step = (size(dedup) - others) / positions
+        # One frame, K int64 references and a frame id per step, and per row K - 1 ring
+        # frames and 8 side frames more (1.05 frames a step at this length).
+        assert frame_bytes + 8 * K < per_step < 1.1 * frame_bytes + 8 * K + 8
+
+
+# ------------------------------------------------------------ several writer processes
+def _write_episodes(buffer: SharedReplayBuffer, count: int, steps: int, seed: int) -> None:
+    """A writer process: episodes of stacks that name their row and step (each frame's
+    bytes come from them), ``count`` rows of its own."""
+    first, _ = buffer.claim_rows(count)
+    rows = np.arange(first, first + count)
+    for step in range(steps):
+        buffer.add_batch(item(np.stack([named_stack(int(r), step) for r in rows]), rows,
+                              np.full(count, step)))
+
+
+def named_stack(row: int, step: int, K: int = 3) -> np.ndarray:
+    """The stack of ``row``'s ``step``: episodes of 5 steps, reset-padded (odd rows) or
+    zero-padded (even rows)."""
+    start = step - step % 5
+    frames = []
+    for t in range(step - K + 1, step + 1):
+        if t >= start:
+            frames.append(plain_frame(row * 64 + t % 61 + 1))
+        else:
+            frames.append(plain_frame(row * 64 + start % 61 + 1) if row % 2
+                          else np.zeros((H, W), np.uint8))
+    return np.stack(frames)
+
+
+def check_named(batch: dict) -> None:
+    for stack, row, step in zip(batch["obs"], batch["row"], batch["step"]):
+        assert stack.tobytes() == named_stack(int(row), int(step)).tobytes()
+
+
+def test_writer_processes_share_one_ring_and_a_reader_sees_only_added_stacks():
+    """Three writer processes (forked handles) write their own rows while this process
+    samples: every stack drawn, during and after, is the one its row's writer added."""
+    with SharedReplayBuffer(spec(3), 5, 8, frame_stack="obs", seed=1) as buffer:
+        writers = [FORK.Process(target=_write_episodes, args=(buffer, n, 60, n))
+                   for n in (1, 2, 2)]
+        for process in writers:
+            process.start()
+        draws = 0
+        while any(p.is_alive() for p in writers):
+            if len(buffer):
+                batch, _ = buffer.get_next(32)
+                check_named(batch)
+                draws += 1
+        for process in writers:
+            process.join(60)
+            assert process.exitcode == 0
+        assert len(buffer) == 5 * 8
+        for _ in range(5):
+            check_named(buffer.get_next(64)[0])
+        windows, _ = buffer.get_next(16, num_steps=3)
+        for t in range(3):
+            check_named({k: v[:, t] for k, v in windows.items()})
+
+
+# ------------------------------------------------------------ killed writers
+def _write_then_die_in_the_frame_write(buffer: SharedReplayBuffer, steps: int) -> None:
+    """Writes ``steps`` whole steps, then dies (as a SIGKILL would: ``os._exit``) after
+    writing the next step's newest frame to the ring, before its ids and versions."""
+    _write_episodes(buffer, 2, steps, 0)
+
+    def die(ring: SharedFrameRing, writes) -> None:
+        frames, _, _, step, first = writes
+        position = (step % ring.slots) * ring.rows + first
+        ring.frames[position:position + len(frames)] = 255 - frames[:, -1]  # not its own
+        os._exit(86)
+
+    SharedFrameRing.commit = die  # type: ignore[method-assign]  # this child only
+    buffer.add_batch(item(np.stack([named_stack(r, steps) for r in (0, 1)]),
+                          np.arange(2), np.full(2, steps)))
+
+
+def test_a_writer_killed_in_the_frame_write_leaves_no_torn_stack():
+    """A writer dies mid-step with a frame written over the ring position of a step
+    still held: no sample shows it; the next writer takes the rows over and goes on."""
+    with SharedReplayBuffer(spec(3), 2, 4, frame_stack="obs", seed=2) as buffer:
+        child = FORK.Process(target=_write_then_die_in_the_frame_write, args=(buffer, 9))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 86
+        assert len(buffer) == 2 * 3  # step 5 of each row went: its position is odd
+        for _ in range(5):
+            check_named(buffer.get_next(64)[0])
+        after = FORK.Process(target=_write_episodes, args=(buffer, 2, 30, 1))
+        after.start()  # a new writer's steps 0.. land on whatever rows it claims
+        after.join(60)
+        assert after.exitcode == 0
+        for _ in range(5):
+            batch = buffer.get_next(64)[0]
+            check_named(batch)
+
+
+def _write_forever(buffer: SharedReplayBuffer, count: int) -> None:
+    first, _ = buffer.claim_rows(count)
+    rows = np.arange(first, first + count)
+    while True:
+        steps = buffer.steps_written()[rows]
+        buffer.add_batch(item(np.stack([named_stack(int(r), int(s))
+                                        for r, s in zip(rows, steps)]), rows, steps))
+
+
+def test_writers_killed_at_random_moments_leave_no_torn_stack():
+    """Writers SIGKILLed at random moments, over and over, each followed by a new writer
+    on the freed rows: every stack sampled meanwhile and after is one that was added."""
+    rng = np.random.default_rng(3)
+    with SharedReplayBuffer(spec(3), 2, 6, frame_stack="obs", seed=3) as buffer:
+        for _ in range(12):
+            child = FORK.Process(target=_write_forever, args=(buffer, 2))
+            child.start()
+            deadline = time.monotonic() + float(rng.uniform(0.05, 0.3))
+            while time.monotonic() < deadline:
+                if len(buffer):
+                    check_named(buffer.get_next(16)[0])
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(60)
+        assert len(buffer) > 0
+        for _ in range(10):
+            check_named(buffer.get_next(64)[0])
+
+
+# ------------------------------------------------------------ bad input
+def test_bad_stacks_are_refused_naming_the_leaf_and_nothing_changes():
+    with SharedReplayBuffer(spec(3), 1, 4, frame_stack="obs") as buffer:
+        _write_episodes(buffer, 1, 2, 0)
+        before = state_of(buffer)
+        with pytest.raises(SpecError, match=r"obs"):
+            buffer.add_batch(item(np.zeros((1, 2, H, W), np.uint8), np.zeros(1),
+                                  np.zeros(1)))
+        with pytest.raises(SpecError, match=r"obs"):
+            buffer.add_batch(item(np.full((1, 3, H, W), 0.5), np.zeros(1), np.zeros(1)))
+        assert state_of(buffer) == before
+        assert len(buffer) == 2
+
+
+def test_a_full_side_area_is_refused_naming_the_field_and_its_capacity():
+    """Stacks that neither slide nor are padding take side frames; one that needs more
+    than its row has free raises before anything is written, and the row goes on."""
+    with SharedReplayBuffer(spec(3), 1, 4, frame_stack="obs", side_frames=2) as buffer:
+        rows = np.zeros(1)
+
+        def odd_stack(step):  # two frames no ring frame, zero or neighbour matches
+            return np.stack([plain_frame(200 + step), plain_frame(100 + step),
+                             plain_frame(step + 1)])[None]
+
+        buffer.add_batch(item(odd_stack(0), rows, np.zeros(1)))  # takes both side frames
+        before = state_of(buffer)
+        with pytest.raises(SideFramesFullError,
+                           match=r"frame_stack leaf \[.obs.\]: row 0 .*\(side_frames=2\)"):
+            buffer.add_batch(item(odd_stack(1), rows, np.ones(1)))
+        assert state_of(buffer) == before and len(buffer) == 1
+        added = {(0, 0): odd_stack(0)[0]}
+        for step in range(1, 4):  # padded stacks need no side frame
+            stack = np.stack([plain_frame(step)] * 3)[None]
+            buffer.add_batch(item(stack, rows, np.full(1, step)))
+            added[(0, step)] = stack[0]
+        check_samples(buffer, added, 32)
+        # Once the step owning them is overwritten, its side frames are free again.
+        buffer.add_batch(item(odd_stack(4), rows, np.full(1, 4)))
+        added[(0, 4)] = odd_stack(4)[0]
+        check_samples(buffer, added, 32)
+
+
+@pytest.mark.parametrize("keywords,error,match", [
+    ({"frame_stack": "image"}, SpecError, r"frame_stack='image' names no top-level leaf"),
+    ({"frame_stack": "obs", "stack_axis": 3}, SpecError, r"stack axis within its shape"),
+    ({"frame_stack": "row"}, SpecError, r"stack axis within its shape \(\)"),
+    ({"frame_stack": "obs", "side_frames": 0}, ValueError, r"side_frames must be a positive"),
+])
+def test_bad_frame_configurations_are_refused_before_a_directory_is_made(
+        tmp_path, keywords, error, match):
+    with pytest.raises(error, match=match):
+        SharedReplayBuffer(spec(3), 1, 4, path=tmp_path / "buffer", **keywords)
+    assert not (tmp_path / "buffer").exists()
+
+
+def test_an_attach_with_another_frame_configuration_is_refused():
+    """The frame configuration is in the shared files; a handle that disagrees (here a
+    stack axis that gives frames of the same shape) is refused, naming both."""
+    square = {"obs": rb.ArraySpec((3, 3, 3), np.uint8)}
+    with SharedReplayBuffer(square, 1, 4, frame_stack="obs") as buffer:
+        config, episodes = buffer.__getstate__()
+        import dataclasses
+        other = dataclasses.replace(config, frames=dataclasses.replace(config.frames,
+                                                                       stack_axis=2))
+        attached = SharedReplayBuffer.__new__(SharedReplayBuffer)
+        with pytest.raises(CheckpointError, match=r"made for .* stack_axis=0.*stack_axis=2"):
+            attached.__setstate__((other, episodes))
+
+
+# ------------------------------------------------------------ parity
+def test_clear_forgets_every_stack_and_writing_goes_on():
+    with SharedReplayBuffer(spec(3), 2, 5, frame_stack="obs", seed=4) as buffer:
+        _write_episodes(buffer, 2, 7, 0)
+        buffer.clear()
+        assert len(buffer) == 0
+        with pytest.raises(rb.EmptyBufferError):
+            buffer.get_next(1)
+        rows = np.arange(2)
+        for step in range(7, 10):
+            buffer.add_batch(item(np.stack([named_stack(r, step) for r in rows]), rows,
+                                  np.full(2, step)))
+        assert len(buffer) == 6
+        check_named(buffer.get_next(64)[0])
+
+
+def test_prioritized_reads_rebuild_stacks_and_updates_apply():
+    with SharedReplayBuffer(spec(3), 2, 5, frame_stack="obs", prioritized=True,
+                            seed=5) as buffer:
+        _write_episodes(buffer, 2, 4, 0)
+        rows, steps = np.arange(2), np.arange(4, 9)  # extend: step by step with frames
+        buffer.extend({"obs": np.stack([np.stack([named_stack(r, s) for s in steps])
+                                        for r in rows]),
+                       "row": np.repeat(rows[:, None], 5, 1),
+                       "step": np.repeat(steps[None], 2, 0)})
+        batch, info = buffer.get_next(64)
+        check_named(batch)
+        assert buffer.update_priorities(info.ids, np.full(64, 2.0)) == 64
+        check_named(buffer.get_next(64)[0])
+
+
+def test_a_queue_reads_each_stack_once_oldest_first():
+    with SharedReplayBuffer(spec(3), 1, 6, frame_stack="obs",
+                            rate_limiter=Queue(6)) as buffer:
+        _write_episodes(buffer, 1, 6, 0)
+        batch, _ = buffer.get_next(6)
+        np.testing.assert_array_equal(batch["step"], np.arange(6))
+        check_named(batch)
+
+
+def test_within_episode_windows_rebuild_stacks():
+    episode_spec = {**spec(3), "step_type": rb.ArraySpec((), np.int32)}
+    with SharedReplayBuffer(episode_spec, 1, 12, frame_stack="obs", track_episodes=True,
+                            seed=6) as buffer:
+        for step in range(12):
+            batch = item(named_stack(0, step)[None], np.zeros(1), np.full(1, step))
+            buffer.add_batch({**batch, "step_type": np.full(1, 0 if step % 5 == 0 else 1,
+                                                             np.int32)})
+        windows, _ = buffer.get_next(32, num_steps=3, within_episodes=True)
+        for t in range(3):
+            check_named({k: v[:, t] for k, v in windows.items()})
+        assert ((windows["step"][:, 0] // 5) == (windows["step"][:, 2] // 5)).all()
