@@ -78,13 +78,16 @@ def item(stacks: np.ndarray, rows: np.ndarray, steps: np.ndarray, axis: int = 0)
 
 
 def check_samples(buffer: SharedReplayBuffer, added: dict, draws: int = 200,
-                  axis: int = 0, num_steps: int | None = None) -> int:
-    """Every sampled stack is, byte for byte, the one added at its (row, step)."""
+                  axis: int = 0, num_steps: int | None = None, ids_name: bool = True) -> int:
+    """Every sampled stack is, byte for byte, the one added at its (row, step) leaves;
+    ``ids_name``: which are also the sample's row and step ids (not so after a restore
+    from a local checkpoint, whose steps are numbered from 0)."""
     batch, info = buffer.get_next(draws, num_steps)
     obs = batch["obs"] if axis == 0 else np.moveaxis(batch["obs"], -1, -3)
     ids = np.asarray(info.ids)
-    np.testing.assert_array_equal(ids % buffer.num_rows, batch["row"])
-    np.testing.assert_array_equal(ids // buffer.num_rows, batch["step"])
+    if ids_name:
+        np.testing.assert_array_equal(ids % buffer.num_rows, batch["row"])
+        np.testing.assert_array_equal(ids // buffer.num_rows, batch["step"])
     for stack, row, step in zip(obs.reshape((-1,) + obs.shape[-3:]),
                                 batch["row"].reshape(-1), batch["step"].reshape(-1)):
         expected = added[(int(row), int(step))]
@@ -392,3 +395,61 @@ def test_within_episode_windows_rebuild_stacks():
         for t in range(3):
             check_named({k: v[:, t] for k, v in windows.items()})
         assert ((windows["step"][:, 0] // 5) == (windows["step"][:, 2] // 5)).all()
+
+
+# ------------------------------------------------------------ checkpoints
+def local_stacks(buffer: rb.UniformReplayBuffer) -> dict[tuple[int, int], bytes]:
+    """A local buffer's stacks by the (row, step) leaves they were added with."""
+    everything = buffer.gather_all()
+    return {(int(r), int(s)): o.tobytes() for o, r, s in
+            zip(everything["obs"].reshape((-1,) + everything["obs"].shape[2:]),
+                everything["row"].reshape(-1), everything["step"].reshape(-1))}
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_a_checkpoint_goes_to_a_local_buffer_with_frame_stack_and_back(tmp_path, axis):
+    """A shared save restores into a UniformReplayBuffer(frame_stack=...) whose stacks are
+    those added; its save restores into a new shared buffer, and that one's save again,
+    every stack byte-identical; writers go on after the restore."""
+    model = StackModel(3, np.random.default_rng(7))
+    kinds = ["zero", "slide", "slide", "random", "slide", "reset", "slide", "slide", "slide"]
+    with SharedReplayBuffer(spec(3, axis), 2, 6, frame_stack="obs", stack_axis=axis,
+                            seed=7) as shared:
+        rows = np.arange(2)
+        for step, kind in enumerate(kinds):
+            shared.add_batch(item(np.stack([model.stack(r, step, kind) for r in rows]),
+                                  rows, np.full(2, step), axis))
+        shared.save(tmp_path / "shared")
+    local = rb.load(tmp_path / "shared")
+    assert isinstance(local, rb.UniformReplayBuffer) and len(local) == 12
+    expected = {(r, s): model.added[(r, s)] for r in range(2) for s in range(3, 9)}
+    got = local_stacks(local)
+    assert {k: (v if axis == 0 else None) for k, v in got.items()}.keys() == expected.keys()
+    if axis == 0:
+        assert got == {k: v.tobytes() for k, v in expected.items()}
+    local.save(tmp_path / "local")
+    with SharedReplayBuffer.load(tmp_path / "local") as again:
+        assert again.data_spec == shared.data_spec and len(again) == 12
+        check_samples(again, model.added, 64, axis, ids_name=False)
+        again.save(tmp_path / "again")
+        for step, kind in enumerate(["slide", "slide"], start=9):  # writers go on
+            again.add_batch(item(np.stack([model.stack(r, step, kind) for r in rows]),
+                                 rows, np.full(2, step), axis))
+        check_samples(again, model.added, 64, axis, ids_name=False)
+    with SharedReplayBuffer.load(tmp_path / "again") as third:
+        check_samples(third, model.added, 64, axis, ids_name=False)
+
+
+def test_a_restore_needing_more_side_frames_than_the_buffer_has_is_refused(tmp_path):
+    """Stacks of three distinct frames take two side frames each: six of them need 12."""
+    local = rb.UniformReplayBuffer(spec(3), 1, 6, frame_stack="obs")
+    added = {}
+    for step in range(6):
+        added[(0, step)] = np.stack([plain_frame(200 + step), plain_frame(100 + step),
+                                     plain_frame(step + 1)])
+        local.add_batch(item(added[(0, step)][None], np.zeros(1), np.full(1, step)))
+    local.save(tmp_path / "local")
+    with pytest.raises(SideFramesFullError, match=r"side_frames=11"):
+        SharedReplayBuffer.load(tmp_path / "local", side_frames=11)
+    with SharedReplayBuffer.load(tmp_path / "local", side_frames=12) as shared:
+        check_samples(shared, added, 64, ids_name=False)

@@ -62,7 +62,6 @@ The parts live beside this module: :mod:`.layout` (the shared control block),
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -80,7 +79,7 @@ from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.counters import ProcessCounters
 from replaybuffer.distributed.shared.episodes import step_type_leaf
-from replaybuffer.distributed.shared.frame_ring import FrameOptions, frame_storage
+from replaybuffer.distributed.shared.frame_ring import frame_storage
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
@@ -98,7 +97,6 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import Queue, RateLimiter
 from replaybuffer.storage.base import identity
-from replaybuffer.specs import as_data_spec
 
 if TYPE_CHECKING:
     from replaybuffer.protocols import Buffer, PrioritizedBuffer
@@ -126,10 +124,9 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
         track_episodes: allow ``within_episodes=True`` reads (the spec needs a
             top-level ``step_type`` leaf).
-        frame_stack, stack_axis: store the named top-level stacked-frame leaf one
-            frame per step (:mod:`.frame_ring`), as the local buffers do.
-        side_frames: (``frame_stack``) frames per row for stacks that neither slide
-            nor are padding; a step that needs more raises ``SideFramesFullError``.
+        frame_stack, stack_axis, side_frames: store the named top-level stacked leaf
+            one frame per step, as the local buffers do; ``side_frames`` per row keep
+            stacks that neither slide nor are padding (:mod:`.frame_ring`).
         n_step: refused (:mod:`.local_only`): the local buffers' alone.
 
     The object pickles as a handle: unpickled in another process (a
@@ -152,13 +149,10 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
                  track_episodes: bool = False, frame_stack: str | None = None,
                  stack_axis: int = 0, side_frames: int = 16, n_step: int | None = None):
         refuse_local_only(type(self), n_step)
-        frames = None if frame_stack is None else FrameOptions.checked(
-            as_data_spec(data_spec), frame_stack, stack_axis, side_frames)  # checked before a directory is made
         made_directory = path is None or not Path(path).exists()
-        config, temporary = config_with_queue(
+        self._config, temporary = config_with_queue(
             data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
-            seed)
-        self._config = dataclasses.replace(config, frames=frames)
+            seed, (frame_stack, stack_axis, side_frames))
         self._track_episodes = bool(track_episodes)
         with removed_on_failure(self._config.path, made_directory):  # no space, memory
             self._map(create=True)
@@ -184,8 +178,8 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         specs, self._structure = nest.flatten(self._data_spec)
         rows, length = self._rows_total, self._length = config.num_rows, config.max_length
         self.path = Path(config.path)
-        self._storage, frames = frame_storage(specs, config.frames, rows, length, self.path,
-                                              create)
+        self._storage, self._frames = frame_storage(
+            specs, config.frames, rows, length, self.path, create)
         paths = nest.leaf_paths(self._data_spec)
         self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
         self._items = ItemChecker(self._data_spec)
@@ -195,13 +189,13 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             if isinstance(config.rate_limiter, Queue) else None  # before the layout too
         self._layout = layout = SharedLayout(self._storage, rows, length,
                                              config.prioritized, create)
-        if frames is not None:  # the files are reserved now: the config attachers check
-            frames.publish_config()
+        if self._frames is not None:  # the files are reserved now: attachers check it
+            self._frames.publish_config()
         self._next_id, self._control = layout.next_id, layout.control
         self._priorities = SharedPriorities(layout, self._lock, rows, length,
                                             config.alpha) if config.prioritized else None
         self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
-                                      self._priorities, config.beta, config.seed, frames)
+                                      self._priorities, config.beta, config.seed, self._frames)
         self._limiter: RateLimiter | None = config.rate_limiter
         self._admission = None if self._limiter is None else SharedAdmission(
             self._limiter, self._control, self._lock, self.__len__, self._items_counted,
@@ -209,7 +203,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
         self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    self._priorities, self._admission, pins, frames)
+                                    self._priorities, self._admission, pins, self._frames)
         self._wire_choices(layout, marks, self._storage, self._lock, self._priorities,
                            pins, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed

@@ -70,10 +70,11 @@ class SideFramesFullError(ValueError):
 
 @dataclass(frozen=True)
 class FrameOptions:
-    """A shared buffer's frame dedup, checked: the stacked leaf (its index among the
-    flattened leaves and its path), the stack axis (normalised to ``0 .. ndim - 1``)
-    and the side frames per row."""
+    """A shared buffer's frame dedup, checked: the stacked leaf (its ``frame_stack``
+    name, its index among the flattened leaves and its path), the stack axis
+    (normalised to ``0 .. ndim - 1``) and the side frames per row."""
 
+    name: str
     leaf: int
     path: str
     stack_axis: int
@@ -103,7 +104,7 @@ class FrameOptions:
                 or side_frames < 1:
             raise ValueError(f"side_frames must be a positive int (side frames per row), "
                              f"got {side_frames!r}")
-        return cls(index, paths[index], int(stack_axis) % ndim, int(side_frames))
+        return cls(frame_stack, index, paths[index], int(stack_axis) % ndim, int(side_frames))
 
     def stored_specs(self, specs: Sequence[ArraySpec]) -> list[ArraySpec]:
         """``specs`` with the stacked leaf replaced by its int64 ``[K]`` references."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replaybuffer.distributed.shared.counters import ADMITTED_INSERTS, ADMITTED_SAMPLES
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.layout import INSERTS, SAMPLES, SharedLayout
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
@@ -61,8 +62,10 @@ class RowSnapshot:
 
 
 def take_snapshot(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
-                  lock: ProcessLock, num_rows: int, max_length: int) -> RowSnapshot:
-    """The snapshot of the module docstring."""
+                  lock: ProcessLock, num_rows: int, max_length: int,
+                  frames: SharedFrameRing | None = None) -> RowSnapshot:
+    """The snapshot of the module docstring; with ``frames``, the stacked leaf is
+    rebuilt as stacks (between the version loads, as a read does)."""
     with lock:
         heads = layout.next_id.copy()
         floors, cursors = marks.floor.copy(), marks.cursor.copy()
@@ -82,6 +85,9 @@ def take_snapshot(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
     expected = 2 * ids + 2
     before = layout.version[positions]
     copied = storage.gather(positions.reshape(-1))
+    if frames is not None:
+        copied[frames.leaf] = frames.decode(copied[frames.leaf],
+                                            positions.reshape(-1) % num_rows)
     whole = (before == expected) & (layout.version[positions] == expected)
     torn = (k < held[:, None]) & ~whole
     # Each row keeps its newest steps after the last torn one.
