@@ -13,7 +13,8 @@ overwrites: :mod:`.read_pins`):
 1. ``held`` of the rows drops by one when the step overwrites the row's oldest;
 2. ``version[span] = 2 * id + 1`` (odd: being written);
 3. order fence: the odd versions become visible before any of the data;
-4. the data;
+4. the data (with frame dedup, the step's ring and side frames too: :mod:`.frame_ring`,
+   whose references are computed before 1., so that a step it refuses writes nothing);
 5. order fence: all the data becomes visible before the even versions;
 6. ``version[span] = 2 * id + 2`` (published), then the row heads ``next_id`` and
    ``held``;
