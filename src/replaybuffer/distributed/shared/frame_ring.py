@@ -269,7 +269,7 @@ class SharedFrameRing:
                 f"than the {C} it has (side_frames={C}); side frames keep the frames of "
                 "stacks that neither slide on from the row's previous step nor are padding, "
                 "until their step is overwritten. Give the buffer a larger side_frames; "
-                "nothing was written")
+                "this step was not written")
         return int(slots[0])
 
     def commit(self, writes: tuple[Any, ...]) -> None:
