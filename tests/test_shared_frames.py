@@ -121,7 +121,8 @@ def test_stacks_come_back_byte_identical_to_a_plain_model(K, rows, max_length, a
         row_ids = np.arange(rows)
         written = 0
         for kind, steps in plan:
-            stacks = [np.stack([model.stack(r, written + t, kind if t == 0 else "slide")
+            stacks = [np.stack([model.stack(r, written + t, kind if t == 0 or
+                                            kind == "random" else "slide")
                                 for r in range(rows)]) for t in range(steps)]
             if steps == 1:
                 buffer.add_batch(item(stacks[0], row_ids, np.full(rows, written), axis))
@@ -314,6 +315,38 @@ def test_a_full_side_area_is_refused_naming_the_field_and_its_capacity():
         buffer.add_batch(item(odd_stack(4), rows, np.full(1, 4)))
         added[(0, 4)] = odd_stack(4)[0]
         check_samples(buffer, added, 32)
+
+
+def distinct_stacks(step: int, rows: np.ndarray) -> np.ndarray:
+    """Stacks ``[len(rows), 3, H, W]`` of three frames no other step has: two side frames
+    each."""
+    return np.stack([np.stack([plain_frame(7 * step + 3 * r + 100),
+                               plain_frame(7 * step + 3 * r + 101),
+                               plain_frame(7 * step + 3 * r + 1)]) for r in rows])
+
+
+@pytest.mark.parametrize("length", [1, 3, 5])
+def test_side_frames_are_reused_exactly_when_their_step_is_overwritten(length):
+    """Every stack has two frames nothing matches, so a row holds ``2 * length`` side
+    frames at the moment a step is written: with exactly that many, no step is refused
+    (a slot is free once its owner is overwritten) and no stack held is wrong (no slot
+    is reused before); with one fewer, step ``length - 1`` is refused."""
+    rows = np.arange(2)
+    with SharedReplayBuffer(spec(3), 2, length, frame_stack="obs", side_frames=2 * length,
+                            seed=9) as buffer:
+        added: dict = {}
+        for step in range(4 * length + 3):
+            stacks = distinct_stacks(step, rows)
+            buffer.add_batch(item(stacks, rows, np.full(2, step)))
+            added.update({(int(r), step): stacks[r] for r in rows})
+            check_samples(buffer, added, 8 * length)
+    with SharedReplayBuffer(spec(3), 2, length, frame_stack="obs",
+                            side_frames=2 * length - 1) if length > 1 else \
+            SharedReplayBuffer(spec(3), 2, 2, frame_stack="obs", side_frames=3) as short:
+        for step in range(short.max_length - 1):
+            short.add_batch(item(distinct_stacks(step, rows), rows, np.full(2, step)))
+        with pytest.raises(SideFramesFullError):
+            short.add_batch(item(distinct_stacks(9, rows), rows, np.full(2, 9)))
 
 
 @pytest.mark.parametrize("keywords,error,match", [
