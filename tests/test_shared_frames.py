@@ -325,6 +325,51 @@ def distinct_stacks(step: int, rows: np.ndarray) -> np.ndarray:
                                plain_frame(7 * step + 3 * r + 1)]) for r in rows])
 
 
+def steps_of(stacks: list[np.ndarray], rows: np.ndarray, first_step: int) -> dict:
+    """An extend's items (leaves ``[B, T, ...]``) of ``stacks[t]`` ``[B, K, H, W]``."""
+    per_step = [item(s, rows, np.full(len(rows), first_step + t))
+                for t, s in enumerate(stacks)]
+    return {k: np.stack([p[k] for p in per_step], 1) for k in per_step[0]}
+
+
+def test_a_call_refused_for_its_side_frames_changes_nothing():
+    """An extend whose third step needs side frames its row no longer has free (the two
+    steps before it took them) raises naming the leaf, the row and the capacity, and
+    leaves every shared array, len() and every sampled stack as before; so does an
+    add_batch whose second row's stack does not fit. The rows go on afterwards, and a
+    longer extend than the rows hold reuses the side frames of its own overwritten
+    steps."""
+    rows = np.arange(2)
+    with SharedReplayBuffer(spec(3), 2, 4, frame_stack="obs", side_frames=4,
+                            seed=5) as buffer:
+        added: dict = {}
+        for step in range(2):  # padded stacks: no side frames
+            stacks = np.stack([np.stack([plain_frame(step + 10 * r)] * 3) for r in rows])
+            buffer.add_batch(item(stacks, rows, np.full(2, step)))
+            added.update({(int(r), step): stacks[r] for r in rows})
+        before = state_of(buffer)
+        with pytest.raises(SideFramesFullError, match=r"extend: frame_stack leaf \[.obs.\]: "
+                           r"row 0 .*\(side_frames=4\) at step 4.*nothing of this call"):
+            buffer.extend(steps_of([distinct_stacks(s, rows) for s in (2, 3, 4)], rows, 2))
+        assert state_of(buffer) == before and len(buffer) == 4
+        check_samples(buffer, added, 64)
+        buffer.extend(steps_of([distinct_stacks(s, rows) for s in (2, 3)], rows, 2))
+        added.update({(int(r), s): distinct_stacks(s, rows)[r] for s in (2, 3) for r in rows})
+        assert len(buffer) == 8
+        check_samples(buffer, added, 64)
+        before = state_of(buffer)
+        mixed = np.stack([np.stack([plain_frame(40)] * 3), distinct_stacks(4, rows)[1]])
+        with pytest.raises(SideFramesFullError, match=r"add_batch: .* row 1 .*side_frames=4"):
+            buffer.add_batch(item(mixed, rows, np.full(2, 4)))
+        assert state_of(buffer) == before and len(buffer) == 8
+        check_samples(buffer, added, 64)
+    with SharedReplayBuffer(spec(3), 2, 2, frame_stack="obs", side_frames=4,
+                            seed=6) as short:
+        stacks = [distinct_stacks(s, rows) for s in range(7)]
+        short.extend(steps_of(stacks, rows, 0))
+        check_samples(short, {(int(r), s): stacks[s][r] for s in (5, 6) for r in rows}, 64)
+
+
 @pytest.mark.parametrize("length", [1, 3, 5])
 def test_side_frames_are_reused_exactly_when_their_step_is_overwritten(length):
     """Every stack has two frames nothing matches, so a row holds ``2 * length`` side

@@ -70,6 +70,9 @@ def restore_frames(ring: SharedFrameRing, storage: SharedStorage, directory: Pat
     leaf = storage.arrays[ring.leaf]
     stacks = codec.decode(np.asarray(leaf[positions]), local_rows)
     for j in np.lexsort((ids, shared_rows)):  # row by row, oldest first
-        refs, writes = ring.encode(int(ids[j]), int(shared_rows[j]), stacks[j:j + 1])
+        step, row = int(ids[j]), int(shared_rows[j])
+        plan = ring.plan(step, row, 1)
+        plan.method = "load"
+        refs, writes = ring.encode(step, row, stacks[j:j + 1], plan)
         ring.commit(writes)
         leaf[positions[j]] = refs[0]

@@ -39,7 +39,10 @@ frames, each marked with the step that owns it (``side_owner``, ``id + 1``). A s
 free once its owner is overwritten (``owner <= s - max_length`` for the step ``s``
 being written) or was never published (``owner >= s``). A step whose frames need more
 free slots than its row has raises :class:`SideFramesFullError` before anything is
-written: the buffer is unchanged, and the writer may go on with other stacks.
+written: a call's steps (an ``extend``'s too) are all encoded before the first is
+written, each seeing the frames and side slots of the steps before it (a
+:class:`FramePlan`), so a refused call leaves the buffer unchanged, and the writer may
+go on with other stacks.
 
 Memory per step: one frame and ``K`` int64 references (and ``8 * K`` bytes less per
 position than the stacked leaf), plus ``side_frames`` frames per row.
@@ -47,7 +50,7 @@ position than the stacked leaf), plus ``side_frames`` frames per row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -112,6 +115,21 @@ class FrameOptions:
         spec = specs[self.leaf]
         stored[self.leaf] = ArraySpec((spec.shape[self.stack_axis],), np.int64, spec.name)
         return stored
+
+
+@dataclass
+class FramePlan:
+    """One call's steps as :meth:`SharedFrameRing.encode` encodes them before any is
+    committed: the first step id and row, each encoded step's frames ``[count, K,
+    *frame]``, each row's newest step (as :data:`_Last`), and the rows' side-slot owner
+    marks int64 ``[count, side_frames]`` (copied at the first side frame taken)."""
+
+    step: int
+    first: int
+    lasts: list[_Last | None]
+    frames: list[np.ndarray] = field(default_factory=list)
+    owners: np.ndarray | None = None
+    method: str = "add_batch"
 
 
 class SharedFrameRing:
@@ -196,10 +214,18 @@ class SharedFrameRing:
         return stacks if self.axis == 0 else np.moveaxis(stacks, self.axis + 1, 1)
 
     # ------------------------------------------------------------------ writing
-    def encode(self, step: int, first: int, stacks: np.ndarray
+    def plan(self, step: int, first: int, count: int) -> "FramePlan":
+        """The plan of one call's consecutive steps from ``step`` on, to rows ``first ..
+        first + count - 1``, for :meth:`encode`."""
+        return FramePlan(step, first, self._last[first:first + count])
+
+    def encode(self, step: int, first: int, stacks: np.ndarray, plan: "FramePlan"
                ) -> tuple[np.ndarray, tuple[Any, ...]]:
         """References int64 ``[count, K]`` for stacks ``[count, *spec.shape]`` of step
-        ``step`` of rows ``first ..``, and the writes for :meth:`commit`. Writes nothing.
+        ``step`` of rows ``first ..``, and the writes for :meth:`commit`. Writes nothing:
+        the steps of a call are encoded in order into ``plan`` (which sees the frames
+        and side slots of the steps encoded before, as if committed), all of them before
+        the first is committed, so that a refused step leaves the buffer unchanged.
 
         Raises:
             SideFramesFullError: a row has fewer free side frames than its stack needs.
@@ -210,22 +236,25 @@ class SharedFrameRing:
         refs = np.empty((count, self.stack), np.int64)
         sides: list[tuple[int, int, np.ndarray]] = []  # (row, slot, frame)
         lasts: list[_Last] = []
+        plan.frames.append(frames)
         for i in range(count):
             row = first + i
             data = frames[i].tobytes()
-            last = self._last[row]
+            last = plan.lasts[i]
             if last is not None and last[0] == step - 1 and last[3] and \
                     data.startswith(last[1]):
                 step_refs = last[2][1:] + (step,)  # the window slid by one frame
             else:
-                step_refs = self._match(data, frames[i], step, row, sides)
+                step_refs = self._match(data, frames[i], step, row, sides, plan)
             refs[i] = step_refs
             lasts.append((step, memoryview(data)[F:], step_refs,
                           min(step_refs[1:], default=-1) >= -1))
+        plan.lasts[:] = lasts
         return refs, (frames, sides, lasts, step, first)
 
     def _match(self, data: bytes, frames: np.ndarray, step: int, row: int,
-               sides: list[tuple[int, int, np.ndarray]]) -> tuple[int, ...]:
+               sides: list[tuple[int, int, np.ndarray]], plan: "FramePlan"
+               ) -> tuple[int, ...]:
         """References of one stack (bytes ``data``, frames ``[K, *frame]``) of ``step``,
         frame by frame, right to left; unmatched frames get side slots (``sides``)."""
         K, F = self.stack, self.frame_bytes
@@ -238,7 +267,12 @@ class SharedFrameRing:
                 refs[k] = refs[k + 1]  # padding by repetition
                 continue
             candidate = step - (K - 1 - k)
-            if candidate >= 0:
+            if candidate >= plan.step:  # a step of this call: its frame, not yet written
+                if data.startswith(plan.frames[candidate - plan.step][row - plan.first,
+                                                                     K - 1].tobytes(), start):
+                    refs[k] = candidate
+                    continue
+            elif candidate >= 0:
                 position = (candidate % self.slots) * self.rows + row
                 if self.frame_ids[position] == candidate + 1 and \
                         data.startswith(self.frames[position], start):
@@ -247,17 +281,21 @@ class SharedFrameRing:
             if data.startswith(self._zero, start):
                 refs[k] = -1
                 continue
-            slot = self._free_slot(row, step, sides)
+            slot = self._free_slot(row, step, sides, plan)
             sides.append((row, slot, frames[k]))
             refs[k] = -2 - slot
         return tuple(refs)
 
-    def _free_slot(self, row: int, step: int, sides: list[tuple[int, int, np.ndarray]]
-                   ) -> int:
-        """A side slot of ``row`` that no retained step of it owns and that this step
-        has not taken yet."""
+    def _free_slot(self, row: int, step: int, sides: list[tuple[int, int, np.ndarray]],
+                   plan: "FramePlan") -> int:
+        """A side slot of ``row`` that no retained step of it owns (this call's earlier
+        steps included) and that this step has not taken yet; marked in ``plan`` as
+        taken by ``step``."""
         C = self.side_capacity
-        marks = self.side_owner[row * C:(row + 1) * C]  # owner id + 1; 0: never used
+        if plan.owners is None:  # the rows' marks as this call leaves them, made once
+            plan.owners = self.side_owner[plan.first * C:(plan.first + len(plan.lasts)) * C
+                                          ].reshape(-1, C).copy()
+        marks = plan.owners[row - plan.first]  # owner id + 1; 0: never used
         free = (marks == 0) | (marks <= step + 1 - self.length) | (marks > step)
         for taken_row, slot, _ in sides:
             if taken_row == row:
@@ -265,11 +303,12 @@ class SharedFrameRing:
         slots = np.flatnonzero(free)
         if not len(slots):
             raise SideFramesFullError(
-                f"add_batch: frame_stack leaf {self.path}: row {row} needs more side frames "
-                f"than the {C} it has (side_frames={C}); side frames keep the frames of "
-                "stacks that neither slide on from the row's previous step nor are padding, "
-                "until their step is overwritten. Give the buffer a larger side_frames; "
-                "this step was not written")
+                f"{plan.method}: frame_stack leaf {self.path}: row {row} needs more side "
+                f"frames than the {C} it has (side_frames={C}) at step {step}; side frames "
+                "keep the frames of stacks that neither slide on from the row's previous "
+                "step nor are padding, until their step is overwritten. Give the buffer a "
+                "larger side_frames; nothing of this call was written")
+        marks[slots[0]] = step + 1
         return int(slots[0])
 
     def commit(self, writes: tuple[Any, ...]) -> None:

@@ -273,7 +273,11 @@ class SharedWriter:
         try:
             with self._threads:
                 blocks = self._blocks
-                if blocks is None or self._frames is not None:  # (frames: step by step)
+                if self._frames is not None:  # every step encoded before the first write
+                    for encoded, frame_writes in self._encoded(first, count, steps):
+                        self._write_step(first, count, encoded, frame_writes)
+                        written += 1
+                elif blocks is None:
                     for arrays in steps:
                         self._write_step(first, count, arrays)
                         written += 1
@@ -292,6 +296,25 @@ class SharedWriter:
                 self._admission.give_back(True, count * (len(steps) - written))
             raise
 
+    def _encoded(self, first: int, count: int, steps: list[Sequence[Any]]
+                 ) -> list[tuple[list[Any], tuple[Any, ...]]]:
+        """``steps`` (of an ``extend``, the thread lock held) with the stacked leaf
+        encoded to references, and each step's frame writes: all encoded before any is
+        written, so that a step refused for its side frames leaves the buffer unchanged
+        (:mod:`.frame_ring`)."""
+        frames = self._frames
+        assert frames is not None
+        step = int(self._next_id[first])
+        plan = frames.plan(step, first, count)
+        plan.method = "extend"
+        encoded = []
+        for offset, arrays in enumerate(steps):
+            arrays = list(arrays)
+            arrays[frames.leaf], writes = frames.encode(step + offset, first,
+                                                        arrays[frames.leaf], plan)
+            encoded.append((arrays, writes))
+        return encoded
+
     def _given_back(self, n: int) -> ContextManager[None]:
         """The context of an admitted insert of ``n`` items: if it raises, the count
         goes back (no admission: nothing to give back)."""
@@ -299,15 +322,18 @@ class SharedWriter:
             return nullcontext()
         return self._admission.given_back_on_error(True, n)
 
-    def _write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
+    def _write_step(self, first: int, count: int, arrays: Sequence[Any],
+                    frame_writes: tuple[Any, ...] | None = None) -> None:
         """:meth:`write_step`, the thread lock held (the row head is read here); the
-        steps of the protocol are numbered in the module docstring."""
+        steps of the protocol are numbered in the module docstring. ``frame_writes``:
+        the step's frames, its stacked leaf already encoded (:meth:`_encoded`)."""
         step = int(self._next_id[first])
         frames = self._frames
-        if frames is not None:  # references for the stacks; raises before anything
+        if frames is not None and frame_writes is None:  # raises before anything
             arrays = list(arrays)
             leaf = frames.leaf
-            arrays[leaf], frame_writes = frames.encode(step, first, arrays[leaf])
+            arrays[leaf], frame_writes = frames.encode(step, first, arrays[leaf],
+                                                       frames.plan(step, first, count))
         start = (step % self._length) * self._rows_total + first
         # One row (an actor with one env): a scalar store, cheaper than a slice's.
         span: int | slice = start if count == 1 else slice(start, start + count)
@@ -340,7 +366,7 @@ class SharedWriter:
         write_exact = self._write_exact  # 4.
         if write_exact is None or not write_exact(start, arrays):
             self._storage.write(start, arrays)
-        if frames is not None:
+        if frames is not None and frame_writes is not None:
             frames.commit(frame_writes)
         if ARMED is not None:
             crash_point("shared.write.data")
