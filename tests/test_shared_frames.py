@@ -4,10 +4,15 @@ writers, clear, windows, episodes, the Queue limiter, priorities and checkpoints
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +21,11 @@ from hypothesis import strategies as st
 
 import replaybuffer as rb
 from replaybuffer import Queue
+from replaybuffer.crash_points import CRASH_EXIT_CODE
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.distributed.shared.frame_ring import SharedFrameRing, SideFramesFullError
 from replaybuffer.errors import CheckpointError, SpecError
+from soak import frame_workloads
 
 H, W = 3, 4
 FORK = mp.get_context("fork")
@@ -245,6 +252,62 @@ def test_a_writer_killed_in_the_frame_write_leaves_no_torn_stack():
         for _ in range(5):
             batch = buffer.get_next(64)[0]
             check_named(batch)
+
+
+FRAME_WORKLOADS = str(Path(frame_workloads.__file__))
+
+
+def run_frame_workload(handle: Path, units: int, seed: int, crash_at: str | None = None
+                       ) -> subprocess.CompletedProcess:
+    """The soak's frame-dedup writer (attach, claim 2 rows, add or extend, sample, close;
+    ``units`` times) in a child process, with ``REPLAYBUFFER_CRASH_AT=crash_at``."""
+    env = {k: v for k, v in os.environ.items() if k != "REPLAYBUFFER_CRASH_AT"}
+    if crash_at is not None:
+        env["REPLAYBUFFER_CRASH_AT"] = crash_at
+    args = {"handle": str(handle), "rows": 2, "units": units, "prioritized": False,
+            "seed": seed}
+    return subprocess.run([sys.executable, FRAME_WORKLOADS, "shared_frames",
+                           json.dumps(args)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def check_workload_stacks(buffer: SharedReplayBuffer, draws: int = 256) -> np.ndarray:
+    """Every sampled stack is the one its row and step name; the steps drawn."""
+    batch, info = buffer.get_next(draws)
+    ids = np.asarray(info.ids)
+    rows, steps = ids % buffer.num_rows, ids // buffer.num_rows
+    for stack, row, step in zip(batch["obs"], rows, steps):
+        np.testing.assert_array_equal(stack, frame_workloads.stack(int(row), int(step)))
+    return steps
+
+
+def test_a_writer_crashed_at_its_frame_write_leaves_no_torn_stack(tmp_path):
+    """A writer ended at ``shared.write.frames`` (its 10th step's newest frames in the
+    ring, their ids and side frames not): the frame is there, its id is still the old
+    step's, the step is not held, every stack drawn is whole, and a new writer takes the
+    rows over and goes on, matching no frame the dead one left half written."""
+    with SharedReplayBuffer(frame_workloads.frames_spec(), 2, 4, frame_stack="obs",
+                            side_frames=4, seed=3) as buffer:
+        handle = tmp_path / "handle.pkl"
+        handle.write_bytes(pickle.dumps(buffer))
+        crashed = run_frame_workload(handle, 12, 4, "shared.write.frames:10")
+        assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
+        np.testing.assert_array_equal(buffer.steps_written(), [9, 9])
+        assert len(buffer) == 2 * 3  # step 9 was overwriting step 5: neither is held
+        slots = 4 + frame_workloads.K - 1  # the ring frames a row
+        positions = (9 % slots) * 2 + np.arange(2)
+        frames = np.load(buffer.path / "frames.npy", mmap_mode="r")
+        frame_ids = np.load(buffer.path / "frame_ids.npy", mmap_mode="r")
+        np.testing.assert_array_equal(frames[positions], [[0, 9], [1, 9]])
+        np.testing.assert_array_equal(frame_ids[positions], 9 - slots + 1)  # step 3's
+        assert set(check_workload_stacks(buffer).tolist()) == {6, 7, 8}
+        after = run_frame_workload(handle, 9, 5)
+        assert after.returncode == 0, after.stderr[-2000:]
+        written = buffer.steps_written()
+        assert written[0] == written[1] >= 9 + 9
+        assert len(buffer) == 2 * 4
+        assert set(check_workload_stacks(buffer).tolist()) == set(range(written[0] - 4,
+                                                                          written[0]))
 
 
 def _write_forever(buffer: SharedReplayBuffer, count: int) -> None:

@@ -56,6 +56,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from replaybuffer import nest
+from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError, SpecError
 from replaybuffer.specs import ArraySpec
 from replaybuffer.storage.shared_storage import SharedStorage
@@ -318,6 +319,8 @@ class SharedFrameRing:
         count = len(frames)
         position = (step % self.slots) * self.rows + first
         self.frames[position:position + count] = frames[:, self.stack - 1]
+        if ARMED is not None:
+            crash_point("shared.write.frames")
         self.frame_ids[position:position + count] = step + 1  # after the frames
         C = self.side_capacity
         for row, slot, frame in sides:
