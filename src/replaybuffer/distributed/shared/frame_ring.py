@@ -59,6 +59,7 @@ from replaybuffer import nest
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.errors import CheckpointError, SpecError
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.frame_gather import gather_stacks
 from replaybuffer.storage.shared_storage import SharedStorage
 
 _Last = tuple[int, memoryview, tuple[int, ...], bool]
@@ -336,24 +337,11 @@ class SharedFrameRing:
         positions = np.where(refs >= 0, (refs % self.slots) * self.rows + rows,
                              self._zero_position)
         side = refs < -1
-        slots = (rows * self.side_capacity - 2 - refs) if side.any() else None
-        if self.axis == 0:  # frames gathered in place: [..., K, *frame]
-            stacked = self.frames.take(positions, 0, mode="clip")
-            if slots is not None:  # rare: stacks that did not slide
-                stacked[side] = self.side.take(slots[side], 0, mode="clip")
-            return stacked
-        # Another stack axis: frame k of every stack gathered, then copied into its
-        # strided place (4x faster than gathering [..., K, *frame] and moving the axis).
-        lead = refs.ndim - 1
-        out = np.empty(refs.shape[:-1] + self.spec.shape, self._dtype)
-        places = np.moveaxis(out, lead + self.axis, lead)  # a view [..., K, *frame]
-        for k in range(self.stack):
-            frames = self.frames.take(positions[..., k], 0, mode="clip")
-            if slots is not None and side[..., k].any():
-                frames[side[..., k]] = self.side.take(slots[..., k][side[..., k]], 0,
-                                                      mode="clip")
-            places[(slice(None),) * lead + (k,)] = frames
-        return out
+        if not side.any():  # the usual case: every stack slid on, or was padding
+            return gather_stacks(self.frames, positions, self.axis)
+        return gather_stacks(self.frames, positions, self.axis, side, self.side,
+                             rows * self.side_capacity - 2 - refs)
+
 
 def frame_storage(specs: Sequence[ArraySpec], options: FrameOptions | None, num_rows: int,
                   max_length: int, directory: Any, create: bool
