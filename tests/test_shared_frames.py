@@ -590,7 +590,8 @@ def test_a_restore_needing_more_side_frames_than_the_buffer_has_is_refused(tmp_p
                                      plain_frame(step + 1)])
         local.add_batch(item(added[(0, step)][None], np.zeros(1), np.full(1, step)))
     local.save(tmp_path / "local")
-    with pytest.raises(SideFramesFullError, match=r"side_frames=11"):
+    with pytest.raises(SideFramesFullError, match=r"^load: .*side_frames=11.*the load is "
+                                                  r"refused$"):
         SharedReplayBuffer.load(tmp_path / "local", side_frames=11)
     with SharedReplayBuffer.load(tmp_path / "local", side_frames=12) as shared:
         check_samples(shared, added, 64, ids_name=False)

@@ -309,7 +309,8 @@ class SharedFrameRing:
                 f"frames than the {C} it has (side_frames={C}) at step {step}; side frames "
                 "keep the frames of stacks that neither slide on from the row's previous "
                 "step nor are padding, until their step is overwritten. Give the buffer a "
-                "larger side_frames; nothing of this call was written")
+                "larger side_frames; " + ("the load is refused" if plan.method == "load"
+                                          else "nothing of this call was written"))
         marks[slots[0]] = step + 1
         return int(slots[0])
 
