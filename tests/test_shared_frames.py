@@ -145,6 +145,44 @@ def test_stacks_come_back_byte_identical_to_a_plain_model(K, rows, max_length, a
             check_samples(buffer, model.added, 16, axis, num_steps=2)
 
 
+@settings(max_examples=25, deadline=None)
+@given(K=st.integers(2, 4), rows=st.integers(1, 2), max_length=st.integers(1, 5),
+       side=st.integers(1, 12),
+       plan=st.lists(st.tuples(st.sampled_from(["reset", "slide", "random", "random"]),
+                               st.integers(1, 7)), min_size=1, max_size=10),
+       seed=st.integers(0, 2**16))
+def test_calls_refused_for_side_frames_change_nothing_and_the_rest_match_the_model(
+        K, rows, max_length, side, plan, seed):
+    """Random calls (add_batch and extend, longer than the rows hold too) into rows with
+    few side frames: a refused call leaves every shared array as it was; what the
+    accepted ones wrote comes back byte-identical; with ``(K - 1) * max_length`` side
+    frames a row never refuses (every step held needs at most ``K - 1``)."""
+    model = StackModel(K, np.random.default_rng(seed))
+    side = min(side, (K - 1) * max_length)
+    with SharedReplayBuffer(spec(K), rows, max_length, frame_stack="obs",
+                            side_frames=side, seed=seed) as buffer:
+        row_ids = np.arange(rows)
+        written = 0
+        for kind, steps in plan:
+            stacks = [np.stack([model.stack(r, written + t, kind if t == 0 or
+                                            kind == "random" else "slide")
+                                for r in range(rows)]) for t in range(steps)]
+            before = state_of(buffer)
+            try:
+                if steps == 1:
+                    buffer.add_batch(item(stacks[0], row_ids, np.full(rows, written)))
+                else:
+                    buffer.extend(steps_of(stacks, row_ids, written))
+            except SideFramesFullError:
+                assert side < (K - 1) * max_length
+                assert state_of(buffer) == before
+                continue
+            written += steps
+        assert len(buffer) == rows * min(written, max_length)
+        if written:
+            check_samples(buffer, model.added, 64)
+
+
 def test_memory_is_about_one_frame_per_step():
     """The shared files of a dedup buffer against those of the same buffer storing whole
     stacks: the stacked leaf costs about a frame and K references per step."""
