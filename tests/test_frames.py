@@ -332,3 +332,32 @@ def test_inexact_leaves_between_exact_adds_keep_stacks_exact(batch_size):
     x, _ = plain.get_next(32, num_steps=2)
     y, _ = dedup.get_next(32, num_steps=2)
     np.testing.assert_array_equal(x["obs"], y["obs"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), K=st.integers(1, 4),
+       frame_shape=st.sampled_from([(3,), (2, 3), (2, 1, 3)]), lead=st.sampled_from([(5,),
+                                                                                   (2, 3)]),
+       axis_pick=st.integers(0, 3), sides=st.booleans())
+def test_gather_stacks_is_a_gather_then_an_axis_move(seed, K, frame_shape, lead, axis_pick,
+                                                     sides):
+    """The one decode of frame dedup (local codec and shared ring): for every stack axis,
+    interior ones too, and with side frames, the bytes of the plain reference: gather
+    ``[..., K, *frame]``, put the side frames in, move the stack axis into place."""
+    from replaybuffer.storage.frame_gather import gather_stacks
+
+    rng = np.random.default_rng(seed)
+    axis = axis_pick % (len(frame_shape) + 1)
+    frames = rng.integers(0, 256, (9,) + frame_shape).astype(np.uint8)
+    extras = rng.integers(0, 256, (4,) + frame_shape).astype(np.uint8)
+    positions = rng.integers(0, 9, lead + (K,))
+    side = rng.random(lead + (K,)) < 0.3 if sides else None
+    numbers = rng.integers(0, 4, lead + (K,))
+    expected = frames[positions]
+    if side is not None:
+        expected[side] = extras[numbers[side]]
+    expected = np.moveaxis(expected, len(lead), len(lead) + axis)
+    got = gather_stacks(frames, positions, axis, side,
+                        None if side is None else extras, None if side is None else numbers)
+    assert got.shape == expected.shape and got.flags.c_contiguous
+    assert got.tobytes() == np.ascontiguousarray(expected).tobytes()

@@ -85,12 +85,10 @@ def _wait_for_steps(buffer: SharedReplayBuffer, at_least: int) -> None:
 
 
 # --------------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("keyword,named", [({"frame_stack": "obs"}, "frame_stack"),
-                                           ({"n_step": 3}, "n_step")])
-def test_frame_dedup_and_n_step_are_refused_by_name(keyword, named):
-    with pytest.raises(NotSupportedError, match=f"SharedReplayBuffer does not support "
-                                                f"{named}"):
-        SharedReplayBuffer(SPEC, 2, 4, **keyword)
+def test_n_step_is_refused_by_name():  # frame dedup it has: tests/test_shared_frames.py
+    with pytest.raises(NotSupportedError, match="SharedReplayBuffer does not support "
+                                                "n_step"):
+        SharedReplayBuffer(SPEC, 2, 4, n_step=3)
 
 
 # ------------------------------------------------------------------------------ clear

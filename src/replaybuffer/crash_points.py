@@ -32,6 +32,9 @@ POINTS: dict[str, str] = {
                             "overwritten",
     "shared.write.data": "a shared buffer's step written (data copied, versions odd), "
                          "before it is published",
+    "shared.write.frames": "a frame-dedup shared buffer's step's newest frames written "
+                           "to its rows' frame ring (versions odd), before their frame "
+                           "ids and side frames",
     "shared.write.publish": "a shared buffer's step versions published (even), before "
                             "its row heads and held counts move",
     "shared.priorities.update": "a shared sum tree's leaves set (a step hidden or "

@@ -23,7 +23,14 @@ writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)
 ``inf`` when nothing is serialized). ``--prioritized`` runs the shared rows on a
 prioritized buffer (whose ``add_batch`` takes the tree's lock twice a step, its
 ``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
-``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one. The benchmark needs numpy,
+``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one.
+``--frame-dedup`` stores the frames workload's stacked observation (uint8
+``[84, 84, 4]``) deduplicated (``frame_stack="observation", stack_axis=-1``): one frame
+per step in the shared frame ring, stacks rebuilt on read. The frames workload's
+observations are always sliding stacks of a cyclic stream of 64 frames per writer (as
+a frame-stack wrapper makes them; the bytes copied are the same as random stacks'), so
+the rows with and without dedup write the same data. Every shared row reports
+``bytes_per_step``: the buffer's shared files over its capacity. The benchmark needs numpy,
 this package and its core dependencies only, so it runs as it is on a larger machine:
 ``python -m replaybuffer.cli bench --processes --writers 1,2,4,8,12 --seconds 3
 --no-reverb --json FILE``.
@@ -55,14 +62,44 @@ from replaybuffer.rate_limiter import MinSize
 WORKLOADS = {"control": (control_spec, 100_000), "frames": (frames_spec, 20_000)}
 PREFILL = 1000
 SAMPLE = 256
+CYCLE = 16
+"""Inserts a writer repeats (its batches' first ``CYCLE``)."""
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _batches(spec: Any, seed: int, count: int = 64, steps: int = 1) -> list[Any]:
-    """``count`` inserts of one row: ``[1]`` leaves, or ``[1, steps]`` for ``extend``."""
+    """``count`` inserts of one row: ``[1]`` leaves, or ``[1, steps]`` for ``extend``.
+    An ``observation`` leaf of stacked frames (uint8 ``[H, W, K]``) holds the sliding
+    stacks of a cyclic stream of frames, consecutive across the inserts and across the
+    end of every ``CYCLE`` inserts, which a writer repeats (as a frame-stack wrapper's
+    observations are)."""
     rng = np.random.default_rng(seed)
     shape = (1,) if steps == 1 else (1, steps)
-    return [random_items(spec, shape, rng) for _ in range(count)]
+    batches = [random_items(spec, shape, rng) for _ in range(count)]
+    observation = spec.get("observation") if isinstance(spec, dict) else None
+    if observation is not None and observation.dtype == np.uint8 and \
+            len(observation.shape) == 3:  # the frames workload's stacks
+        stacks = sliding_stacks(observation.shape, min(count, CYCLE) * steps, rng)
+        for i, batch in enumerate(batches):
+            at = i % CYCLE
+            batch["observation"] = stacks[at * steps:(at + 1) * steps].reshape(
+                shape + stacks.shape[1:])
+    return batches
+
+
+def sliding_stacks(shape: tuple[int, ...], count: int, rng: np.random.Generator
+                   ) -> np.ndarray:
+    """uint8 ``[count, H, W, K]``: stack ``t`` holds frames ``t .. t + K - 1`` (mod
+    ``count``) of a stream of ``count`` random frames."""
+    K = shape[-1]
+    frames = rng.integers(0, 256, (count,) + shape[:-1], dtype=np.uint8)
+    index = (np.arange(count)[:, None] + np.arange(K)) % count  # [count, K]
+    return np.ascontiguousarray(np.moveaxis(frames[index], 1, -1))
+
+
+def _buffer_bytes(buffer: SharedReplayBuffer) -> int:
+    """Bytes of the buffer's shared files."""
+    return sum(f.stat().st_size for f in buffer.path.glob("*.npy"))
 
 
 def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds: float,
@@ -75,9 +112,9 @@ def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds:
     acquired, held = lock_totals()
     done, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        for batch in batches[:16]:
+        for batch in batches[:CYCLE]:
             write(batch)
-        done += 16 * steps
+        done += CYCLE * steps
     acquired_after, held_after = lock_totals()
     out.put(("inserts", done, acquired_after - acquired, held_after - held))
 
@@ -95,16 +132,20 @@ def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
 
 
 def run_shared(workload: str, writers: int, seconds: float,
-               prioritized: bool = False, steps: int = 1) -> dict[str, Any]:
-    """Writers and one sampler on a shared buffer for ``seconds`` (see the module)."""
+               prioritized: bool = False, steps: int = 1, frame_dedup: bool = False
+               ) -> dict[str, Any]:
+    """Writers and one sampler on a shared buffer for ``seconds`` (see the module);
+    ``frame_dedup``: the frames workload's observation deduplicated."""
     make_spec, capacity = WORKLOADS[workload]
     spec = make_spec()
     rows = writers + 1  # one for the prefill
     ctx = mp.get_context("spawn")
+    dedup = frame_dedup and workload == "frames"
+    frames: dict[str, Any] = {"frame_stack": "observation", "stack_axis": -1} if dedup else {}
     with SharedReplayBuffer(spec, rows, capacity // rows, rate_limiter=MinSize(PREFILL),
-                            prioritized=prioritized, seed=0) as buffer:
-        prefill = random_items(spec, (1, PREFILL), np.random.default_rng(0))
-        buffer.extend(prefill)
+                            prioritized=prioritized, seed=0, **frames) as buffer:
+        buffer.extend(_batches(spec, 10_000, 1, PREFILL)[0])
+        size = _buffer_bytes(buffer)
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [ctx.Process(target=_writer,
                              args=(buffer, k, ready, go, seconds, out, steps))
@@ -129,14 +170,14 @@ def run_shared(workload: str, writers: int, seconds: float,
     per_insert_us = 1e6 * seconds * writers / inserts  # one writer's time per insert
     serial_us = held_ns / 1e3 / inserts
     return {"peer": "replaybuffer[shared]" + ("[prioritized]" if prioritized else "")
-            + (f"[extend {steps}]" if steps > 1 else ""),
+            + (f"[extend {steps}]" if steps > 1 else "") + ("[frame dedup]" if dedup else ""),
             "workload": workload, "writers": writers,
             "inserts_per_s": totals["inserts"] / seconds,
             "samples_per_s": totals["samples"] / seconds, "seconds": seconds,
             "locks_per_insert": locks / inserts, "serial_us_per_insert": serial_us,
             "us_per_insert": per_insert_us,
             "scaling_bound": per_insert_us / serial_us if serial_us else float("inf"),
-            "cpus": os.cpu_count()}
+            "bytes_per_step": size / (rows * (capacity // rows)), "cpus": os.cpu_count()}
 
 
 def run_single(workload: str, seconds: float) -> dict[str, Any]:
@@ -220,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="shared rows on a prioritized buffer")
     parser.add_argument("--extend", type=int, default=1, metavar="STEPS",
                         help="writers extend by STEPS steps a call (1: add_batch)")
+    parser.add_argument("--frame-dedup", action="store_true",
+                        help="frames workload: observation stored deduplicated "
+                             "(frame_stack)")
     parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                         help="run the stress run for SECONDS instead")
     parser.add_argument("--json", metavar="FILE")
@@ -238,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1]), flush=True)
         for count in writers:
             rows.append(run_shared(workload, count, args.seconds, args.prioritized,
-                                   args.extend))
+                                   args.extend, args.frame_dedup))
             print(json.dumps(rows[-1]), flush=True)
     if not args.no_reverb:
         for row in run_reverb(workloads, writers, args.seconds):

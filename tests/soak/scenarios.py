@@ -5,8 +5,9 @@ fault (``SIGKILL`` at a random moment, or a crash point from
 :data:`replaybuffer.crash_points.POINTS` armed with ``REPLAYBUFFER_CRASH_AT=NAME:N``)
 and then checks, in this process, what survived:
 
-* shared buffer (uniform and prioritized): no torn item (every sampled step holds the
-  one write its row and step name), every committed step drawable and nothing else,
+* shared buffer (uniform and prioritized, with frame dedup or without): no torn item
+  (every sampled step, and stack of frames, holds the one write its row and step
+  name), every committed step drawable and nothing else,
   ``len()`` equal to what can be drawn; prioritized: every interior node of the sum
   tree the sum of its children, every drawable step a positive leaf, each sample's
   probability its leaf over the total;
@@ -37,9 +38,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from soak import workloads
+from soak import frame_workloads, workloads
 
 WORKLOADS_SCRIPT = str(Path(workloads.__file__))
+FRAME_WORKLOADS_SCRIPT = str(Path(frame_workloads.__file__))
 
 
 @dataclass
@@ -68,13 +70,14 @@ class Tally:
 class Child:
     """A workload in a process of its own, its stdout lines collected as they come."""
 
-    def __init__(self, name: str, args: dict[str, Any], crash_at: str | None = None):
+    def __init__(self, name: str, args: dict[str, Any], crash_at: str | None = None,
+                 script: str = WORKLOADS_SCRIPT):
         env = dict(os.environ)
         env.pop("REPLAYBUFFER_CRASH_AT", None)
         if crash_at is not None:
             env["REPLAYBUFFER_CRASH_AT"] = crash_at
         self.process = subprocess.Popen(
-            [sys.executable, WORKLOADS_SCRIPT, name, json.dumps(args)], env=env,
+            [sys.executable, script, name, json.dumps(args)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -262,12 +265,61 @@ def shared_clear_save_crash(name: str, count: int, rng: np.random.Generator, tmp
         check_shared_reads(buffer, tally)
 
 
+def check_frames(buffer: Any, tally: Tally, draws: int = 16) -> None:
+    """A frame-dedup buffer's stacks: every sampled ``obs`` is the stack its row and
+    step name (:func:`frame_workloads.stack`), none torn."""
+    rows_total = buffer.num_rows
+    torn = 0
+    for _ in range(draws):
+        items, info = buffer.get_next(64)
+        ids = np.asarray(info.ids)
+        expected = np.stack([frame_workloads.stack(int(i % rows_total), int(i // rows_total))
+                             for i in ids])
+        torn += int((items["obs"] != expected).any((1, 2)).sum())
+    tally.check(torn == 0, f"{torn} sampled frame stacks torn (frames of another step)")
+
+
+def shared_frames_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+                        tally: Tally, prioritized: bool) -> None:
+    """:func:`shared_crash` on a frame-dedup buffer (:mod:`soak.frame_workloads`): the
+    shared invariants, no torn stack, and a new writer goes on."""
+    from replaybuffer.distributed import SharedReplayBuffer
+    tally.scenario = f"crash_point({name}:{count}, frames)"
+    with SharedReplayBuffer(frame_workloads.frames_spec(), 4, 16, prioritized=prioritized,
+                            seed=int(rng.integers(2**31)), frame_stack="obs",
+                            side_frames=4) as buffer:
+        handle = handle_file(buffer, tmp)
+        first = Child("shared_frames", {"handle": handle, "rows": 2, "units": 8,
+                                        "prioritized": prioritized, "seed": 1},
+                      script=FRAME_WORKLOADS_SCRIPT)
+        if first.wait() != 0:
+            tally.check(False, f"the first frames writer failed: {first.ended()}")
+        child = Child("shared_frames", {"handle": handle, "rows": 2, "units": 200,
+                                        "prioritized": prioritized,
+                                        "seed": int(rng.integers(2**31))},
+                      crash_at=f"{name}:{count}", script=FRAME_WORKLOADS_SCRIPT)
+        expect_crash(child, name, tally)
+        check_shared(buffer, tally)
+        check_frames(buffer, tally)
+        after = Child("shared_frames", {"handle": handle, "rows": 2, "units": 3,
+                                        "prioritized": prioritized, "seed": 2},
+                      script=FRAME_WORKLOADS_SCRIPT)
+        tally.check(after.wait() == 0, f"a frames writer after {name} failed: "
+                                       f"{after.ended()}")
+        check_frames(buffer, tally)
+
+
 def shared_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
                  tally: Tally) -> None:
     if name.startswith(("shared.clear.", "shared.save.")):
         shared_clear_save_crash(name, count, rng, tmp, tally)
         return
     prioritized = "priorit" in name or bool(rng.integers(2))
+    # The frame write is reached on a frame-dedup buffer only; the other write, claim
+    # and priority points are passed there too, so they take it one time in three.
+    if name == "shared.write.frames" or rng.integers(3) == 0:
+        shared_frames_crash(name, count, rng, tmp, tally, prioritized)
+        return
     with make_shared(prioritized, int(rng.integers(2**31))) as buffer:
         handle = handle_file(buffer, tmp)
         first = Child("shared_everything", {"handle": handle, "rows": 2, "units": 8,

@@ -42,6 +42,7 @@ import numpy as np
 
 from replaybuffer.errors import SpecError
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.frame_gather import gather_stacks
 from replaybuffer.storage.frozen import FrozenRows
 
 _Last = tuple[memoryview, tuple[int, ...], bool]
@@ -264,14 +265,14 @@ class FrameStackCodec:
         """Stacks ``[..., *spec.shape]`` from references int64 ``[..., K]`` and rows ``[...]``."""
         zero = len(self.frames) - 1
         positions = np.where(refs >= 0, self._frame_position(refs, rows[..., None]), zero)
-        stacked = self.frames.take(positions, 0, mode="clip")  # [..., K, *frame]
         side = refs < -1
-        if side.any():  # rare: stacks that did not slide
-            stacked[side] = np.stack([self.extras[int(-2 - r)] for r in refs[side]])
-        if self.axis == 0:
-            return stacked
-        return np.ascontiguousarray(np.moveaxis(stacked, refs.ndim - 1, refs.ndim - 1
-                                                + self.axis))
+        if not side.any():  # the usual case: every stack slid on, or was padding
+            return gather_stacks(self.frames, positions, self.axis)
+        # Rare (stacks that did not slide): the side frames, numbered in mask order.
+        extras = np.stack([self.extras[int(-2 - r)] for r in refs[side]])
+        numbers = np.zeros(refs.shape, np.int64)
+        numbers[side] = np.arange(len(extras))
+        return gather_stacks(self.frames, positions, self.axis, side, extras, numbers)
 
     def clear(self) -> None:
         self.frame_ids[:] = -1

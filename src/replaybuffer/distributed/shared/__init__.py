@@ -3,5 +3,6 @@
 
 from replaybuffer.distributed.errors import BufferClosedError
 from replaybuffer.distributed.shared.buffer import SharedReplayBuffer
+from replaybuffer.distributed.shared.frame_ring import SideFramesFullError
 
-__all__ = ["SharedReplayBuffer", "BufferClosedError"]
+__all__ = ["SharedReplayBuffer", "BufferClosedError", "SideFramesFullError"]

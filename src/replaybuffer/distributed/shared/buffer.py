@@ -49,8 +49,9 @@ window is returned once, oldest first, over every process (:mod:`.queue`).
 As the local buffers: ``track_episodes=True`` and ``within_episodes=True`` reads
 (:mod:`.episodes`), :meth:`clear` while writers go on (:mod:`.clearing`), checkpoints
 in the local buffers' format while writers go on (:meth:`save`, :meth:`load`;
-:mod:`.checkpoint`). Frame dedup (``frame_stack``) and n-step transitions are the
-local buffers' alone (see the docs' shared-memory page).
+:mod:`.checkpoint`), frame dedup (``frame_stack``: each frame stored once, stacks
+rebuilt on read; :mod:`.frame_ring`). n-step transitions are the local buffers' alone
+(see the docs' shared-memory page).
 
 The parts live beside this module: :mod:`.layout` (the shared control block),
 :mod:`.row_marks` (row floors and read cursors), :mod:`.process_lock`, :mod:`.writer`
@@ -78,6 +79,7 @@ from replaybuffer.distributed.shared.clearing import Clearing
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.counters import ProcessCounters
 from replaybuffer.distributed.shared.episodes import step_type_leaf
+from replaybuffer.distributed.shared.frame_ring import frame_storage
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
@@ -95,7 +97,6 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import Queue, RateLimiter
 from replaybuffer.storage.base import identity
-from replaybuffer.storage.shared_storage import SharedStorage
 
 if TYPE_CHECKING:
     from replaybuffer.protocols import Buffer, PrioritizedBuffer
@@ -123,7 +124,10 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             0) draws from ``SeedSequence(seed, spawn_key=(k,))``.
         track_episodes: allow ``within_episodes=True`` reads (the spec needs a
             top-level ``step_type`` leaf).
-        frame_stack, n_step: refused (:mod:`.local_only`): the local buffers' alone.
+        frame_stack, stack_axis, side_frames: store the named top-level stacked leaf
+            one frame per step, as the local buffers do; ``side_frames`` per row keep
+            stacks that neither slide nor are padding (:mod:`.frame_ring`).
+        n_step: refused (:mod:`.local_only`): the local buffers' alone.
 
     The object pickles as a handle: unpickled in another process (a
     ``multiprocessing.Process`` argument) it maps the same files.
@@ -131,8 +135,9 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
     Raises:
         ValueError: a bad size, exponent or limiter (a ``min_size_to_sample`` or a
             ``Queue`` size above the capacity), or a path in use.
-        SpecError: ``track_episodes`` without a ``step_type`` leaf.
-        NotSupportedError: ``frame_stack`` or ``n_step`` given.
+        SpecError: ``track_episodes`` without a ``step_type`` leaf; a ``frame_stack``
+            that names no top-level leaf, or a ``stack_axis`` outside its shape.
+        NotSupportedError: ``n_step`` given.
         StorageSpaceError: (an ``OSError``) ``path``'s file system cannot hold the
             buffer. A creation that fails removes what it made.
     """
@@ -142,12 +147,12 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
                  rate_limiter: RateLimiter | None = None,
                  path: str | os.PathLike[str] | None = None, seed: int | None = None,
                  track_episodes: bool = False, frame_stack: str | None = None,
-                 n_step: int | None = None):
-        refuse_local_only(type(self), frame_stack, n_step)
+                 stack_axis: int = 0, side_frames: int = 16, n_step: int | None = None):
+        refuse_local_only(type(self), n_step)
         made_directory = path is None or not Path(path).exists()
         self._config, temporary = config_with_queue(
             data_spec, num_rows, max_length, prioritized, alpha, beta, rate_limiter, path,
-            seed)
+            seed, (frame_stack, stack_axis, side_frames))
         self._track_episodes = bool(track_episodes)
         with removed_on_failure(self._config.path, made_directory):  # no space, memory
             self._map(create=True)
@@ -173,21 +178,24 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         specs, self._structure = nest.flatten(self._data_spec)
         rows, length = self._rows_total, self._length = config.num_rows, config.max_length
         self.path = Path(config.path)
-        self._storage = SharedStorage(specs, rows * length, self.path, create)
+        self._storage, self._frames = frame_storage(
+            specs, config.frames, rows, length, self.path, create)
         paths = nest.leaf_paths(self._data_spec)
         self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
-        self._items = ItemChecker(self._data_spec, self._storage)
+        self._items = ItemChecker(self._data_spec)
         self._lock = ProcessLock(self.path / "lock")
         self._marks = marks = RowMarks(self._storage, rows, length)  # before the layout
         pins = ReadPins(self._storage, rows, self._lock) \
             if isinstance(config.rate_limiter, Queue) else None  # before the layout too
         self._layout = layout = SharedLayout(self._storage, rows, length,
                                              config.prioritized, create)
+        if self._frames is not None:  # the files are reserved now: attachers check it
+            self._frames.publish_config()
         self._next_id, self._control = layout.next_id, layout.control
         self._priorities = SharedPriorities(layout, self._lock, rows, length,
                                             config.alpha) if config.prioritized else None
         self._sampler = SharedSampler(layout, self._storage, self._lock, rows, length,
-                                      self._priorities, config.beta, config.seed)
+                                      self._priorities, config.beta, config.seed, self._frames)
         self._limiter: RateLimiter | None = config.rate_limiter
         self._admission = None if self._limiter is None else SharedAdmission(
             self._limiter, self._control, self._lock, self.__len__, self._items_counted,
@@ -195,7 +203,7 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
         self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
-                                    self._priorities, self._admission, pins)
+                                    self._priorities, self._admission, pins, self._frames)
         self._wire_choices(layout, marks, self._storage, self._lock, self._priorities,
                            pins, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed

@@ -33,6 +33,8 @@ from replaybuffer import nest
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.counters import ADMITTED_INSERTS, ADMITTED_SAMPLES
+from replaybuffer.distributed.shared.frame_checkpoint import local_frames, restore_frames
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.layout import (
     INSERT_BLOCKED_NS, INSERTS, INSERTS_BLOCKED, LARGEST_INSERT, LARGEST_SAMPLE,
     SAMPLE_BLOCKED_NS, SAMPLES, SAMPLES_BLOCKED, SharedLayout)
@@ -83,6 +85,7 @@ class SharedCheckpoints:
     _storage: SharedStorage
     _lock: ProcessLock
     _episode_leaf: int | None
+    _frames: SharedFrameRing | None
 
     def _check_open(self) -> None: ...
 
@@ -105,7 +108,7 @@ class SharedCheckpoints:
         root, metadata = checked_save_arguments(path, keep, metadata)
         config = self._config
         snap = take_snapshot(self._layout, self._marks, self._storage, self._lock,
-                             config.num_rows, config.max_length)
+                             config.num_rows, config.max_length, self._frames)
 
         def write(tmp: Path) -> None:
             self._write_checkpoint(tmp, snap, metadata)
@@ -118,18 +121,21 @@ class SharedCheckpoints:
     def load(cls, checkpoint: str | os.PathLike[str], *,
              path: str | os.PathLike[str] | None = None,
              rate_limiter: RateLimiter | None = None, seed: int | None = None,
-             num_rows: int | None = None) -> Any:
+             num_rows: int | None = None, side_frames: int = 16) -> Any:
         """A new shared buffer holding the newest checkpoint under ``checkpoint`` (one
-        of :meth:`save`, or of a ``UniformReplayBuffer``/``PrioritizedReplayBuffer``
-        without ``frame_stack``): the same rows and step ids, priorities, read cursors
-        and rate-limiter counters. ``rate_limiter`` paces it (a checkpoint keeps a
-        limiter's counters, not the limiter); ``path``, ``seed``: as the
-        constructor's; ``num_rows``: more rows than saved, for more writers.
+        of :meth:`save`, or of a ``UniformReplayBuffer``/``PrioritizedReplayBuffer``):
+        the same rows and step ids, priorities, read cursors and rate-limiter counters,
+        and the checkpoint's ``frame_stack``. ``rate_limiter`` paces it (a checkpoint
+        keeps a limiter's counters, not the limiter); ``path``, ``seed``,
+        ``side_frames``: as the constructor's; ``num_rows``: more rows than saved, for
+        more writers.
 
         Raises:
             CheckpointError: no checkpoint, missing or corrupt files, or a kind a shared
                 buffer cannot hold.
             ValueError: ``num_rows`` fewer than the checkpoint's.
+            SideFramesFullError: (``frame_stack``) a row holds more side frames than
+                ``side_frames``.
         """
         directory, manifest, state, spec = read_checkpoint(checkpoint)
         rows = saved_rows(manifest, state)
@@ -141,7 +147,9 @@ class SharedCheckpoints:
                      prioritized=manifest["buffer"] == "PrioritizedReplayBuffer",
                      alpha=config.get("alpha", 0.6), beta=config.get("beta", 0.4),
                      rate_limiter=rate_limiter, path=path, seed=seed,
-                     track_episodes=bool(config.get("track_episodes")))
+                     track_episodes=bool(config.get("track_episodes")),
+                     frame_stack=config.get("frame_stack"),
+                     stack_axis=config.get("stack_axis", 0), side_frames=side_frames)
         try:
             buffer.restore_checkpoint(directory, manifest, state)
         except BaseException:
@@ -169,23 +177,29 @@ class SharedCheckpoints:
                              f"{manifest['max_length']} steps; this buffer has "
                              f"{config.num_rows} of {config.max_length}")
         restore_rows(self._layout, self._marks, self._storage, self._lock, directory,
-                     manifest, state)
+                     manifest, state, self._frames)
 
     def _write_checkpoint(self, directory: Path, snap: RowSnapshot,
                           metadata: dict[str, Any]) -> None:
         """Every file of one checkpoint of ``snap``, the manifest last."""
         config = self._config
         specs, _ = nest.flatten(config.data_spec)
-        rows = static_rows(snap.leaves, self._storage.specs, nest.leaf_paths(config.data_spec))
-        leaves = write_stream(directory, "leaves", rows, nullcontext(), persist.CHUNK_BYTES)
-        state = externalise_arrays(self._local_state(snap), directory)
+        local_state, streams, leaves = self._local_state(snap), {}, list(snap.leaves)
+        if self._frames is not None:  # the local codec's references, state and ring
+            leaf = self._frames.leaf
+            leaves[leaf], local_state["frames"], streams["frames"] = local_frames(
+                self._frames, leaves[leaf], max(1, len(snap.rows)), config.max_length,
+                directory, nullcontext())
+        rows = static_rows(leaves, self._storage.specs, nest.leaf_paths(config.data_spec))
+        entries = write_stream(directory, "leaves", rows, nullcontext(), persist.CHUNK_BYTES)
+        state = externalise_arrays(local_state, directory)
         manifest = {
             "format": FORMAT, "version": VERSION,
             "buffer": "PrioritizedReplayBuffer" if config.prioritized else "UniformReplayBuffer",
             "batch_size": max(1, len(snap.rows)), "max_length": config.max_length,
             "storage": "numpy", "config": self._local_config(), "device": None,
-            "data_spec": encode_spec(config.data_spec), "state": state, "leaves": leaves,
-            "streams": {}, "metadata": metadata, "state_only": False}
+            "data_spec": encode_spec(config.data_spec), "state": state, "leaves": entries,
+            "streams": streams, "metadata": metadata, "state_only": False}
         manifest["checksum"] = manifest_checksum(manifest)
         with durable.naming(directory / MANIFEST), open(directory / MANIFEST, "w") as fh:
             fh.write(json.dumps(manifest, indent=1))
@@ -198,6 +212,8 @@ class SharedCheckpoints:
         local: dict[str, Any] = {"seed": config.seed,
                                  "track_episodes": self._episode_leaf is not None,
                                  "frame_stack": None, "stack_axis": 0}
+        if config.frames is not None:
+            local.update(frame_stack=config.frames.name, stack_axis=config.frames.stack_axis)
         if config.prioritized:
             local.update(alpha=config.alpha, beta=config.beta, beta_final=None,
                          beta_steps=0, normalize="batch")
@@ -233,11 +249,13 @@ class SharedCheckpoints:
 
 def restore_rows(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
                  lock: ProcessLock, directory: Path, manifest: dict[str, Any],
-                 state: dict[str, Any]) -> None:
+                 state: dict[str, Any], frames: SharedFrameRing | None = None) -> None:
     """Write a checkpoint's steps (``manifest``, ``state`` read from ``directory``)
     into an empty shared buffer of the same row length and at least its rows: each
     kept row's steps at their ids, versions published, heads, floors and cursors,
-    priorities and the rate limiter's counters as saved.
+    priorities and the rate limiter's counters as saved. ``frames``: the buffer's frame
+    ring, into which a frame-stacked checkpoint's stacks are encoded
+    (:func:`~.frame_checkpoint.restore_frames`).
 
     Raises:
         CheckpointError: a data file is missing, truncated or corrupt.
@@ -278,6 +296,9 @@ def restore_rows(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
 
     read_stream(directory, manifest["leaves"], storage.specs, kept * len(rows), write,
                 persist.CHUNK_BYTES)
+    if frames is not None:
+        restore_frames(frames, storage, directory, manifest, state, positions, ids,
+                       rows[row_index], row_index)
     with lock:
         layout.version[positions] = 2 * ids + 2
         layout.next_id[:] = heads
@@ -311,17 +332,18 @@ def read_checkpoint(path: str | os.PathLike[str]
 
     Raises:
         CheckpointError: no checkpoint, a malformed or corrupt manifest or state file,
-            or one a shared buffer cannot hold (frame-stacked data, another buffer kind).
+            or one a shared buffer cannot hold (another buffer kind, a state-only one).
     """
     manifest = read_manifest(path)
     directory = Path(manifest["directory"])
+    streams = set(manifest["streams"])
     if manifest["buffer"] not in ("UniformReplayBuffer", "PrioritizedReplayBuffer") or \
-            manifest["streams"] or manifest.get("state_only") or \
-            manifest["config"].get("frame_stack"):
+            streams != ({"frames"} if manifest["config"].get("frame_stack") else set()) \
+            or manifest.get("state_only"):
         raise CheckpointError(f"{directory} holds a {manifest['buffer']} checkpoint a "
                               "SharedReplayBuffer cannot hold (it restores those of "
-                              "UniformReplayBuffer and PrioritizedReplayBuffer without "
-                              "frame_stack, and its own)")
+                              "UniformReplayBuffer and PrioritizedReplayBuffer, and its "
+                              "own)")
     try:
         spec = decode_spec(manifest["data_spec"])
     except (TypeError, ValueError, KeyError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.distributed.shared.frame_ring import FrameOptions
 from replaybuffer.rate_limiter import Queue, RateLimiter
 from replaybuffer.specs import as_data_spec
 
@@ -34,18 +35,23 @@ class SharedConfig:
     rate_limiter: RateLimiter | None
     seed: int | None
     path: str
+    frames: FrameOptions | None = None
+    """Frame dedup of a stacked leaf (:mod:`.frame_ring`); ``None``: none."""
 
     @classmethod
     def checked(cls, data_spec: Any, num_rows: int, max_length: int, prioritized: bool,
                 alpha: float, beta: float, rate_limiter: RateLimiter | None,
-                path: str | os.PathLike[str] | None, seed: int | None
+                path: str | os.PathLike[str] | None, seed: int | None,
+                frames: tuple[str | None, int, int] = (None, 0, 16)
                 ) -> tuple["SharedConfig", bool]:
         """The configuration, and whether its directory is a temporary one (made here
         under ``/dev/shm`` when ``path`` is ``None``; a given path is made if missing).
+        ``frames``: ``(frame_stack, stack_axis, side_frames)`` (:class:`FrameOptions`).
 
         Raises:
             ValueError: a bad size, exponent or limiter (a ``Queue``, or a
-                ``min_size_to_sample`` above the capacity), or a path in use.
+                ``min_size_to_sample`` above the capacity), or a path in use; bad
+                frame options (:meth:`FrameOptions.checked`, also ``SpecError``).
         """
         for name, value in (("num_rows", num_rows), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
@@ -62,6 +68,10 @@ class SharedConfig:
                 raise ValueError("a Queue rate limiter needs reads that consume items "
                                  "(FIFOReplayBuffer); a SharedReplayBuffer's samples do not")
             rate_limiter.check_capacity(int(num_rows) * int(max_length))
+        data_spec = as_data_spec(data_spec)
+        frame_stack, stack_axis, side_frames = frames
+        options = None if frame_stack is None else FrameOptions.checked(
+            data_spec, frame_stack, stack_axis, side_frames)
         if path is None:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             directory, temporary = Path(tempfile.mkdtemp(prefix="replaybuffer-", dir=shm)), True
@@ -70,7 +80,6 @@ class SharedConfig:
             if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
                 raise ValueError(f"{directory} is not a new or empty directory")
             directory.mkdir(parents=True, exist_ok=True)
-        config = cls(as_data_spec(data_spec), int(num_rows), int(max_length),
-                     bool(prioritized), float(alpha), float(beta), rate_limiter, seed,
-                     str(directory))
+        config = cls(data_spec, int(num_rows), int(max_length), bool(prioritized),
+                     float(alpha), float(beta), rate_limiter, seed, str(directory), options)
         return config, temporary

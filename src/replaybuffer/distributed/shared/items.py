@@ -9,25 +9,24 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.errors import SpecError
-from replaybuffer.storage.shared_storage import SharedStorage
+from replaybuffer.storage.leaf_checker import LeafChecker
 
 
 class ItemChecker:
-    """Checks a nest of items against ``data_spec`` and converts its leaves for
-    ``storage``.
+    """Checks a nest of items against ``data_spec`` and converts its leaves to numpy
+    arrays of the spec's dtype and shape (a stacked-frame leaf as stacked: the frame
+    ring encodes it, :mod:`.frame_ring`).
 
     Args:
         data_spec: the buffer's nest of :class:`~replaybuffer.ArraySpec`.
-        storage: the buffer's storage (its ``convert`` checks each leaf's shape and
-            dtype, naming the leaf).
     """
 
-    def __init__(self, data_spec: Any, storage: SharedStorage):
+    def __init__(self, data_spec: Any):
         specs, self._structure = nest.flatten(data_spec)
         self._first_shape = list(specs[0].shape)
         self._paths = nest.leaf_paths(data_spec)
         self._fast_flatten = nest.fast_flattener(data_spec)
-        self._storage = storage
+        self._checker = LeafChecker(specs)
         # Per outer shape, the full shape and dtype each leaf must have to be stored as
         # it is (the usual case, checked here without building the error's names).
         self._exact: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[np.dtype]]] = {}
@@ -56,7 +55,7 @@ class ItemChecker:
         if exact is None:
             if len(self._exact) > 64:  # extends of many lengths: keep it small
                 self._exact.clear()
-            checker = self._storage.checker
+            checker = self._checker
             exact = self._exact[outer] = (checker.full_shapes(outer), checker.dtypes)
         for leaf, full, dtype in zip(leaves, *exact):
             if type(leaf) is not np.ndarray or leaf.dtype is not dtype or leaf.shape != full:
@@ -65,4 +64,6 @@ class ItemChecker:
             return leaves, outer
         names = f"[batch={outer[0]}]" if axes == 1 else \
             f"[batch={outer[0]}, steps={outer[1]}]"
-        return self._storage.convert(leaves, self._paths, outer, names), outer
+        check, shapes = self._checker.numpy_leaf, exact[0]
+        return [check(i, leaf, shape, self._paths[i], outer, names)
+                for i, (leaf, shape) in enumerate(zip(leaves, shapes))], outer

@@ -154,7 +154,8 @@ class QueueWindows:
 
 def config_with_queue(data_spec: Any, num_rows: int, max_length: int, prioritized: bool,
                       alpha: float, beta: float, rate_limiter: RateLimiter | None,
-                      path: str | os.PathLike[str] | None, seed: int | None
+                      path: str | os.PathLike[str] | None, seed: int | None,
+                      frames: tuple[str | None, int, int] = (None, 0, 16)
                       ) -> tuple[SharedConfig, bool]:
     """:meth:`SharedConfig.checked`, which refuses a ``Queue``, taking one: a Queue's
     unread items must fit in the buffer (``size <= num_rows * max_length``).
@@ -165,9 +166,9 @@ def config_with_queue(data_spec: Any, num_rows: int, max_length: int, prioritize
     """
     if not isinstance(rate_limiter, Queue):
         return SharedConfig.checked(data_spec, num_rows, max_length, prioritized, alpha,
-                                    beta, rate_limiter, path, seed)
+                                    beta, rate_limiter, path, seed, frames)
     config, temporary = SharedConfig.checked(data_spec, num_rows, max_length, prioritized,
-                                             alpha, beta, None, path, seed)
+                                             alpha, beta, None, path, seed, frames)
     capacity = config.num_rows * config.max_length
     if rate_limiter.max_diff > capacity:
         if temporary:

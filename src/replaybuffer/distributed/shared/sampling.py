@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.layout import ATTACHED, SharedLayout
 from replaybuffer.distributed.shared.memory_fences import check_available, order_fence
 from replaybuffer.distributed.shared.priorities import SharedPriorities
@@ -49,6 +50,8 @@ class SharedSampler:
         priorities: the prioritized tree (``None``: uniform).
         beta: the importance-sampling exponent (prioritized).
         seed: the buffer's seed (see :meth:`process_rng`).
+        frames: the frame ring of a stacked leaf (:mod:`.frame_ring`), whose stacks are
+            rebuilt from the copied references before the second version loads.
 
     Raises:
         RuntimeError: this processor needs memory fences and ``libatomic`` is missing
@@ -57,7 +60,7 @@ class SharedSampler:
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
-                 beta: float, seed: int | None):
+                 beta: float, seed: int | None, frames: SharedFrameRing | None = None):
         check_available()  # a processor that needs fences this system cannot give
         self._version, self._next_id = layout.version, layout.next_id
         self._control = layout.control
@@ -68,6 +71,7 @@ class SharedSampler:
         self._beta = beta
         self._seed = seed
         self._rng_pid = -1
+        self._frames = frames
 
     def process_rng(self) -> np.random.Generator:
         """This process's generator: a process that attached, or was forked, numbers
@@ -120,6 +124,9 @@ class SharedSampler:
             before = self._version.take(positions)
             order_fence()  # the versions before the data
             got = self._storage.gather(positions)
+            if self._frames is not None:  # the frames too, before the versions again
+                leaf = self._frames.leaf
+                got[leaf] = self._frames.decode(got[leaf], positions % rows_total)
             order_fence()  # the data before the versions again
             whole = ((before == expected) & (self._version.take(positions) == expected)
                      ).all(1) & (p > 0)

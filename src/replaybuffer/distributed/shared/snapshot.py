@@ -8,6 +8,14 @@ meanwhile and may overwrite a row's oldest steps as they are copied: such steps 
 torn, and since a row is overwritten oldest first, each row keeps the newest run of
 steps copied whole.
 
+The version loads and the copy are ordered as a read's are, with the same fences
+(:func:`~.memory_fences.order_fence`, the one helper :mod:`.sampling` uses): one after
+the first version loads, so that no data load is performed before them, and one after
+the copy (and the frames' rebuild), so that the second version loads come after every
+data load. Without them a processor that reorders loads (aarch64, POWER, RISC-V; x86
+does not) could copy a byte of a later write and still see both versions even, and a
+checkpoint would keep a torn step as whole.
+
 A local buffer's rows advance together (one ``last_id``), a shared buffer's do not. The
 snapshot keeps the rows that hold steps, each with its newest ``K`` steps, ``K`` the
 fewest any of them holds, so that it is a local ring of ``K`` steps per row: rows
@@ -22,7 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from replaybuffer.distributed.shared.counters import ADMITTED_INSERTS, ADMITTED_SAMPLES
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.layout import INSERTS, SAMPLES, SharedLayout
+from replaybuffer.distributed.shared.memory_fences import order_fence
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.row_marks import DROPPED, RowMarks
 from replaybuffer.sampling import flat_tree
@@ -61,8 +71,10 @@ class RowSnapshot:
 
 
 def take_snapshot(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
-                  lock: ProcessLock, num_rows: int, max_length: int) -> RowSnapshot:
-    """The snapshot of the module docstring."""
+                  lock: ProcessLock, num_rows: int, max_length: int,
+                  frames: SharedFrameRing | None = None) -> RowSnapshot:
+    """The snapshot of the module docstring; with ``frames``, the stacked leaf is
+    rebuilt as stacks (between the version loads, as a read does)."""
     with lock:
         heads = layout.next_id.copy()
         floors, cursors = marks.floor.copy(), marks.cursor.copy()
@@ -81,7 +93,12 @@ def take_snapshot(layout: SharedLayout, marks: RowMarks, storage: SharedStorage,
     positions = (ids % max_length) * num_rows + np.arange(num_rows)[:, None]
     expected = 2 * ids + 2
     before = layout.version[positions]
+    order_fence()  # the versions before the data (a read's first fence)
     copied = storage.gather(positions.reshape(-1))
+    if frames is not None:
+        copied[frames.leaf] = frames.decode(copied[frames.leaf],
+                                            positions.reshape(-1) % num_rows)
+    order_fence()  # the data before the versions again (a read's second fence)
     whole = (before == expected) & (layout.version[positions] == expected)
     torn = (k < held[:, None]) & ~whole
     # Each row keeps its newest steps after the last torn one.

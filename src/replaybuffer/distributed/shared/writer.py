@@ -13,7 +13,8 @@ overwrites: :mod:`.read_pins`):
 1. ``held`` of the rows drops by one when the step overwrites the row's oldest;
 2. ``version[span] = 2 * id + 1`` (odd: being written);
 3. order fence: the odd versions become visible before any of the data;
-4. the data;
+4. the data (with frame dedup, the step's ring and side frames too: :mod:`.frame_ring`,
+   whose references are computed before 1., so that a step it refuses writes nothing);
 5. order fence: all the data becomes visible before the even versions;
 6. ``version[span] = 2 * id + 2`` (published), then the row heads ``next_id`` and
    ``held``;
@@ -52,6 +53,7 @@ import numpy as np
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.admission import SharedAdmission
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.held_steps import held_steps
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
@@ -78,16 +80,21 @@ class SharedWriter:
             call back; one that never holds an insert back counts it at the commit.
         pins: (``Queue`` buffers) windows being read, which a step waits for rather than
             overwrite (:mod:`.read_pins`).
+        frames: the frame ring of a stacked leaf (:mod:`.frame_ring`): a step's stacks
+            are encoded before step 1 (a full side area raises with nothing written)
+            and their frames written with its data (4.).
     """
 
     def __init__(self, layout: SharedLayout, storage: SharedStorage, lock: ProcessLock,
                  num_rows: int, max_length: int, priorities: SharedPriorities | None,
-                 admission: SharedAdmission | None, pins: ReadPins | None = None):
+                 admission: SharedAdmission | None, pins: ReadPins | None = None,
+                 frames: SharedFrameRing | None = None):
         self._version, self._next_id = layout.version, layout.next_id
         self._owner, self._control = layout.owner, layout.control
         self._held = layout.held
         self._priorities = priorities
         self._pins = pins
+        self._frames = frames
         self._storage = storage
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
@@ -188,6 +195,8 @@ class SharedWriter:
                     self._my_heads, self._my_held = heads[block], self._held[block]
                     self._write_exact = self._storage.exact_writer((count,))
                     self._torn = self._torn_run()
+                    if self._frames is not None:  # a previous writer's state is not ours
+                        self._frames.forget()
                     return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
@@ -264,7 +273,11 @@ class SharedWriter:
         try:
             with self._threads:
                 blocks = self._blocks
-                if blocks is None:
+                if self._frames is not None:  # every step encoded before the first write
+                    for encoded, frame_writes in self._encoded(first, count, steps):
+                        self._write_step(first, count, encoded, frame_writes)
+                        written += 1
+                elif blocks is None:
                     for arrays in steps:
                         self._write_step(first, count, arrays)
                         written += 1
@@ -283,6 +296,25 @@ class SharedWriter:
                 self._admission.give_back(True, count * (len(steps) - written))
             raise
 
+    def _encoded(self, first: int, count: int, steps: list[Sequence[Any]]
+                 ) -> list[tuple[list[Any], tuple[Any, ...]]]:
+        """``steps`` (of an ``extend``, the thread lock held) with the stacked leaf
+        encoded to references, and each step's frame writes: all encoded before any is
+        written, so that a step refused for its side frames leaves the buffer unchanged
+        (:mod:`.frame_ring`)."""
+        frames = self._frames
+        assert frames is not None
+        step = int(self._next_id[first])
+        plan = frames.plan(step, first, count)
+        plan.method = "extend"
+        encoded = []
+        for offset, arrays in enumerate(steps):
+            arrays = list(arrays)
+            arrays[frames.leaf], writes = frames.encode(step + offset, first,
+                                                        arrays[frames.leaf], plan)
+            encoded.append((arrays, writes))
+        return encoded
+
     def _given_back(self, n: int) -> ContextManager[None]:
         """The context of an admitted insert of ``n`` items: if it raises, the count
         goes back (no admission: nothing to give back)."""
@@ -290,10 +322,18 @@ class SharedWriter:
             return nullcontext()
         return self._admission.given_back_on_error(True, n)
 
-    def _write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
+    def _write_step(self, first: int, count: int, arrays: Sequence[Any],
+                    frame_writes: tuple[Any, ...] | None = None) -> None:
         """:meth:`write_step`, the thread lock held (the row head is read here); the
-        steps of the protocol are numbered in the module docstring."""
+        steps of the protocol are numbered in the module docstring. ``frame_writes``:
+        the step's frames, its stacked leaf already encoded (:meth:`_encoded`)."""
         step = int(self._next_id[first])
+        frames = self._frames
+        if frames is not None and frame_writes is None:  # raises before anything
+            arrays = list(arrays)
+            leaf = frames.leaf
+            arrays[leaf], frame_writes = frames.encode(step, first, arrays[leaf],
+                                                       frames.plan(step, first, count))
         start = (step % self._length) * self._rows_total + first
         # One row (an actor with one env): a scalar store, cheaper than a slice's.
         span: int | slice = start if count == 1 else slice(start, start + count)
@@ -326,6 +366,8 @@ class SharedWriter:
         write_exact = self._write_exact  # 4.
         if write_exact is None or not write_exact(start, arrays):
             self._storage.write(start, arrays)
+        if frames is not None and frame_writes is not None:
+            frames.commit(frame_writes)
         if ARMED is not None:
             crash_point("shared.write.data")
         order_fence()  # 5.
