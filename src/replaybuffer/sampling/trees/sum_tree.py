@@ -57,6 +57,42 @@ class SumTree(SegmentTree):
         self._runs = np.zeros(self.root_width + 1, np.float64)
         self._upto = self._runs[1:]  # inclusive running sums, sorted (all terms >= 0)
         self._total = 0.0
+        # What a compiled writer writes to (write_target), made on its first call.
+        self._target: tuple[np.ndarray, int, int, int, np.ndarray] | None = None
+
+    def write_target(self, count: int, largest: float
+                     ) -> tuple[np.ndarray, int, int, int, np.ndarray] | None:
+        """For a caller that writes leaves in its own compiled loop (a fused priority
+        update, :mod:`replaybuffer.sampling.fused_update`): ``(nodes, size, stop,
+        total_start, upto)`` when ``count`` values of at most ``largest`` may be written
+        that way, else ``None`` (numpy loops, or the root might overflow: use
+        :meth:`assign`).
+
+        The caller then writes as :func:`~replaybuffer.sampling.tree_kernels.assign_sum`
+        does (leaf ``size + slot``, every ancestor ``>= stop`` recomputed), puts the
+        running sums of nodes ``[stop, 2 * stop)`` in ``upto`` (float64 ``[stop]``, as
+        :func:`~replaybuffer.sampling.tree_kernels.running_sums`), and, when
+        ``total_start`` is not 0, sums the total level, nodes ``[total_start,
+        2 * total_start)``, as :func:`~replaybuffer.sampling.tree_kernels.pairwise_sum`
+        does; then it calls :meth:`written` at once with that sum.
+        """
+        if not self.compiled or self._may_overflow(count, largest):
+            return None
+        if self._target is None:
+            exact = tree_kernels.pairwise_matches()
+            self._target = (self._nodes, self._size, self.root_width,
+                            self._total_lo if exact else 0, self._upto)
+        return self._target
+
+    def written(self, total: float = math.nan) -> None:
+        """After a write through :meth:`write_target`: ``total`` is the total level's
+        sum the writer made (NaN: it made none, the tree sums it here); every level,
+        the wide root's running sums included, is current."""
+        if self._target is not None and self._target[3]:
+            self._total = total
+        else:
+            self._reduce_level()
+        self._synced = True
 
     def _reduce_level(self) -> None:
         self._total = float(np.add.reduce(self._total_level))
