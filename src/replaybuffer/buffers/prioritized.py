@@ -115,15 +115,17 @@ class PrioritizedMixin:
             if applied is not None:
                 return int(applied)
         if (type(ids) is np.ndarray and type(priorities) is np.ndarray
-                and ids.dtype is _INT64 and priorities.dtype is _FLOAT64 and ids.ndim == 1
-                and priorities.shape == ids.shape and tree_kernels.AVAILABLE):
-            # The usual update (BufferInfo.ids and float64 priorities), checked in one
-            # compiled call; anything it refuses takes the general path below, which
-            # raises its error there, before anything is written.
-            largest = checked_largest(priorities)
+                and ids.dtype is _INT64 and ids.ndim == 1 and priorities.shape == ids.shape
+                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE):
+            # The usual update (BufferInfo.ids, float64 or float32 priorities), checked
+            # in one compiled call; anything it refuses takes the general path below,
+            # which raises its error there, before anything is written.
+            values = priorities if priorities.dtype is _FLOAT64 else \
+                priorities.astype(np.float64)
+            largest = checked_largest(values)
             if largest >= 0.0:
                 with self._lock:
-                    return self._sampler.update_priorities(self._ring, ids, priorities,
+                    return self._sampler.update_priorities(self._ring, ids, values,
                                                            largest)
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
@@ -242,6 +244,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
 
 _INF_BITS = np.float64(np.inf).view(np.uint64)
 _INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+_FLOATS = (_FLOAT64, np.dtype(np.float32))
 
 
 def _as_numpy(values: Any, dtype: type) -> np.ndarray:
