@@ -158,6 +158,8 @@ def test_fused_update_maps_live_ids_and_writes_nothing_for_stale_ones(
     steps = items // batch_size - key_base
     want = ring.positions(steps, items % batch_size)
     reference.update(want, values)
+    if data.draw(st.booleans()):  # a search read the running sums: the write makes them
+        fused.search_arrays()
     target = fused.write_target(len(items), 1e6)
     positions = np.empty(len(items), np.int64)
     total = write_live(items, values, key_base, batch_size, oldest, ring.last_id,

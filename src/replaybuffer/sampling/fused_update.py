@@ -10,11 +10,15 @@ Python layers. :func:`write_live` is both in one call when every id is live (the
 usual case); otherwise it writes nothing and says so, and the caller takes the
 general path, which drops stale ids. The nodes it leaves are those of
 :func:`~replaybuffer.sampling.tree_kernels.assign_sum` (the same loop), so the tree is
-bit for bit the one the general path builds.
+bit for bit the one the general path builds. It also leaves what the tree's next
+read would compute: the wide root's running sums and the total (numpy's pairwise sum
+of the total level, :func:`~replaybuffer.sampling.tree_kernels.pairwise_sum`, where it
+gives numpy's bits), so an update and the next sample make no further call for them.
 
-The priorities are checked (finite, >= 0) and raised to ``alpha`` before, by the
-caller: numpy's vectorised power rounds differently from a compiled loop's, and the
-stored values must not depend on whether numba is installed.
+The priorities are checked (finite, >= 0) before, by the caller
+(:func:`checked_largest` in one compiled call, which also finds the largest), and
+raised to ``alpha`` by numpy: numpy's vectorised power rounds differently from a
+compiled loop's, and the stored values must not depend on whether numba is installed.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ def write_live(item_ids: np.ndarray, values: np.ndarray, key_base: int, batch_si
     """Write ``values`` (float64 ``[S]``, ``S >= 1``) to the positions of ``item_ids``
     (int64 ``[S]``) in the sum tree ``nodes`` (leaf ``size + position``; ancestors
     ``>= stop`` recomputed, level by level, as ``assign_sum``), if every id is live;
-    then the wide root's running sums into ``upto`` and, unless ``total_start`` is 0,
-    the total level's sum (:meth:`SumTree.write_target
+    then, unless ``upto`` is empty, the wide root's running sums into it and, unless
+    ``total_start`` is 0, the total level's sum (:meth:`SumTree.write_target
     <replaybuffer.sampling.trees.sum_tree.SumTree.write_target>`).
 
     Returns that sum (0.0 when not asked for), or -1.0 when nothing was written (a
@@ -60,7 +64,8 @@ def write_live(item_ids: np.ndarray, values: np.ndarray, key_base: int, batch_si
             n = node[k]
             nodes[n] = nodes[2 * n] + nodes[2 * n + 1]
             node[k] = n >> 1
-    tree_kernels.running_sums(nodes[stop:2 * stop], upto)
+    if upto.shape[0]:
+        tree_kernels.running_sums(nodes[stop:2 * stop], upto)
     if total_start == 0:
         return 0.0
     return float(tree_kernels.pairwise_sum(nodes, total_start, total_start))

@@ -20,7 +20,9 @@ Two exact ways to draw, chosen per call:
   candidates are exactly proportional draws, in the order drawn. A batch costs a dozen
   numpy calls over about ``K / a`` candidates, ``a = valid_mass / (range * bound)``
   being the chance of keeping one, against about five calls per tree level for a
-  descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`).
+  descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`;
+  with numba, the candidates, the keep test and the weights are one compiled call,
+  :mod:`~replaybuffer.sampling.fused_rejection`).
 - Descent: targets drawn uniformly inside the range's share of the prefix sums, found
   in the sum tree. Used when a few high priorities make ``a`` small
   (:mod:`~replaybuffer.sampling.proportional_descent`; with numba, the draw, the search
