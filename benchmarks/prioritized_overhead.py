@@ -10,11 +10,17 @@ profiles, interleaved round by round:
 - ``skewed``: log-normal priorities (sigma 2), which draw by descent.
 
 For each profile it prints the CPU time (``time.thread_time``: the machine may be
-shared with other jobs, so the best and the median of many rounds) of a sample, of an
-update, and of the compiled kernels alone on the same inputs (the draw's and the
-update's), and the overhead: total less kernels (less the storage gather too, which
-is data work, on its own line). Then the Python function calls (``sys.setprofile``:
-Python frames, and C calls such as numpy's) per sample and per update.
+shared with other jobs, so the best and the median of many rounds) of a sample+update
+(a ``get_next`` and the update of its ids, as a learner's loop makes them), of a sample
+and an update each in a loop of its own, and of the compiled kernels alone on the same
+inputs, and the overhead: sample+update less kernels (less the storage gather too, which is data work, on its own line). The
+kernels of a path: its draw (the descent; the compiled rejection where this tree has
+one, else the numpy rejection counts as overhead), the wide root's running sums (a
+descent after an update reads them) and the update's tree write (without the total:
+that stays in the overhead, as the ``np.add.reduce`` it replaces). Then the Python
+function calls (``sys.setprofile``: Python frames, and C calls such as numpy's) per
+sample and per update. Run it with each tree's ``src`` on ``PYTHONPATH`` in turn to
+compare them.
 
 Run: ``python benchmarks/prioritized_overhead.py [ROUNDS] [CALLS_PER_ROUND]``.
 """
@@ -109,11 +115,11 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
     args = (sampler.key_base, ring.batch_size, ring.oldest_id, ring.last_id,
             ring.max_length, copy, len(copy) // 2, tree.root_width)
     if "total_start" in fused_update.write_live.py_func.__code__.co_varnames:
-        # (this tree's kernel also leaves the wide root's running sums and the total)
-        args += (tree.write_target(BATCH, 1.0)[3], np.empty(tree.root_width))
-    elif tree_kernels.AVAILABLE:  # (older: the sample's sync runs them, timed here)
-        roots, upto = copy[tree.root_width:2 * tree.root_width], np.empty(tree.root_width)
-        timers["kernel: running sums"] = lambda i: tree_kernels.running_sums(roots, upto)
+        # (newer kernel: asked for neither the running sums nor the total here, so it
+        # does the older one's work; those two are timed apart, or left in the overhead)
+        args += (0, np.empty(0))
+    roots, upto = copy[tree.root_width:2 * tree.root_width], np.empty(tree.root_width)
+    timers["kernel: running sums"] = lambda i: tree_kernels.running_sums(roots, upto)
 
     def update(i: int) -> None:
         fused_update.write_live(ids, scaled[i % 64], *args, positions)
@@ -159,7 +165,12 @@ def main() -> None:
                    values: list[np.ndarray] = values) -> None:
             buf.update_priorities(box[0], values[i % 64])
 
-        timers[profile] = {"sample": sample, "update": update}
+        def both(i: int, buf: Any = buf, values: list[np.ndarray] = values) -> None:
+            buf.update_priorities(buf.get_next(BATCH)[1].ids, values[i % 64])
+
+        # sample+update: the learner's loop, timed as one; sample and update: each in a
+        # loop of its own (an update after an update, a sample after a sample).
+        timers[profile] = {"sample+update": both, "sample": sample, "update": update}
         if tree_kernels.AVAILABLE:
             timers[profile].update(kernel_timers(buf, values, calls))
         last[profile] = (sample, update)
@@ -177,8 +188,7 @@ def main() -> None:
         med = {name: statistics.median(results[profile, name]) for name in named}
         for name in named:
             print(f"  {name:24s} {best[name]:6.1f} {med[name]:8.1f}")
-        total = [s + u for s, u in zip(results[profile, "sample"], results[profile, "update"])]
-        print(f"  {'sample+update':24s} {min(total):6.1f} {statistics.median(total):8.1f}")
+        total = results[profile, "sample+update"]
         if tree_kernels.AVAILABLE:
             kernels = ["kernel: rejection", "kernel: tree write"]
             if profile == "skewed":
@@ -187,7 +197,7 @@ def main() -> None:
             kb = sum(best[k] for k in kernels)
             km = sum(med[k] for k in kernels)
             print(f"  {'kernels (this path)':24s} {kb:6.1f} {km:8.1f}   ({', '.join(kernels)})")
-            print(f"  {'overhead: total-kernels':24s} {min(total) - kb:6.1f} "
+            print(f"  {'overhead: s+u - kernels':24s} {min(total) - kb:6.1f} "
                   f"{statistics.median(total) - km:8.1f}")
             gb, gm = best["storage gather"], med["storage gather"]
             print(f"  {'... less the gather':24s} {min(total) - kb - gb:6.1f} "

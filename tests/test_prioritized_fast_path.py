@@ -138,15 +138,19 @@ def test_pairwise_sum_is_numpys_reduce_bit_for_bit(count, start, seed, sigma, ze
 SPEC = {"obs": np.zeros(3, np.float32), "act": np.int64(0)}
 
 
-def filled_pair(batch_size, max_length, adds, seed):
-    """Two identical buffers (same seed, same adds)."""
+def filled_pair(batch_size, max_length, adds, seed, cleared=False):
+    """Two identical buffers (same seed, same adds; ``cleared``: the adds come after
+    as many adds and a ``clear()``, so item ids carry a base)."""
     pair = []
     for _ in range(2):
         buf = PrioritizedReplayBuffer(SPEC, batch_size, max_length, seed=seed)
         rng = np.random.default_rng(seed)
-        for _ in range(adds):
-            buf.add_batch({"obs": rng.random((batch_size, 3), dtype=np.float32),
-                           "act": rng.integers(0, 9, batch_size)})
+        for lap in range(2 if cleared else 1):
+            if lap:
+                buf.clear()
+            for _ in range(adds):
+                buf.add_batch({"obs": rng.random((batch_size, 3), dtype=np.float32),
+                               "act": rng.integers(0, 9, batch_size)})
         pair.append(buf)
     return pair
 
@@ -163,14 +167,15 @@ def assert_same_read(want, got):
 @settings(max_examples=60, deadline=None)
 @given(batch_size=st.integers(1, 3), max_length=st.integers(1, 30),
        adds=st.integers(1, 70), count=st.integers(1, 300), seed=st.integers(0, 2**16),
-       spread=st.sampled_from([0.2, 3.0]), data=st.data())
+       spread=st.sampled_from([0.2, 3.0]), cleared=st.booleans(), data=st.data())
 def test_the_short_get_next_reads_what_the_general_read_path_reads(
-        batch_size, max_length, adds, count, seed, spread, data):
+        batch_size, max_length, adds, count, seed, spread, cleared, data):
     """get_next(S) (the short path) against the general read path (ReadPath.draw, the
     same after argument checks): the same items, ids, probabilities and weights, bit
     for bit, and the generators in the same state, through updates of the sampled ids
-    (repeated ones included) with even or skewed priorities, on rings that wrap."""
-    short, general = filled_pair(batch_size, max_length, adds, seed)
+    (repeated ones included) with even or skewed priorities, on rings that wrap, and
+    after a clear (item ids with a base)."""
+    short, general = filled_pair(batch_size, max_length, adds, seed, cleared)
     rng = np.random.default_rng(seed)
     for _ in range(3):
         got = short.get_next(count)
