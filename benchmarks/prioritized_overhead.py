@@ -22,7 +22,9 @@ function calls (``sys.setprofile``: Python frames, and C calls such as numpy's) 
 sample and per update. Run it with each tree's ``src`` on ``PYTHONPATH`` in turn to
 compare them.
 
-Run: ``python benchmarks/prioritized_overhead.py [ROUNDS] [CALLS_PER_ROUND]``.
+Run: ``python benchmarks/prioritized_overhead.py [ROUNDS] [CALLS_PER_ROUND] [STEPS]``
+(``STEPS`` other than 2,000: e.g. 1,000,000, where cache misses join the calls; the
+kernels, timed on a few inputs over and over, then run warmer than in the loop).
 """
 
 from __future__ import annotations
@@ -147,8 +149,10 @@ def count_calls(fn: Callable[[], Any]) -> tuple[int, int]:
 
 
 def main() -> None:
+    global STEPS
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     calls = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+    STEPS = int(sys.argv[3]) if len(sys.argv) > 3 else STEPS
     print(f"numba compiled kernels: {tree_kernels.AVAILABLE}; {STEPS} steps, "
           f"get_next({BATCH}) + update_priorities; {rounds} rounds of {calls} calls, "
           "CPU us per call (time.thread_time)", flush=True)
