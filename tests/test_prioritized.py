@@ -293,18 +293,25 @@ def test_the_draw_follows_the_acceptance_rate(monkeypatch):
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 1, 20_000, seed=3)
     buf.extend(np.arange(20_000)[None])
     calls = {"rejection": 0, "descent": 0}
-    # Descent draws and weighs in one call (fused_descent.draw_weighted).
+    # Descent draws and weighs in one call (fused_descent.draw_weighted); so does
+    # rejection with numba (fused_rejection.draw_kept_weighted), numpy's without.
     rejecting, descending = prioritized.draw_rejecting, prioritized.draw_weighted
+    rejecting_fused = prioritized.draw_kept_weighted
 
     def count_rejecting(*args):
         calls["rejection"] += 1
         return rejecting(*args)
+
+    def count_rejecting_fused(*args):
+        calls["rejection"] += 1
+        return rejecting_fused(*args)
 
     def count_descending(*args):
         calls["descent"] += 1
         return descending(*args)
 
     monkeypatch.setattr(prioritized, "draw_rejecting", count_rejecting)
+    monkeypatch.setattr(prioritized, "draw_kept_weighted", count_rejecting_fused)
     monkeypatch.setattr(prioritized, "draw_weighted", count_descending)
     rng = np.random.default_rng(0)
     priorities = rng.random(20_000) + 0.1

@@ -158,19 +158,24 @@ def test_fused_update_maps_live_ids_and_writes_nothing_for_stale_ones(
     steps = items // batch_size - key_base
     want = ring.positions(steps, items % batch_size)
     reference.update(want, values)
-    nodes, size, stop = fused.write_target(len(items), 1e6)
+    if data.draw(st.booleans()):  # a search read the running sums: the write makes them
+        fused.search_arrays()
+    target = fused.write_target(len(items), 1e6)
     positions = np.empty(len(items), np.int64)
-    live = write_live(items, values, key_base, batch_size, oldest, ring.last_id,
-                      max_length, nodes, size, stop, positions)
-    fused.written()
-    assert live and np.array_equal(positions, want)
+    total = write_live(items, values, key_base, batch_size, oldest, ring.last_id,
+                       max_length, *target, positions)
+    fused.written(total)
+    assert total >= 0.0 and np.array_equal(positions, want)
     assert same_bits(reference.nodes, fused.nodes) and same_bits(reference.total(),
                                                                   fused.total())
+    # The wide root's running sums (left current by the write) and the search's limit.
+    for a, b in zip(reference.search_arrays(), fused.search_arrays()):
+        assert same_bits(np.asarray(a), np.asarray(b))
     # Each below the oldest live item id, above the newest, or negative.
     stale = data.draw(st.sampled_from([-1, lo_item - 1, hi_item + 1, -batch_size]))
     items[data.draw(st.integers(0, len(items) - 1))] = stale
     before = fused.nodes.copy()
-    nodes, size, stop = fused.write_target(len(items), 1e6)
-    assert not write_live(items, values * 2 + 1, key_base, batch_size, oldest,
-                          ring.last_id, max_length, nodes, size, stop, positions)
+    target = fused.write_target(len(items), 1e6)
+    assert write_live(items, values * 2 + 1, key_base, batch_size, oldest,
+                      ring.last_id, max_length, *target, positions) == -1.0
     assert same_bits(fused.nodes, before)

@@ -10,10 +10,12 @@ import numpy as np
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.device_sampling import (device_prioritized_sampler,
                                                   device_search_for, samples_on_device)
+from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter
-from replaybuffer.sampling import Ring
+from replaybuffer.sampling import Ring, tree_kernels
+from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
-from replaybuffer.storage.base import to_numpy
+from replaybuffer.storage.base import identity, to_numpy
 
 
 def checked_priorities(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -112,6 +114,19 @@ class PrioritizedMixin:
                 applied = self._device_update(self._ring, ids, priorities)
             if applied is not None:
                 return int(applied)
+        if (type(ids) is np.ndarray and type(priorities) is np.ndarray
+                and ids.dtype is _INT64 and ids.ndim == 1 and priorities.shape == ids.shape
+                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE):
+            # The usual update (BufferInfo.ids, float64 or float32 priorities), checked
+            # in one compiled call; anything it refuses takes the general path below,
+            # which raises its error there, before anything is written.
+            values = priorities if priorities.dtype is _FLOAT64 else \
+                priorities.astype(np.float64)
+            largest = checked_largest(values)
+            if largest >= 0.0:
+                with self._lock:
+                    return self._sampler.update_priorities(self._ring, ids, values,
+                                                           largest)
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
@@ -198,8 +213,38 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
     def constructor_config(self) -> dict[str, Any]:
         return dict(self._config_values)
 
+    def get_next(self, sample_batch_size: int | None = None,  # type: ignore[override]
+                 num_steps: int | None = None, time_stacked: bool = True, *,
+                 within_episodes: bool = False, timeout: float | None = None,
+                 block: bool = True) -> tuple[Any, BufferInfo] | None:
+        """As :meth:`ReplayBuffer.get_next <replaybuffer.UniformReplayBuffer.get_next>`;
+        ``BufferInfo`` also carries the importance ``weights`` (float32 ``[S]``).
+
+        The usual read (a batch of single steps from numpy storage, no rate limiter,
+        frame stacks or device sampling) goes from here to the sampler and the
+        storage's gather directly: the same draws, ids, probabilities, weights and
+        items as the general read path (``ReadPath.draw``) gives, without its layers.
+        """
+        if (type(sample_batch_size) is int and sample_batch_size > 0 and num_steps is None
+                and not within_episodes and timeout is None and self._codec is None
+                and self._device_update is None and self._storage.from_numpy is identity):
+            ring, sampler = self._ring, self._sampler
+            with self._lock:
+                if self._limiter is None and ring.last_id >= 0:
+                    (ids, positions), info = sampler.sample(ring, sample_batch_size, 1)
+                    if ring.batch_size > 1 or sampler.key_base:  # (else: the ids)
+                        ids = sampler.item_ids(ring, ids, positions)
+                    leaves = self._storage.gather(positions)
+                    return self._structure.unflatten(leaves), BufferInfo(
+                        ids, info["probabilities"], info["weights"])
+        return super().get_next(sample_batch_size, num_steps, time_stacked,
+                                within_episodes=within_episodes, timeout=timeout,
+                                block=block)
+
 
 _INF_BITS = np.float64(np.inf).view(np.uint64)
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+_FLOATS = (_FLOAT64, np.dtype(np.float32))
 
 
 def _as_numpy(values: Any, dtype: type) -> np.ndarray:

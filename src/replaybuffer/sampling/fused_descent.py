@@ -32,7 +32,7 @@ from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.importance import probabilities_and_ratios, weigh_into
 from replaybuffer.sampling.priority_range import range_segments
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
-from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.ring import Ring, oldest_id
 from replaybuffer.sampling.trees import SumTree
 
 
@@ -69,8 +69,9 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
     # cost about a microsecond each to box, five of them more than the search.
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
+    L = ring.max_length
     if _fused(nodes, runs, root_width, height, limit, u, mass, parts, start0, start1,
-              mass0, ring.batch_size, ring.max_length, ring.oldest_id, hi, valid_mass,
+              mass0, ring.batch_size, L, oldest_id(ring.last_id, L), hi, valid_mass,
               floor, indices, weighed):
         return indices[1], indices[0], weighed[0], weighed[1]
     # Odd (rare): the numpy path from the same scaled draws (_fused scaled u in place).

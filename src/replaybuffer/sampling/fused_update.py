@@ -10,14 +10,20 @@ Python layers. :func:`write_live` is both in one call when every id is live (the
 usual case); otherwise it writes nothing and says so, and the caller takes the
 general path, which drops stale ids. The nodes it leaves are those of
 :func:`~replaybuffer.sampling.tree_kernels.assign_sum` (the same loop), so the tree is
-bit for bit the one the general path builds.
+bit for bit the one the general path builds. It also leaves what the tree's next
+read would compute: the wide root's running sums and the total (numpy's pairwise sum
+of the total level, :func:`~replaybuffer.sampling.tree_kernels.pairwise_sum`, where it
+gives numpy's bits), so an update and the next sample make no further call for them.
 
-The priorities are checked (finite, >= 0) and raised to ``alpha`` before, by the
-caller: numpy's vectorised power rounds differently from a compiled loop's, and the
-stored values must not depend on whether numba is installed.
+The priorities are checked (finite, >= 0) before, by the caller
+(:func:`checked_largest` in one compiled call, which also finds the largest), and
+raised to ``alpha`` by numpy: numpy's vectorised power rounds differently from a
+compiled loop's, and the stored values must not depend on whether numba is installed.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -27,21 +33,26 @@ from replaybuffer.sampling import tree_kernels
 @tree_kernels.compile_kernel
 def write_live(item_ids: np.ndarray, values: np.ndarray, key_base: int, batch_size: int,
                oldest: int, last_id: int, max_length: int, nodes: np.ndarray, size: int,
-               stop: int, positions: np.ndarray) -> bool:
+               stop: int, total_start: int, upto: np.ndarray, positions: np.ndarray
+               ) -> float:
     """Write ``values`` (float64 ``[S]``, ``S >= 1``) to the positions of ``item_ids``
     (int64 ``[S]``) in the sum tree ``nodes`` (leaf ``size + position``; ancestors
-    ``>= stop`` recomputed, level by level, as ``assign_sum``), if every id is live.
+    ``>= stop`` recomputed, level by level, as ``assign_sum``), if every id is live;
+    then, unless ``upto`` is empty, the wide root's running sums into it and, unless
+    ``total_start`` is 0, the total level's sum (:meth:`SumTree.write_target
+    <replaybuffer.sampling.trees.sum_tree.SumTree.write_target>`).
 
-    Returns whether the write was made, with the positions in ``positions`` (int64
-    ``[S]``, filled in place: a returned array costs about a microsecond to box); with
-    a stale or negative id nothing is written (and the positions are partial).
+    Returns that sum (0.0 when not asked for), or -1.0 when nothing was written (a
+    stale or negative id); the positions in ``positions`` (int64 ``[S]``, filled in
+    place: a returned array costs about a microsecond to box; partial when nothing
+    was written).
     """
     count = item_ids.shape[0]
     for k in range(count):  # all_live_positions, before anything is written
         item = item_ids[k]
         step = item // batch_size - key_base
         if item < 0 or step < oldest or step > last_id:
-            return False
+            return -1.0
         positions[k] = (step % max_length) * batch_size + item % batch_size
     node = np.empty(count, np.int64)
     for k in range(count):  # in order: a repeated position keeps its last value
@@ -53,4 +64,25 @@ def write_live(item_ids: np.ndarray, values: np.ndarray, key_base: int, batch_si
             n = node[k]
             nodes[n] = nodes[2 * n] + nodes[2 * n + 1]
             node[k] = n >> 1
-    return True
+    if upto.shape[0]:
+        tree_kernels.running_sums(nodes[stop:2 * stop], upto)
+    if total_start == 0:
+        return 0.0
+    return float(tree_kernels.pairwise_sum(nodes, total_start, total_start))
+
+
+@tree_kernels.compile_kernel
+def checked_largest(priorities: np.ndarray) -> float:
+    """The largest of ``priorities`` (float64 ``[S]``, ``S >= 1``) when every one is
+    finite and >= 0, else ``-1 - i`` for the first ``i`` that is not (NaN, infinite or
+    negative; ``-0.0`` is allowed): an update's check in one compiled call, where numpy
+    takes three or four (:func:`~replaybuffer.buffers.prioritized.checked_priorities`
+    keeps them, and its error message, for whatever this refuses)."""
+    top = 0.0
+    for k in range(priorities.shape[0]):
+        v = priorities[k]
+        if not (v >= 0.0 and v < math.inf):
+            return -1.0 - k
+        if v > top:
+            top = v
+    return top

@@ -20,7 +20,9 @@ Two exact ways to draw, chosen per call:
   candidates are exactly proportional draws, in the order drawn. A batch costs a dozen
   numpy calls over about ``K / a`` candidates, ``a = valid_mass / (range * bound)``
   being the chance of keeping one, against about five calls per tree level for a
-  descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`).
+  descent; it is used while ``a >= 1/4`` (:mod:`~replaybuffer.sampling.rejection`;
+  with numba, the candidates, the keep test and the weights are one compiled call,
+  :mod:`~replaybuffer.sampling.fused_rejection`).
 - Descent: targets drawn uniformly inside the range's share of the prefix sums, found
   in the sum tree. Used when a few high priorities make ``a`` small
   (:mod:`~replaybuffer.sampling.proportional_descent`; with numba, the draw, the search
@@ -61,6 +63,7 @@ from replaybuffer.sampling.beta_schedule import annealed_beta
 from replaybuffer.sampling.episode_draws import draw_within
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.fused_descent import draw_weighted
+from replaybuffer.sampling.fused_rejection import draw_kept_weighted
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
@@ -70,7 +73,7 @@ from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, req
 from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
-from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.ring import Ring, oldest_id, valid_start_range
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.trees import MinTree, SumTree
 
@@ -222,7 +225,7 @@ class PrioritizedSampler:
         if episodes is None:
             positions, ids, values, valid_mass, weighted = self._draw_in_range(
                 ring, sample_batch_size, num_steps, rng, floor)
-            if weighted is not None:  # drawn and weighed in one call (fused_descent)
+            if weighted is not None:  # drawn and weighed in one call (fused_*)
                 return self._finish(ids, positions, *weighted)
             assert values is not None
         else:
@@ -262,19 +265,20 @@ class PrioritizedSampler:
 
         Returns ``(positions, ids, values, valid_mass, weighted)``: int64 ``[count]``
         positions and logical ids, float64 ``[count]`` their ``priority ** alpha``, the
-        mass of the valid starts, and, when the whole batch was drawn by descent, its
-        probabilities and weight ratios (float32 ``[count]`` each, for ``floor``:
-        :func:`~replaybuffer.sampling.fused_descent.draw_weighted`; ``values`` is then
-        ``None``), else ``None``.
+        mass of the valid starts, and, when the whole batch was drawn and weighed in one
+        compiled call, its probabilities and weight ratios (float32 ``[count]`` each,
+        for ``floor``: :func:`~replaybuffer.sampling.fused_descent.draw_weighted`,
+        :func:`~replaybuffer.sampling.fused_rejection.draw_kept_weighted`; ``values``
+        is then ``None``), else ``None``.
         """
-        lo, hi = ring.valid_start_range(num_steps)
-        B, L, cap = ring.batch_size, ring.max_length, ring.capacity
+        last, B, L, cap = ring.last_id, ring.batch_size, ring.max_length, ring.capacity
+        lo, hi = valid_start_range(last, L, num_steps)
         first = (lo % L) * B  # the valid starts: the cyclic range [first, first + span)
         span = (hi - lo) * B
         tree = self._sum
         total = tree.total()
         # The only mass outside the range: the newest num_steps - 1 steps of each row.
-        outside = (ring.last_id + 1 - hi) * B
+        outside = (last + 1 - hi) * B
         excluded = cyclic_sum(tree.leaves, (hi % L) * B, outside, cap) if outside else 0.0
         segments = None
         if excluded <= 0.5 * total:
@@ -282,7 +286,8 @@ class PrioritizedSampler:
         else:  # mostly outside: sum the range itself, with no cancellation
             segments = range_segments(tree, first, span, cap)
             valid_mass = float(segments[1].sum())
-        require_mass(valid_mass, num_steps)
+        if not valid_mass > 0.0:
+            require_mass(valid_mass, num_steps)
         bound = scaled_bound(self.max_priority, self.alpha, self._floor)
         accept = valid_mass / (span * bound)
         if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
@@ -291,8 +296,15 @@ class PrioritizedSampler:
             positions, ids, probabilities, ratios = draw_weighted(
                 tree, ring, count, rng, first, span, hi, segments, valid_mass, floor)
             return positions, ids, None, valid_mass, (probabilities, ratios)
-        drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
-                               min(accept, 1.0))
+        if tree_kernels.AVAILABLE:  # one compiled call (fused_rejection)
+            kept = draw_kept_weighted(tree.leaves, ring, rng, count, lo, span, bound,
+                                      min(accept, 1.0), valid_mass, floor)
+            if len(kept) == 4:  # the whole batch, weighed
+                return kept[0], kept[1], None, valid_mass, (kept[2], kept[3])
+            drawn = kept[0], kept[1], kept[2]
+        else:
+            drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
+                                   min(accept, 1.0))
         if len(drawn[0]) < count:  # descent for the rest (practically never)
             rest = count - len(drawn[0])
             if segments is None and excluded * rest < 0.05 * total:
@@ -331,12 +343,14 @@ class PrioritizedSampler:
             scaled, bound = scale(priorities, self.alpha, largest)
             target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
             if target is not None:
-                nodes, size, stop = target
                 positions = np.empty(len(item_ids), np.int64)
-                if write_live(item_ids, scaled, self.key_base, B, ring.oldest_id,
-                              ring.last_id, ring.max_length, nodes, size, stop, positions):
-                    self._sum.written()
-                    self._written(positions, scaled)
+                last, L = ring.last_id, ring.max_length
+                total = write_live(item_ids, scaled, self.key_base, B, oldest_id(last, L),
+                                   last, L, *target, positions)
+                if total >= 0.0:  # written (else a stale id: nothing was)
+                    self._sum.written(total)
+                    if self._min is not None or self._outside is not None:
+                        self._written(positions, scaled)
                     self.max_priority = max(self.max_priority, largest)
                     return len(priorities)
         if B == 1:

@@ -43,7 +43,7 @@ def pool_size(need: int, accept: float) -> int:
 
 
 def draw_rejecting(leaves: np.ndarray, ring: Ring, rng: np.random.Generator, count: int,
-                   lo: int, span: int, bound: float, accept: float
+                   lo: int, span: int, bound: float, accept: float, rounds: int = ROUNDS
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Up to ``count`` valid starts, in proportion to their values, by rejection.
 
@@ -55,7 +55,7 @@ def draw_rejecting(leaves: np.ndarray, ring: Ring, rng: np.random.Generator, cou
     drawn. ``accept`` is the chance of keeping a candidate, ``valid_mass / (span * bound)``.
 
     Returns ``(positions, ids, values)`` (int64, int64, float64), fewer than
-    ``count`` only after :data:`ROUNDS` short rounds (practically never).
+    ``count`` only after ``rounds`` (:data:`ROUNDS`) short rounds (practically never).
     """
     B, L, cap = ring.batch_size, ring.max_length, ring.capacity
     first = (lo % L) * B
@@ -65,7 +65,7 @@ def draw_rejecting(leaves: np.ndarray, ring: Ring, rng: np.random.Generator, cou
     scale = span * (1.0 - 2.0 ** -53)
     kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     need = count
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         n = pool_size(need, accept)
         u = rng.random(2 * n)
         pick = u[:n]

@@ -199,3 +199,59 @@ def assign_min(nodes: np.ndarray, slots: np.ndarray, values: np.ndarray, size: i
             left, right = nodes[2 * n], nodes[2 * n + 1]
             nodes[n] = left if left < right else right
             node[k] = n >> 1
+
+
+@compile_kernel
+def pairwise_sum(values: np.ndarray, start: int, count: int) -> float:
+    """``np.add.reduce(values[start:start + count])`` (float64, contiguous) in the same
+    order: numpy's pairwise summation (blocks of at most 128 summed by 8 interleaved
+    accumulators, longer runs split in two at a multiple of 8 near the middle), so a
+    compiled write can leave the tree's total as the numpy call would. Whether the
+    installed numpy still sums this way is checked once (:func:`pairwise_matches`)."""
+    if count < 8:
+        total = -0.0  # numpy's start: -0.0 + x is x for every x, -0.0 included
+        for i in range(start, start + count):
+            total += values[i]
+        return total
+    if count <= 128:
+        r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+        r4, r5, r6, r7 = (values[start + 4], values[start + 5], values[start + 6],
+                          values[start + 7])
+        end = start + count - count % 8
+        i = start + 8
+        while i < end:
+            r0 += values[i]
+            r1 += values[i + 1]
+            r2 += values[i + 2]
+            r3 += values[i + 3]
+            r4 += values[i + 4]
+            r5 += values[i + 5]
+            r6 += values[i + 6]
+            r7 += values[i + 7]
+            i += 8
+        total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for j in range(end, start + count):
+            total += values[j]
+        return float(total)
+    half = count // 2
+    half -= half % 8
+    return float(pairwise_sum(values, start, half)
+                 + pairwise_sum(values, start + half, count - half))
+
+
+_pairwise_matches: list[bool] = []
+
+
+def pairwise_matches() -> bool:
+    """Whether :func:`pairwise_sum` gives ``np.add.reduce``'s bits here (checked once,
+    on sums of several lengths up to a total level's largest); a tree whose total a
+    compiled write leaves uses it only then (:meth:`~replaybuffer.sampling.trees.
+    sum_tree.SumTree.write_target`)."""
+    if not _pairwise_matches:
+        rng = np.random.default_rng(0)
+        ok = AVAILABLE
+        for count in (1, 7, 8, 9, 100, 128, 129, 1000, 2048, 16384):
+            values = rng.lognormal(0.0, 3.0, count + 3) * (rng.random(count + 3) < 0.8)
+            ok = ok and pairwise_sum(values, 3, count) == np.add.reduce(values[3:])
+        _pairwise_matches.append(bool(ok))
+    return _pairwise_matches[0]

@@ -210,26 +210,6 @@ class SegmentTree:
             raise ValueError(f"update: expected a finite {self._what_overflows}, got inf "
                              "with these values (float64 overflow); the tree is unchanged")
 
-    def write_target(self, count: int, largest: float) -> tuple[np.ndarray, int, int] | None:
-        """For a caller that writes leaves in its own compiled loop (a fused priority
-        update, :mod:`replaybuffer.sampling.fused_update`): ``(nodes, size, stop)`` when
-        ``count`` values of at most ``largest`` may be written that way, else ``None``
-        (numpy loops, or the root might overflow: use :meth:`assign`).
-
-        The caller then writes as :func:`~replaybuffer.sampling.tree_kernels.assign_sum`
-        does (leaf ``size + slot``, every ancestor ``>= stop`` recomputed) and calls
-        :meth:`written` at once.
-        """
-        if not self.compiled or self._may_overflow(count, largest):
-            return None
-        return self._nodes, self._size, self.root_width
-
-    def written(self) -> None:
-        """After a write through :meth:`write_target`: the root value is recomputed and
-        the levels above the total level go stale, as after :meth:`assign`."""
-        self._reduce_level()
-        self._synced = False
-
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves, ``O(capacity)``.
 

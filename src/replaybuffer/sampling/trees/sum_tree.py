@@ -57,6 +57,50 @@ class SumTree(SegmentTree):
         self._runs = np.zeros(self.root_width + 1, np.float64)
         self._upto = self._runs[1:]  # inclusive running sums, sorted (all terms >= 0)
         self._total = 0.0
+        # What a compiled writer writes to (write_target), without and with the
+        # running sums, made on its first call; whether a search read the running sums
+        # since the last such write, and whether that write made them.
+        self._targets: tuple[tuple[np.ndarray, int, int, int, np.ndarray], ...] | None = None
+        self._searched = self._runs_written = False
+
+    def write_target(self, count: int, largest: float
+                     ) -> tuple[np.ndarray, int, int, int, np.ndarray] | None:
+        """For a caller that writes leaves in its own compiled loop (a fused priority
+        update, :mod:`replaybuffer.sampling.fused_update`): ``(nodes, size, stop,
+        total_start, upto)`` when ``count`` values of at most ``largest`` may be written
+        that way, else ``None`` (numpy loops, or the root might overflow: use
+        :meth:`assign`).
+
+        The caller then writes as :func:`~replaybuffer.sampling.tree_kernels.assign_sum`
+        does (leaf ``size + slot``, every ancestor ``>= stop`` recomputed); unless
+        ``upto`` is empty, puts the running sums of nodes ``[stop, 2 * stop)`` in it
+        (float64 ``[stop]``, as :func:`~replaybuffer.sampling.tree_kernels.
+        running_sums`); unless ``total_start`` is 0, sums the total level, nodes
+        ``[total_start, 2 * total_start)``, as :func:`~replaybuffer.sampling.
+        tree_kernels.pairwise_sum` does; then calls :meth:`written` at once with that
+        sum. The running sums are asked for while searches read them (a search since
+        the last write): draws by rejection never do, and would only waste them.
+        """
+        if not self.compiled or self._may_overflow(count, largest):
+            return None
+        if self._targets is None:
+            start = self._total_lo if tree_kernels.pairwise_matches() else 0
+            self._targets = ((self._nodes, self._size, self.root_width, start,
+                              np.empty(0)),
+                             (self._nodes, self._size, self.root_width, start, self._upto))
+        self._runs_written = self._searched
+        return self._targets[self._searched]
+
+    def written(self, total: float = math.nan) -> None:
+        """After a write through :meth:`write_target`: ``total`` is the total level's
+        sum the writer made (NaN: it made none, the tree sums it here); every level is
+        current, and the wide root's running sums too if they were asked for."""
+        if self._targets is not None and self._targets[0][3]:
+            self._total = total
+        else:
+            self._reduce_level()
+        self._synced = self._runs_written
+        self._searched = False
 
     def _reduce_level(self) -> None:
         self._total = float(np.add.reduce(self._total_level))
@@ -233,6 +277,7 @@ class SumTree(SegmentTree):
         a fused draw reads them in place, :mod:`replaybuffer.sampling.fused_descent`).
         """
         self.sync()
+        self._searched = True
         return (self._nodes, self._runs, self.root_width, self._height,
                 min(self._total, float(self._runs[-1])))
 

@@ -1,0 +1,105 @@
+"""A prioritized draw by rejection in one compiled call: candidates, keep test, ids,
+weights.
+
+The numpy path of a rejection draw (:func:`~replaybuffer.sampling.rejection.
+draw_rejecting`, then :func:`~replaybuffer.sampling.importance.probabilities_and_ratios`)
+is about fifteen numpy calls on a pool of a few hundred candidates, whose fixed costs
+are nearly all of its time on a batch of 256. With numba
+(:data:`~replaybuffer.sampling.tree_kernels.AVAILABLE`), :func:`draw_kept_weighted`
+takes the first round's pool from the generator exactly as the numpy path does
+(``rng.random(2 * n)``, ``n`` = :func:`~replaybuffer.sampling.rejection.pool_size`)
+and makes one call into :func:`_kept` for the rest, which does the numpy path's
+arithmetic in the same order, so it gives the same bits:
+
+1. each candidate's offset ``int(u * span * (1 - 2**-53))`` (numpy's ``astype``
+   truncates the same way), its position and logical id as ``draw_rejecting`` and
+   :func:`~replaybuffer.sampling.item_ids.ids_at` compute them;
+2. kept while ``u' * bound < value``, the first ``count`` kept in the order drawn;
+3. the probabilities and weight ratios of a full batch
+   (:func:`~replaybuffer.sampling.importance.weigh_into`).
+
+A first round that keeps fewer than ``count`` (about 1 in 100) hands what it kept to
+the numpy loop, which draws the rest in further rounds from the same generator, as it
+would have after its own first round.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.importance import weigh_into
+from replaybuffer.sampling.rejection import ROUNDS, draw_rejecting, pool_size
+from replaybuffer.sampling.ring import Ring
+
+Drawn = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""``(positions, ids, values)``: int64, int64, float64, each ``[K]``."""
+
+
+def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
+                       count: int, lo: int, span: int, bound: float, accept: float,
+                       valid_mass: float, floor: float = math.nan
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | Drawn:
+    """:func:`~replaybuffer.sampling.rejection.draw_rejecting` (same arguments; numba
+    present), with the probabilities and weight ratios of a full batch
+    (:func:`~replaybuffer.sampling.importance.probabilities_and_ratios` with
+    ``valid_mass`` and ``floor``) from the same call.
+
+    Returns ``(positions, ids, probabilities, ratios)`` (int64, int64, float32, float32,
+    each ``[count]``) when the first round kept the whole batch, else
+    ``draw_rejecting``'s ``(positions, ids, values)``, which may be short of ``count``
+    as its own; bit for bit what the numpy path gives from the same generator state.
+    """
+    n = pool_size(count, accept)
+    u = rng.random(2 * n)
+    B, L = ring.batch_size, ring.max_length
+    # Outputs allocated here: they are handed to the caller (and on to the user).
+    indices = np.empty((2, count), np.int64)
+    weighed = np.empty((2, count), np.float32)
+    # (lo, the first valid start, is the oldest id held.)
+    kept = _kept(leaves, u, n, count, span * (1.0 - 2.0 ** -53), bound, lo, (lo % L) * B,
+                 ring.capacity, B, L, lo, valid_mass, floor, indices, weighed)
+    if kept == count:
+        return indices[1], indices[0], weighed[0], weighed[1]
+    positions, ids = indices[1, :kept], indices[0, :kept]
+    more = draw_rejecting(leaves, ring, rng, count - kept, lo, span, bound, accept,
+                          rounds=ROUNDS - 1)
+    return (np.concatenate((positions, more[0])), np.concatenate((ids, more[1])),
+            np.concatenate((leaves[positions], more[2])))
+
+
+@tree_kernels.compile_kernel
+def _kept(leaves: np.ndarray, u: np.ndarray, n: int, count: int, scale: float,
+          bound: float, lo: int, first: int, capacity: int, batch_size: int,
+          max_length: int, oldest: int, valid_mass: float, floor: float,
+          indices: np.ndarray, weighed: np.ndarray) -> int:
+    """The module docstring's steps 1-3 over the pool ``u`` (float64 ``[2n]``: the
+    candidates' draws, then their keep tests), into ``indices`` (int64 ``[2, count]``:
+    ids, positions) and, for a full batch, ``weighed`` (float32 ``[2, count]``:
+    probabilities, ratios). Returns how many were kept (at most ``count``)."""
+    values = np.empty(count, np.float64)
+    shift = oldest % max_length
+    kept = 0
+    for k in range(n):
+        offset = int(u[k] * scale)  # in [0, span)
+        if batch_size == 1:  # the offset counts steps: the id is lo + offset
+            i = offset + lo
+            position = i % max_length if lo else i
+        else:
+            position = offset + first
+            if position >= capacity:  # the range wraps past the last position
+                position -= capacity
+            slot = position // batch_size
+            i = slot if oldest == 0 else (slot - shift) % max_length + oldest
+        v = leaves[position]
+        if u[n + k] * bound < v:
+            indices[0, kept] = i
+            indices[1, kept] = position
+            values[kept] = v
+            kept += 1
+            if kept == count:
+                weigh_into(values, count, valid_mass, floor, weighed)
+                return kept
+    return kept
