@@ -167,6 +167,32 @@ def test_clear_with_an_update_error_pending_clears_then_raises_it():
         buffer.flush()  # raised once
 
 
+def answered(buffer: RayReplayBuffer) -> None:
+    """Wait until the shards have answered every update in flight (the client has not
+    taken the answers in yet)."""
+    refs = [ref for calls in buffer._updates._pending for _, _, ref in calls]
+    assert refs
+    ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def test_a_write_raises_an_update_error_pending_once_after_sending_itself():
+    with RayReplayBuffer(picky, 2, seed=8, max_in_flight=2) as buffer:
+        ids = filled(buffer)
+        writes = [(lambda: buffer.add_batch({"x": np.array([100])}), 1),  # round-robin
+                  (lambda: buffer.extend({"x": np.array([[101, 102]])}, shard=1), 2),
+                  (lambda: buffer.add_batch({"x": np.array([103])}, shard=0), 1)]
+        size = 8
+        for write, steps in writes:
+            buffer.update_priorities(ids[:1], [REFUSED], block=False)
+            answered(buffer)
+            with pytest.raises(RuntimeError, match="refuses priority 13"):
+                write()
+            buffer.add_batch({"x": np.array([7])})  # raised once: nothing left
+            buffer.flush()
+            size += steps + 1
+            assert len(buffer) == size  # the write that raised was sent all the same
+
+
 def test_bad_input_is_refused_in_the_caller_with_nothing_sent():
     with RayReplayBuffer(prioritized, 2, seed=5) as buffer:
         ids = filled(buffer)
