@@ -41,16 +41,23 @@ class Outbox:
         rows: the shards' buffers' ``batch_size`` (``None``: not checked).
         max_in_flight: chunks outstanding before a send waits for the oldest.
         settled: called with each answer, in the order sent.
+        settle_half: when a send goes over ``max_in_flight``, wait for the oldest half
+            of the chunks in flight with one ``ray.get`` (a ``ray.get`` costs the
+            caller about what a small remote call does), not for the oldest alone. For
+            a collector's writer; a client that also samples waits for the oldest
+            alone, so that its write never waits for a chunk that a shard's rate
+            limiter holds until that client samples.
     """
 
     def __init__(self, data_spec: Any, rows: int | None, max_in_flight: int,
-                 settled: Callable[[int, Any], None]):
+                 settled: Callable[[int, Any], None], settle_half: bool = False):
         leaf_specs, self._structure = nest.flatten(data_spec)
         self._paths = nest.leaf_paths(data_spec)
         self._checker = NumpyStorage(leaf_specs, 1, pack=False)
         self._rows = rows
         self._max = max_in_flight
         self._settled = settled
+        self._settle_half = settle_half
         # (shard, seq, steps, answer, lost chunks reported with it)
         self._pending: deque[tuple[int, int, int, Any, list[tuple[int, int]] | None]] = \
             deque()
@@ -94,15 +101,26 @@ class Outbox:
         lost = self._lost.pop(shard, None)
         ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
         self._pending.append((shard, seq, steps, ref, lost))
-        while len(self._pending) > self._max:
-            self._settle()
+        if len(self._pending) > self._max:
+            keep = max(1, self._max // 2) if self._settle_half else self._max
+            self._settle_oldest(len(self._pending) - keep)
         self.raise_error()
 
-    def _settle(self) -> None:
+    def _settle_oldest(self, count: int) -> None:
+        """Settle the ``count`` oldest chunks, in order, fetching their answers at once."""
+        try:
+            answers: list[Any] | None = ray.get([self._pending[k][3] for k in range(count)])
+        except RayError:  # one failed: each is fetched on its own to tell which
+            answers = None
+        for k in range(count):
+            self._settle(None if answers is None else (answers[k],))
+
+    def _settle(self, fetched: tuple[Any] | None = None) -> None:
+        """Settle the oldest chunk (``fetched``: its answer, already fetched)."""
         shard, seq, steps, ref, reported = self._pending.popleft()
         self._in_flight[shard].popleft()
         try:
-            answer = ray.get(ref)
+            answer = ray.get(ref) if fetched is None else fetched[0]
         except RayTaskError as exc:  # a write refused in the shard; the others applied
             self._error = self._error or exc.as_instanceof_cause()
             self._release.add(shard)

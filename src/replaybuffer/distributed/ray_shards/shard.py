@@ -26,6 +26,7 @@ from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer
 from replaybuffer.distributed.errors import NotSupportedError
 from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
+from replaybuffer.distributed.ray_shards.packing import ChunkPacking
 from replaybuffer.distributed.ray_shards.shard_home import ShardHome, writer_key
 from replaybuffer.persist import checkpoints, load
 from replaybuffer.rate_limiter import RateLimiterStats
@@ -42,7 +43,11 @@ KEEP = 2
 """Checkpoints (and limiter counters) a shard keeps."""
 
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
-"""One write: the buffer method's name, its arguments and keywords."""
+"""One write: the buffer method's name (or :data:`PACKED_EXTEND`), its arguments and
+keywords."""
+PACKED_EXTEND = "packed_extend"
+"""The op of a writer's chunk: ``extend`` by the steps packed in one byte buffer,
+arguments ``(packed, rows, steps)`` (:mod:`.packing`)."""
 Lost = list[tuple[int, int]]
 """Chunks of a writer's writes lost with a shard process: ``(seq, steps)`` each."""
 Status = tuple[int, int, int, int]
@@ -67,7 +72,7 @@ def seeded(seed: int) -> np.random.Generator:
 
 
 __all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status",
-           "PriorityUpdate"]
+           "PriorityUpdate", "PACKED_EXTEND"]
 
 
 class ShardActor:
@@ -118,6 +123,7 @@ class ShardActor:
         # writer reports them lost (it saw no answer, not that they were not applied).
         self.applied_before = self.files.applied()
         self.buffer = buffer
+        self.packing = ChunkPacking(buffer.data_spec)
         self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
         self.order: WriteOrder[list[Op]] = WriteOrder()
@@ -219,6 +225,8 @@ class ShardActor:
     def apply_one(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """One write. A chunk's ``extend`` into a rate-limited buffer goes in step by
         step, so that a chunk longer than the limiter's window is paced, not refused."""
+        if name == PACKED_EXTEND:
+            name, args = "extend", (self.packing.unpack(*args),)
         method = getattr(self.buffer, name)
         if name != "extend" or self.buffer.rate_limiter is None:
             method(*args, **kwargs)
