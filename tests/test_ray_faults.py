@@ -126,13 +126,13 @@ def test_a_chunk_applied_by_a_dead_shard_process_is_counted_lost_once(tmp_path):
     writer = os.urandom(8).hex()
     first = ShardActor(uniform, 0, str(tmp_path), None)
     for seq in range(3):
-        first.write(step(seq), [], writer, seq, seq)
+        first.write((step(seq), [], writer, seq, seq, None, False))
     second = ShardActor(uniform, 0, str(tmp_path), None)  # a restart: nothing saved
     assert second.steps_lost == 3
-    second.write(step(4), [], writer, 4, 4, [(2, 1), (3, 1)])
+    second.write((step(4), [], writer, 4, 4, [(2, 1), (3, 1)], False))
     assert second.steps_lost == 4
     other = os.urandom(8).hex()  # a writer no process applied anything of
-    second.write(step(5), [], other, 1, 1, [(0, 2)])
+    second.write((step(5), [], other, 1, 1, [(0, 2)], False))
     assert second.steps_lost == 6
 
 
@@ -159,7 +159,8 @@ class _RecordingShard:
     def __init__(self):
         self.reported = []
 
-    def write(self, ops, keys, writer, seq, base, lost=None, round_robin=False):
+    def write(self, call):
+        ops, keys, writer, seq, base, lost, round_robin = call
         self.reported.append(lost)
         return 0, {}, 0, (1, -1, 0, 0)
 

@@ -110,24 +110,24 @@ def test_a_shard_applies_a_clients_calls_in_their_order_whatever_order_they_arri
         incarnation = buffer.describe()[0]["incarnation"]
         local = ids & LOCAL_MASK  # one shard: the local ids
         # Call 1 arrives before call 0: held, then applied after it.
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.array([1.0, 2.0, 3.0, 4.0]), incarnation, [], "client", 1, 0))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.array([1.0, 2.0, 3.0, 4.0]), incarnation, [], "client", 1, 0)))
         assert (applied, held) == (0, 1)
         np.testing.assert_allclose(probabilities_by_x(buffer, 4), 0.25, rtol=1e-5)
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.full(4, 7.0), incarnation, [], "client", 0, 0))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.full(4, 7.0), incarnation, [], "client", 0, 0)))
         assert (applied, held) == (8, 0)
         np.testing.assert_allclose(probabilities_by_x(buffer, 4),
                                    np.arange(1.0, 5.0) / 10, rtol=1e-5)
         # Call 3 whose call 2 never comes: held until the client releases it.
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.full(4, 1.0), incarnation, [], "client", 3, 2))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.full(4, 1.0), incarnation, [], "client", 3, 2)))
         assert (applied, held) == (0, 1)
         assert ray.get(actor.release_priorities.remote("client", []))[0] == 4
         np.testing.assert_allclose(probabilities_by_x(buffer, 4), 0.25, rtol=1e-5)
         # Another client's numbers are its own.
-        assert ray.get(actor.update_priorities.remote(
-            local[:1], [2.0], incarnation, [], "other", 0, 0))[0] == 1
+        assert ray.get(actor.update_priorities.remote((
+            local[:1], [2.0], incarnation, [], "other", 0, 0)))[0] == 1
 
 
 def test_a_shards_error_is_raised_by_a_later_call_or_flush_and_the_rest_applied():

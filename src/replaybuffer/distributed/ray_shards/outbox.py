@@ -99,7 +99,7 @@ class Outbox:
         flying.append(seq)
         self._actors[shard] = actor
         lost = self._lost.pop(shard, None)
-        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
+        ref = actor.write.remote((ops, keys, self.writer, seq, flying[0], lost, round_robin))
         self._pending.append((shard, seq, steps, ref, lost))
         if len(self._pending) > self._max:
             keep = max(1, self._max // 2) if self._settle_half else self._max
