@@ -6,7 +6,9 @@ numbers its chunks of writes per shard; the shard applies them in that order
 (:mod:`.ordering`). A chunk whose answer was lost with a shard process that died is
 reported, by number, with the outbox's next call to that shard, which counts its steps
 lost unless a process of the shard applied it (its
-:attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``).
+:attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``). So is a
+chunk a shard process answered "held" (it came ahead of an earlier one) once an answer
+shows that process gone: it may have died holding it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class Outbox:
         self._release: set[int] = set()  # shards holding chunks of ours
         # Chunks whose answers were lost, per shard, not yet reported to it: (seq, steps).
         self._lost: dict[int, list[tuple[int, int]]] = {}
+        # Per shard, the incarnation that answered "held" and the chunks it answered so
+        # for (seq, steps), each held there or applied after an earlier one came.
+        self._held: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         self.steps_dropped = 0
 
     def check(self, items: Any, outer: int, method: str) -> list[np.ndarray]:
@@ -132,9 +137,30 @@ class Outbox:
             self._release.add(shard)
             self._settled(shard, None)
             return
+        self._note_held(shard, answer[3][0], answer[2] > 0, (seq, steps))
         if answer[2]:
             self._release.add(shard)
         self._settled(shard, answer)
+
+    def _note_held(self, shard: int, incarnation: int, holding: bool,
+                   chunk: tuple[int, int] | None = None) -> None:
+        """An answer of ``shard``'s ``incarnation``: whether it holds chunks of ours
+        after taking ``chunk`` in. Chunks an earlier incarnation answered "held" went
+        with its process if it never applied them: they are reported with the next
+        call as lost (the shard counts those that no process of it applied, by the
+        applied-chunk table in its home). An answer holding none from the same
+        incarnation means every chunk it held is applied."""
+        known = self._held.get(shard)
+        if known is not None and known[0] != incarnation:
+            self._lost.setdefault(shard, []).extend(known[1])
+            known = None
+        if holding:
+            chunks = [] if known is None else known[1]
+            if chunk is not None:
+                chunks.append(chunk)
+            self._held[shard] = (incarnation, chunks)
+        else:
+            self._held.pop(shard, None)
 
     def raise_error(self) -> None:
         """Raise (once) the first error a shard raised on a write, if any."""
@@ -160,10 +186,14 @@ class Outbox:
             self._release.clear()
             for shard, lost, ref in calls:
                 try:
-                    ray.get(ref)
+                    status = ray.get(ref)
                 except RayError:  # restarting: ask again (its new process holds nothing
                     # of ours, but must hear of the steps lost)
                     self._lost.setdefault(shard, []).extend(lost)
+                    continue
+                # Released: nothing of ours is held there now; chunks held by an
+                # earlier process of it are reported lost in the next round.
+                self._note_held(shard, status[0], False)
             if self._lost:
                 time.sleep(0.1 * min(attempt + 1, 10))
         self.raise_error()
