@@ -3,9 +3,9 @@ the chunk it gathers steps in (:class:`Chunk`).
 
 A remote call costs far more than writing a step, so a writer gathers steps into a
 chunk, one array per leaf ``[batch_size, chunk_steps, ...]`` written in place, and
-sends the chunk as one ``extend`` when it holds ``chunk_steps`` steps, when
-``chunk_seconds`` have passed since its first step (checked at each write), at an
-episode's end (a leaf named ``step_type`` or ``next_step_type`` holding
+sends the chunk, packed into one byte buffer (:mod:`.packing`), as one ``extend`` when
+it holds ``chunk_steps`` steps, when ``chunk_seconds`` have passed since its first
+step (checked at each write), at an episode's end (a leaf named ``step_type`` or ``next_step_type`` holding
 :attr:`~replaybuffer.collect.StepType.LAST`), and at :meth:`ShardWriter.flush` and
 :meth:`ShardWriter.close`. The shard applies a writer's chunks in the order sent.
 """
@@ -74,7 +74,7 @@ class ShardWriter:
     """Writes to one shard (from :meth:`RayReplayBuffer.writer`): ``add_batch``,
     ``extend``, ``add``, ``flush``, ``close``, checked against the spec first and sent
     in chunks (see the module docstring), asynchronously, at most ``max_in_flight``
-    chunks outstanding. Pickles (the actor handle, the shard, the spec and the
+    chunks outstanding (one more waits for the oldest half of them, fetched at once). Pickles (the actor handle, the shard, the spec and the
     settings), so a collector actor can hold one; a copy starts with an empty chunk.
 
     Args:
