@@ -126,13 +126,13 @@ def test_a_chunk_applied_by_a_dead_shard_process_is_counted_lost_once(tmp_path):
     writer = os.urandom(8).hex()
     first = ShardActor(uniform, 0, str(tmp_path), None)
     for seq in range(3):
-        first.write(step(seq), [], writer, seq, seq)
+        first.write((step(seq), [], writer, seq, seq, None, False))
     second = ShardActor(uniform, 0, str(tmp_path), None)  # a restart: nothing saved
     assert second.steps_lost == 3
-    second.write(step(4), [], writer, 4, 4, [(2, 1), (3, 1)])
+    second.write((step(4), [], writer, 4, 4, [(2, 1), (3, 1)], False))
     assert second.steps_lost == 4
     other = os.urandom(8).hex()  # a writer no process applied anything of
-    second.write(step(5), [], other, 1, 1, [(0, 2)])
+    second.write((step(5), [], other, 1, 1, [(0, 2)], False))
     assert second.steps_lost == 6
 
 
@@ -159,7 +159,8 @@ class _RecordingShard:
     def __init__(self):
         self.reported = []
 
-    def write(self, ops, keys, writer, seq, base, lost=None, round_robin=False):
+    def write(self, call):
+        ops, keys, writer, seq, base, lost, round_robin = call
         self.reported.append(lost)
         return 0, {}, 0, (1, -1, 0, 0)
 
@@ -184,6 +185,74 @@ def test_a_loss_report_carried_by_a_write_that_is_lost_too_is_reported_again():
     outbox.flush()
     reported = [tuple(chunk) for r in ray.get(recording.seen.remote()) if r for chunk in r]
     assert sorted(reported) == [(0, 1), (1, 1), (2, 1)]  # each lost write, once
+
+
+class _AnsweringShard:
+    """A shard process that answers as ``incarnation``, holding ``holds[k]`` of the
+    writer's chunks after its k-th write (0 after a release); it records the losses
+    reported to it."""
+
+    def __init__(self, incarnation, holds):
+        self.incarnation, self.holds, self.reported = incarnation, list(holds), []
+
+    def write(self, call):
+        self.reported.extend(call[5] or [])
+        return 0, {}, self.holds.pop(0), (self.incarnation, -1, 0, 0)
+
+    def release(self, writer, lost=None):
+        self.reported.extend(lost or [])
+        return (self.incarnation, -1, 0, 0)
+
+    def seen(self):
+        return [tuple(chunk) for chunk in self.reported]
+
+
+def test_chunks_a_dead_shard_process_answered_held_are_reported_lost_to_the_next():
+    """Chunks 0 and 1 went to a process that answered "held" (they waited there for
+    an earlier one) and died; the writer reports both to the next process, which
+    counts those no process of the shard applied (its applied-chunk table)."""
+    from replaybuffer.distributed.ray_shards.outbox import Outbox
+
+    old = ray.remote(_AnsweringShard).remote(1, [1, 1])
+    new = ray.remote(_AnsweringShard).remote(2, [0])
+    outbox = Outbox(SPEC, None, 1, lambda shard, answer: None)
+    op = [("add_batch", ({"x": np.array([0])},), {})]
+    outbox.send(0, old, op, 2, [])
+    outbox.send(0, old, op, 3, [])  # settles chunk 0: held
+    outbox.send(0, new, op, 1, [])  # settles chunk 1: held; the process restarts
+    outbox.flush()
+    assert ray.get(old.seen.remote()) == []
+    assert sorted(ray.get(new.seen.remote())) == [(0, 2), (1, 3)]  # once each
+
+
+def test_chunks_held_and_then_applied_by_the_same_process_are_not_reported():
+    from replaybuffer.distributed.ray_shards.outbox import Outbox
+
+    shard = ray.remote(_AnsweringShard).remote(1, [1, 1, 0, 1])
+    outbox = Outbox(SPEC, None, 1, lambda shard, answer: None)
+    op = [("add_batch", ({"x": np.array([0])},), {})]
+    for steps in (2, 3, 1, 4):  # the third answer holds none: 0 and 1 were applied
+        outbox.send(0, shard, op, steps, [])
+    outbox.flush()  # the fourth, held, is released by the same process
+    assert ray.get(shard.seen.remote()) == []
+
+
+def test_a_held_chunk_no_process_applied_is_counted_lost_by_the_next(tmp_path):
+    """The shard's side: the first process applied chunk 0 of a writer and held chunk
+    2 for chunk 1, then died; reported both, the next process counts 1 and 2."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    def step(v: int):
+        return [("add_batch", ({"x": np.array([v])},), {})]
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((step(0), [], writer, 0, 0, None, False))[2] == 0
+    assert first.write((step(2), [], writer, 2, 1, None, False))[2] == 1  # held
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost == 1  # chunk 0, by the mark
+    second.release(writer, [(1, 1), (2, 1)])
+    assert second.steps_lost == 3
 
 
 def test_a_refused_write_does_not_drop_the_writers_later_writes():

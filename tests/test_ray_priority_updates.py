@@ -110,24 +110,24 @@ def test_a_shard_applies_a_clients_calls_in_their_order_whatever_order_they_arri
         incarnation = buffer.describe()[0]["incarnation"]
         local = ids & LOCAL_MASK  # one shard: the local ids
         # Call 1 arrives before call 0: held, then applied after it.
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.array([1.0, 2.0, 3.0, 4.0]), incarnation, [], "client", 1, 0))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.array([1.0, 2.0, 3.0, 4.0]), incarnation, [], "client", 1, 0)))
         assert (applied, held) == (0, 1)
         np.testing.assert_allclose(probabilities_by_x(buffer, 4), 0.25, rtol=1e-5)
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.full(4, 7.0), incarnation, [], "client", 0, 0))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.full(4, 7.0), incarnation, [], "client", 0, 0)))
         assert (applied, held) == (8, 0)
         np.testing.assert_allclose(probabilities_by_x(buffer, 4),
                                    np.arange(1.0, 5.0) / 10, rtol=1e-5)
         # Call 3 whose call 2 never comes: held until the client releases it.
-        applied, _, _, held = ray.get(actor.update_priorities.remote(
-            local, np.full(4, 1.0), incarnation, [], "client", 3, 2))
+        applied, _, _, held = ray.get(actor.update_priorities.remote((
+            local, np.full(4, 1.0), incarnation, [], "client", 3, 2)))
         assert (applied, held) == (0, 1)
         assert ray.get(actor.release_priorities.remote("client", []))[0] == 4
         np.testing.assert_allclose(probabilities_by_x(buffer, 4), 0.25, rtol=1e-5)
         # Another client's numbers are its own.
-        assert ray.get(actor.update_priorities.remote(
-            local[:1], [2.0], incarnation, [], "other", 0, 0))[0] == 1
+        assert ray.get(actor.update_priorities.remote((
+            local[:1], [2.0], incarnation, [], "other", 0, 0)))[0] == 1
 
 
 def test_a_shards_error_is_raised_by_a_later_call_or_flush_and_the_rest_applied():
@@ -165,6 +165,32 @@ def test_clear_with_an_update_error_pending_clears_then_raises_it():
             buffer.clear()
         assert len(buffer) == 0  # cleared all the same
         buffer.flush()  # raised once
+
+
+def answered(buffer: RayReplayBuffer) -> None:
+    """Wait until the shards have answered every update in flight (the client has not
+    taken the answers in yet)."""
+    refs = [ref for calls in buffer._updates._pending for _, _, ref in calls]
+    assert refs
+    ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def test_a_write_raises_an_update_error_pending_once_after_sending_itself():
+    with RayReplayBuffer(picky, 2, seed=8, max_in_flight=2) as buffer:
+        ids = filled(buffer)
+        writes = [(lambda: buffer.add_batch({"x": np.array([100])}), 1),  # round-robin
+                  (lambda: buffer.extend({"x": np.array([[101, 102]])}, shard=1), 2),
+                  (lambda: buffer.add_batch({"x": np.array([103])}, shard=0), 1)]
+        size = 8
+        for write, steps in writes:
+            buffer.update_priorities(ids[:1], [REFUSED], block=False)
+            answered(buffer)
+            with pytest.raises(RuntimeError, match="refuses priority 13"):
+                write()
+            buffer.add_batch({"x": np.array([7])})  # raised once: nothing left
+            buffer.flush()
+            size += steps + 1
+            assert len(buffer) == size  # the write that raised was sent all the same
 
 
 def test_bad_input_is_refused_in_the_caller_with_nothing_sent():

@@ -75,7 +75,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             buffer.extend(prefill, shard=shard)
         buffer.flush()
         items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
-        part = ray.get(buffer.actors[0].draw.remote("get_next", SAMPLE, None, 0.0))[0]
+        part = ray.get(buffer.actors[0].draw.remote(("get_next", SAMPLE, None, 0.0, None,
+                                                          False)))[0]
         idle = []
         for _ in range(50):
             t0 = time.perf_counter()

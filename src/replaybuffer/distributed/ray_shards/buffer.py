@@ -28,7 +28,8 @@ client samples from the others, and at its next answer from the shard records a
 
 Parts: :mod:`.shard` (the shard actor), :mod:`.shard_home` (its files),
 :mod:`.ordering` (each writer's order), :mod:`.outbox` (writes in flight),
-:mod:`.writer` (:class:`ShardWriter`), :mod:`.health` (shards down and back),
+:mod:`.writer` (:class:`ShardWriter`), :mod:`.packing` (a chunk as one byte buffer),
+:mod:`.health` (shards down and back),
 :mod:`.sampling` (which shards, batches in flight), :mod:`.batches` (one batch from
 the parts), :mod:`.pipeline` (datasets), :mod:`.priority_updates` (updates in
 flight). What the buffer surface (:class:`~replaybuffer.protocols.Buffer`) asks and

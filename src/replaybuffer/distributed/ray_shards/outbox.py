@@ -6,7 +6,9 @@ numbers its chunks of writes per shard; the shard applies them in that order
 (:mod:`.ordering`). A chunk whose answer was lost with a shard process that died is
 reported, by number, with the outbox's next call to that shard, which counts its steps
 lost unless a process of the shard applied it (its
-:attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``).
+:attr:`~.shard.ShardActor.steps_lost`, which the client reports in ``losses``). So is a
+chunk a shard process answered "held" (it came ahead of an earlier one) once an answer
+shows that process gone: it may have died holding it.
 """
 
 from __future__ import annotations
@@ -41,16 +43,23 @@ class Outbox:
         rows: the shards' buffers' ``batch_size`` (``None``: not checked).
         max_in_flight: chunks outstanding before a send waits for the oldest.
         settled: called with each answer, in the order sent.
+        settle_half: when a send goes over ``max_in_flight``, wait for the oldest half
+            of the chunks in flight with one ``ray.get`` (a ``ray.get`` costs the
+            caller about what a small remote call does), not for the oldest alone. For
+            a collector's writer; a client that also samples waits for the oldest
+            alone, so that its write never waits for a chunk that a shard's rate
+            limiter holds until that client samples.
     """
 
     def __init__(self, data_spec: Any, rows: int | None, max_in_flight: int,
-                 settled: Callable[[int, Any], None]):
+                 settled: Callable[[int, Any], None], settle_half: bool = False):
         leaf_specs, self._structure = nest.flatten(data_spec)
         self._paths = nest.leaf_paths(data_spec)
         self._checker = NumpyStorage(leaf_specs, 1, pack=False)
         self._rows = rows
         self._max = max_in_flight
         self._settled = settled
+        self._settle_half = settle_half
         # (shard, seq, steps, answer, lost chunks reported with it)
         self._pending: deque[tuple[int, int, int, Any, list[tuple[int, int]] | None]] = \
             deque()
@@ -62,6 +71,9 @@ class Outbox:
         self._release: set[int] = set()  # shards holding chunks of ours
         # Chunks whose answers were lost, per shard, not yet reported to it: (seq, steps).
         self._lost: dict[int, list[tuple[int, int]]] = {}
+        # Per shard, the incarnation that answered "held" and the chunks it answered so
+        # for (seq, steps), each held there or applied after an earlier one came.
+        self._held: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         self.steps_dropped = 0
 
     def check(self, items: Any, outer: int, method: str) -> list[np.ndarray]:
@@ -92,17 +104,28 @@ class Outbox:
         flying.append(seq)
         self._actors[shard] = actor
         lost = self._lost.pop(shard, None)
-        ref = actor.write.remote(ops, keys, self.writer, seq, flying[0], lost, round_robin)
+        ref = actor.write.remote((ops, keys, self.writer, seq, flying[0], lost, round_robin))
         self._pending.append((shard, seq, steps, ref, lost))
-        while len(self._pending) > self._max:
-            self._settle()
+        if len(self._pending) > self._max:
+            keep = max(1, self._max // 2) if self._settle_half else self._max
+            self._settle_oldest(len(self._pending) - keep)
         self.raise_error()
 
-    def _settle(self) -> None:
+    def _settle_oldest(self, count: int) -> None:
+        """Settle the ``count`` oldest chunks, in order, fetching their answers at once."""
+        try:
+            answers: list[Any] | None = ray.get([self._pending[k][3] for k in range(count)])
+        except RayError:  # one failed: each is fetched on its own to tell which
+            answers = None
+        for k in range(count):
+            self._settle(None if answers is None else (answers[k],))
+
+    def _settle(self, fetched: tuple[Any] | None = None) -> None:
+        """Settle the oldest chunk (``fetched``: its answer, already fetched)."""
         shard, seq, steps, ref, reported = self._pending.popleft()
         self._in_flight[shard].popleft()
         try:
-            answer = ray.get(ref)
+            answer = ray.get(ref) if fetched is None else fetched[0]
         except RayTaskError as exc:  # a write refused in the shard; the others applied
             self._error = self._error or exc.as_instanceof_cause()
             self._release.add(shard)
@@ -114,9 +137,30 @@ class Outbox:
             self._release.add(shard)
             self._settled(shard, None)
             return
+        self._note_held(shard, answer[3][0], answer[2] > 0, (seq, steps))
         if answer[2]:
             self._release.add(shard)
         self._settled(shard, answer)
+
+    def _note_held(self, shard: int, incarnation: int, holding: bool,
+                   chunk: tuple[int, int] | None = None) -> None:
+        """An answer of ``shard``'s ``incarnation``: whether it holds chunks of ours
+        after taking ``chunk`` in. Chunks an earlier incarnation answered "held" went
+        with its process if it never applied them: they are reported with the next
+        call as lost (the shard counts those that no process of it applied, by the
+        applied-chunk table in its home). An answer holding none from the same
+        incarnation means every chunk it held is applied."""
+        known = self._held.get(shard)
+        if known is not None and known[0] != incarnation:
+            self._lost.setdefault(shard, []).extend(known[1])
+            known = None
+        if holding:
+            chunks = [] if known is None else known[1]
+            if chunk is not None:
+                chunks.append(chunk)
+            self._held[shard] = (incarnation, chunks)
+        else:
+            self._held.pop(shard, None)
 
     def raise_error(self) -> None:
         """Raise (once) the first error a shard raised on a write, if any."""
@@ -142,10 +186,14 @@ class Outbox:
             self._release.clear()
             for shard, lost, ref in calls:
                 try:
-                    ray.get(ref)
+                    status = ray.get(ref)
                 except RayError:  # restarting: ask again (its new process holds nothing
                     # of ours, but must hear of the steps lost)
                     self._lost.setdefault(shard, []).extend(lost)
+                    continue
+                # Released: nothing of ours is held there now; chunks held by an
+                # earlier process of it are reported lost in the next round.
+                self._note_held(shard, status[0], False)
             if self._lost:
                 time.sleep(0.1 * min(attempt + 1, 10))
         self.raise_error()

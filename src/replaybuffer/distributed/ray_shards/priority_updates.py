@@ -130,7 +130,7 @@ class PriorityUpdates:
             unsettled[seq] = None
             base = next(iter(unsettled))  # every number below it is settled
             ref = self._actors[i].update_priorities.remote(
-                local_ids[mine], values[mine], incarnation, keys, self.client, seq, base)
+                (local_ids[mine], values[mine], incarnation, keys, self.client, seq, base))
             calls.append((i, seq, ref))
         return calls
 

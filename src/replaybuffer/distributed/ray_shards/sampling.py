@@ -213,8 +213,8 @@ class ShardSampler:
         for i, n in enumerate(split.astype(np.int64)):
             if n:
                 seed = int(batch.rng.integers(0, 2**63 - 1))
-                ref = self._actors[i].draw.remote(batch.method, int(n), batch.num_steps,
-                                                  SHARD_WAIT_S, seed, batch.within_episodes)
+                ref = self._actors[i].draw.remote((batch.method, int(n), batch.num_steps,
+                                                   SHARD_WAIT_S, seed, batch.within_episodes))
                 batch.calls.append((i, ref, int(n)))
 
     # ------------------------------------------------------------------- masses

@@ -3,9 +3,9 @@ the chunk it gathers steps in (:class:`Chunk`).
 
 A remote call costs far more than writing a step, so a writer gathers steps into a
 chunk, one array per leaf ``[batch_size, chunk_steps, ...]`` written in place, and
-sends the chunk as one ``extend`` when it holds ``chunk_steps`` steps, when
-``chunk_seconds`` have passed since its first step (checked at each write), at an
-episode's end (a leaf named ``step_type`` or ``next_step_type`` holding
+sends the chunk, packed into one byte buffer (:mod:`.packing`), as one ``extend`` when
+it holds ``chunk_steps`` steps, when ``chunk_seconds`` have passed since its first
+step (checked at each write), at an episode's end (a leaf named ``step_type`` or ``next_step_type`` holding
 :attr:`~replaybuffer.collect.StepType.LAST`), and at :meth:`ShardWriter.flush` and
 :meth:`ShardWriter.close`. The shard applies a writer's chunks in the order sent.
 """
@@ -19,10 +19,17 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.distributed.ray_shards.outbox import Outbox
-from replaybuffer.distributed.ray_shards.shard import Op
+from replaybuffer.distributed.ray_shards.packing import ChunkPacking
+from replaybuffer.distributed.ray_shards.shard import PACKED_EXTEND, Op
 
 LAST = 2
 """``StepType.LAST``: a step that ends an episode."""
+
+
+def packed_extend(packing: ChunkPacking, leaves: list[np.ndarray], steps: int) -> Op:
+    """The op that ``extend``s the shard by the first ``steps`` steps of ``leaves``
+    (``[rows, >= steps, ...]``), packed into one byte buffer."""
+    return (PACKED_EXTEND, (packing.pack(leaves, steps), len(leaves[0]), steps), {})
 
 
 class Chunk:
@@ -35,7 +42,8 @@ class Chunk:
     """
 
     def __init__(self, data_spec: Any, rows: int, capacity: int):
-        specs, self._structure = nest.flatten(data_spec)
+        specs = nest.flatten(data_spec)[0]
+        self.packing = ChunkPacking(data_spec)
         self._arrays = [np.empty((rows, capacity) + tuple(s.shape), s.dtype) for s in specs]
         paths = nest.leaf_paths(data_spec)
         self._ends = [i for i, p in enumerate(paths)
@@ -56,19 +64,17 @@ class Chunk:
         return any(bool((leaves[i] == LAST).any()) for i in self._ends)
 
     def take(self) -> Op:
-        """The gathered steps as one ``extend`` of views of the chunk's arrays, and an
-        empty chunk: send it before the next :meth:`put` (Ray copies a call's
-        arguments as it is made)."""
+        """The gathered steps as one packed ``extend`` (one byte buffer, see
+        :mod:`.packing`), and an empty chunk."""
         n, self.steps = self.steps, 0
-        return ("extend", (self._structure.unflatten([a[:, :n] for a in self._arrays]),),
-                {})
+        return packed_extend(self.packing, self._arrays, n)
 
 
 class ShardWriter:
     """Writes to one shard (from :meth:`RayReplayBuffer.writer`): ``add_batch``,
     ``extend``, ``add``, ``flush``, ``close``, checked against the spec first and sent
     in chunks (see the module docstring), asynchronously, at most ``max_in_flight``
-    chunks outstanding. Pickles (the actor handle, the shard, the spec and the
+    chunks outstanding (one more waits for the oldest half of them, fetched at once). Pickles (the actor handle, the shard, the spec and the
     settings), so a collector actor can hold one; a copy starts with an empty chunk.
 
     Args:
@@ -99,7 +105,8 @@ class ShardWriter:
         self._actor, self.shard, self._data_spec = actor, shard, data_spec
         self._max_in_flight, self._rows = max_in_flight, rows
         self.chunk_steps, self.chunk_seconds = chunk_steps, float(chunk_seconds)
-        self._outbox = Outbox(data_spec, rows, max_in_flight, lambda shard, answer: None)
+        self._outbox = Outbox(data_spec, rows, max_in_flight, lambda shard, answer: None,
+                             settle_half=True)
         self._chunk = None if rows is None else Chunk(data_spec, rows, chunk_steps)
         self._ops: list[Op] = []  # add() calls, and chunks taken, not yet sent
         self._steps = 0
@@ -137,16 +144,13 @@ class ShardWriter:
         assert chunk is not None  # rows is known for buffers with add_batch
         if count > chunk.room():
             self._send()  # sent at once: the chunk's arrays are reused
-        if count >= chunk.capacity:  # a long extend goes as it is
-            self._ops.append(("extend", (self._structure_of(leaves),), {}))
+        if count >= chunk.capacity:  # a long extend goes at once, in one op
+            self._ops.append(packed_extend(chunk.packing, leaves, count))
             self._steps += count
             self._send()
             return
         ended = chunk.put(leaves, count)
         self._send_if_due(ended)
-
-    def _structure_of(self, leaves: list[np.ndarray]) -> Any:
-        return nest.flatten(self._data_spec)[1].unflatten(leaves)
 
     def _take_chunk(self) -> None:
         if self._chunk is not None and self._chunk.steps:

@@ -67,6 +67,10 @@ class ShardWrites:
         """Append one step to every row of one shard (round-robin, or ``shard``).
         Checked here against the spec; written asynchronously (see :meth:`flush`).
 
+        An error a priority update sent without waiting met in a shard
+        (``update_priorities(..., block=False)``) is raised by the next write once it
+        has come back, after the write is sent (as :meth:`clear` does its work first).
+
         Round-robin suits items whole on their own (transitions); steps that form
         windows (``get_next(num_steps=T)``) must go to one shard per writer:
         ``shard=`` or a :meth:`writer`. A shard that took round-robin writes refuses
@@ -97,7 +101,7 @@ class ShardWrites:
 
     def add(self, *args: Any, shard: int | None = None, **kwargs: Any) -> None:
         """``add`` on one shard (transition buffers); its errors surface at the next
-        call or :meth:`flush`."""
+        call or :meth:`flush` (a priority update's error pending: as :meth:`add_batch`)."""
         check_timeout(kwargs.get("timeout"))
         self._write("add", args, kwargs, 1, shard)
 
@@ -124,6 +128,10 @@ class ShardWrites:
             raise ValueError(f"shard must be in [0, {self.num_shards}), got {shard}")
         self._outbox.send(shard, self._actors[shard], [(method, args, kwargs)], steps,
                           self._sampler.mass_keys(), round_robin)
+        # A priority update sent without waiting that a shard refused surfaces here
+        # too (once), after the write is sent: the write is no part of that error.
+        self._updates.collect()
+        self._updates.raise_error()
 
     def _pick_writer(self) -> int:
         for _ in range(self.num_shards):
