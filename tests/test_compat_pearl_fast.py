@@ -2,9 +2,10 @@
 
 The shortcuts: reads (``BaseBuffer._fast``: gathers for random samples, views of the
 cache of recent steps for ``last``, ``all`` and ``RolloutBuffer.sample``) and the
-direct conversion of an env's inputs for the core's add (``_direct``). Two buffers
-built alike, one with its shortcuts and one without (``_fast = None``, ``_direct =
-False``), are played the same random script of adds (in sequence, after resets, out of
+direct hand-over of an env's inputs to the core's add (``_direct``, and the core's
+``add_single``/``add_usual`` that ``add_trajectory`` calls, ``_add_single`` and
+``_add_usual``). Two buffers built alike, one with its shortcuts and one without
+(``_fast``, ``_add_single`` and ``_add_usual`` ``None``, ``_direct`` False), are played the same random script of adds (in sequence, after resets, out of
 sequence, ending episodes by termination or truncation, inputs of every type the
 general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
 without ``flatten_env``, also asking for more than is held); every output must be the
@@ -31,7 +32,11 @@ def pair(cls, num_envs, buffer_size, seed, **spaces_):
     spaces_ = spaces_ or {"observation_space": OBS, "action_space": ACT}
     fast = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
     slow = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
-    slow._fast, slow._direct = None, False
+    slow._fast, slow._direct, slow._add_single, slow._add_usual = None, False, None, None
+    # The adapter's direct route is the fast buffer's own (one env or a vector env).
+    if fast._direct:
+        assert (fast._add_single is None) == (num_envs is not None)
+        assert (fast._add_usual is None) == (num_envs is None)
     assert fast._fast is not None
     return fast, slow
 
@@ -291,6 +296,8 @@ def test_no_shortcuts_where_they_do_not_apply():
     discrete = ReplayBuffer(buffer_size=4, observation_space=OBS,
                             action_space=spaces.Discrete(3))
     assert discrete._fast is not None and not discrete._direct  # Pearl's [1] actions
+    assert discrete._add_single is None and discrete._add_usual is None
+    assert her._add_single is None and her._add_usual is None
 
 
 def test_fast_reads_of_a_discrete_action_space():

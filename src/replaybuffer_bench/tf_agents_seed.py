@@ -42,10 +42,11 @@ What differs in what the two return (the ratio compares unequal work where it sa
 * ours returns ``(items, BufferInfo)`` from the Python buffer's ``get_next``, TF-Agents
   bare items; ours returns numpy arrays from the Python buffer's ``as_dataset`` (it is a
   Python iterable), TF-Agents ``tf.Tensor`` s through ``tf.data``.
-* TF-Agents' plain ``as_dataset`` runs ahead: ``tf.data`` injects an autotuned prefetch
-  after its map, so elements are sampled before they are asked for and miss the adds
-  made meanwhile. Ours samples an element when it is pulled unless ``num_parallel_calls``
-  or ``prefetch`` ask for more (the timing above is each as its users get it).
+* Both plain ``as_dataset`` s run ahead: ``tf.data`` injects an autotuned prefetch after
+  TF-Agents' map, and ours draws the next element on a prefetch thread of its own, so
+  elements are sampled before they are asked for and miss the adds made meanwhile.
+  Ours checks a draw ahead at the pull (drawn again after a ``clear()`` or while rows
+  held no window), which TF-Agents does not (the timing is each as its users get it).
 """
 
 from __future__ import annotations

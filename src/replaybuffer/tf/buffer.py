@@ -327,12 +327,14 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
                    ) -> ReplayDataset:
         """A ``tf.data.Dataset`` of ``(items, BufferInfo)`` elements.
 
-        Random mode (default) is infinite: each element is a fresh sample with
-        ``time_stacked=True``, drawn when it is computed. With ``num_parallel_calls=k``
-        elements are sampled by ``k`` parallel calls and ``prefetch`` elements (default
-        ``2 * k``) are kept ready; without either, an element is sampled when it is
-        pulled, so it sees the buffer as it is then. Elements come in the same order
-        whatever the parallelism, and a seeded buffer gives the same stream each run.
+        Random mode (default) is infinite: each element a fresh sample with
+        ``time_stacked=True``. Without ``num_parallel_calls`` and ``prefetch`` the next
+        element is drawn ahead of its pull, as TF-Agents' dataset does (steps added
+        after that draw are not in it); one drawn before a ``clear()``/restore or while
+        rows held no window is drawn again at the pull. ``prefetch=0`` samples at the
+        pull; ``num_parallel_calls=k`` keeps ``prefetch`` (default ``2 * k``) ready.
+        The order never depends on these: a seeded buffer left unchanged while it is
+        read gives the same stream.
 
         ``single_deterministic_pass=True`` visits every retained step once, in the
         order of :mod:`replaybuffer.sampling.deterministic` (rows kept apart after the

@@ -35,8 +35,16 @@ def random_dataset(state: TFRingState, structure: Any, sample_batch_size: int | 
                    prefetch: int | None) -> tf.data.Dataset:
     """The infinite random stream: element ``i`` is a sample drawn statelessly with the
     key ``(seed, i)``, ``seed`` drawn from the buffer's generator when iteration starts,
-    so the order does not depend on ``num_parallel_calls``. Without parallelism or
-    prefetch nothing runs ahead: an element sees the buffer as it is when pulled."""
+    so the order does not depend on ``num_parallel_calls`` nor on drawing ahead.
+
+    Without ``num_parallel_calls`` and ``prefetch`` (``None``), the next element is
+    drawn ahead of its pull in the background, as ``tf.data``'s injected prefetch
+    does for TF-Agents' dataset (:func:`ahead_stream`); ``prefetch=0`` draws nothing
+    ahead: an element sees the buffer as it is when pulled. Otherwise ``prefetch``
+    elements (default ``2 * num_parallel_calls``) are kept ready."""
+    if num_parallel_calls is None and prefetch is None:
+        return only_own_prefetch(seeded(state, lambda seed: ahead_stream(
+            state, structure, sample_batch_size, num_steps, seed)))
     sample = state.sample_function(sample_batch_size, num_steps, True, True)
 
     def element(seed: tf.Tensor, i: tf.Tensor) -> Any:  # element i draws with (seed, i)
@@ -50,17 +58,62 @@ def random_dataset(state: TFRingState, structure: Any, sample_batch_size: int | 
         return counter.map(lambda i: element(seed, i),
                            num_parallel_calls=num_parallel_calls, deterministic=True)
 
-    # The seed is drawn from the buffer's generator when iteration starts.
-    seeds = tf.data.Dataset.from_tensors(tf.constant(0, INT)).map(
-        lambda _: state.spawn_seed())
-    dataset = seeds.flat_map(stream)
+    dataset = seeded(state, stream)
     ahead = prefetch if prefetch is not None else 2 * (num_parallel_calls or 0)
     if ahead:
         return dataset.prefetch(ahead)
-    options = tf.data.Options()  # sample on pull: nothing may run ahead
+    return only_own_prefetch(dataset)  # sample on pull: nothing may run ahead
+
+
+def seeded(state: TFRingState, stream: Callable[[tf.Tensor], tf.data.Dataset]
+           ) -> tf.data.Dataset:
+    """``stream(seed)``, the seed drawn from the buffer's generator when iteration
+    starts (at the first pull)."""
+    seeds = tf.data.Dataset.from_tensors(tf.constant(0, INT)).map(
+        lambda _: state.spawn_seed())
+    return seeds.flat_map(stream)
+
+
+def only_own_prefetch(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` without the prefetch ``tf.data`` would inject after it: nothing runs
+    ahead but what the pipeline itself prefetches."""
+    options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
-    options.autotune.enabled = False  # nothing to tune: no parallelism, no buffer
+    options.autotune.enabled = False  # nothing to tune: no parallelism, buffers sized here
     return dataset.with_options(options)
+
+
+def ahead_stream(state: TFRingState, structure: Any, sample_batch_size: int | None,
+                 num_steps: int | None, seed: tf.Tensor) -> tf.data.Dataset:
+    """Elements drawn one ahead of the pull, checked at the pull.
+
+    A background thread (``prefetch(1)``) draws element ``i + 1`` with the key
+    ``(seed, i + 1)`` while element ``i`` is used, so a sample holds the buffer as it
+    was when it was drawn (steps added after are not in it, as in TF-Agents' dataset).
+    At the pull the draw is checked: one made while the buffer had no window of
+    ``num_steps`` (empty or too short), or before a ``clear()`` or a restore (another
+    :attr:`~replaybuffer.tf.state.TFRingState.generation`), is drawn again with the
+    same key from the buffer as it is then, which raises the empty-buffer error only
+    if it still has no window. Nothing else differs from drawing at the pull: a buffer
+    left unchanged gives the same elements.
+    """
+    draw = state.ahead_sample_function(sample_batch_size, num_steps)
+    sample = state.sample_function(sample_batch_size, num_steps, True, True)
+    generation = state.generation
+
+    def ahead(i: tf.Tensor) -> Any:
+        key = tf.random.experimental.stateless_fold_in(seed, i)
+        fresh, drawn_in, leaves, ids, probabilities = draw(key)
+        return key, fresh, drawn_in, tuple(leaves), ids, probabilities
+
+    def at_pull(key: tf.Tensor, fresh: tf.Tensor, drawn_in: tf.Tensor, leaves: Any,
+                ids: tf.Tensor, probabilities: tf.Tensor) -> Any:
+        current = tf.logical_and(fresh, tf.equal(drawn_in, generation.read_value()))
+        flat = tf.cond(current, lambda: (list(leaves), ids, probabilities),
+                       lambda: sample(key))
+        return unflatten_sample(structure, flat, num_steps, True)
+
+    return tf.data.Dataset.counter(dtype=INT).map(ahead).prefetch(1).map(at_pull)
 
 
 def deterministic_dataset(state: TFRingState, structure: Any,

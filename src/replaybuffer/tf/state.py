@@ -41,6 +41,8 @@ class TFRingState:
         storage: the data variables, ``[batch_size * max_length, *spec.shape]`` each,
             step ``id`` of row ``b`` at ``b * max_length + id % max_length``.
         last_id: int64 scalar variable, the id of the newest step (-1: empty).
+        generation: int64 scalar variable counting ``clear`` s and restores: a sample
+            drawn ahead under another generation holds data the buffer has forgotten.
         critical_section: the ``tf.CriticalSection`` every graph function runs in.
         sampler: the :class:`~replaybuffer.tf.TFUniformSampler`.
         add: ``add([B, *shape] per leaf) -> first id`` (int64 scalar): one step per row.
@@ -59,6 +61,10 @@ class TFRingState:
         self.storage = TFStorage(specs, batch_size * max_length, device, scope)
         with tf.device(self.storage.device), tf.name_scope(scope):
             self.last_id = tf.Variable(tf.constant(-1, INT), trainable=False, name="last_id")
+            # Not a checkpointed variable (variables() leaves it out): it only orders
+            # draws ahead against clears within this process.
+            self.generation = tf.Variable(tf.constant(0, INT), trainable=False,
+                                          name="generation")
             self.critical_section = tf.CriticalSection(name="critical_section")
         self.sampler = TFUniformSampler(seed, self.storage.device)
         dtypes = self.storage.dtypes
@@ -117,7 +123,8 @@ class TFRingState:
 
     def _clear_graph(self, zero_storage: bool) -> tf.Tensor:
         def body() -> tf.Tensor:
-            ops = [self.last_id.assign(tf.constant(-1, INT), read_value=False)]
+            ops = [self.last_id.assign(tf.constant(-1, INT), read_value=False),
+                   self.generation.assign_add(1, read_value=False)]
             if zero_storage:
                 ops += self.storage.zero_ops()
             with tf.control_dependencies(ops):
@@ -165,8 +172,26 @@ class TFRingState:
             fn = self._functions[key] = CompiledFunction(sample, signature)
         return fn
 
+    def ahead_sample_function(self, sample_batch_size: int | None, num_steps: int | None
+                              ) -> Callable[..., Any]:
+        """The compiled draw ahead of a pull (built once): takes an int64 ``[2]`` key and
+        returns ``(fresh, generation, leaves, ids, probabilities)``, the sample as
+        :meth:`sample_function` (``time_stacked``, seeded) draws it with that key, or,
+        where the buffer has no window of ``num_steps`` yet, ``fresh`` False and
+        placeholders of the same shapes instead of the assertion's error (steps may
+        come before the pull, which then draws again). ``generation`` is the
+        :attr:`generation` the sample was drawn in."""
+        key = ("ahead", sample_batch_size, num_steps)
+        fn = self._functions.get(key)
+        if fn is None:
+            def sample(seed: Any) -> Any:
+                return self.sample_graph(sample_batch_size, num_steps, True, seed,
+                                         ahead=True)
+            fn = self._functions[key] = CompiledFunction(sample, [tf.TensorSpec([2], INT)])
+        return fn
+
     def sample_graph(self, sample_batch_size: int | None, num_steps: int | None,
-                     time_stacked: bool, seed: Any = None) -> Any:
+                     time_stacked: bool, seed: Any = None, ahead: bool = False) -> Any:
         """``(leaves, ids, probabilities)`` of one uniform sample with replacement.
 
         Leaves are ``[S, T, *shape]`` (``S`` absent without ``sample_batch_size``, ``T``
@@ -174,6 +199,10 @@ class TFRingState:
         ``[S]`` (a scalar without ``S``). With ``num_steps`` and not ``time_stacked``,
         leaves and ids are ``T``-lists of the per-step slices. Draws come from the
         generator, or stateless from ``seed`` (int64 ``[2]``).
+
+        ``ahead``: a draw before the pull (stateless, ``time_stacked``), which returns
+        ``(fresh, generation, leaves, ids, probabilities)`` instead of asserting that
+        the buffer has a window (see :meth:`ahead_sample_function`).
         """
         B, L = self.batch_size, self.max_length
         count, steps = sample_batch_size or 1, num_steps or 1
@@ -182,22 +211,35 @@ class TFRingState:
             last_id = self.last_id.read_value()
             lo, hi = ring.valid_start_range(last_id, L, steps)
             n = (hi - lo) * B
-            check = tf.debugging.Assert(n > 0, [self.no_window_message(
-                last_id, steps, "sampling the buffer")])
-            with tf.control_dependencies([check]):
-                draws = self.sampler.draw(count, n, seed)
+            if ahead:
+                # Without a window, draw from one placeholder start (any slot reads
+                # some bytes): the pull sees fresh False and draws again.
+                draws = self.sampler.draw(count, tf.maximum(n, 1), seed)
+            else:
+                check = tf.debugging.Assert(n > 0, [self.no_window_message(
+                    last_id, steps, "sampling the buffer")])
+                with tf.control_dependencies([check]):
+                    draws = self.sampler.draw(count, n, seed)
             ids, rows = ring.draws_to_starts(draws, lo, B)
             if num_steps is not None:
                 ids, rows = ids[:, None] + tf.range(num_steps, dtype=INT), rows[:, None]
             leaves = self.storage.take(ring.positions(ids, rows, L))
             probabilities = tf.fill([count], tf.cast(1.0 / tf.cast(n, tf.float64),
                                                      tf.float32))
+            if ahead:
+                return n > 0, self.generation.read_value(), leaves, ids, probabilities
             return leaves, ids, probabilities
 
-        leaves, ids, probabilities = self.critical_section.execute(body)
+        if ahead:
+            fresh, generation, leaves, ids, probabilities = \
+                self.critical_section.execute(body)
+        else:
+            leaves, ids, probabilities = self.critical_section.execute(body)
         if sample_batch_size is None:
             leaves = [leaf[0] for leaf in leaves]
             ids, probabilities = ids[0], probabilities[0]
+        if ahead:
+            return fresh, generation, leaves, ids, probabilities
         if num_steps is not None and not time_stacked:
             axis = 0 if sample_batch_size is None else 1
             leaves = [[tf.gather(leaf, t, axis=axis) for leaf in leaves]

@@ -107,6 +107,10 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         self._direct = obs in paths and self._action_path in paths and \
             specs[paths.index(self._action_path)].shape != () and \
             specs[paths.index(obs)].shape != ()
+        # The core's shortcuts that add_trajectory hands the usual step to (inputs.py).
+        direct = self._direct
+        self._add_single = self.core.add_single if direct and not vector else None
+        self._add_usual = self.core.add_usual if direct and vector else None
 
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
                    **kwargs: Any) -> TransitionReplayBuffer:

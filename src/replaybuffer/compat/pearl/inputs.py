@@ -1,5 +1,18 @@
 """Pearl's inputs as the core buffer takes them: one add per env step, the usual
-step handed to the core's shortcut as it came."""
+step handed to the core's shortcut as it came.
+
+The usual step takes one call before the core's: ``add_trajectory`` (of
+:mod:`replaybuffer.compat.pearl.buffers`) hands it to the core's ``add_single`` (one
+env: when observations and action are arrays, the reward a float of
+:data:`REWARD_TYPES` and the flags of :data:`FLAG_TYPES`, passed as the core takes
+them: a float64 reward as a Python float, the flags as ``FLAGS[flag]``) or
+``add_usual`` (a vector env's step as it came), bound once (``_add_single``,
+``_add_usual``: ``None`` where the core's leaves are not the env's arrays).
+A call less matters: in a training loop an add runs between other work, with cold
+caches, where every frame and attribute read costs several times what it costs in a
+loop of adds (Pearl 0.4.1's whole add is one method). Anything else goes to
+:meth:`PearlInputs._add`, which converts.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +27,9 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.transitions import TransitionReplayBuffer
     from replaybuffer.specs import ArraySpec
 
-_FLOATS = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
-_FLAGS = (bool, np.bool_)
+REWARD_TYPES = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
+FLAG_TYPES = (bool, np.bool_)
+FLAGS = SINGLE_FLAGS  # one env's flags as add_single takes them: FLAGS[done]
 
 
 class PearlInputs:
@@ -26,58 +40,20 @@ class PearlInputs:
     core: TransitionReplayBuffer
     vector: bool  # inputs carry an env axis
     _direct: bool  # an env's arrays may go to the core as they come
+    _add_single: Any  # the core's add_single where one env's step may go to it, or None
+    _add_usual: Any  # the core's add_usual where a vector env's step may, or None
     _action_path: str
     _paths: list[str]  # the core's stored leaves
     _specs: list[ArraySpec]
 
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, *policy: Any) -> None:
-        """Give the core one transition per env; ``policy``: the rollout's ``value`` and
-        ``log_prob``, passed on positionally (keywords would cost a dict per add).
-
-        A vector env's step goes to the core's shortcut as it came (the usual step:
-        arrays of the stored dtypes, float64 rewards included, checked once by the
-        fused writer) and is converted (:meth:`_core_leaves`) only when the shortcut did
-        not take it; one env's step to the core's ``add_single``
-        (:meth:`_single_leaves`)."""
-        core = self.core
-        if self.vector:
-            if not (self._direct and core.add_usual(observation, action, reward,
-                                                    next_observation, done, truncated,
-                                                    *policy)):
-                core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                            done, truncated), *policy)
-            return
-        single = self._single_leaves(observation, action, reward, next_observation, done,
-                                     truncated)
-        if single is not None:
-            core.add_single(*single, *policy)
-        else:
-            core.add(*self._core_leaves(observation, action, reward, next_observation,
-                                        done, truncated), *policy)
-
-    def _single_leaves(self, observation: Any, action: Any, reward: Any,
-                       next_observation: Any, done: Any, truncated: Any
-                       ) -> tuple[Any, Any, Any, Any, Any, Any] | None:
-        """One env's inputs as the core's ``add_single`` takes them (no env axis:
-        arrays as they come, the reward a Python float, the flags bool 0-d arrays), when
-        they are what an env gives (array observations and actions, a float reward,
-        bool flags); ``None`` otherwise (and for a vector env), for
-        :meth:`_core_leaves`. The core then takes its shortcut for the usual step
-        without the views of an added axis, or adds the axis and checks everything."""
-        ndarray = np.ndarray
-        if self._direct and not self.vector and type(observation) is ndarray and \
-                type(action) is ndarray and type(next_observation) is ndarray and \
-                type(reward) in _FLOATS and type(done) in _FLAGS and \
-                (truncated is None or type(truncated) in _FLAGS):
-            flags = SINGLE_FLAGS
-            # A float64 scalar as the float it holds; a float32 one as it is (exactly
-            # its bytes, where a round trip through float could change a NaN's).
-            return (observation, action,
-                    float(reward) if type(reward) is np.float64 else reward,
-                    next_observation, flags[1 if done else 0],
-                    None if truncated is None else flags[1 if truncated else 0])
-        return None
+        """Give the core one transition per env, converted (:meth:`_core_leaves`): the
+        route of a step that ``add_trajectory`` did not hand to the core's shortcut
+        (see the module). ``policy``: the rollout's ``value`` and ``log_prob``, passed
+        on positionally (keywords would cost a dict per add)."""
+        self.core.add(*self._core_leaves(observation, action, reward, next_observation,
+                                         done, truncated), *policy)
 
     def _core_leaves(self, observation: Any, action: Any, reward: Any, next_observation: Any,
                      done: Any, truncated: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
