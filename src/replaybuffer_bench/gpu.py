@@ -172,8 +172,9 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
             buf = _prioritized(spec, capacity, device, search)
             if search is None:  # named by the search it defaults to
                 name = f"prioritized[{buf.sampler.search}]"
-            # the device-checked updates are opt-in: named rows time both
-            buf.sampler.device_updates = "host-checked" not in name
+            # the buffer's default (device-checked updates on CUDA) and, named, the
+            # host-checked ones
+            buf.sampler.device_updates = False if "host-checked" in name else None
         _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)

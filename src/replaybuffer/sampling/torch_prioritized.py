@@ -50,6 +50,7 @@ from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
+                                                          checked_on_device,
                                                           device_arguments)
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
@@ -64,20 +65,25 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         search: ``"prefix"`` (running sums, the default) or ``"tree"`` (a sum tree);
             module docstring.
 
-    Updates are copied to the host and checked there at once (two synchronizations per
-    update). With ``search="prefix"`` and :attr:`device_updates` set to ``True`` (on
-    the class or one sampler), :meth:`update_on_device` applies updates given as device
-    tensors without a host synchronization instead, checked on the device and reported
-    at the next call (:mod:`~replaybuffer.sampling.torch_priority_updates`). That is
-    not the default because it measured slower on an NVIDIA H200: about 44 kernels
-    against 9 for an update, 554 against 237 us alone (``replaybuffer bench --gpu``),
-    and 3.49 against 3.17 ms for a whole prioritized train step of a small MLP, where
-    the host's sync waits for the queued step (``benchmarks/gpu_train_loop.py``).
+    Priority updates given as tensors on the device (``BufferInfo.ids`` and, say,
+    absolute TD errors computed there) are applied and checked on the device, with no
+    host synchronization, by :meth:`update_on_device`: a bad batch writes nothing (the
+    refusal is a mask on the write) and its ``ValueError`` is raised at a later call
+    (:mod:`~replaybuffer.sampling.torch_priority_updates`). :attr:`device_updates`
+    chooses (on the class or one sampler): ``None``, the default, checks on the device
+    where the sampler draws on a CUDA device with ``search="prefix"``; ``True`` on any
+    device with ``"prefix"`` (the CPU tests' way); ``False`` copies every update to the
+    host and checks it there at once (two synchronizations per update). The tree search
+    always checks on the host: its writes size their output there anyway
+    (``torch.unique``). Alone, a device-checked update is more kernels than a host-checked
+    one (about 44 against 9, 554 against 237 us on an NVIDIA H200, ``replaybuffer bench
+    --gpu``), but it never makes the host wait for the device's queue, which a train
+    step's kernels fill (``benchmarks/gpu_train_loop.py`` times both in a train loop).
     """
 
     fused_updates = False  # its priorities live in the device tree (_set), not the host's
 
-    device_updates = False
+    device_updates: bool | None = None
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -173,10 +179,17 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._tree.assign(to_device(positions.astype(np.int64, copy=False), self.device),
                           updates.scale(raw))
 
+    @property
+    def checks_on_device(self) -> bool:
+        """Whether updates given as device tensors are checked on the device
+        (:func:`~replaybuffer.sampling.torch_priority_updates.checked_on_device` of
+        :attr:`device_updates`)."""
+        return checked_on_device(self.device_updates, self.device, self.search)
+
     def update_on_device(self, ring: Ring, ids: Any, priorities: Any) -> int | None:
         """Apply ``priorities`` to item ``ids`` on the device, when both are tensors on
-        it and the search is ``"prefix"``; ``None`` otherwise (the caller takes the
-        host path). Returns how many ids were given (module
+        it and :attr:`checks_on_device`; ``None`` otherwise (the caller takes the host
+        path). Returns how many ids were given (module
         :mod:`~replaybuffer.sampling.torch_priority_updates`: stale ones are skipped
         uncounted, and a bad batch writes nothing and raises at a later call).
 
@@ -185,7 +198,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                 once), or a batch refused by an earlier call (deferred).
         """
         updates = self._device_updates
-        if updates is None or not self.device_updates:
+        if updates is None or not self.checks_on_device:
             return None
         given = device_arguments(ids, priorities, self.device)
         if given is None:

@@ -1,7 +1,7 @@
 """Priority updates made and checked on the device, with no host synchronization.
 
 ``update_priorities`` with ids and priorities that are tensors on the device of a
-device-sampling prioritized buffer (its ``BufferInfo.ids`` and, say, absolute TD errors
+device-sampling prioritized buffer (on CUDA by default, :func:`checked_on_device`) (its ``BufferInfo.ids`` and, say, absolute TD errors
 computed there) runs here: item ids become positions, stale ids are masked out, the
 values are checked (NaN, infinite or negative: the batch is refused; a total that would
 overflow: refused too) and the update is applied with the refusal as a mask, so a bad
@@ -41,6 +41,24 @@ _REFUSED, _SMALLEST, _LARGEST, _RAW = range(4)
 DEFERRED = ("found on the device after that update_priorities call returned: updates "
             "with device tensors are checked without waiting for the device and "
             "reported at the next call")
+
+
+def checked_on_device(chosen: bool | None, device: torch.device, search: str) -> bool:
+    """Whether a device sampler checks updates given as device tensors on the device:
+    ``chosen`` (``TorchPrioritizedSampler.device_updates``) where it is a bool, else
+    (``None``, the default) where ``device`` is CUDA, there a host check would make
+    the host wait for the device's queue twice per update; never for the ``"tree"``
+    search, whose writes size their output on the host anyway (``torch.unique``).
+
+    Raises:
+        ValueError: ``chosen`` is not True, False or None.
+    """
+    if chosen is not None and not isinstance(chosen, bool):
+        raise ValueError(f"device_updates must be True, False or None (on a CUDA device), "
+                         f"got {chosen!r}")
+    if search != "prefix":
+        return False
+    return device.type == "cuda" if chosen is None else chosen
 
 
 def device_arguments(ids: Any, priorities: Any, device: torch.device
