@@ -81,6 +81,12 @@ class TorchPrefixSums:
         held = sums[by_rank[rank]]  # by_rank[0] is junk: masked next
         sums.copy_(torch.where(rank > 0, held, 0.0))
 
+    def exclusive_sums(self) -> torch.Tensor:
+        """The exclusive running sums, float64 ``[capacity + 1]`` (``[k]``: slots
+        ``[0, k)``), recomputed in place after a write: always the same tensor, so a
+        recording may read it."""
+        return self._exclusive()
+
     def sums(self) -> torch.Tensor:
         """Inclusive running sums of the slots, float64 ``[capacity]`` (recomputed after a
         write, when next read)."""

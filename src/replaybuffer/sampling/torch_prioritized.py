@@ -247,18 +247,6 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
 
     # ---------------------------------------------------------------- sampling
-    @staticmethod
-    def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
-        """``(first, span)``: the valid window starts are stored positions ``first`` to
-        ``first + span - 1``, cyclically (``(0, capacity)`` for the whole ring). Never
-        an unwritten position: those hold no mass, and the running sums count on
-        that (:attr:`TorchPrefixSums.may_hold_empty`)."""
-        lo, hi = ring.valid_start_range(num_steps)
-        span = (hi - lo) * ring.batch_size
-        if span == ring.capacity:
-            return 0, span
-        return (lo % ring.max_length) * ring.batch_size, span
-
     def _tree_segments(self, tree: TorchSegmentTree, first: int, span: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
@@ -279,7 +267,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._flush()
         if ring.last_id + 1 < num_steps:
             return 0.0
-        first, span = self._valid_positions(ring, num_steps)
+        first, span = _valid_positions(ring, num_steps)
         if isinstance(self._tree, TorchPrefixSums):
             return float(self._tree.range_mass(first, span))
         if span == ring.capacity:
@@ -297,7 +285,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         generator = self._generator.for_call(rng)
         u = torch.rand(sample_batch_size, dtype=torch.float64, generator=generator,
                        device=self.device)
-        first, span = self._valid_positions(ring, num_steps)
+        first, span = _valid_positions(ring, num_steps)
         tree = self._tree
         if isinstance(tree, TorchPrefixSums):
             positions, mass = tree.draw(u, first, span)
@@ -320,7 +308,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._zeros:  # one scalar back to the host, only where a range may be empty
             require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
-        ids = self._ids_on_device(ring, positions)
+        ids = _ids_on_device(ring, positions)
         probabilities = (values / mass).to(torch.float32)
         if self.normalize == "batch":
             smallest = values.amin()
@@ -336,14 +324,35 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         return SampleIndices(ids, positions), {  # type: ignore[arg-type]
             "probabilities": probabilities, "weights": weights}
 
-    @staticmethod
-    def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
-        """Logical ids (int64, a new tensor) of the steps at stored positions."""
-        oldest = ring.oldest_id
-        if not oldest:  # the ring has not wrapped: the slot is the id
-            return positions // ring.batch_size
-        slots = positions // ring.batch_size if ring.batch_size > 1 else positions
-        return (slots - oldest % ring.max_length) % ring.max_length + oldest
+    # ------------------------------------------------------- recorded draws
+    @property
+    def generator(self) -> torch.Generator:
+        """The device generator the draws come from (registered with a recording)."""
+        return self._generator.generator
+
+    @property
+    def running_sums(self) -> TorchPrefixSums | None:
+        """The running sums searched (``None`` with ``search="tree"``)."""
+        return self._tree if isinstance(self._tree, TorchPrefixSums) else None
+
+    def before_recorded_draw(self) -> bool:
+        """What :meth:`sample` does before drawing (device updates' outcomes acted on,
+        new steps' priorities written); whether a recorded draw
+        (:mod:`~replaybuffer.sampling.captured_prioritized`) may serve the call: not
+        where a range may have no mass (only the eager path reports that)."""
+        self.settle(wait=False)
+        if self._pending:
+            self._flush()
+        return not self._zeros
+
+    def after_recorded_draw(self, ratios: torch.Tensor) -> torch.Tensor:
+        """The importance weights (float32 ``[S]``) of a recorded draw's ratios, as
+        :meth:`sample` makes them, and the call counted (the beta schedule)."""
+        weights = ratios.pow(self.beta)
+        if self.normalize == "buffer":
+            weights = weights.clamp(max=1.0)
+        self.sample_calls += 1
+        return weights
 
     # ------------------------------------------------------------- priorities
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
@@ -384,3 +393,24 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
         self._note_values(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
+
+
+def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
+    """``(first, span)``: the valid window starts are stored positions ``first`` to
+    ``first + span - 1``, cyclically (``(0, capacity)`` for the whole ring). Never
+    an unwritten position: those hold no mass, and the running sums count on
+    that (:attr:`TorchPrefixSums.may_hold_empty`)."""
+    lo, hi = ring.valid_start_range(num_steps)
+    span = (hi - lo) * ring.batch_size
+    if span == ring.capacity:
+        return 0, span
+    return (lo % ring.max_length) * ring.batch_size, span
+
+
+def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
+    """Logical ids (int64, a new tensor) of the steps at stored positions."""
+    oldest = ring.oldest_id
+    if not oldest:  # the ring has not wrapped: the slot is the id
+        return positions // ring.batch_size
+    slots = positions // ring.batch_size if ring.batch_size > 1 else positions
+    return (slots - oldest % ring.max_length) % ring.max_length + oldest
