@@ -92,8 +92,20 @@ def fill(bufs, rng, rows: int, adds: int) -> None:
 calls = st.tuples(st.sampled_from([None, 1, 3, 8]), st.sampled_from([None, 1, 2, 4]),
                   st.booleans())
 updates = st.tuples(st.just("update"), st.booleans(),
-                    st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0, 1e-3]), min_size=1,
-                             max_size=6))
+                    st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0, 1e-3, -1.0, np.nan]),
+                             min_size=1, max_size=6))
+
+
+def both(a, b, method: str, *args):
+    """The same call on both buffers: both return, or both raise the same error."""
+    try:
+        x = getattr(a, method)(*args)
+    except ValueError as error:
+        with pytest.raises(ValueError) as caught:
+            getattr(b, method)(*args)
+        assert str(caught.value) == str(error)
+        return None
+    return x, getattr(b, method)(*args)
 
 
 @settings(max_examples=40, deadline=None)
@@ -105,9 +117,10 @@ updates = st.tuples(st.just("update"), st.booleans(),
 def test_recorded_draws_match_the_eager_path(rows, length, normalize, beta_steps, program,
                                              seed):
     """Adds, samples ((S, T, time_stacked)), priority updates of the last sample's ids
-    (on the device or the host; zeros among them make the next draws eager) and
-    clears, interleaved past wrap-around: the recorded buffer returns what the eager
-    one does, byte for byte, and its priorities stay the same."""
+    (on the device, recorded per size, or the host; zeros among them make the next
+    draws eager; bad ones raise, on the device at the next call) and clears,
+    interleaved past wrap-around: the recorded buffer returns and raises what the
+    eager one does, byte for byte, and its priorities stay the same."""
     kwargs = {"normalize": normalize, "beta_steps": beta_steps, "beta_final": 1.0}
     a = make(True, rows, length, seed=seed, **kwargs)
     b = make(False, rows, length, seed=seed, **kwargs)
@@ -129,15 +142,16 @@ def test_recorded_draws_match_the_eager_path(rows, length, normalize, beta_steps
             ids = last.ids if last.ids.ndim == 1 else last.ids[:, 0]
             n = min(len(values), ids.shape[0])
             priorities = torch.tensor(values[:n], dtype=torch.float64)
-            for buf in (a, b):
-                buf.update_priorities(ids[:n] if on_device else ids[:n].numpy(),
-                                      priorities if on_device else priorities.numpy())
+            args = (ids[:n], priorities) if on_device else \
+                (ids[:n].numpy(), priorities.numpy())
+            both(a, b, "update_priorities", *args)
         else:
             s, t, stacked = step
             drawn = draw_both(a, b, s, t, stacked)
             if drawn is not None and s is not None and stacked:
                 last = drawn[1]
     ids = np.arange(0, (a.sampler.key_base + 40) * rows)
+    both(a, b, "priorities", ids)  # an error still owed
     np.testing.assert_array_equal(a.priorities(ids), b.priorities(ids))
     assert a.sampler.sample_calls == b.sampler.sample_calls
 
@@ -181,6 +195,74 @@ def test_state_dict_restore_is_bit_exact():
     c.load_state_dict(state)
     for x in first:
         assert_same(c.get_next(16, 2), x)
+
+
+def test_recorded_updates_write_what_eager_ones_write(monkeypatch):
+    a, b = make(True, alpha=0.7), make(False, alpha=0.7)
+    for buf in (a, b):
+        buf.sampler.device_updates = True
+    rng = np.random.default_rng(2)
+    fill((a, b), rng, 2, 9)
+    for k in range(7):
+        if k == 5:  # the refused update is reported by the next call, on both
+            for buf in (a, b):
+                with pytest.raises(ValueError, match=r"priorities\[2\] is -1\.0"):
+                    buf.get_next(4)
+        _, info = draw_both(a, b, 4)
+        values = torch.from_numpy(rng.random(4) * 5)
+        if k == 4:
+            values[2] = -1.0  # refused: raises at the next call, writes nothing
+        both(a, b, "update_priorities", info.ids, values)
+        fill((a, b), rng, 2, 1)  # new steps enter at the largest priority
+    assert 4 in a.sampler._device_updates._recorded
+    assert not b.sampler._device_updates._recorded
+    written = []
+    monkeypatch.setattr(TorchPrefixSums, "mark_written",
+                        lambda self: written.append(self) or setattr(self, "_stale", True))
+    # Stale ids (overwritten since: the ring wrapped) and ids not yet added write
+    # nothing; after a clear (the item ids' base moves) new ids are written.
+    for ids in ([0, 1, 2, 3], [60, 61, 62, 63]):
+        both(a, b, "update_priorities", torch.tensor(ids), torch.full((4,), 9.0))
+    assert written == [a.sampler._tree] * 2  # the recorded runs mark the sums stale
+    np.testing.assert_array_equal(a.sampler._tree.leaves, b.sampler._tree.leaves)
+    for buf in (a, b):
+        buf.clear()
+    fill((a, b), rng, 2, 8)
+    _, info = draw_both(a, b, 4)
+    assert int(info.ids.min()) >= 2 * a.sampler.key_base > 0
+    both(a, b, "update_priorities", info.ids, torch.full((4,), 6.0))
+    ids = np.arange(2 * a.sampler.key_base + 20)
+    np.testing.assert_array_equal(a.priorities(ids), b.priorities(ids))
+    assert np.nanmax(a.priorities(ids)) == 6.0 ** 0.7
+    assert a.max_priority == b.max_priority
+    draw_both(a, b, 8, 2)
+
+
+class WarmingCapture(EagerCapture):
+    """An eager capture that runs the sequence once when recording, as a CUDA graph's
+    capture does (its warm-up)."""
+
+    def record(self, fn, scalar, output) -> None:
+        fn()
+        super().record(fn, scalar, output)
+
+
+def test_recording_an_update_writes_nothing(monkeypatch):
+    a = make(True)
+    a.sampler.device_updates = True
+    a._captures.graph = False
+    monkeypatch.setattr(a._captures, "_new_capture", WarmingCapture)
+    a.sampler.record_updates(WarmingCapture)
+    fill((a,), np.random.default_rng(3), 2, 9)
+    _, info = a.get_next(3)
+    values = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
+    a.update_priorities(info.ids, values)
+    before = a.priorities(np.arange(30)).copy()
+    largest = a.sampler._device_updates.largest.clone()
+    a.update_priorities(info.ids, values)  # the second call of the size: recorded
+    assert 3 in a.sampler._device_updates._recorded
+    np.testing.assert_array_equal(a.priorities(np.arange(30)), before)
+    assert torch.equal(a.sampler._device_updates.largest, largest)
 
 
 def test_zero_priorities_and_other_calls_stay_eager():

@@ -89,6 +89,14 @@ class SampleCaptures:
         self.generation: int | None = None
         self.disabled: str | None = None  # why recordings stopped (a failed one)
         self._all = list(range(len(storage.arrays)))
+        if self.prioritized:
+            sampler.record_updates(self._new_capture)
+
+    def _new_capture(self) -> Any:
+        """A CUDA graph on CUDA, its eager twin elsewhere (the CPU: tests)."""
+        from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
+
+        return CudaGraphCapture(self.storage.device, []) if self.graph else EagerCapture()
 
     def _valid(self, sampler: Any, storage: Any, generation: int) -> bool:
         """Whether the recordings may serve a call now (dropping stale ones)."""
@@ -100,6 +108,8 @@ class SampleCaptures:
                     getattr(sampler, "running_sums", True) is None:
                 return False  # its draws are not the recorded ones: eager
             self.sampler = sampler
+            if self.prioritized:
+                sampler.record_updates(self._new_capture)
         if generation != self.generation:
             packing = storage.packing
             if [b.data_ptr() for b in packing.blocks] != \

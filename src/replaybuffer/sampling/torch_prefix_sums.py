@@ -128,6 +128,11 @@ class TorchPrefixSums:
         self._values.index_put_((target,), values[order])
         self._stale = True
 
+    def mark_written(self) -> None:
+        """Slots were written in place elsewhere (a recorded update): the running sums
+        are recomputed when next read."""
+        self._stale = True
+
     def load(self, values: torch.Tensor) -> None:
         """Replace every slot (float64 ``[capacity]``)."""
         self.leaves.copy_(values)

@@ -345,6 +345,12 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._flush()
         return not self._zeros
 
+    def record_updates(self, recorder: Any) -> None:
+        """Record device updates per batch size into captures ``recorder()`` makes
+        (:class:`~replaybuffer.sampling.torch_priority_updates.RecordedUpdate`)."""
+        if self._device_updates is not None:
+            self._device_updates.recorder = recorder
+
     def after_recorded_draw(self, ratios: torch.Tensor) -> torch.Tensor:
         """The importance weights (float32 ``[S]``) of a recorded draw's ratios, as
         :meth:`sample` makes them, and the call counted (the beta schedule)."""
