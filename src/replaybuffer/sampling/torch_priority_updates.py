@@ -21,6 +21,13 @@ What the deferral changes, against the host path (numpy ids or priorities):
 
 Reading state that needs the outcome (``priorities``, ``max_priority``,
 ``state_dict``, ``valid_mass``) waits for it.
+
+An update is about 40 small kernels. Where the owner sets
+:attr:`DevicePriorityUpdates.recorder` (a buffer that records its samples,
+``capture_samples``), updates of one size are recorded once into a
+:class:`~replaybuffer.sampling.graph_capture.Capture` (:class:`RecordedUpdate`) and run
+from it: the same arithmetic (:meth:`DevicePriorityUpdates.write`) with the ring's
+write head and the item ids' base read from device scalars.
 """
 
 from __future__ import annotations
