@@ -318,6 +318,17 @@ def test_capture_samples_choices_and_errors():
         rb.PrioritizedReplayBuffer(SPEC, 2, 7, capture_samples=True)
 
 
+def test_the_tree_search_is_not_recorded_by_default():
+    """capture_samples=None on CUDA asks as record_samples(required=False) does: the
+    tree search stays eager, without an error."""
+    tree = make(False, device_search="tree")
+    tree.record_samples(False)
+    assert tree._captures is None
+    prefix = make(False)
+    prefix.record_samples(False)
+    assert prefix._captures is not None and prefix._captures.prioritized
+
+
 def test_a_draw_over_running_sums_of_another_size_is_refused():
     sums = TorchPrefixSums(10, torch.device("cpu"))
     with pytest.raises(ValueError, match="running sums of 10 slots for a ring of 12"):
