@@ -16,7 +16,10 @@
 #      counts our kernels, copies, synchronizations and device time per call, ending
 #      with the goals table (ours, TorchRL, the ratio, the profile, goal met or not);
 #      uniform sample(256)+next twice: eager, and from its CUDA graph (uniform[captured],
-#      tests/test_captured_draws.py's *_cuda tests check it against the eager path).
+#      tests/test_captured_draws.py's *_cuda tests check it against the eager path);
+#      prioritized sample and update+sample eager and recorded (prioritized[captured]:
+#      the sample and the device-checked update each a CUDA graph;
+#      tests/test_captured_prioritized.py's *_cuda tests).
 # The whole run is sized for about 6 minutes at most (the tests, 200 s, beside the
 # build, 240 s; the bench, 150 s: about 90 s expected).
 # Logs, the JUnit report and the bench's table and JSON go to $OUT (default
@@ -67,7 +70,7 @@ TEST_FILES=(tests/test_uniform_buffer.py tests/test_storage.py tests/test_priori
             tests/test_threading.py tests/test_persist.py tests/test_resume.py
             tests/test_device_sampling.py tests/test_device_updates.py
             tests/test_device_packing.py tests/test_device_transitions.py
-            tests/test_captured_draws.py)
+            tests/test_captured_draws.py tests/test_captured_prioritized.py)
 PARALLEL=()
 "$PY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n 6)
 timeout 200 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k cuda --timeout 150 \

@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.buffers.device_sampling import AUTO_TREE_FROM, device_search_for  # noqa: E402
 from replaybuffer.sampling.torch_deferred_checks import SLOTS, DeviceChecks  # noqa: E402
+from replaybuffer.sampling.torch_priority_updates import checked_on_device  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -32,7 +33,7 @@ def twins(device: torch.device, batch_size: int = 2, max_length: int = 12, adds:
                                                                  rb.PrioritizedReplayBuffer]:
     """Two device-sampling buffers built and filled alike (the ring wrapped when
     ``adds > max_length``): one is updated through the host path, one on the device (``device_updates``
-    switched on for it: the default checks on the host)."""
+    switched on for it: on the CPU the default checks on the host)."""
     bufs = []
     for _ in range(2):
         buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
@@ -42,7 +43,9 @@ def twins(device: torch.device, batch_size: int = 2, max_length: int = 12, adds:
         for t in range(adds):
             buf.add_batch(np.arange(batch_size, dtype=np.int64) * 1000 + t)
         bufs.append(buf)
-    bufs[1].sampler.device_updates = True  # opt-in: the device twin checks on the device
+    # On the CPU the default checks on the host (CUDA's default is the device): True
+    # takes the path a CUDA device takes by default.
+    bufs[1].sampler.device_updates = True
     return bufs[0], bufs[1]
 
 
@@ -284,3 +287,141 @@ def test_device_updates_off_checks_on_the_host_at_once(device):
     assert dev.update_priorities(ids, torch.tensor([2.0, 3.0], device=device)) == 2
     np.testing.assert_allclose(dev.priorities(np.array([30, 31])),
                                np.array([2.0, 3.0]) ** 0.6)
+
+
+def test_device_checks_are_the_default_on_cuda_only():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert checked_on_device(None, cuda, "prefix")
+    assert not checked_on_device(None, cpu, "prefix")
+    assert checked_on_device(True, cpu, "prefix")
+    assert not checked_on_device(False, cuda, "prefix")
+    # the tree search sizes its writes on the host: it always checks there
+    assert not checked_on_device(None, cuda, "tree")
+    assert not checked_on_device(True, cpu, "tree")
+    with pytest.raises(ValueError, match=r"device_updates must be True, False or None "
+                                         r"\(on a CUDA device\), got 'yes'"):
+        checked_on_device("yes", cpu, "prefix")  # type: ignore[arg-type]
+
+
+def test_a_cpu_buffer_checks_on_the_host_by_default():
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
+                                     seed=5, sample_on_device=True)
+    buf.add_batch(np.arange(2, dtype=np.int64))
+    assert buf.sampler.device_updates is None and not buf.sampler.checks_on_device
+    with pytest.raises(ValueError, match=r"priorities\[0\] is nan \(for id 0\); 1 bad "
+                                         r"value\(s\), nothing was updated$"):
+        buf.update_priorities(torch.tensor([0]), torch.tensor([float("nan")]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_checks_are_the_default_for_a_buffer_on_cuda():
+    buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
+                                     device="cuda", seed=5)
+    buf.add_batch(np.arange(2, dtype=np.int64))
+    assert buf.sampler.checks_on_device
+    ids = torch.tensor([0, 1], device="cuda")
+    assert buf.update_priorities(ids, torch.tensor([1.0, -1.0], device="cuda")) == 2
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"priorities\[1\] is -1\.0 \(for id 1\)"):
+        buf.get_next(4)
+    tree = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
+                                      device="cuda", seed=5, device_search="tree")
+    assert not tree.sampler.checks_on_device
+
+
+def bad_update(dev: rb.PrioritizedReplayBuffer, device: torch.device) -> None:
+    """A refused update (a NaN at index 1, id 31) that the device has finished."""
+    dev.update_priorities(torch.tensor([30, 31], device=device),
+                          torch.tensor([4.0, float("nan")], device=device))
+    device_done(device)
+
+
+BAD = r"priorities\[1\] is nan \(for id 31\); 1 bad value\(s\), nothing was updated"
+
+
+@pytest.mark.parametrize("touch", ["get_next", "update_priorities", "state_dict", "save",
+                                   "priorities", "max_priority"])
+def test_every_host_touch_reports_a_bad_update_and_leaves_the_sums_as_they_were(
+        device, touch, tmp_path):
+    host, dev = twins(device, alpha=1.0)
+    dev.priorities(all_ids(dev, 20))  # the new steps' priorities written
+    before_leaves = dev.sampler._tree.leaves.clone()
+    before_sums = dev.sampler._tree.sums().clone()
+    bad_update(dev, device)
+    calls = {
+        "get_next": lambda: dev.get_next(4),
+        "update_priorities": lambda: dev.update_priorities(
+            torch.tensor([30], device=device), torch.tensor([2.0], device=device)),
+        "state_dict": dev.state_dict,
+        "save": lambda: dev.save(tmp_path / "ckpt"),
+        "priorities": lambda: dev.priorities(np.array([30])),
+        "max_priority": lambda: dev.max_priority,
+    }
+    with pytest.raises(ValueError, match=BAD):
+        calls[touch]()
+    assert torch.equal(dev.sampler._tree.leaves, before_leaves)
+    assert torch.equal(dev.sampler._tree.sums(), before_sums)
+    # reported once; afterwards the buffer is its host twin's, draws and state alike
+    assert dev.max_priority == host.max_priority
+    for _ in range(2):
+        a_items, a_info = host.get_next(16, 2)
+        b_items, b_info = dev.get_next(16, 2)
+        assert torch.equal(a_items, b_items) and torch.equal(a_info.ids, b_info.ids)
+        assert torch.equal(a_info.weights, b_info.weights)
+    np.testing.assert_array_equal(dev.sampler.state_dict()["priorities"],
+                                  host.sampler.state_dict()["priorities"])
+
+
+def test_good_updates_queued_behind_a_bad_one_apply_and_the_bad_one_does_not(device):
+    """Both queued before either outcome is read (a GPU running behind; on the CPU
+    the sampler's own next call would report the bad one first, so the two are
+    applied here directly)."""
+    host, dev = twins(device, alpha=1.0)
+    dev.priorities(all_ids(dev, 20))  # the new steps' priorities written
+    sampler = dev.sampler
+    updates = sampler._device_updates
+    ids = all_ids(dev, 20)[-5:]
+    updates.apply(dev._ring, sampler.key_base, sampler._tree,
+                  torch.tensor([30, 31], device=device),
+                  torch.tensor([4.0, float("nan")], dtype=torch.float64, device=device))
+    updates.apply(dev._ring, sampler.key_base, sampler._tree,
+                  torch.from_numpy(ids).to(device),
+                  torch.full((5,), 3.0, dtype=torch.float64, device=device))
+    sampler._tree.may_hold_empty = True
+    host.update_priorities(ids, np.full(5, 3.0))
+    with pytest.raises(ValueError, match=BAD):
+        sampler.settle()
+    assert_same(host, dev, 20)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(-3, 60), min_size=1, max_size=8),
+                          st.lists(st.sampled_from([0.0, 1.0, 3.0, -1.0, float("nan")]),
+                                   min_size=8, max_size=8)), min_size=1, max_size=5),
+       st.integers(1, 30))
+def test_mixed_good_and_bad_device_updates_match_the_host_path_property(updates, adds):
+    """The host twin gets only the good batches (the host path refuses a bad one at
+    once); the device one gets all, each bad one raising at the next call."""
+    host, dev = twins(torch.device("cpu"), batch_size=2, max_length=8, adds=adds,
+                      alpha=1.0)
+    owed = False
+    for ids, values in updates:
+        ids_arr, vals = np.array(ids, np.int64), np.array(values[:len(ids)])
+        bad = bool(np.isnan(vals).any() or (vals < 0).any())
+        if bad:
+            with pytest.raises(ValueError, match="nothing was updated$"):
+                host.update_priorities(ids_arr, vals)
+        else:
+            host.update_priorities(ids_arr, vals)
+        try:
+            dev.update_priorities(torch.from_numpy(ids_arr), torch.from_numpy(vals))
+            reported = False
+        except ValueError as error:
+            assert owed and "found on the device" in str(error)
+            reported = True
+            dev.update_priorities(torch.from_numpy(ids_arr), torch.from_numpy(vals))
+        owed = bad or (owed and not reported)
+    if owed:
+        with pytest.raises(ValueError, match="found on the device"):
+            dev.state_dict()
+    assert_same(host, dev, adds + 2)

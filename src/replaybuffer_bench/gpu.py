@@ -6,8 +6,8 @@ frames workloads (:mod:`replaybuffer_bench.workloads`' specs):
 - ours: ``extend`` of 256 steps given as device tensors, and ``get_next(256, 2)``
   (each step with its next one) drawn by uniform sampling on the device, eagerly
   (``uniform``) and from its recorded CUDA graph (``uniform[captured]``,
-  ``capture_samples=True``), and by prioritized sampling, plus
-  ``update_priorities(256)`` with device tensors;
+  ``capture_samples=True``), and by prioritized sampling, eagerly and recorded
+  (``prioritized[captured]``), plus ``update_priorities(256)`` with device tensors;
 - TorchRL: a ``TensorDictReplayBuffer`` over ``LazyTensorStorage(device=...)`` holding
   the same steps with a stored next observation (TorchRL's layout), ``extend(256)``,
   ``sample(256)`` with its random and its prioritized sampler, ``update_priority``;
@@ -138,18 +138,20 @@ def _uniform(spec: Any, capacity: int, device: Any, name: str) -> Any:
                                capture_samples=name == "uniform[captured]")
 
 
-def _prioritized(spec: Any, capacity: int, device: Any, search: str | None) -> Any:
+def _prioritized(spec: Any, capacity: int, device: Any, search: str | None,
+                 captured: bool = False) -> Any:
     """A device-sampling prioritized buffer whose sampler searches by ``search`` (its
-    default when None)."""
+    default when None), eager unless ``captured`` (``capture_samples=True``)."""
     return PrioritizedReplayBuffer(spec, 1, capacity, storage="torch", device=device,
-                                   seed=0, sample_on_device=True, device_search=search)
+                                   seed=0, sample_on_device=True, device_search=search,
+                                   capture_samples=captured)
 
 
 def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
           min_time: float, limit: Callable[[int], float]) -> list[Row]:
     """Rows for ``add``, uniform and prioritized ``get_next(256, 2)`` (the default search,
-    the running sums with updates checked on the host, then the sum tree as
-    ``prioritized[tree]``), ``update(256)`` and the update-then-sample cycle of a
+    its recorded draw as ``prioritized[captured]``, the running sums with updates
+    checked on the host, then the sum tree as ``prioritized[tree]``), ``update(256)`` and the update-then-sample cycle of a
     prioritized training step."""
     _, on_device, batch, chunk = _device_items(torch, device, spec, capacity)
     step = _step_bytes(spec)
@@ -158,6 +160,7 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
     # synchronizations each), the way before device updates, for comparison.
     variants: list[tuple[str, str | None]] = [("uniform", None), ("uniform[captured]", None),
                                               ("prioritized", None),
+                                              ("prioritized[captured]", "prefix"),
                                               ("prioritized[prefix,host-checked]", "prefix"),
                                               ("prioritized[tree]", "tree")]
     for name, search in variants:
@@ -169,11 +172,18 @@ def _ours(torch: Any, device: Any, workload: str, spec: Any, capacity: int,
                                 math.nan, BATCH, None, f"cannot run: {exc}"))
                 continue
         else:
-            buf = _prioritized(spec, capacity, device, search)
+            try:
+                buf = _prioritized(spec, capacity, device, search,
+                                   captured=name == "prioritized[captured]")
+            except ValueError as exc:  # no recording on this device (the CPU)
+                rows.append(Row(workload, "replaybuffer", f"{name} sample({BATCH})+next",
+                                math.nan, BATCH, None, f"cannot run: {exc}"))
+                continue
             if search is None:  # named by the search it defaults to
                 name = f"prioritized[{buf.sampler.search}]"
-            # the device-checked updates are opt-in: named rows time both
-            buf.sampler.device_updates = "host-checked" not in name
+            # the buffer's default (device-checked updates on CUDA) and, named, the
+            # host-checked ones
+            buf.sampler.device_updates = False if "host-checked" in name else None
         _fill(buf, on_device, capacity, chunk)
         if name == "uniform":
             seconds = time_op(torch, device, partial(buf.extend, batch), min_time)
@@ -358,9 +368,10 @@ def profile_ops(torch: Any, device: Any, workload: str, spec: Any, capacity: int
     buffers = [uniform, prioritized]
     try:
         captured: Any = _uniform(spec, capacity, device, "uniform[captured]")
-        buffers.append(captured)
+        recorded: Any = _prioritized(spec, capacity, device, "prefix", captured=True)
+        buffers += [captured, recorded]
     except ValueError:  # no recording on this device (the CPU)
-        captured = None
+        captured = recorded = None
     for buf in buffers:
         _fill(buf, on_device, capacity, chunk)
     ids = prioritized.get_next(BATCH, 2)[1].ids[:, 0]
@@ -377,7 +388,10 @@ def profile_ops(torch: Any, device: Any, workload: str, spec: Any, capacity: int
          partial(prioritized.update_priorities, ids, priorities)),
         (f"prioritized[{search}] update+sample({BATCH})",
          partial(_cycle, prioritized, ids, priorities)),
-    ]
+    ] + ([(f"prioritized[captured] sample({BATCH})+next",
+           partial(recorded.get_next, BATCH, 2)),
+          (f"prioritized[captured] update+sample({BATCH})",
+           partial(_cycle, recorded, ids, priorities))] if recorded is not None else [])
     out = {}
     for name, fn in ops:
         out[name] = profile_op(torch, device, fn)

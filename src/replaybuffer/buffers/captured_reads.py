@@ -1,10 +1,11 @@
-"""Uniform samples on the device served by recorded draws (``capture_samples``).
+"""Samples on the device served by recorded draws (``capture_samples``).
 
 :class:`CapturedReads` gives a buffer's :meth:`draw` (``get_next``) a second way: for
 each ``(sample_batch_size, num_steps)`` asked for, the first call is served eagerly
 (the warm-up), the next records a :class:`~replaybuffer.sampling.captured_draws.
-CapturedUniformDraw` (a CUDA graph on CUDA, its eager twin on the CPU) and every later
-one runs it. What a recording captured is checked before each run:
+CapturedUniformDraw` for a uniform sampler, a :class:`~replaybuffer.sampling.
+captured_prioritized.CapturedPrioritizedDraw` for a prioritized one searching running
+sums (a CUDA graph on CUDA, its eager twin on the CPU) and every later one runs it. What a recording captured is checked before each run:
 
 - the sampler and the storage are the ones recorded (a snapshot for a save wraps the
   storage: calls are then eager until it is released; another sampler drops every
@@ -14,7 +15,9 @@ one runs it. What a recording captured is checked before each run:
   and made again (after a warm-up).
 
 Calls that a recording cannot serve go the eager way, every time: a dataset's own
-generator (``rng``), ``within_episodes``, a rate limiter, deduplicated frames.
+generator (``rng``), ``within_episodes``, a rate limiter, deduplicated frames, and for
+a prioritized sampler a range that may have no mass (a stored priority of 0: only the
+eager path reports that).
 
 With torch storage on CUDA the storage orders its gathers after its writes on other
 streams, and its writes after its gathers, with events (:class:`~replaybuffer.storage.
@@ -49,13 +52,16 @@ class SampleCaptures:
 
     Args:
         storage: the buffer's torch storage (leaves packed by dtype).
-        sampler: its :class:`~replaybuffer.sampling.torch_uniform.TorchUniformSampler`.
+        sampler: its :class:`~replaybuffer.sampling.torch_uniform.TorchUniformSampler`,
+            or :class:`~replaybuffer.sampling.torch_prioritized.TorchPrioritizedSampler`
+            with ``search="prefix"``.
         batch_size, max_length: the ring's layout.
         required: the user asked for recordings (``capture_samples=True``): a failed
             recording raises; otherwise it warns once and the buffer samples eagerly.
 
     Raises:
-        ValueError: the storage's leaves are not packed blocks.
+        ValueError: the storage's leaves are not packed blocks, or the sampler
+            searches a sum tree.
     """
 
     def __init__(self, storage: Any, sampler: Any, batch_size: int, max_length: int, *,
@@ -63,6 +69,11 @@ class SampleCaptures:
 
 
         self.storage, self.sampler = storage, sampler
+        # Prioritized draws search running sums (the tree's descent is not recorded).
+        self.prioritized = hasattr(sampler, "running_sums")
+        if self.prioritized and sampler.running_sums is None:
+            raise ValueError("recorded prioritized draws search running sums: "
+                             "device_search='prefix' (or 'auto'), not 'tree'")
         packing = storage.packing
         if packing is None:
             raise ValueError("recorded draws gather packed blocks: the torch storage's "
@@ -78,18 +89,27 @@ class SampleCaptures:
         self.generation: int | None = None
         self.disabled: str | None = None  # why recordings stopped (a failed one)
         self._all = list(range(len(storage.arrays)))
+        if self.prioritized:
+            sampler.record_updates(self._new_capture)
+
+    def _new_capture(self) -> Any:
+        """A CUDA graph on CUDA, its eager twin elsewhere (the CPU: tests)."""
+        from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
+
+        return CudaGraphCapture(self.storage.device, []) if self.graph else EagerCapture()
 
     def _valid(self, sampler: Any, storage: Any, generation: int) -> bool:
         """Whether the recordings may serve a call now (dropping stale ones)."""
         if storage is not self.storage:  # a save's snapshot wraps it for a while
             return False
         if sampler is not self.sampler:
-            from replaybuffer.sampling.torch_uniform import TorchUniformSampler
-
             self._drop()
-            if type(sampler) is not TorchUniformSampler:
+            if type(sampler) is not type(self.sampler) or \
+                    getattr(sampler, "running_sums", True) is None:
                 return False  # its draws are not the recorded ones: eager
             self.sampler = sampler
+            if self.prioritized:
+                sampler.record_updates(self._new_capture)
         if generation != self.generation:
             packing = storage.packing
             if [b.data_ptr() for b in packing.blocks] != \
@@ -107,11 +127,15 @@ class SampleCaptures:
 
     def sample(self, sampler: Any, storage: Any, generation: int, last_id: int,
                sample_batch_size: int, num_steps: int | None
-               ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None:
-        """``(leaves, ids, probabilities)`` from a recording, or ``None`` where this call
-        is to be served eagerly (a warm-up, a stale or failed recording). The caller
-        holds the buffer's lock and has checked that a window fits."""
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """``(leaves, [ids, probabilities])`` from a recording (prioritized: ``[ids,
+        probabilities, weights]``, the call counted by the sampler), or ``None`` where
+        this call is to be served eagerly (a warm-up, a stale or failed recording, a
+        range that may have no mass). The caller holds the buffer's lock and has
+        checked that a window fits."""
         if self.disabled is not None or not self._valid(sampler, storage, generation):
+            return None
+        if self.prioritized and not sampler.before_recorded_draw():
             return None
         key = (sample_batch_size, num_steps)
         draw = self.draws.get(key)
@@ -124,35 +148,48 @@ class SampleCaptures:
             if draw is None:
                 return None
         storage.before_read()
-        copy = draw.run(last_id)
+        copy = draw.run(last_id, sampler.key_base) if self.prioritized else \
+            draw.run(last_id)
         storage.after_read()
-        *leaves, ids, probabilities = self.outputs[key].of(copy)
-        return leaves, ids, probabilities
+        views = self.outputs[key].of(copy)
+        if not self.prioritized:
+            return views[:-2], views[-2:]
+        leaves, (ids, probabilities, ratios) = views[:-3], views[-3:]
+        return leaves, [ids, probabilities, sampler.after_recorded_draw(ratios)]
 
     def _record(self, sample_batch_size: int, num_steps: int | None) -> Any:
         from replaybuffer.sampling.captured_draws import CapturedUniformDraw, ViewsOf
+        from replaybuffer.sampling.captured_prioritized import CapturedPrioritizedDraw
         from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
 
         generator = self.sampler.generator
         capture: Any = CudaGraphCapture(self.storage.device, [generator]) if self.graph \
             else EagerCapture()
         try:
-            draw = CapturedUniformDraw(capture, generator, self.packing.blocks,
-                                       self.batch_size, self.max_length,
-                                       sample_batch_size, num_steps)
+            draw: Any
+            if self.prioritized:
+                draw = CapturedPrioritizedDraw(
+                    capture, generator, self.sampler.running_sums, self.packing.blocks,
+                    self.batch_size, self.max_length, sample_batch_size, num_steps,
+                    self.sampler.normalize)
+            else:
+                draw = CapturedUniformDraw(capture, generator, self.packing.blocks,
+                                           self.batch_size, self.max_length,
+                                           sample_batch_size, num_steps)
         except RuntimeError as exc:
             if self.required:
                 raise RuntimeError(f"capture_samples=True: recording sample_batch_size="
                                    f"{sample_batch_size}, num_steps={num_steps} failed: "
                                    f"{exc}") from exc
             self.disabled = str(exc)
-            warnings.warn(f"sampling stays eager: recording the uniform draw failed "
+            warnings.warn(f"sampling stays eager: recording the draw failed "
                           f"({exc}); pass capture_samples=False to say so",
                           RuntimeWarning, stacklevel=4)
             return None
-        *blocks, ids, probabilities = draw.static
+        tail = 3 if self.prioritized else 2  # ids, probabilities (and ratios)
+        blocks = draw.static[:-tail]
         # The leaves as the storage's gather makes them (views of the gathered blocks).
-        templates = self.packing.leaves(blocks, draw.outer, self._all) + [ids, probabilities]
+        templates = self.packing.leaves(blocks, draw.outer, self._all) + draw.static[-tail:]
         self.outputs[(sample_batch_size, num_steps)] = ViewsOf(draw.output, templates)
         self.draws[(sample_batch_size, num_steps)] = draw
         return draw
@@ -181,8 +218,10 @@ class CapturedReads(ReadPath):
                                         last, sample_batch_size or 1, num_steps) \
                     if steps <= ring.max_length and last + 1 >= steps else None
             if drawn is not None:
-                leaves, ids, probabilities = drawn
+                leaves, (ids, probabilities, *weights) = drawn
                 info: dict[str, Any] = {"probabilities": probabilities}
+                if weights:
+                    info["weights"] = weights[0]
                 return self._package(leaves, ids, info,  # type: ignore[arg-type]
                                      sample_batch_size, num_steps, time_stacked)
         # The class's draw (the instance's is this one).

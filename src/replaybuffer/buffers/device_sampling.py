@@ -44,7 +44,7 @@ def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,
 
 
 def captures_samples(capture_samples: bool | None, on_device: bool, device: Any) -> bool:
-    """Whether a uniform buffer serves ``get_next`` from recorded draws
+    """Whether a uniform or prioritized buffer serves ``get_next`` from recorded draws
     (:mod:`replaybuffer.buffers.captured_reads`): ``capture_samples`` if given
     (checked), else whether it samples on a CUDA device (``on_device``: the choice of
     :func:`samples_on_device`). ``True`` on the CPU records the eager twin of the

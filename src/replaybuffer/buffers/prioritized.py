@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
-from replaybuffer.buffers.device_sampling import (device_prioritized_sampler,
+from replaybuffer.buffers.captured_reads import CapturedReads
+from replaybuffer.buffers.device_sampling import (captures_samples,
+                                                  device_prioritized_sampler,
                                                   device_search_for, samples_on_device)
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter
@@ -138,7 +140,7 @@ class PrioritizedMixin:
             return self._sampler.priorities(self._ring, ids_arr)
 
 
-class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
+class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
     """Samples windows in proportion to ``priority ** alpha`` (Schaul et al., 2016).
 
     Same layout and API as :class:`~replaybuffer.UniformReplayBuffer`, plus
@@ -177,6 +179,11 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
             Only with device sampling.
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
             (as setting :attr:`rate_limiter`).
+        capture_samples: as for the uniform buffer: serve ``get_next`` on the device
+            from a recorded draw and gather per ``(sample_batch_size, num_steps)``
+            (:mod:`replaybuffer.sampling.captured_prioritized`); ``None``: where it
+            samples on CUDA with the running sums; ``True`` on the CPU records the eager
+            twin (tests); ``True`` with ``device_search="tree"`` is a ``ValueError``.
     """
 
     _sampler: PrioritizedSampler
@@ -188,7 +195,8 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                  frame_stack: str | None = None, stack_axis: int = 0,
                  normalize: str = "batch", path: str | os.PathLike[str] | None = None,
                  sample_on_device: bool | None = None, device_search: str | None = None,
-                 rate_limiter: RateLimiter | None = None):
+                 rate_limiter: RateLimiter | None = None,
+                 capture_samples: bool | None = None):
         capacity = Ring(batch_size, max_length).capacity  # validates the layout first
         sampler = PrioritizedSampler(capacity, alpha, beta, beta_final=beta_final,
                                      beta_steps=beta_steps, seed=seed, normalize=normalize)
@@ -196,13 +204,16 @@ class PrioritizedReplayBuffer(PrioritizedMixin, ReplayBuffer):
                          sampler=sampler, track_episodes=track_episodes,
                          frame_stack=frame_stack, stack_axis=stack_axis, path=path,
                          rate_limiter=rate_limiter)
-        if samples_on_device(self.storage, device, sample_on_device, track_episodes):
+        on_device = samples_on_device(self.storage, device, sample_on_device, track_episodes)
+        if on_device:
             self._sampler = device_prioritized_sampler(
                 capacity, alpha, beta, beta_final=beta_final, beta_steps=beta_steps,
                 seed=seed, normalize=normalize, device=self.device, search=device_search)
             self._device_update = self._sampler.update_on_device  # type: ignore[attr-defined]
         else:
             device_search_for(device_search, capacity, on_device=False)
+        if captures_samples(capture_samples, on_device, self.device):
+            self.record_samples(capture_samples is True)
         self._id_step = self._ring.batch_size
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,

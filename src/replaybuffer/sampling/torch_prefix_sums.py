@@ -81,6 +81,12 @@ class TorchPrefixSums:
         held = sums[by_rank[rank]]  # by_rank[0] is junk: masked next
         sums.copy_(torch.where(rank > 0, held, 0.0))
 
+    def exclusive_sums(self) -> torch.Tensor:
+        """The exclusive running sums, float64 ``[capacity + 1]`` (``[k]``: slots
+        ``[0, k)``), recomputed in place after a write: always the same tensor, so a
+        recording may read it."""
+        return self._exclusive()
+
     def sums(self) -> torch.Tensor:
         """Inclusive running sums of the slots, float64 ``[capacity]`` (recomputed after a
         write, when next read)."""
@@ -120,6 +126,11 @@ class TorchPrefixSums:
         last[:-1] = ordered[1:] != ordered[:-1]
         target = torch.where(last, ordered, self.capacity)
         self._values.index_put_((target,), values[order])
+        self._stale = True
+
+    def mark_written(self) -> None:
+        """Slots were written in place elsewhere (a recorded update): the running sums
+        are recomputed when next read."""
         self._stale = True
 
     def load(self, values: torch.Tensor) -> None:

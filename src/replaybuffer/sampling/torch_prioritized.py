@@ -50,6 +50,7 @@ from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
+                                                          checked_on_device,
                                                           device_arguments)
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
@@ -64,20 +65,25 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         search: ``"prefix"`` (running sums, the default) or ``"tree"`` (a sum tree);
             module docstring.
 
-    Updates are copied to the host and checked there at once (two synchronizations per
-    update). With ``search="prefix"`` and :attr:`device_updates` set to ``True`` (on
-    the class or one sampler), :meth:`update_on_device` applies updates given as device
-    tensors without a host synchronization instead, checked on the device and reported
-    at the next call (:mod:`~replaybuffer.sampling.torch_priority_updates`). That is
-    not the default because it measured slower on an NVIDIA H200: about 44 kernels
-    against 9 for an update, 554 against 237 us alone (``replaybuffer bench --gpu``),
-    and 3.49 against 3.17 ms for a whole prioritized train step of a small MLP, where
-    the host's sync waits for the queued step (``benchmarks/gpu_train_loop.py``).
+    Priority updates given as tensors on the device (``BufferInfo.ids`` and, say,
+    absolute TD errors computed there) are applied and checked on the device, with no
+    host synchronization, by :meth:`update_on_device`: a bad batch writes nothing (the
+    refusal is a mask on the write) and its ``ValueError`` is raised at a later call
+    (:mod:`~replaybuffer.sampling.torch_priority_updates`). :attr:`device_updates`
+    chooses (on the class or one sampler): ``None``, the default, checks on the device
+    where the sampler draws on a CUDA device with ``search="prefix"``; ``True`` on any
+    device with ``"prefix"`` (the CPU tests' way); ``False`` copies every update to the
+    host and checks it there at once (two synchronizations per update). The tree search
+    always checks on the host: its writes size their output there anyway
+    (``torch.unique``). Alone, a device-checked update is more kernels than a host-checked
+    one (about 44 against 9, 554 against 237 us on an NVIDIA H200, ``replaybuffer bench
+    --gpu``), but it never makes the host wait for the device's queue, which a train
+    step's kernels fill (``benchmarks/gpu_train_loop.py`` times both in a train loop).
     """
 
     fused_updates = False  # its priorities live in the device tree (_set), not the host's
 
-    device_updates = False
+    device_updates: bool | None = None
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -173,10 +179,17 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._tree.assign(to_device(positions.astype(np.int64, copy=False), self.device),
                           updates.scale(raw))
 
+    @property
+    def checks_on_device(self) -> bool:
+        """Whether updates given as device tensors are checked on the device
+        (:func:`~replaybuffer.sampling.torch_priority_updates.checked_on_device` of
+        :attr:`device_updates`)."""
+        return checked_on_device(self.device_updates, self.device, self.search)
+
     def update_on_device(self, ring: Ring, ids: Any, priorities: Any) -> int | None:
         """Apply ``priorities`` to item ``ids`` on the device, when both are tensors on
-        it and the search is ``"prefix"``; ``None`` otherwise (the caller takes the
-        host path). Returns how many ids were given (module
+        it and :attr:`checks_on_device`; ``None`` otherwise (the caller takes the host
+        path). Returns how many ids were given (module
         :mod:`~replaybuffer.sampling.torch_priority_updates`: stale ones are skipped
         uncounted, and a bad batch writes nothing and raises at a later call).
 
@@ -185,7 +198,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
                 once), or a batch refused by an earlier call (deferred).
         """
         updates = self._device_updates
-        if updates is None or not self.device_updates:
+        if updates is None or not self.checks_on_device:
             return None
         given = device_arguments(ids, priorities, self.device)
         if given is None:
@@ -234,18 +247,6 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
 
     # ---------------------------------------------------------------- sampling
-    @staticmethod
-    def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
-        """``(first, span)``: the valid window starts are stored positions ``first`` to
-        ``first + span - 1``, cyclically (``(0, capacity)`` for the whole ring). Never
-        an unwritten position: those hold no mass, and the running sums count on
-        that (:attr:`TorchPrefixSums.may_hold_empty`)."""
-        lo, hi = ring.valid_start_range(num_steps)
-        span = (hi - lo) * ring.batch_size
-        if span == ring.capacity:
-            return 0, span
-        return (lo % ring.max_length) * ring.batch_size, span
-
     def _tree_segments(self, tree: TorchSegmentTree, first: int, span: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
@@ -266,7 +267,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             self._flush()
         if ring.last_id + 1 < num_steps:
             return 0.0
-        first, span = self._valid_positions(ring, num_steps)
+        first, span = _valid_positions(ring, num_steps)
         if isinstance(self._tree, TorchPrefixSums):
             return float(self._tree.range_mass(first, span))
         if span == ring.capacity:
@@ -284,7 +285,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         generator = self._generator.for_call(rng)
         u = torch.rand(sample_batch_size, dtype=torch.float64, generator=generator,
                        device=self.device)
-        first, span = self._valid_positions(ring, num_steps)
+        first, span = _valid_positions(ring, num_steps)
         tree = self._tree
         if isinstance(tree, TorchPrefixSums):
             positions, mass = tree.draw(u, first, span)
@@ -307,7 +308,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._zeros:  # one scalar back to the host, only where a range may be empty
             require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
-        ids = self._ids_on_device(ring, positions)
+        ids = _ids_on_device(ring, positions)
         probabilities = (values / mass).to(torch.float32)
         if self.normalize == "batch":
             smallest = values.amin()
@@ -323,14 +324,41 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         return SampleIndices(ids, positions), {  # type: ignore[arg-type]
             "probabilities": probabilities, "weights": weights}
 
-    @staticmethod
-    def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
-        """Logical ids (int64, a new tensor) of the steps at stored positions."""
-        oldest = ring.oldest_id
-        if not oldest:  # the ring has not wrapped: the slot is the id
-            return positions // ring.batch_size
-        slots = positions // ring.batch_size if ring.batch_size > 1 else positions
-        return (slots - oldest % ring.max_length) % ring.max_length + oldest
+    # ------------------------------------------------------- recorded draws
+    @property
+    def generator(self) -> torch.Generator:
+        """The device generator the draws come from (registered with a recording)."""
+        return self._generator.generator
+
+    @property
+    def running_sums(self) -> TorchPrefixSums | None:
+        """The running sums searched (``None`` with ``search="tree"``)."""
+        return self._tree if isinstance(self._tree, TorchPrefixSums) else None
+
+    def before_recorded_draw(self) -> bool:
+        """What :meth:`sample` does before drawing (device updates' outcomes acted on,
+        new steps' priorities written); whether a recorded draw
+        (:mod:`~replaybuffer.sampling.captured_prioritized`) may serve the call: not
+        where a range may have no mass (only the eager path reports that)."""
+        self.settle(wait=False)
+        if self._pending:
+            self._flush()
+        return not self._zeros
+
+    def record_updates(self, recorder: Any) -> None:
+        """Record device updates per batch size into captures ``recorder()`` makes
+        (:class:`~replaybuffer.sampling.torch_priority_updates.RecordedUpdate`)."""
+        if self._device_updates is not None:
+            self._device_updates.recorder = recorder
+
+    def after_recorded_draw(self, ratios: torch.Tensor) -> torch.Tensor:
+        """The importance weights (float32 ``[S]``) of a recorded draw's ratios, as
+        :meth:`sample` makes them, and the call counted (the beta schedule)."""
+        weights = ratios.pow(self.beta)
+        if self.normalize == "buffer":
+            weights = weights.clamp(max=1.0)
+        self.sample_calls += 1
+        return weights
 
     # ------------------------------------------------------------- priorities
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
@@ -371,3 +399,24 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
         self._note_values(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
+
+
+def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
+    """``(first, span)``: the valid window starts are stored positions ``first`` to
+    ``first + span - 1``, cyclically (``(0, capacity)`` for the whole ring). Never
+    an unwritten position: those hold no mass, and the running sums count on
+    that (:attr:`TorchPrefixSums.may_hold_empty`)."""
+    lo, hi = ring.valid_start_range(num_steps)
+    span = (hi - lo) * ring.batch_size
+    if span == ring.capacity:
+        return 0, span
+    return (lo % ring.max_length) * ring.batch_size, span
+
+
+def _ids_on_device(ring: Ring, positions: torch.Tensor) -> torch.Tensor:
+    """Logical ids (int64, a new tensor) of the steps at stored positions."""
+    oldest = ring.oldest_id
+    if not oldest:  # the ring has not wrapped: the slot is the id
+        return positions // ring.batch_size
+    slots = positions // ring.batch_size if ring.batch_size > 1 else positions
+    return (slots - oldest % ring.max_length) % ring.max_length + oldest
