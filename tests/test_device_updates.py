@@ -292,6 +292,9 @@ def test_device_updates_off_checks_on_the_host_at_once(device):
 def test_device_checks_are_the_default_on_cuda_only():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert checked_on_device(None, cuda, "prefix")
+    # eager updates checked on the device are slower than the host check: the default
+    # only where they are recorded
+    assert not checked_on_device(None, cuda, "prefix", recorded=False)
     assert not checked_on_device(None, cpu, "prefix")
     assert checked_on_device(True, cpu, "prefix")
     assert not checked_on_device(False, cuda, "prefix")
@@ -327,6 +330,9 @@ def test_device_checks_are_the_default_for_a_buffer_on_cuda():
     tree = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
                                       device="cuda", seed=5, device_search="tree")
     assert not tree.sampler.checks_on_device
+    eager = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
+                                       device="cuda", seed=5, capture_samples=False)
+    assert not eager.sampler.checks_on_device
 
 
 def bad_update(dev: rb.PrioritizedReplayBuffer, device: torch.device) -> None:

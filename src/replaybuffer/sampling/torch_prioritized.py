@@ -184,7 +184,9 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         """Whether updates given as device tensors are checked on the device
         (:func:`~replaybuffer.sampling.torch_priority_updates.checked_on_device` of
         :attr:`device_updates`)."""
-        return checked_on_device(self.device_updates, self.device, self.search)
+        updates = self._device_updates
+        return checked_on_device(self.device_updates, self.device, self.search,
+                                 updates is not None and updates.recorder is not None)
 
     def update_on_device(self, ring: Ring, ids: Any, priorities: Any) -> int | None:
         """Apply ``priorities`` to item ``ids`` on the device, when both are tensors on
