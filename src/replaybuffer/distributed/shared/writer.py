@@ -270,13 +270,9 @@ class SharedWriter:
             with self._threads, self._given_back(count):
                 self._write_step(first, count, arrays)
         except SideFramesFullError:  # raised before anything was written
-            self._give_back_unwritten_claim()
+            if self._claim_unwritten:  # rows this call claimed go back
+                self.release_rows()
             raise
-
-    def _give_back_unwritten_claim(self) -> None:
-        """Release rows claimed by a call refused before its first write."""
-        if self._claim_unwritten:
-            self.release_rows()
 
     def write_steps(self, first: int, count: int, steps: Iterable[Sequence[Any]]) -> None:
         """Write consecutive steps (each as :meth:`write_step`'s ``arrays``), with no
@@ -307,8 +303,8 @@ class SharedWriter:
         except BaseException as exc:
             if self._admission is not None:  # the steps not written were never inserted
                 self._admission.give_back(True, count * (len(steps) - written))
-            if isinstance(exc, SideFramesFullError):  # raised before the first write
-                self._give_back_unwritten_claim()
+            if isinstance(exc, SideFramesFullError) and self._claim_unwritten:
+                self.release_rows()  # refused before the first write: as write_step
             raise
 
     def _encoded(self, first: int, count: int, steps: list[Sequence[Any]]
