@@ -172,7 +172,12 @@ def test_a_draw_answer_hands_out_its_batches_and_the_error_of_the_rest():
         assert got["x"].base is not None  # a view of the answer's one buffer
     with pytest.raises(RateLimitedError, match="held back"):
         answer.part(2)  # not drawn: the shard's in-band error
-    # Leaves that are not the spec's layout are refused for packing (sent unpacked).
+    # Leaves that are not the spec's layout, or too many bytes, are sent unpacked.
+    from replaybuffer.distributed.ray_shards.draw_answers import PACK_MAX_BYTES
+    n = PACK_MAX_BYTES // 12 + 1
+    big = ([np.zeros(n, np.int32), np.zeros(n, np.int64)], np.zeros(n, np.int64),
+           np.zeros(n, np.float32))
+    assert pack_draws(packing, SPEC, [big], None) is None
     assert pack_draws(packing, SPEC, [([drawn[0][0][1]], *drawn[0][1:])], None) is None
     assert pack_draws(packing, SPEC, [(drawn[0][0][::-1], *drawn[0][1:])], None) is None
 

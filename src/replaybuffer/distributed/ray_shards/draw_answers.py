@@ -34,6 +34,11 @@ per row (per sample)."""
 DRAWN_ERRORS = (EmptyBufferError, RateLimitedError)
 """Errors a shard answers in band for the batches of a call it could not draw."""
 
+PACK_MAX_BYTES = 1 << 17
+"""Answers of more item bytes than this go unpacked: packing copies them once more in
+the shard, which outweighs Ray's per-array cost (tens of us) for large batches (a
+batch of 256 Atari frames, 7 MB: about 2 ms more per draw in the bench)."""
+
 Drawn = tuple[list[np.ndarray], np.ndarray, np.ndarray]
 """One drawn batch on the shard: its flattened item leaves ``[n, T, ...]`` (``[n,
 ...]`` without ``num_steps``), int64 ids ``[n, T]`` (``[n]``), float32 probabilities
@@ -55,7 +60,10 @@ def pack_draws(packing: ChunkPacking, data_spec: Any, drawn: list[Drawn],
                num_steps: int | None) -> np.ndarray | None:
     """The batches ``drawn`` in one ``uint8`` buffer of ``packing``'s layout (rows one
     after another; ``num_steps`` ``None``: steps of 1), or ``None`` when their leaves
-    are not the spec's (the caller answers them unpacked)."""
+    are not the spec's or hold more than :data:`PACK_MAX_BYTES` (the caller answers
+    them unpacked)."""
+    if sum(leaf.nbytes for leaves, _, _ in drawn for leaf in leaves) > PACK_MAX_BYTES:
+        return None
     specs = nest.flatten(data_spec)[0]
     steps = num_steps or 1
     parts = []

@@ -311,7 +311,9 @@ class ShardActor:
             items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
                                                                              timeout=timeout)
         leaves, structure = nest.flatten(items)
-        return ([np.asarray(leaf) for leaf in leaves], np.asarray(info.ids),
+        # Contiguous leaves (sent unpacked) go out of band into Ray's store and the
+        # client maps them; a strided view (a packed leaf) would be pickled in band.
+        return ([np.ascontiguousarray(leaf) for leaf in leaves], np.asarray(info.ids),
                 np.asarray(info.probabilities, np.float32)), structure
 
     @ray.method(concurrency_group="priorities")
