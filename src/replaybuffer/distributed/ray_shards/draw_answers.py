@@ -13,7 +13,8 @@ would be. An error at the first batch is raised as the call's.
 Ray maps the one buffer of an answer read-only from its object store (or, small,
 deserialises it once from the reply); the items, ids and probabilities of each batch
 are views of it: no copy on the client, and one buffer for Ray to serialise instead
-of three arrays per leaf and batch.
+of three arrays per leaf and batch. Answers larger than :data:`PACK_MAX_BYTES` go
+unpacked, one contiguous array per leaf (Ray maps each; no copy on the client either).
 """
 
 from __future__ import annotations
