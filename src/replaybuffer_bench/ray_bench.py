@@ -108,7 +108,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
         payload = ray.get(buffer.actors[0].draw.remote(("get_next", [(SAMPLE, None)],
                                                              None, 0.0, False)))[0]
-        part = {"packed": payload}  # one buffer: the items, ids and probabilities
+        # one buffer (items, ids, probabilities), or large: the items' leaves
+        part = {"packed": payload} if isinstance(payload, np.ndarray) else payload[0][0]
         idle = []
         for _ in range(50):
             t0 = time.perf_counter()
