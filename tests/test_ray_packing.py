@@ -67,3 +67,29 @@ def test_a_buffer_of_another_size_or_dtype_is_refused():
         packing.unpack(packed, 1, 3)
     with pytest.raises(ValueError, match="must be 48 uint8 bytes, got float32"):
         packing.unpack(packed.view(np.float32), 1, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=st.lists(leaf_specs, min_size=1, max_size=3),
+       counts=st.lists(st.integers(0, 3), min_size=1, max_size=3),
+       steps=st.integers(1, 3), data=st.data())
+def test_parts_packed_row_after_row_come_back_with_their_extra_leaves(specs, counts, steps,
+                                                                       data):
+    spec = {f"leaf{i}": s for i, s in enumerate(specs)}
+    packing = ChunkPacking(spec, [(np.int64, True), (np.float32, False)])
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    parts = [[rng.integers(0, 100, (n, steps) + s.shape).astype(s.dtype)
+              for s in spec.values()]
+             + [rng.integers(0, 2**40, (n, steps)), rng.random(n).astype(np.float32)]
+             for n in counts]
+    packed = packing.pack_rows(parts, steps)
+    rows = sum(counts)
+    leaves = packing.unpack_leaves(packed, rows, steps)
+    assert len(leaves) == len(spec) + 2
+    assert leaves[-2].shape == (rows, steps) and leaves[-1].shape == (rows,)
+    for k, leaf in enumerate(leaves):  # every leaf: the parts' rows, in order
+        assert (leaf.ctypes.data - packed.ctypes.data) % ALIGN == 0
+        np.testing.assert_array_equal(leaf, np.concatenate([part[k] for part in parts]))
+    assert list(packing.unflatten(leaves)) == list(spec)
+    with pytest.raises(ValueError, match=f"{rows + 1} x {steps} steps must be"):
+        packing.unpack_leaves(packed, rows + 1, steps)

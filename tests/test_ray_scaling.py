@@ -75,8 +75,9 @@ def fill_shards(buffer: RayReplayBuffer, sizes: list[int]) -> None:
     buffer.flush()
 
 
-def take(buffer: RayReplayBuffer, n: int, prefetch: int, size: int = 16):
-    stream = iter(buffer.as_dataset(size, prefetch=prefetch))
+def take(buffer: RayReplayBuffer, n: int, prefetch: int, size: int = 16,
+         num_steps: int | None = None):
+    stream = iter(buffer.as_dataset(size, num_steps, prefetch=prefetch))
     try:
         return [next(stream) for _ in range(n)], stream.in_flight()
     finally:
@@ -120,6 +121,77 @@ def test_batches_in_flight_are_bounded_and_the_seed_fixes_their_order(make,
         np.testing.assert_array_equal(a["x"], b["x"])
         local = (1 << 48) - 1  # the incarnation (a new one per clear) aside
         np.testing.assert_array_equal(info_a.ids & local, info_b.ids & local)
+
+
+@pytest.mark.parametrize("shards_per_batch", [None, 1, 2])
+@pytest.mark.parametrize("num_steps", [None, 3])
+def test_batches_drawn_several_per_call_are_the_seeds_batches(make, shards_per_batch,
+                                                              num_steps):
+    runs = []
+    for group in (1, 3):
+        buffer = make(seed=12, shards_per_batch=shards_per_batch)
+        fill_shards(buffer, [10, 20, 30])
+        stream = iter(buffer.as_dataset(16, num_steps, prefetch=5, batches_per_call=group))
+        batches = [next(stream) for _ in range(24)]
+        # 5 - 3 + 1 .. 5 in flight while the learner trains
+        assert 5 - group + 1 <= stream.in_flight() <= 5
+        calls = [answer for pending in stream._pending for _, answer, _, _ in pending.calls]
+        if group > 1:  # batches of a group that go to one shard share its call
+            assert len({id(a) for a in calls}) < len(calls)
+        stream.close()
+        runs.append(batches)
+    for (a, info_a), (b, info_b) in zip(*runs):
+        for name in ("x", "step_type"):
+            np.testing.assert_array_equal(a[name], b[name])
+        local = (1 << 48) - 1
+        np.testing.assert_array_equal(info_a.ids & local, info_b.ids & local)
+        np.testing.assert_array_equal(info_a.probabilities, info_b.probabilities)
+        if num_steps is not None:  # windows of consecutive steps of one shard
+            np.testing.assert_array_equal(np.diff(a["x"], axis=1), 1)
+
+
+def test_a_draw_answer_hands_out_its_batches_and_the_error_of_the_rest():
+    from replaybuffer.distributed.ray_shards.draw_answers import (DrawAnswer,
+                                                                  draw_packing, pack_draws)
+    from replaybuffer.rate_limiter import RateLimitedError
+    packing = draw_packing(SPEC)
+    # leaves in the spec's flattened order (sorted keys): step_type, x
+    drawn = [([np.full(n, k, np.int32), np.arange(n, dtype=np.int64) + 10 * k],
+              np.arange(n, dtype=np.int64) * 2 + k, np.full(n, 0.5 / (k + 1), np.float32))
+             for k, n in enumerate([2, 3])]
+    payload = pack_draws(packing, SPEC, drawn, None)
+    error = RateLimitedError("held back")
+    answer = DrawAnswer(ray.put((payload, 2, error, 5.0, (0, -1, 0, 4))), packing,
+                        [2, 3, 4], None)
+    for k, (leaves, ids, probabilities) in enumerate(drawn):
+        got, got_ids, got_probabilities = answer.part(k)
+        np.testing.assert_array_equal(got["x"], leaves[1])
+        np.testing.assert_array_equal(got["step_type"], leaves[0])
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_probabilities, probabilities)
+        assert got["x"].base is not None  # a view of the answer's one buffer
+    with pytest.raises(RateLimitedError, match="held back"):
+        answer.part(2)  # not drawn: the shard's in-band error
+    # Leaves that are not the spec's layout, or too many bytes, are sent unpacked.
+    from replaybuffer.distributed.ray_shards.draw_answers import PACK_MAX_BYTES
+    n = PACK_MAX_BYTES // 12 + 1
+    big = ([np.zeros(n, np.int32), np.zeros(n, np.int64)], np.zeros(n, np.int64),
+           np.zeros(n, np.float32))
+    assert pack_draws(packing, SPEC, [big], None) is None
+    assert pack_draws(packing, SPEC, [([drawn[0][0][1]], *drawn[0][1:])], None) is None
+    assert pack_draws(packing, SPEC, [(drawn[0][0][::-1], *drawn[0][1:])], None) is None
+
+
+def test_batches_per_call_below_one_is_refused_and_nothing_changes(make):
+    buffer = make(seed=13)
+    fill_shards(buffer, [4, 4, 4])
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match=f"batches_per_call must be a positive int, "
+                                             f"got {bad!r}"):
+            buffer.as_dataset(4, prefetch=2, batches_per_call=bad)
+    assert len(buffer) == 12
+    batch, _ = next(iter(buffer.as_dataset(4, prefetch=2, batches_per_call=8)))  # capped
+    assert batch["x"].shape == (4,)
 
 
 def test_prefetch_below_one_and_bad_shard_counts_are_refused(make):

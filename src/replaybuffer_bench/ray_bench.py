@@ -8,10 +8,17 @@ uniform shards holding 100k control (20k frames) items between them, prefilled w
 1000 items each; 4 collector tasks (collector ``k`` writes to shard ``k % shards``
 through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
-learner iterates ``as_dataset(256, prefetch=--prefetch)``. Inserts/s sum the
+learner iterates ``as_dataset(256, prefetch=--prefetch, batches_per_call=
+--batches-per-call)``. Inserts/s sum the
 collectors' steps; samples/s count sampled items. The idle latency of one
 ``get_next(256)`` (median of 50) is taken first, on the prefilled shards, before the
 collectors start.
+
+Collectors write episodes of :data:`EPISODE_STEPS` steps (``step_type`` FIRST, then
+MID, LAST at the end: :func:`episode`), as an environment with a fixed horizon would,
+so a writer's chunks are sent when they hold ``--chunk-steps`` steps and at each
+episode's end (the shared workloads' random step types, 0-99, would end an episode
+about every 100 steps and send a chunk each time).
 
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
@@ -35,6 +42,9 @@ from replaybuffer_bench.workloads import random_items
 
 SAMPLE = 256
 CHUNK = 32
+EPISODE_STEPS = 1000
+"""Steps of a collector's episode (FIRST, MID..., LAST)."""
+FIRST, MID, LAST = 0, 1, 2
 
 
 def shard_buffer(spec: Any, max_length: int) -> Any:
@@ -43,24 +53,45 @@ def shard_buffer(spec: Any, max_length: int) -> Any:
     return rb.UniformReplayBuffer(spec, 1, max_length, seed=0)
 
 
+def episode(spec: Any, rng: np.random.Generator) -> Any:
+    """One row of :data:`EPISODE_STEPS` random steps (leaves ``[1, EPISODE_STEPS,
+    ...]``) whose ``step_type`` (int32, where the spec has one) is FIRST at the first
+    step, LAST at the last and MID between."""
+    items = random_items(spec, (1, EPISODE_STEPS), rng)
+    if isinstance(items, dict) and "step_type" in items:
+        step_type = np.full((1, EPISODE_STEPS), MID, items["step_type"].dtype)
+        step_type[:, 0], step_type[:, -1] = FIRST, LAST
+        items["step_type"] = step_type
+    return items
+
+
 def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
-    """Write ``extend`` calls of :data:`CHUNK` steps for ``seconds``; the steps sent."""
+    """Write episodes of :data:`EPISODE_STEPS` steps, ``extend`` calls of up to
+    :data:`CHUNK` steps (the last of an episode shorter), for ``seconds``; the steps
+    sent."""
+    from replaybuffer import nest
+
     rng = np.random.default_rng(seed)
-    chunks = [random_items(spec, (1, CHUNK), rng) for _ in range(4)]
+    steps_of = episode(spec, rng)
+    pieces = [nest.map_structure(lambda a, t=t: a[:, t:t + CHUNK], steps_of)
+              for t in range(0, EPISODE_STEPS, CHUNK)]
+    sizes = [min(CHUNK, EPISODE_STEPS - t) for t in range(0, EPISODE_STEPS, CHUNK)]
     deadline = time.perf_counter() + seconds
-    steps = 0
+    steps = k = 0
     while time.perf_counter() < deadline:
-        writer.extend(chunks[steps // CHUNK % 4])
-        steps += CHUNK
+        writer.extend(pieces[k])
+        steps += sizes[k]
+        k = (k + 1) % len(pieces)
     writer.flush()
     return steps
 
 
 def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             shards_per_batch: int | None = 1, prefetch: int = 4,
-            chunk_steps: int = 256) -> dict[str, Any]:
+            chunk_steps: int = 256, batches_per_call: int = 2) -> dict[str, Any]:
     """One row: ``shards`` shards, ``collectors`` writers, the learner through a
-    dataset with ``prefetch`` batches in flight."""
+    dataset with ``prefetch`` batches in flight, started ``batches_per_call`` at a
+    time."""
     import ray
 
     from replaybuffer.distributed import RayReplayBuffer
@@ -75,8 +106,10 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             buffer.extend(prefill, shard=shard)
         buffer.flush()
         items, _ = buffer.get_next(SAMPLE)  # warm up; and the copies, checked below
-        part = ray.get(buffer.actors[0].draw.remote(("get_next", SAMPLE, None, 0.0, None,
-                                                          False)))[0]
+        payload = ray.get(buffer.actors[0].draw.remote(("get_next", [(SAMPLE, None)],
+                                                             None, 0.0, False)))[0]
+        # one buffer (items, ids, probabilities), or large: the items' leaves
+        part = {"packed": payload} if isinstance(payload, np.ndarray) else payload[0][0]
         idle = []
         for _ in range(50):
             t0 = time.perf_counter()
@@ -92,7 +125,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
                             seconds, k)
                 for k in range(collectors)]
         sampled = 0
-        stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch))
+        stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch,
+                                        batches_per_call=batches_per_call))
         while time.perf_counter() - start < seconds:
             next(stream)
             sampled += SAMPLE
@@ -102,7 +136,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         insert_seconds = time.perf_counter() - start
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
-            "chunk_steps": chunk_steps, "idle_get_next_ms": float(np.median(idle)) * 1e3,
+            "chunk_steps": chunk_steps, "batches_per_call": batches_per_call,
+            "episode_steps": EPISODE_STEPS, "idle_get_next_ms": float(np.median(idle)) * 1e3,
             "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
             "zero_copy_share": zero_copy_share, "seconds": seconds}
@@ -174,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: a number of shards, or 'all'")
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--chunk-steps", type=int, default=256)
+    parser.add_argument("--batches-per-call", type=int, default=2,
+                        help="batches the learner's dataset starts together")
     parser.add_argument("--idle", action="store_true",
                         help="only the learner alone: get_next latency and dataset items/s")
     parser.add_argument("--no-single", action="store_true",
@@ -184,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    print(f"# collectors write episodes of {EPISODE_STEPS} steps (FIRST, MID..., LAST) "
+          f"in extends of {CHUNK}; chunks of {args.chunk_steps} steps; learner: "
+          f"as_dataset({SAMPLE}, prefetch={args.prefetch}), batches_per_call="
+          f"{args.batches_per_call}", flush=True)
     rows = []
     try:
         for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
@@ -199,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                 for shards in [int(s) for s in args.shards.split(",") if s]:
                     rows.append(run_ray(workload, shards, args.collectors, args.seconds,
                                         None if mode == "all" else int(mode),
-                                        args.prefetch, args.chunk_steps))
+                                        args.prefetch, args.chunk_steps,
+                                        args.batches_per_call))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()

@@ -157,7 +157,7 @@ class RayReplayBuffer(ShardWrites):
         self._health = ShardHealth(self._actors, [d["incarnation"] for d in described],
                                    [d["last_id"] for d in described], self._forget_masses)
         self._sampler = ShardSampler(self._actors, self._health, described[0]["beta"],
-                                     shards_per_batch)
+                                     self._data_spec, shards_per_batch)
         self._updates = PriorityUpdates(self._actors, self._health, self._sampler,
                                         max_in_flight)
         self._up = self._health.up  # the health's list, read in place on every call
@@ -253,8 +253,9 @@ class RayReplayBuffer(ShardWrites):
         if not block:
             raise not_supported(type(self), "get_next(block=False)",
                                 "use timeout= (a shard's rate limiter paces the call)")
-        items, info = self.finish_batch(self.start_batch(
-            sample_batch_size or 1, num_steps, rng or self._rng, within_episodes, timeout))
+        items, info = self.finish_batch(self.start_batches(
+            sample_batch_size or 1, num_steps, [rng or self._rng], within_episodes,
+            timeout)[0])
         if sample_batch_size is None:
             items = map_leaves(lambda a: a[0], items)
             info = BufferInfo(info.ids[0], info.probabilities[0],
@@ -265,19 +266,20 @@ class RayReplayBuffer(ShardWrites):
                                      items) for t in range(num_steps))
         return items, info
 
-    def start_batch(self, count: int, num_steps: int | None, rng: np.random.Generator,
-                    within_episodes: bool = False, timeout: float | None = None
-                    ) -> PendingBatch:
-        """Send the calls for one batch of ``count`` (see :meth:`finish_batch`)."""
+    def start_batches(self, count: int, num_steps: int | None,
+                      rngs: list[np.random.Generator], within_episodes: bool = False,
+                      timeout: float | None = None) -> list[PendingBatch]:
+        """Send the calls for one batch of ``count`` per generator of ``rngs`` (see
+        :meth:`finish_batch`), those that go to one shard in one call."""
         self._outbox.raise_error()
         self._updates.collect()
         self._updates.raise_error()
         self._probe()
-        return self._sampler.start("get_next", count, num_steps, rng, timeout,
-                                   within_episodes)
+        return self._sampler.start_many("get_next", count, num_steps, rngs, timeout,
+                                        within_episodes)
 
     def finish_batch(self, batch: PendingBatch) -> tuple[Any, BufferInfo]:
-        """The batch :meth:`start_batch` sent for, once its parts are in."""
+        """A batch :meth:`start_batches` sent for, once its parts are in."""
         return self._sampler.finish(batch)
 
     @overload
@@ -343,15 +345,16 @@ class RayReplayBuffer(ShardWrites):
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                    num_parallel_calls: int | None = None, prefetch: int | None = None,
-                   within_episodes: bool = False) -> ShardStream:
+                   within_episodes: bool = False, batches_per_call: int = 1) -> ShardStream:
         """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches with
         ``prefetch`` batches in flight to the shards while the learner works on the
         last one (:class:`~.pipeline.ShardStream`; default :data:`DEFAULT_PREFETCH`, or
-        ``num_parallel_calls`` when larger). FIFO shards (which consume what they
-        give) are read on pull: no prefetch.
+        ``num_parallel_calls`` when larger), started ``batches_per_call`` at a time.
+        FIFO shards (which consume what they give) are read on pull: no prefetch.
 
         Raises:
-            ValueError: ``prefetch`` below 1 (or not an int), a bad size.
+            ValueError: ``prefetch`` or ``batches_per_call`` below 1 (or not an int), a
+                bad size.
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
@@ -365,7 +368,8 @@ class RayReplayBuffer(ShardWrites):
                                  "order: no prefetch or num_parallel_calls")
             return ShardStream(self, sample_batch_size, num_steps, 0, within_episodes)
         depth = prefetch or max(DEFAULT_PREFETCH, num_parallel_calls or 0)
-        return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes)
+        return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes,
+                           batches_per_call)
 
     def stats(self) -> RateLimiterStats | None:
         """The shards' rate-limiter counters, summed over the shards that answer

@@ -9,6 +9,14 @@ runs the calls); the bound is the number of batches, so memory stays
 spawned, in order, from the stream's (see :mod:`.sampling`), so a seeded buffer gives
 the same batches with any ``prefetch`` (with the shards' contents unchanged).
 
+With ``batches_per_call`` ``g`` above 1 (``as_dataset``'s), batches are started ``g`` (or
+more) at a time, when the batches requested fall to ``prefetch + 1 - g``: the ones of
+a group that go to the same shard are drawn by one call (:mod:`.draw_answers`), so
+with few shards, or one shard per batch, a call serves several batches. It trades
+depth for calls: while the learner trains, ``prefetch - g + 1`` to ``prefetch``
+batches are in flight (``g`` is at most ``prefetch``). The batches are the same with
+any ``g``.
+
 A batch that fails (every shard empty, every one down, rate limited past the timeout)
 raises in its turn; the batches requested after it are dropped, and the next pull
 starts afresh, seeing the shards as they are by then.
@@ -34,15 +42,24 @@ class ShardStream:
     """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches from a
     :class:`~replaybuffer.distributed.RayReplayBuffer`, ``prefetch`` in flight. Each
     ``iter()`` starts an iterator with a generator of its own, spawned from the
-    buffer's."""
+    buffer's; ``group``: batches started together (``as_dataset``'s
+    ``batches_per_call``; at most ``prefetch`` are; 1: one at a time).
+
+    Raises:
+        ValueError: ``group`` is not a positive int (the buffer unchanged).
+    """
 
     def __init__(self, buffer: "RayReplayBuffer", sample_batch_size: int | None,
-                 num_steps: int | None, prefetch: int, within_episodes: bool = False):
+                 num_steps: int | None, prefetch: int, within_episodes: bool = False,
+                 group: int = 1):
         self.buffer = buffer
         self.sample_batch_size = sample_batch_size
         self.num_steps = num_steps
         self.prefetch = prefetch
         self.within_episodes = within_episodes
+        if type(group) is not int or group < 1:
+            raise ValueError(f"batches_per_call must be a positive int, got {group!r}")
+        self.group = max(1, min(group, prefetch))
 
     def __iter__(self) -> "ShardIterator":
         return ShardIterator(self)
@@ -64,10 +81,12 @@ class ShardIterator:
         if self._closed:
             raise StopIteration
         s = self._stream
-        while len(self._pending) <= s.prefetch:
-            self._pending.append(s.buffer.start_batch(s.sample_batch_size or 1,
-                                                      s.num_steps, self._rng,
-                                                      s.within_episodes))
+        if len(self._pending) <= s.prefetch + 1 - s.group:
+            wanted = s.prefetch + 1 - len(self._pending)
+            for group in range(0, wanted, s.group):  # groups of s.group (the first fill: several)
+                self._pending.extend(s.buffer.start_batches(
+                    s.sample_batch_size or 1, s.num_steps,
+                    [self._rng] * min(s.group, wanted - group), s.within_episodes))
         try:
             items, info = s.buffer.finish_batch(self._pending.popleft())
         except BaseException:

@@ -39,6 +39,8 @@ from ray.exceptions import RayError, RayTaskError
 
 from replaybuffer.distributed.errors import ShardsUnavailableError
 from replaybuffer.distributed.ray_shards.batches import Part, combine
+from replaybuffer.distributed.ray_shards.draw_answers import (DRAWN_ERRORS, DrawAnswer,
+                                                              draw_packing)
 from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
@@ -63,7 +65,8 @@ class PendingBatch:
     within_episodes: bool
     deadline: float | None
     timeout: float | None
-    calls: list[tuple[int, Any, int]] = field(default_factory=list)  # shard, ref, n
+    # shard, the call's answer, n, the batch's index in the call
+    calls: list[tuple[int, DrawAnswer, int, int]] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -76,11 +79,13 @@ class ShardSampler:
         health: which shards are up, and their incarnations.
         beta: the importance-sampling exponent of prioritized shards (``None``:
             uniform).
+        data_spec: the shards' data spec (answers come packed in its layout).
         shards_per_batch: see the module docstring (``None``: every shard).
     """
 
     def __init__(self, actors: list[Any], health: ShardHealth, beta: float | None,
-                 shards_per_batch: int | None = None):
+                 data_spec: Any, shards_per_batch: int | None = None):
+        self._packing = draw_packing(data_spec)
         self._actors = actors
         self._health = health
         self._up = health.up
@@ -120,22 +125,38 @@ class ShardSampler:
               rng: np.random.Generator, timeout: float | None = None,
               within_episodes: bool = False) -> PendingBatch:
         """Send the calls of one batch (an error is kept for :meth:`finish`)."""
-        batch = PendingBatch(method, count, num_steps,
-                             make_rng(int(rng.integers(0, 2**63 - 1))), within_episodes,
-                             None if timeout is None else time.monotonic() + timeout, timeout)
-        try:
-            mass = self._current_mass(num_steps)
-            if not (mass * self._up).sum() > 0:
-                if not any(self._up):
-                    raise ShardsUnavailableError(f"all {self._num_shards} shards are down")
-                self.refresh(num_steps)  # none known to hold any: ask, and wait
-                mass = self._mass[num_steps]
+        return self.start_many(method, count, num_steps, [rng], timeout,
+                               within_episodes)[0]
+
+    def start_many(self, method: str, count: int, num_steps: int | None,
+                   rngs: list[np.random.Generator], timeout: float | None = None,
+                   within_episodes: bool = False) -> list[PendingBatch]:
+        """Plan one batch per generator of ``rngs`` (each draws its shards and seeds
+        from a generator seeded by its own, as :meth:`start` does) and send them with
+        one call per shard: a shard that several of them go to draws them all in one
+        call. The batches are the same as separate :meth:`start` calls give."""
+        batches, planned = [], []
+        for rng in rngs:
+            batch = PendingBatch(method, count, num_steps,
+                                 make_rng(int(rng.integers(0, 2**63 - 1))), within_episodes,
+                                 None if timeout is None else time.monotonic() + timeout,
+                                 timeout)
+            batches.append(batch)
+            try:
+                mass = self._current_mass(num_steps)
                 if not (mass * self._up).sum() > 0:
-                    raise self._empty(batch)
-            self._send(batch, count, mass * self._up, first=True)
-        except Exception as exc:  # noqa: BLE001 - raised by finish, in the batch's turn
-            batch.error = exc
-        return batch
+                    if not any(self._up):
+                        raise ShardsUnavailableError(
+                            f"all {self._num_shards} shards are down")
+                    self.refresh(num_steps)  # none known to hold any: ask, and wait
+                    mass = self._mass[num_steps]
+                    if not (mass * self._up).sum() > 0:
+                        raise self._empty(batch)
+                planned.append((batch, self._plan(batch, count, mass * self._up, True)))
+            except Exception as exc:  # noqa: BLE001 - raised by finish, in the batch's turn
+                batch.error = exc
+        self._post(method, num_steps, within_episodes, planned)
+        return batches
 
     def finish(self, batch: PendingBatch) -> tuple[Any, BufferInfo]:
         """Gather ``batch``'s parts; parts a shard could not give (down, empty, held
@@ -147,9 +168,9 @@ class ShardSampler:
         empty = np.zeros(self._num_shards, bool)  # answered that it holds none
         while True:
             todo = 0
-            for i, ref, n in batch.calls:
+            for i, answer, n, index in batch.calls:
                 try:
-                    got = ray.get(ref)
+                    items, ids, probabilities = answer.part(index)
                 except RayTaskError as exc:
                     cause = exc.as_instanceof_cause()
                     if isinstance(cause, EmptyBufferError):  # its mass was stale
@@ -160,14 +181,22 @@ class ShardSampler:
                         raise cause from None
                     todo += n
                     continue
+                except DRAWN_ERRORS as exc:  # answered in band: drawn again, as above
+                    if isinstance(exc, EmptyBufferError):
+                        empty[i] = True
+                    else:
+                        held[i] = True
+                    todo += n
+                    continue
                 except RayError:
                     self._health.down(i)
                     todo += n
                     continue
+                got = answer.reply()
                 self._health.observe(i, got[4])
                 if key in self._mass:
                     self._mass[key][i] = got[3]
-                batch.parts.append(Part(i, got[0], got[1], got[2], int(got[4][0])))
+                batch.parts.append(Part(i, items, ids, probabilities, int(got[4][0])))
             batch.calls = []
             if not todo:
                 break
@@ -187,7 +216,8 @@ class ShardSampler:
                 mass = self._mass[key] * self._up * ~empty
                 if not mass.sum() > 0:
                     raise self._empty(batch)
-            self._send(batch, todo, mass, first=False)
+            self._post(batch.method, key, batch.within_episodes,
+                       [(batch, self._plan(batch, todo, mass, first=False))])
         available = self._current_mass(key) * self._up * ~held * ~empty
         # Batches of every shard stay writable, as they always were (one part is
         # copied); the modes of k shards hand one part over as Ray maps it.
@@ -198,10 +228,11 @@ class ShardSampler:
         return EmptyBufferError(f"{batch.method}: no shard holds a sample of "
                                 f"{batch.num_steps or 1} step(s)")
 
-    def _send(self, batch: PendingBatch, todo: int, mass: np.ndarray, first: bool) -> None:
+    def _plan(self, batch: PendingBatch, todo: int, mass: np.ndarray, first: bool
+              ) -> list[tuple[int, int, int]]:
         """Split ``todo`` samples over the shards by ``mass`` (the first time as
         :attr:`shards_per_batch` says; parts drawn again always by a multinomial, so
-        each stays drawn by mass) and send the calls."""
+        each stays drawn by mass): ``(shard, count, seed)`` per shard that gives."""
         p = mass / mass.sum()
         k = self.shards_per_batch
         if first and k is not None:
@@ -210,12 +241,26 @@ class ShardSampler:
             split = np.bincount(picks, weights=sizes, minlength=self._num_shards)
         else:
             split = batch.rng.multinomial(todo, p)
-        for i, n in enumerate(split.astype(np.int64)):
-            if n:
-                seed = int(batch.rng.integers(0, 2**63 - 1))
-                ref = self._actors[i].draw.remote((batch.method, int(n), batch.num_steps,
-                                                   SHARD_WAIT_S, seed, batch.within_episodes))
-                batch.calls.append((i, ref, int(n)))
+        return [(i, int(n), int(batch.rng.integers(0, 2**63 - 1)))
+                for i, n in enumerate(split.astype(np.int64)) if n]
+
+    def _post(self, method: str, num_steps: int | None, within_episodes: bool,
+              planned: list[tuple[PendingBatch, list[tuple[int, int, int]]]]) -> None:
+        """Send the ``planned`` parts of batches, one call per shard (its parts in the
+        batches' order), and note each batch's calls."""
+        per_shard: dict[int, list[tuple[PendingBatch, int, int]]] = {}
+        for batch, parts in planned:
+            for i, n, seed in parts:
+                per_shard.setdefault(i, []).append((batch, n, seed))
+        for i in sorted(per_shard):  # each batch's parts in the order of its shards
+            parts_of_shard = per_shard[i]
+            ref = self._actors[i].draw.remote(
+                (method, [(n, seed) for _, n, seed in parts_of_shard], num_steps,
+                 SHARD_WAIT_S, within_episodes))
+            answer = DrawAnswer(ref, self._packing, [n for _, n, _ in parts_of_shard],
+                                num_steps)
+            for index, (batch, n, _) in enumerate(parts_of_shard):
+                batch.calls.append((i, answer, n, index))
 
     # ------------------------------------------------------------------- masses
     def _current_mass(self, key: int | None) -> np.ndarray:

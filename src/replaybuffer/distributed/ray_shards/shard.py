@@ -26,6 +26,9 @@ from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer
 from replaybuffer.distributed.errors import NotSupportedError
+from replaybuffer.distributed.ray_shards.draw_answers import (DRAWN_ERRORS, DrawReply,
+                                                              Drawn, draw_packing,
+                                                              pack_draws)
 from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
 from replaybuffer.distributed.ray_shards.packing import ChunkPacking
 from replaybuffer.distributed.ray_shards.shard_home import ShardHome, writer_key
@@ -69,9 +72,10 @@ each than seven arguments (measured on a shared 2-core machine)."""
 UpdateCall = tuple[np.ndarray, np.ndarray, int, list[int | None], str, int, int]
 """The one argument of :meth:`ShardActor.update_priorities`: ``(ids, priorities,
 incarnation, keys, client, seq, base)`` (one argument, as :data:`WriteCall`)."""
-DrawCall = tuple[str, int, int | None, float, int | None, bool]
-"""The one argument of :meth:`ShardActor.draw`: ``(method, count, num_steps, timeout,
-seed, within_episodes)`` (one argument, as :data:`WriteCall`)."""
+DrawCall = tuple[str, list[tuple[int, int | None]], int | None, float, bool]
+"""The one argument of :meth:`ShardActor.draw`: ``(method, batches, num_steps,
+timeout, within_episodes)``, ``batches`` a ``(count, seed)`` per batch (one argument,
+as :data:`WriteCall`)."""
 
 _GENERATORS = threading.local()
 
@@ -90,7 +94,7 @@ def seeded(seed: int) -> np.random.Generator:
 
 
 __all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status",
-           "PriorityUpdate", "PACKED_EXTEND", "WriteCall", "DrawCall",
+           "PriorityUpdate", "PACKED_EXTEND", "WriteCall", "DrawCall", "DrawReply",
            "UpdateCall"]
 
 
@@ -144,6 +148,7 @@ class ShardActor:
         self.applied_before = self.files.applied()
         self.buffer = buffer
         self.packing = ChunkPacking(buffer.data_spec)
+        self.draw_packing = draw_packing(buffer.data_spec)
         self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
         self.order: WriteOrder[list[Op]] = WriteOrder()
@@ -257,32 +262,59 @@ class ShardActor:
             self.buffer.add_batch(structure.unflatten([leaf[:, t] for leaf in leaves]),
                                   **kwargs)
 
-    def draw(self, call: DrawCall) -> tuple[Any, ...]:
-        """``call``: ``(method, count, num_steps, timeout, seed, within_episodes)`` (one
-        argument: see :data:`DrawCall`). ``count`` samples by ``method``
-        (``get_next``, drawn with a generator seeded by ``seed``, or a transition
-        buffer's ``sample``): ``(items, ids, probabilities, mass, status)``."""
-        method, count, num_steps, timeout, seed, within_episodes = call
+    def draw(self, call: DrawCall) -> DrawReply:
+        """``call``: ``(method, batches, num_steps, timeout, within_episodes)`` (one
+        argument: see :data:`DrawCall`). For each ``(count, seed)`` of ``batches``,
+        ``count`` samples by ``method`` (``get_next``, drawn with a generator seeded by
+        ``seed``, or a transition buffer's ``sample``), packed into one answer
+        (:mod:`.draw_answers`): ``(payload, drawn, error, mass, status)``."""
+        method, batches, num_steps, timeout, within_episodes = call
+        if method == "get_next" and self.files.round_robin and (num_steps or 1) > 1:
+            raise NotSupportedError(
+                f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
+                "over round-robin writes: each row's consecutive steps went to different shards, so a "
+                "shard's window would skip steps. Write sequences through shard= or "
+                "writer(i), one writer per shard's rows (clear() forgets the "
+                "round-robin writes)")
+        drawn: list[Drawn] = []
+        structures: list[Any] = []
+        error: BaseException | None = None
+        for count, seed in batches:
+            try:
+                one, structure = self.draw_one(method, count, num_steps, timeout, seed,
+                                               within_episodes)
+            except DRAWN_ERRORS as exc:
+                if not drawn:
+                    raise  # the call's error, as one batch's always was
+                error = exc  # the batches drawn so far are kept: a limiter counted them
+                break
+            drawn.append(one)
+            structures.append(structure)
+        payload: Any = None
         if method == "get_next":
-            if self.files.round_robin and (num_steps or 1) > 1:
-                raise NotSupportedError(
-                    f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
-                    "over round-robin writes: each row's consecutive steps went to different shards, so a "
-                    "shard's window would skip steps. Write sequences through shard= or "
-                    "writer(i), one writer per shard's rows (clear() forgets the "
-                    "round-robin writes)")
+            payload = pack_draws(self.draw_packing, self.buffer.data_spec, drawn, num_steps)
+        if payload is None:  # not the spec's layout: as they came
+            payload = [(structure.unflatten(leaves), ids, probabilities)
+                       for (leaves, ids, probabilities), structure in zip(drawn, structures)]
+        return (payload, len(drawn), error, self.buffer.window_mass(num_steps or 1),
+                self.status())
+
+    def draw_one(self, method: str, count: int, num_steps: int | None,
+                 timeout: float | None, seed: int | None, within_episodes: bool
+                 ) -> tuple[Drawn, Any]:
+        """One batch: its flattened leaves, ids and probabilities; its structure."""
+        if method == "get_next":
             rng = None if seed is None else seeded(seed)
             items, info = self.buffer.draw(count, num_steps, True, rng, within_episodes,
                                            timeout)
         else:  # asked of transition buffers only
             items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
                                                                              timeout=timeout)
-        # Contiguous leaves go out of band into Ray's store and the client maps them;
-        # a strided view (a packed leaf) would be pickled in band and copied twice.
         leaves, structure = nest.flatten(items)
-        items = structure.unflatten([np.ascontiguousarray(leaf) for leaf in leaves])
-        return (items, np.asarray(info.ids), np.asarray(info.probabilities),
-                self.buffer.window_mass(num_steps or 1), self.status())
+        # Contiguous leaves (sent unpacked) go out of band into Ray's store and the
+        # client maps them; a strided view (a packed leaf) would be pickled in band.
+        return ([np.ascontiguousarray(leaf) for leaf in leaves], np.asarray(info.ids),
+                np.asarray(info.probabilities, np.float32)), structure
 
     @ray.method(concurrency_group="priorities")
     def update_priorities(self, call: UpdateCall
