@@ -340,6 +340,10 @@ def test_fresh_pulls_start_from_an_empty_queue():
      "replaybuffer_bench.processes", ["--writers", "1,2,4,8,12", "--prioritized"]),
     (["bench", "--ray", "--shards", "1,8"], "replaybuffer_bench.ray_bench",
      ["--shards", "1,8"]),
+    (["bench", "--ray", "--workloads", "control"], "replaybuffer_bench.ray_bench",
+     ["--workloads", "control"]),
+    (["bench", "--processes", "--workloads", "frames"], "replaybuffer_bench.processes",
+     ["--workloads", "frames"]),
     (["bench", "--gpu", "--profile"], "replaybuffer_bench.gpu", ["--profile"]),
 ])
 def test_bench_passes_its_mode_options_to_the_harness(monkeypatch, argv, module, passed):

@@ -170,12 +170,14 @@ def _run_bench(args: argparse.Namespace) -> int:
         argv = ["--size-gb", str(0.2 if args.quick else args.size_gb)]
         return int(harness("replaybuffer_bench.checkpoint").main(argv + json_argv))
     if args.ray:  # shards as Ray actors, collectors as Ray tasks
-        argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
+        argv = ["--seconds", str(1.0 if args.quick else args.seconds),
+                "--workloads", args.workloads]
         if args.shards or args.quick:
             argv += ["--shards", args.shards or "1,2"]
         return int(harness("replaybuffer_bench.ray_bench").main(argv + json_argv))
     if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
-        argv = ["--seconds", str(1.0 if args.quick else args.seconds)]
+        argv = ["--seconds", str(1.0 if args.quick else args.seconds),
+                "--workloads", args.workloads]
         if args.writers or args.quick:
             argv += ["--writers", args.writers or "1,2"]
         argv += ["--no-reverb"] if args.quick else []
