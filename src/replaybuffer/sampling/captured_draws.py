@@ -34,6 +34,22 @@ from replaybuffer.sampling.torch_uniform import draw_bits, starts_from_bits
 _ALIGN = 64  # bytes: every segment of the output starts at a multiple
 
 
+def static_output(shapes: Sequence[tuple[torch.dtype, tuple[int, ...]]],
+                  device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One uint8 buffer for a recording's outputs, and a view of it per ``(dtype,
+    shape)`` in ``shapes``, each starting at a multiple of 64 bytes: a call copies the
+    buffer out once, whatever the number of outputs."""
+    segments = []
+    offset = 0
+    for dtype, shape in shapes:
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        segments.append((dtype, shape, offset, offset + size))
+        offset += -(-size // _ALIGN) * _ALIGN
+    output = torch.empty(max(offset, _ALIGN), dtype=torch.uint8, device=device)
+    return output, [output[first:end].view(dtype).view(shape)
+                    for dtype, shape, first, end in segments]
+
+
 class CapturedUniformDraw:
     """Uniform ``(start, row)`` draws of ``sample_batch_size`` windows of ``num_steps``
     over a ring of ``batch`` rows by ``length`` steps, and the rows of ``blocks`` at
@@ -68,15 +84,7 @@ class CapturedUniformDraw:
         shapes: list[tuple[torch.dtype, tuple[int, ...]]] = [
             (b.dtype, (rows, int(b.shape[1]))) for b in self.blocks]
         shapes += [(torch.int64, self.outer), (torch.float32, (sample_batch_size,))]
-        self._segments: list[tuple[torch.dtype, tuple[int, ...], int, int]] = []
-        offset = 0
-        for dtype, shape in shapes:
-            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            self._segments.append((dtype, shape, offset, offset + size))
-            offset += -(-size // _ALIGN) * _ALIGN
-        self.output = torch.empty(max(offset, _ALIGN), dtype=torch.uint8, device=device)
-        self.static = [self.output[first:end].view(dtype).view(shape)
-                       for dtype, shape, first, end in self._segments]
+        self.output, self.static = static_output(shapes, device)
         self.last_id = torch.zeros((), dtype=torch.int64, device=device)
         # Window offsets made here, never inside the recording (a tensor made while a
         # CUDA graph is captured is filled only when it is replayed).

@@ -23,15 +23,13 @@ scalar inside the recording would not give the eager path's bytes.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
+from replaybuffer.sampling.captured_draws import static_output
 from replaybuffer.sampling.graph_capture import Capture
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
-
-_ALIGN = 64  # bytes: every segment of the output starts at a multiple
 
 
 class CapturedPrioritizedDraw:
@@ -74,15 +72,7 @@ class CapturedPrioritizedDraw:
             (b.dtype, (rows, int(b.shape[1]))) for b in self.blocks]
         shapes += [(torch.int64, self.outer), (torch.float32, (sample_batch_size,)),
                    (torch.float32, (sample_batch_size,))]
-        segments = []
-        offset = 0
-        for dtype, shape in shapes:
-            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            segments.append((dtype, shape, offset, offset + size))
-            offset += -(-size // _ALIGN) * _ALIGN
-        self.output = torch.empty(max(offset, _ALIGN), dtype=torch.uint8, device=device)
-        self.static = [self.output[first:end].view(dtype).view(shape)
-                       for dtype, shape, first, end in segments]
+        self.output, self.static = static_output(shapes, device)
         self.last_id = torch.zeros((), dtype=torch.int64, device=device)
         self.key_base = torch.zeros((), dtype=torch.int64, device=device)
         self._key_base = 0
