@@ -121,14 +121,17 @@ class SharedCheckpoints:
     def load(cls, checkpoint: str | os.PathLike[str], *,
              path: str | os.PathLike[str] | None = None,
              rate_limiter: RateLimiter | None = None, seed: int | None = None,
-             num_rows: int | None = None, side_frames: int = 16) -> Any:
+             num_rows: int | None = None, side_frames: int | None = None) -> Any:
         """A new shared buffer holding the newest checkpoint under ``checkpoint`` (one
         of :meth:`save`, or of a ``UniformReplayBuffer``/``PrioritizedReplayBuffer``):
         the same rows and step ids, priorities, read cursors and rate-limiter counters,
         and the checkpoint's ``frame_stack``. ``rate_limiter`` paces it (a checkpoint
         keeps a limiter's counters, not the limiter); ``path``, ``seed``,
-        ``side_frames``: as the constructor's; ``num_rows``: more rows than saved, for
-        more writers.
+        ``side_frames``: as the constructor's, except that ``side_frames`` defaults to
+        16 + K(K - 1) / 2 for stacks of K frames: the oldest steps of a restored row
+        reference frames from before them, which come back as side frames
+        (1 + ... + K - 1 of them per row), beside those the saved buffer used;
+        ``num_rows``: more rows than saved, for more writers.
 
         Raises:
             CheckpointError: no checkpoint, missing or corrupt files, or a kind a shared
@@ -142,14 +145,17 @@ class SharedCheckpoints:
         if num_rows is not None and num_rows < rows:
             raise ValueError(f"num_rows={num_rows}: the checkpoint holds {rows} rows")
         config = manifest["config"]
+        frame_stack, axis = config.get("frame_stack"), config.get("stack_axis", 0)
+        if side_frames is None:
+            k = int(spec[frame_stack].shape[axis]) if frame_stack is not None else 1
+            side_frames = 16 + k * (k - 1) // 2
         buffer = cls(spec, rows if num_rows is None else num_rows,  # type: ignore[call-arg]
                      manifest["max_length"],
                      prioritized=manifest["buffer"] == "PrioritizedReplayBuffer",
                      alpha=config.get("alpha", 0.6), beta=config.get("beta", 0.4),
                      rate_limiter=rate_limiter, path=path, seed=seed,
                      track_episodes=bool(config.get("track_episodes")),
-                     frame_stack=config.get("frame_stack"),
-                     stack_axis=config.get("stack_axis", 0), side_frames=side_frames)
+                     frame_stack=frame_stack, stack_axis=axis, side_frames=side_frames)
         try:
             buffer.restore_checkpoint(directory, manifest, state)
         except BaseException:

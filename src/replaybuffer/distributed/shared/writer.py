@@ -53,7 +53,7 @@ import numpy as np
 
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.admission import SharedAdmission
-from replaybuffer.distributed.shared.frame_ring import SharedFrameRing, SideFramesFullError
+from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.held_steps import held_steps
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
@@ -123,9 +123,6 @@ class SharedWriter:
         # (converted leaves always pass its check: 2-3 us where storage.write's loop
         # of field assignments takes 4-5).
         self._write_exact: Any = None
-        # Rows claimed by a call that has not written yet: a frame-dedup call refused
-        # for its side frames gives them back, so the refusal changes nothing.
-        self._claim_unwritten = False
 
     def forked(self) -> None:
         """In a forked child: own none of the parent's rows (so a claim need not ask
@@ -200,7 +197,6 @@ class SharedWriter:
                     self._torn = self._torn_run()
                     if self._frames is not None:  # a previous writer's state is not ours
                         self._frames.forget()
-                        self._claim_unwritten = True
                     return self._rows
         raise ValueError(f"add_batch: no {count} adjacent free rows (with equal step "
                          f"counts) among {self._rows_total}; rows are owned by processes "
@@ -262,17 +258,12 @@ class SharedWriter:
     def write_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
         """Write one step to rows ``first .. first + count - 1`` under the version
         protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
-        try:
-            if self._admission is None:  # no give-back to arm: the cheaper context
-                with self._threads:
-                    self._write_step(first, count, arrays)
-                return
-            with self._threads, self._given_back(count):
+        if self._admission is None:  # no give-back to arm: the cheaper context
+            with self._threads:
                 self._write_step(first, count, arrays)
-        except SideFramesFullError:  # raised before anything was written
-            if self._claim_unwritten:  # rows this call claimed go back
-                self.release_rows()
-            raise
+            return
+        with self._threads, self._given_back(count):
+            self._write_step(first, count, arrays)
 
     def write_steps(self, first: int, count: int, steps: Iterable[Sequence[Any]]) -> None:
         """Write consecutive steps (each as :meth:`write_step`'s ``arrays``), with no
@@ -300,11 +291,9 @@ class SharedWriter:
                         finally:
                             written += blocks.published
                             self._torn = self._torn_run()
-        except BaseException as exc:
+        except BaseException:
             if self._admission is not None:  # the steps not written were never inserted
                 self._admission.give_back(True, count * (len(steps) - written))
-            if isinstance(exc, SideFramesFullError) and self._claim_unwritten:
-                self.release_rows()  # refused before the first write: as write_step
             raise
 
     def _encoded(self, first: int, count: int, steps: list[Sequence[Any]]
@@ -379,7 +368,6 @@ class SharedWriter:
             self._storage.write(start, arrays)
         if frames is not None and frame_writes is not None:
             frames.commit(frame_writes)
-            self._claim_unwritten = False
         if ARMED is not None:
             crash_point("shared.write.data")
         order_fence()  # 5.
