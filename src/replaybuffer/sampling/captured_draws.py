@@ -34,6 +34,22 @@ from replaybuffer.sampling.torch_uniform import draw_bits, starts_from_bits
 _ALIGN = 64  # bytes: every segment of the output starts at a multiple
 
 
+def window_outputs(blocks: Sequence[torch.Tensor], sample_batch_size: int,
+                   num_steps: int | None, per_batch: int
+                   ) -> tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor]]:
+    """The outer shape of a recorded draw of ``sample_batch_size`` windows of
+    ``num_steps`` (``[S]`` or ``[S, T]``), its static output buffer and the views of it
+    (:func:`static_output`): per block of ``blocks`` its gathered rows
+    ``[S * T, width]``, the item ids (int64 ``[*outer]``), and ``per_batch`` float32
+    ``[S]`` vectors (probabilities, and the prioritized draw's weight ratios)."""
+    outer = (sample_batch_size,) if num_steps is None else (sample_batch_size, num_steps)
+    rows = sample_batch_size * (num_steps or 1)
+    shapes: list[tuple[torch.dtype, tuple[int, ...]]] = [
+        (b.dtype, (rows, int(b.shape[1]))) for b in blocks]
+    shapes += [(torch.int64, outer)] + [(torch.float32, (sample_batch_size,))] * per_batch
+    return (outer, *static_output(shapes, blocks[0].device))
+
+
 def static_output(shapes: Sequence[tuple[torch.dtype, tuple[int, ...]]],
                   device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One uint8 buffer for a recording's outputs, and a view of it per ``(dtype,
@@ -77,14 +93,9 @@ class CapturedUniformDraw:
         device = self.blocks[0].device
         self.device = device
         steps = num_steps or 1
-        self.outer = (sample_batch_size,) if num_steps is None else \
-            (sample_batch_size, num_steps)
-        rows = sample_batch_size * steps
-        # Segments of the static output: (dtype, shape, first byte, end byte).
-        shapes: list[tuple[torch.dtype, tuple[int, ...]]] = [
-            (b.dtype, (rows, int(b.shape[1]))) for b in self.blocks]
-        shapes += [(torch.int64, self.outer), (torch.float32, (sample_batch_size,))]
-        self.output, self.static = static_output(shapes, device)
+        # The static output: the blocks' rows, item ids, probabilities.
+        self.outer, self.output, self.static = window_outputs(
+            self.blocks, sample_batch_size, num_steps, 1)
         self.last_id = torch.zeros((), dtype=torch.int64, device=device)
         # Window offsets made here, never inside the recording (a tensor made while a
         # CUDA graph is captured is filled only when it is replayed).

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from replaybuffer.sampling.captured_draws import static_output
+from replaybuffer.sampling.captured_draws import window_outputs
 from replaybuffer.sampling.graph_capture import Capture
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 
@@ -64,15 +64,9 @@ class CapturedPrioritizedDraw:
         device = self.blocks[0].device
         self.device = device
         steps = num_steps or 1
-        self.outer = (sample_batch_size,) if num_steps is None else \
-            (sample_batch_size, num_steps)
-        rows = sample_batch_size * steps
-        # Segments of the static output: blocks, item ids, probabilities, ratios.
-        shapes: list[tuple[torch.dtype, tuple[int, ...]]] = [
-            (b.dtype, (rows, int(b.shape[1]))) for b in self.blocks]
-        shapes += [(torch.int64, self.outer), (torch.float32, (sample_batch_size,)),
-                   (torch.float32, (sample_batch_size,))]
-        self.output, self.static = static_output(shapes, device)
+        # The static output: the blocks' rows, item ids, probabilities, ratios.
+        self.outer, self.output, self.static = window_outputs(
+            self.blocks, sample_batch_size, num_steps, 2)
         self.last_id = torch.zeros((), dtype=torch.int64, device=device)
         self.key_base = torch.zeros((), dtype=torch.int64, device=device)
         self._key_base = 0
