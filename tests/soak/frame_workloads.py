@@ -12,7 +12,6 @@ writes, or a frame a killed writer left) shows.
 from __future__ import annotations
 
 import json
-import pickle
 import sys
 from typing import Any
 
@@ -58,28 +57,23 @@ def frame_items(rows: np.ndarray, steps: np.ndarray) -> dict[str, np.ndarray]:
     return items
 
 
+def add_or_extend(buffer: Any, rows: np.ndarray, step: int,
+                  rng: np.random.Generator) -> int:
+    """One step of :func:`frame_items` to ``rows`` at ``step`` (or, one time in three,
+    an ``extend`` by two); the last step written."""
+    count = len(rows)
+    if rng.random() < 1 / 3:
+        steps = [frame_items(rows, np.full(count, step + t)) for t in range(2)]
+        buffer.extend({k: np.stack([s[k] for s in steps], 1) for k in steps[0]})
+        return step + 1
+    buffer.add_batch(frame_items(rows, np.full(count, step)))
+    return step
+
+
 def shared_frames(args: dict[str, Any]) -> None:
-    """:func:`workloads.shared_everything` on a frame-dedup buffer: ``units`` times
-    attach, claim ``rows`` rows, add one step (or, one time in three, extend by two),
-    sample (prioritized: set new priorities), close; reporting each unit's last step."""
-    rng = np.random.default_rng(args["seed"])
-    for _ in range(args["units"]):
-        with open(args["handle"], "rb") as fh:
-            buffer = pickle.load(fh)
-        first, count = buffer.claim_rows(args["rows"])
-        rows = np.arange(first, first + count)
-        step = int(buffer.steps_written()[first])
-        if rng.random() < 1 / 3:
-            steps = [frame_items(rows, np.full(count, step + t)) for t in range(2)]
-            buffer.extend({k: np.stack([s[k] for s in steps], 1) for k in steps[0]})
-            step += 1
-        else:
-            buffer.add_batch(frame_items(rows, np.full(count, step)))
-        _, info = buffer.get_next(16)
-        if args["prioritized"]:
-            buffer.update_priorities(info.ids, 0.5 + 1.5 * rng.random(len(info.ids)))
-        buffer.close()
-        workloads.say("committed", step)
+    """:func:`workloads.shared_everything` on a frame-dedup buffer, writing by
+    :func:`add_or_extend`."""
+    workloads.shared_everything(args, add_or_extend)
 
 
 if __name__ == "__main__":

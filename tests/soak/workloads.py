@@ -80,18 +80,26 @@ def shared_sampler(args: dict[str, Any]) -> None:
             said = True
 
 
-def shared_everything(args: dict[str, Any]) -> None:
-    """Attach, claim rows, add, sample and reprioritize, then give the rows up
-    (``close``), ``units`` times: every path of a shared buffer, each passed once a
-    unit, for crash points of any of them."""
+def add_one_step(buffer: Any, rows: np.ndarray, step: int,
+                 rng: np.random.Generator) -> int:
+    """:func:`shared_everything`'s write: one step of :func:`shared_items` to ``rows``
+    at ``step``; the last step written."""
+    buffer.add_batch(shared_items(rows, np.full(len(rows), step)))
+    return step
+
+
+def shared_everything(args: dict[str, Any], write: Any = add_one_step) -> None:
+    """Attach, claim rows, write (``write(buffer, rows, step, rng)``, the last step
+    written), sample and reprioritize, then give the rows up (``close``), ``units``
+    times: every path of a shared buffer, each passed once a unit, for crash points of
+    any of them."""
     rng = np.random.default_rng(args["seed"])
     for _ in range(args["units"]):
         with open(args["handle"], "rb") as fh:
             buffer = pickle.load(fh)
         first, count = buffer.claim_rows(args["rows"])
         rows = np.arange(first, first + count)
-        step = int(buffer.steps_written()[first])
-        buffer.add_batch(shared_items(rows, np.full(count, step)))
+        step = write(buffer, rows, int(buffer.steps_written()[first]), rng)
         _, info = buffer.get_next(16)
         if args["prioritized"]:
             buffer.update_priorities(info.ids, 0.5 + 1.5 * rng.random(len(info.ids)))
