@@ -15,26 +15,13 @@ from hypothesis import strategies as st
 
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import fused_descent, tree_kernels
-from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.proportional_descent import WHOLE
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import SumTree
 
+from sampler_twins import assert_same, bits, filled_twins  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not tree_kernels.AVAILABLE, reason="needs numba")
-
-
-def bits(array: np.ndarray) -> bytes:
-    return np.ascontiguousarray(array).tobytes()
-
-
-def two_samplers(monkeypatch, capacity, **kwargs):
-    """A sampler on the numpy path (trees and draws) and one on the compiled path."""
-    with monkeypatch.context() as m:
-        m.setattr(tree_kernels, "AVAILABLE", False)
-        reference = PrioritizedSampler(capacity, seed=7, **kwargs)
-    fused = PrioritizedSampler(capacity, seed=7, **kwargs)
-    assert not reference._sum.compiled and fused._sum.compiled
-    return reference, fused
 
 
 def draw_both(monkeypatch, reference, fused, ring, count, num_steps):
@@ -43,16 +30,6 @@ def draw_both(monkeypatch, reference, fused, ring, count, num_steps):
         want = reference.sample(ring, count, num_steps)
     got = fused.sample(ring, count, num_steps)
     return want, got
-
-
-def assert_same(want, got, reference, fused):
-    (w_idx, w_info), (g_idx, g_info) = want, got
-    assert bits(w_idx.start_ids) == bits(g_idx.start_ids)
-    assert bits(w_idx.start_positions) == bits(g_idx.start_positions)
-    for key in ("probabilities", "weights"):
-        assert w_info[key].dtype == g_info[key].dtype == np.float32
-        assert bits(w_info[key]) == bits(g_info[key]), key
-    assert reference._rng.bit_generator.state == fused._rng.bit_generator.state
 
 
 @settings(max_examples=150, deadline=None)
@@ -71,19 +48,8 @@ def test_fused_descent_draws_the_numpy_paths_bits(batch_size, max_length, adds,
     mass both refuse the same way."""
     monkeypatch = pytest.MonkeyPatch()
     try:
-        ring = Ring(batch_size, max_length)
-        reference, fused = two_samplers(monkeypatch, ring.capacity, normalize=normalize)
-        for sampler in (reference, fused):
-            sampler._accept_min = 2.0  # always descend
-        rng = np.random.default_rng(seed)
-        ring.last_id = adds - 1
-        for sampler in (reference, fused):
-            sampler.on_add(ring, 0, adds)
-        item_ids = np.arange(ring.oldest_id * batch_size, adds * batch_size, dtype=np.int64)
-        priorities = rng.lognormal(0.0, sigma, len(item_ids)) * (
-            rng.random(len(item_ids)) >= zeros)
-        for sampler in (reference, fused):
-            sampler.update_priorities(ring, item_ids, priorities)
+        ring, reference, fused = filled_twins(monkeypatch, batch_size, max_length, adds,
+                                              2.0, sigma, zeros, seed, normalize)  # descend
         if num_steps > ring.items_per_row:
             return
         for _ in range(3):

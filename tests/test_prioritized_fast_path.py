@@ -23,30 +23,9 @@ from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.rejection import draw_rejecting
 from replaybuffer.sampling.ring import Ring
 
+from sampler_twins import assert_same, bits, filled_twins  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not tree_kernels.AVAILABLE, reason="needs numba")
-
-
-def bits(array: np.ndarray) -> bytes:
-    return np.ascontiguousarray(array).tobytes()
-
-
-def two_samplers(monkeypatch, capacity, **kwargs):
-    """A sampler on the numpy path (trees and draws) and one on the compiled path."""
-    with monkeypatch.context() as m:
-        m.setattr(tree_kernels, "AVAILABLE", False)
-        reference = PrioritizedSampler(capacity, seed=7, **kwargs)
-    fused = PrioritizedSampler(capacity, seed=7, **kwargs)
-    return reference, fused
-
-
-def assert_same_sample(want, got, reference, fused):
-    (w_idx, w_info), (g_idx, g_info) = want, got
-    assert bits(w_idx.start_ids) == bits(g_idx.start_ids)
-    assert bits(w_idx.start_positions) == bits(g_idx.start_positions)
-    for key in ("probabilities", "weights"):
-        assert w_info[key].dtype == g_info[key].dtype == np.float32
-        assert bits(w_info[key]) == bits(g_info[key]), key
-    assert reference._rng.bit_generator.state == fused._rng.bit_generator.state
 
 
 @settings(max_examples=150, deadline=None)
@@ -64,19 +43,8 @@ def test_fused_rejection_draws_the_numpy_paths_bits(batch_size, max_length, adds
     rounds, then the numpy rounds and the descent for the rest) and tiny buffers."""
     monkeypatch = pytest.MonkeyPatch()
     try:
-        ring = Ring(batch_size, max_length)
-        reference, fused = two_samplers(monkeypatch, ring.capacity, normalize=normalize)
-        for sampler in (reference, fused):
-            sampler._accept_min = 0.0  # always reject
-        rng = np.random.default_rng(seed)
-        ring.last_id = adds - 1
-        for sampler in (reference, fused):
-            sampler.on_add(ring, 0, adds)
-        item_ids = np.arange(ring.oldest_id * batch_size, adds * batch_size, dtype=np.int64)
-        priorities = rng.lognormal(0.0, spread, len(item_ids)) * (
-            rng.random(len(item_ids)) >= zeros)
-        for sampler in (reference, fused):
-            sampler.update_priorities(ring, item_ids, priorities)
+        ring, reference, fused = filled_twins(monkeypatch, batch_size, max_length, adds,
+                                              0.0, spread, zeros, seed, normalize)  # reject
         if num_steps > ring.items_per_row:
             return
         for _ in range(3):
@@ -89,7 +57,7 @@ def test_fused_rejection_draws_the_numpy_paths_bits(batch_size, max_length, adds
                     fused.sample(ring, count, num_steps)
                 return
             got = fused.sample(ring, count, num_steps)
-            assert_same_sample(want, got, reference, fused)
+            assert_same(want, got, reference, fused)
     finally:
         monkeypatch.undo()
 
@@ -288,5 +256,5 @@ def test_a_tree_whose_total_numpy_sums_differently_sums_it_itself(monkeypatch):
             sampler.update_priorities(ring, ids, values, float(values.max()))
         assert plain._sum.total() == fused._sum.total()
         assert bits(plain._sum.nodes) == bits(fused._sum.nodes)
-        assert_same_sample(plain.sample(ring, 100, 1), fused.sample(ring, 100, 1), plain,
+        assert_same(plain.sample(ring, 100, 1), fused.sample(ring, 100, 1), plain,
                            fused)
