@@ -19,6 +19,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
+from recorded_batches import assert_batches_survive_replays_and_restore  # noqa: E402
 from replaybuffer.errors import EmptyBufferError  # noqa: E402
 from replaybuffer.sampling.captured_prioritized import CapturedPrioritizedDraw  # noqa: E402
 from replaybuffer.sampling.graph_capture import EagerCapture  # noqa: E402
@@ -359,19 +360,7 @@ def test_graph_matches_eager_cuda():
 def test_graph_batches_survive_later_replays_and_restore_cuda():
     a = make(True, rows=1, length=1000, device="cuda")
     fill((a,), np.random.default_rng(8), 1, 300)
-    a.get_next(256, 2)
-    state = a.state_dict()
-    held = [a.get_next(256, 2) for _ in range(5)]
-    copies = [[t.clone() for t in flat(x)] for x in held]
-    for _ in range(20):
-        a.get_next(256, 2)
-    for x, saved in zip(held, copies):
-        for t, s in zip(flat(x), saved):
-            assert torch.equal(t, s)
-    a.load_state_dict(state)
-    for x in copies:
-        for t, s in zip(flat(a.get_next(256, 2)), x):
-            assert torch.equal(t, s)
+    assert_batches_survive_replays_and_restore(a, flat)
 
 
 @needs_cuda
