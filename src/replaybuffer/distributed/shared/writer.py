@@ -77,7 +77,8 @@ class SharedWriter:
         admission: the rate limiter's admission (``None``: no rate limiter). One that
             admits (and counts) each insert before it is written gets the count of a
             write that fails back, so that an insert that never happened holds no later
-            call back; one that never holds an insert back counts it at the commit.
+            call back, and the size of one that went through (the largest insert); one
+            that never holds an insert back counts it at the commit.
         pins: (``Queue`` buffers) windows being read, which a step waits for rather than
             overwrite (:mod:`.read_pins`).
         frames: the frame ring of a stacked leaf (:mod:`.frame_ring`): a step's stacks
@@ -295,6 +296,8 @@ class SharedWriter:
             if self._admission is not None:  # the steps not written were never inserted
                 self._admission.give_back(True, count * (len(steps) - written))
             raise
+        if self._admission is not None:  # went through: the limiter's largest insert
+            self._admission.record_largest(True, count * len(steps))
 
     def _encoded(self, first: int, count: int, steps: list[Sequence[Any]]
                  ) -> list[tuple[list[Any], tuple[Any, ...]]]:
