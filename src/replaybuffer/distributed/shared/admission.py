@@ -114,6 +114,9 @@ class SharedAdmission:
         # len() alone, which needs no reservation).
         self._refusable = {True: limiter.max_diff != float("inf"),
                            False: limiter.min_diff != float("-inf")}
+        # [samples, inserts]: a size the shared largest sample (insert) is known to have
+        # reached, so that a call no larger skips its load.
+        self._known_largest = [0, 0]
 
     @property
     def admits_inserts(self) -> bool:
@@ -221,10 +224,14 @@ class SharedAdmission:
     def record_largest(self, insert: bool, n: int) -> None:
         """Raise the largest call recorded to ``n`` if it is larger: under the lock,
         taken only then (once per new size). Called for calls that went through only."""
+        known = self._known_largest
+        if n <= known[insert]:  # the usual call: no shared load
+            return
         field = LARGEST_INSERT if insert else LARGEST_SAMPLE
         if n > self._control[field]:
             with self._lock:
                 self._control[field] = max(int(self._control[field]), n)
+        known[insert] = n  # the shared value is at least n now, and only grows
 
     @contextmanager
     def given_back_on_error(self, insert: bool, n: int) -> Iterator[None]:

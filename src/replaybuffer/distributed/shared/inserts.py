@@ -80,8 +80,9 @@ class Inserting:
             BufferClosedError: the buffer was closed.
         """
         self._check_open()
-        check_timeout(timeout)
-        arrays, (count,) = self._items.arrays(items, "add_batch", 1)
+        if timeout is not None:  # (None, the usual, skips a call on the hot path)
+            check_timeout(timeout)
+        arrays, count = self._items.batch(items)
         writer = self._writer
         first, _ = writer.claim_rows(count)
         admission = self._insert_admission

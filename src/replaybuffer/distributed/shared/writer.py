@@ -104,6 +104,9 @@ class SharedWriter:
         admits = admission is not None and admission.admits_inserts
         self._admission = admission if admits else None  # gives failed writes back
         self._commits = None if admits else admission  # counts inserts at the commit
+        # Plain steps (:meth:`_write_plain_step`): no priorities, pins or frames.
+        self._plain = priorities is None and pins is None and frames is None
+        self._head_at = layout.next_id.data  # (a memoryview)
         self._blocks = None if priorities is None else StepBlocks(
             layout, storage, priorities, num_rows, max_length, pins, self._commits)
         self._forget_rows()
@@ -143,8 +146,9 @@ class SharedWriter:
         """The rows this process writes, ``(first, count)`` (see
         :meth:`~replaybuffer.distributed.SharedReplayBuffer.claim_rows`); ``method``
         names the caller in the error of a zero-item batch."""
-        if self._rows is not None:  # a forked child forgets its parent's (forked())
-            return self._same_rows(count)
+        rows = self._rows
+        if rows is not None:  # a forked child forgets its parent's (forked())
+            return rows if rows[1] == count else self._same_rows(count)
         with self._threads:  # one thread claims; the others then find its rows
             if self._rows is not None:
                 return self._same_rows(count)
@@ -200,10 +204,46 @@ class SharedWriter:
         protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
         if self._admission is None:  # no give-back to arm: the cheaper context
             with self._threads:
-                self._write_step(first, count, arrays)
+                if self._plain and self._torn is None:
+                    self._write_plain_step(first, count, arrays)
+                else:
+                    self._write_step(first, count, arrays)
             return
         with self._threads, self._given_back(count):
-            self._write_step(first, count, arrays)
+            if self._plain and self._torn is None:
+                self._write_plain_step(first, count, arrays)
+            else:
+                self._write_step(first, count, arrays)
+
+    def _write_plain_step(self, first: int, count: int, arrays: Sequence[Any]) -> None:
+        """:meth:`_write_step` of a plain step (a uniform buffer's, without frames or a
+        ``Queue``, its rows' oldest steps whole), the thread lock held: the same stores
+        in the same order (the module's 1. to 7.) with fewer Python operations, as an
+        actor's ``add_batch`` of one step is the hottest write."""
+        length = self._length
+        step = self._head_at[first]  # (a memoryview's read: 60 ns less than numpy's)
+        start = (step % length) * self._rows_total + first
+        span: int | slice = start if count == 1 else slice(start, start + count)
+        version = self._version
+        if step >= length:  # 1.
+            self._my_held.fill(length - 1)
+            if ARMED is not None:
+                crash_point("shared.write.uncount")
+        version[span] = 2 * step + 1  # 2.
+        order_fence()  # 3.
+        write_exact = self._write_exact  # 4.
+        if write_exact is None or not write_exact(start, arrays):
+            self._storage.write(start, arrays)
+        if ARMED is not None:
+            crash_point("shared.write.data")
+        order_fence()  # 5.
+        version[span] = 2 * step + 2  # 6.
+        if ARMED is not None:
+            crash_point("shared.write.publish")
+        self._my_heads.fill(step + 1)
+        self._my_held.fill(step + 1 if step < length else length)
+        if self._commits is not None:  # 7.
+            self._commits.committed(count)
 
     def write_steps(self, first: int, count: int, steps: Iterable[Sequence[Any]]) -> None:
         """Write consecutive steps (each as :meth:`write_step`'s ``arrays``), with no
