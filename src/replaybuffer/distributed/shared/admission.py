@@ -129,7 +129,8 @@ class SharedAdmission:
         """Count an insert of ``n`` items at its commit (a limiter that never holds
         inserts back: see :attr:`admits_inserts`), in this process's slot."""
         self._counters.add(ADMITTED_INSERTS, n)
-        self.record_largest(True, n)
+        if n > self._known_largest[True]:  # (on every add_batch's path: no call usually)
+            self.record_largest(True, n)
 
     def admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items be inserted (or sampled); count

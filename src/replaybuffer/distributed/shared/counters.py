@@ -92,6 +92,10 @@ class ProcessCounters:
 
     def add(self, column: int, n: int) -> None:
         """Add ``n`` (negative: take back) to this process's count in ``column``."""
+        if self._slot > 0:  # the usual case
+            with self._threads:
+                self._row_at[column] += n
+            return
         if self._slot < 0:
             self._claim_slot()
         with self._threads:
