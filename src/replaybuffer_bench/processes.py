@@ -20,7 +20,9 @@ acquisitions per insert and the time it was held per insert (``serial_us_per_ins
 summed over the writers: the part of an insert no other writer can overlap; 0 on a
 uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up over one
 writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
-``inf`` when nothing is serialized). ``--prioritized`` runs the shared rows on a
+``inf`` when nothing is serialized), and ``cpu_us_per_insert``: the writers' thread CPU
+time per insert (the one-process row's too), a measure that a loaded machine slows less
+than the rates. ``--prioritized`` runs the shared rows on a
 prioritized buffer (whose ``add_batch`` takes the tree's lock twice a step, its
 ``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
 ``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one.

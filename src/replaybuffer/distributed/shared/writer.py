@@ -21,6 +21,10 @@ overwrites: :mod:`.read_pins`):
    ``held``;
 7. a rate limiter that counts inserts at the commit: this process's counter slot.
 
+A uniform buffer's step without frames or a ``Queue`` (the usual actor's) is written by
+:meth:`SharedWriter._write_plain_step`: these stores in this order, with fewer Python
+operations (one row's through memoryviews).
+
 A reader (:mod:`.sampling`) loads the versions, fences, copies the data, fences and
 loads the versions again, keeping a step only if both loads show ``2 * id + 2``: if it
 copied any byte of a later write to the position, its second load sees that write's odd
