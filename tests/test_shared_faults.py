@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from replaybuffer import RateLimiter
 from replaybuffer.crash_points import CRASH_EXIT_CODE
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.distributed.stress import soak_seconds
@@ -434,3 +435,33 @@ def test_rows_left_with_unequal_heads_by_a_killed_publisher_are_claimed_again(pr
         assert len(buffer) == rows * length
         if prioritized:
             assert_tree_whole(buffer)
+
+
+# ------------------------------------------------ the rate limiter's largest calls
+def test_a_draw_that_fails_leaves_the_largest_sample_as_it_was(monkeypatch):
+    """Fault injection: a draw of 16 items admitted, then failing, was never a sample: a
+    later held-back extend of 5 items (which 16-item samples would make wait forever in
+    a window of 20) is held back, not refused, and goes once samples make room."""
+    def extend(buffer: SharedReplayBuffer, first: int, steps: int, **kwargs) -> bool:
+        at = np.arange(first, first + steps)[None]
+        return buffer.extend({"row": np.zeros_like(at), "step": at,
+                              "obs": np.repeat(at[..., None], 3, 2).astype(np.float32)},
+                             **kwargs)
+
+    with SharedReplayBuffer(SPEC, 1, 50, seed=0,
+                            rate_limiter=RateLimiter(1.0, 1, 0.0, 20.0)) as buffer:
+        extend(buffer, 0, 20)  # diff 20: inserts wait for samples
+        draw = buffer._sampler.draw
+
+        def broken(*args, **kwargs):
+            raise OSError("injected: the draw failed")
+
+        monkeypatch.setattr(buffer._sampler, "draw", broken)
+        with pytest.raises(OSError, match="injected"):
+            buffer.get_next(16)
+        monkeypatch.setattr(buffer._sampler, "draw", draw)
+        assert buffer.stats().samples == 0
+        assert extend(buffer, 20, 5, block=False) is False  # held back, not "forever"
+        assert buffer.get_next(5, block=False) is not None
+        assert extend(buffer, 20, 5, block=False) is True
+        assert buffer.stats().inserts == 25 and len(buffer) == 25

@@ -476,6 +476,37 @@ def test_a_call_refused_for_its_side_frames_changes_nothing():
         check_samples(short, {(int(r), s): stacks[s][r] for s in (5, 6) for r in rows}, 64)
 
 
+def test_an_insert_refused_for_its_side_frames_leaves_the_largest_insert_as_it_was():
+    """The rate limiter refuses a held-back sample that could never go ahead beside
+    inserts as large as the largest seen. An extend of 16 steps admitted, then refused
+    for its side frames, was never inserted: a later held-back sample of 8 items (which
+    16-item inserts would make wait forever in a window of 20) is held back, not refused,
+    and goes once inserts make room. One that went through does count."""
+    limiter = rb.RateLimiter(1.0, 1, 0.0, 20.0)  # window [0, 20], a sample per insert
+    rows = np.zeros(1)
+    with SharedReplayBuffer(spec(3), 1, 32, frame_stack="obs", side_frames=2,
+                            rate_limiter=limiter) as buffer:
+        buffer.add_batch(item(np.stack([plain_frame(0)] * 3)[None], rows, np.zeros(1)))
+        with pytest.raises(SideFramesFullError):
+            buffer.extend(steps_of([distinct_stacks(s, rows) for s in range(1, 17)], rows, 1))
+        assert buffer.stats().inserts == 1 and len(buffer) == 1
+        assert buffer.get_next(8, block=False) is None  # held back (not "wait forever")
+        for step in range(1, 8):  # padded stacks: no side frames
+            buffer.add_batch(item(np.stack([plain_frame(step)] * 3)[None], rows,
+                                  np.full(1, step)))
+        batch, _ = buffer.get_next(8, block=False)
+        assert set(batch["step"].tolist()) <= set(range(8))
+        assert buffer.stats().samples == 8
+        # 13 steps in one extend that goes through: now a sample of 8 cannot ever go
+        # ahead beside it (8 + 13 > 20), and is refused as such once held back.
+        buffer.extend(steps_of([np.stack([plain_frame(s)] * 3)[None] for s in range(8, 21)],
+                               rows, 8))
+        assert buffer.get_next(12, block=False) is not None  # diff 21 - 20: 8 more wait
+        with pytest.raises(ValueError, match="a sample of 8 items needs a window of 21.0 "
+                                             "beside inserts of 13.*wait forever"):
+            buffer.get_next(8, block=False)
+
+
 @pytest.mark.parametrize("length", [1, 3, 5])
 def test_side_frames_are_reused_exactly_when_their_step_is_overwritten(length):
     """Every stack has two frames nothing matches, so a row holds ``2 * length`` side

@@ -20,7 +20,9 @@ acquisitions per insert and the time it was held per insert (``serial_us_per_ins
 summed over the writers: the part of an insert no other writer can overlap; 0 on a
 uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up over one
 writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
-``inf`` when nothing is serialized). ``--prioritized`` runs the shared rows on a
+``inf`` when nothing is serialized), and ``cpu_us_per_insert``: the writers' thread CPU
+time per insert (the one-process row's too), a measure that a loaded machine slows less
+than the rates. ``--prioritized`` runs the shared rows on a
 prioritized buffer (whose ``add_batch`` takes the tree's lock twice a step, its
 ``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
 ``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one.
@@ -110,13 +112,15 @@ def _writer(buffer: SharedReplayBuffer, seed: int, ready: Any, go: Any, seconds:
     ready.put(1)
     go.wait()
     acquired, held = lock_totals()
+    cpu = time.thread_time()
     done, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for batch in batches[:CYCLE]:
             write(batch)
         done += CYCLE * steps
+    cpu = time.thread_time() - cpu
     acquired_after, held_after = lock_totals()
-    out.put(("inserts", done, acquired_after - acquired, held_after - held))
+    out.put(("inserts", done, acquired_after - acquired, held_after - held, cpu))
 
 
 def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
@@ -128,7 +132,7 @@ def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
     while time.perf_counter() < deadline:
         buffer.get_next(SAMPLE)
         done += SAMPLE
-    out.put(("samples", done, 0, 0))
+    out.put(("samples", done, 0, 0, 0.0))
 
 
 def run_shared(workload: str, writers: int, seconds: float,
@@ -158,10 +162,11 @@ def run_shared(workload: str, writers: int, seconds: float,
         go.set()
         totals = {"inserts": 0, "samples": 0}
         locks = held_ns = 0
+        cpu = 0.0
         for _ in procs:
-            kind, count, acquired, held = out.get(timeout=seconds + 60)
+            kind, count, acquired, held, spent = out.get(timeout=seconds + 60)
             totals[kind] += count
-            locks, held_ns = locks + acquired, held_ns + held
+            locks, held_ns, cpu = locks + acquired, held_ns + held, cpu + spent
         for p in procs:
             p.join(30)
             if p.is_alive():
@@ -175,7 +180,7 @@ def run_shared(workload: str, writers: int, seconds: float,
             "inserts_per_s": totals["inserts"] / seconds,
             "samples_per_s": totals["samples"] / seconds, "seconds": seconds,
             "locks_per_insert": locks / inserts, "serial_us_per_insert": serial_us,
-            "us_per_insert": per_insert_us,
+            "us_per_insert": per_insert_us, "cpu_us_per_insert": 1e6 * cpu / inserts,
             "scaling_bound": per_insert_us / serial_us if serial_us else float("inf"),
             "bytes_per_step": size / (rows * (capacity // rows)), "cpus": os.cpu_count()}
 
@@ -187,7 +192,7 @@ def run_single(workload: str, seconds: float) -> dict[str, Any]:
     buffer = UniformReplayBuffer(spec, 1, capacity, seed=0)
     buffer.extend(random_items(spec, (1, PREFILL), np.random.default_rng(0)))
     batches = _batches(spec, 1)
-    rates = []
+    rates, cpu = [], time.thread_time()
     for op in ("insert", "sample"):
         done, deadline = 0, time.perf_counter() + seconds / 2
         while time.perf_counter() < deadline:
@@ -198,9 +203,12 @@ def run_single(workload: str, seconds: float) -> dict[str, Any]:
             else:
                 buffer.get_next(SAMPLE)
                 done += SAMPLE
+        if op == "insert":
+            cpu = 1e6 * (time.thread_time() - cpu) / max(1, done)
         rates.append(done / (seconds / 2))
     return {"peer": "replaybuffer[one process]", "workload": workload, "writers": 0,
-            "inserts_per_s": rates[0], "samples_per_s": rates[1], "seconds": seconds}
+            "inserts_per_s": rates[0], "samples_per_s": rates[1], "seconds": seconds,
+            "cpu_us_per_insert": cpu}
 
 
 def run_reverb(workloads: list[str], writers: list[int], seconds: float
@@ -230,24 +238,27 @@ def run_reverb(workloads: list[str], writers: list[int], seconds: float
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table; a shared row's inserts/s also as a multiple of the
-    workload's one-process row, and what serializes its writers."""
+    workload's one-process row, what serializes its writers, and a writer's CPU time
+    per insert (its thread's, whatever else the machine runs)."""
     lines = ["| workload | peer | writers | inserts/s | x one process | samples/s | "
-             "locks/insert | serial us/insert |", "|---|---|---|---|---|---|---|---|"]
+             "locks/insert | serial us/insert | writer CPU us/insert |",
+             "|---|---|---|---|---|---|---|---|---|"]
     alone = {r["workload"]: r["inserts_per_s"] for r in rows
              if r.get("peer") == "replaybuffer[one process]"}
     for r in rows:
         if "unsupported" in r:
             lines.append(f"| {r['workload']} | {r['peer']} | | {r['unsupported']} "
-                         "| | | | |")
+                         "| | | | | |")
             continue
         writers = "one process" if not r["writers"] else r["writers"]
         ratio = f"{r['inserts_per_s'] / alone[r['workload']]:.2f}x" \
             if r["workload"] in alone and r["writers"] else ""
         locks = f"{r['locks_per_insert']:.2f}" if "locks_per_insert" in r else ""
         serial = f"{r['serial_us_per_insert']:.2f}" if "serial_us_per_insert" in r else ""
+        cpu = f"{r['cpu_us_per_insert']:.2f}" if "cpu_us_per_insert" in r else ""
         lines.append(f"| {r['workload']} | {r['peer']} | {writers} | "
                      f"{r['inserts_per_s']:,.0f} | {ratio} | {r['samples_per_s']:,.0f} | "
-                     f"{locks} | {serial} |")
+                     f"{locks} | {serial} | {cpu} |")
     return "\n".join(lines)
 
 

@@ -36,6 +36,13 @@ see each other's reservation both back off, and retry at their next poll.
 An admitted sample is counted at once (two processes must not both take the last room
 in the window), before it is drawn; a draw (or insert) that then fails gives its count
 back (:meth:`SharedAdmission.give_back`), so a refused call never holds later ones back.
+The largest call of each side (against which the limiter refuses a held-back call of
+the other side that could never go ahead) is raised only once a call went through
+(:meth:`SharedAdmission.record_largest`, after the write or draw, as the local limiter
+records it when it counts the call): a call that failed after its admission (an insert
+refused for its side frames, a draw that raised) leaves it as it was, with nothing to
+restore. It only grows, under the lock, so two processes raising it at once keep the
+larger, and none ever lowers what another recorded.
 
 Held back, a call polls (50 us, doubling to 2 ms) until it may go, ``timeout`` passes,
 or, with ``block=False``, at once; only then does it take the lock, to count itself
@@ -107,6 +114,9 @@ class SharedAdmission:
         # len() alone, which needs no reservation).
         self._refusable = {True: limiter.max_diff != float("inf"),
                            False: limiter.min_diff != float("-inf")}
+        # [samples, inserts]: a size the shared largest sample (insert) is known to have
+        # reached, so that a call no larger skips its load.
+        self._known_largest = [0, 0]
 
     @property
     def admits_inserts(self) -> bool:
@@ -119,7 +129,8 @@ class SharedAdmission:
         """Count an insert of ``n`` items at its commit (a limiter that never holds
         inserts back: see :attr:`admits_inserts`), in this process's slot."""
         self._counters.add(ADMITTED_INSERTS, n)
-        self.record_largest(True, n)
+        if n > self._known_largest[True]:  # (on every add_batch's path: no call usually)
+            self.record_largest(True, n)
 
     def admit(self, insert: bool, n: int, timeout: float | None, block: bool) -> bool:
         """Wait until the rate limiter lets ``n`` items be inserted (or sampled); count
@@ -202,38 +213,43 @@ class SharedAdmission:
         control = self._control
         limiter.largest_insert = max(1, int(control[LARGEST_INSERT]))
         limiter.largest_sample = max(1, int(control[LARGEST_SAMPLE]))
-        if ready:
+        if ready:  # (its size is recorded once it went through: given_back_on_error)
             counters.add(admitted, n)
             if refusable:
                 order_fence()  # admitted before unreserved: never seen as neither
                 counters.add(reserved, -n)
-            self.record_largest(insert, n)
         elif refusable:
             counters.add(reserved, -n)
         return ready
 
     def record_largest(self, insert: bool, n: int) -> None:
         """Raise the largest call recorded to ``n`` if it is larger: under the lock,
-        taken only then (once per new size)."""
+        taken only then (once per new size). Called for calls that went through only."""
+        known = self._known_largest
+        if n <= known[insert]:  # the usual call: no shared load
+            return
         field = LARGEST_INSERT if insert else LARGEST_SAMPLE
         if n > self._control[field]:
             with self._lock:
                 self._control[field] = max(int(self._control[field]), n)
+        known[insert] = n  # the shared value is at least n now, and only grows
 
     @contextmanager
     def given_back_on_error(self, insert: bool, n: int) -> Iterator[None]:
         """Run the admitted insert (or draw) of ``n`` items in this context: if it
-        raises, its count is given back (:meth:`give_back`) before the error goes on."""
+        raises, its count is given back (:meth:`give_back`) before the error goes on;
+        once it went through, its size is recorded (:meth:`record_largest`)."""
         try:
             yield
         except BaseException:
             self.give_back(insert, n)
             raise
+        self.record_largest(insert, n)
 
     def give_back(self, insert: bool, n: int) -> None:
         """Take back the count of ``n`` admitted items whose insert (or draw) failed, so
-        that it does not hold later calls back. (The largest call recorded stays: it
-        only makes the check of calls too large for the window stricter.)"""
+        that it does not hold later calls back. (Its size was never recorded as the
+        largest: that waits for the call to go through.)"""
         self._counters.add(ADMITTED_INSERTS if insert else ADMITTED_SAMPLES, -n)
 
     def count_more(self, insert: bool, n: int) -> None:

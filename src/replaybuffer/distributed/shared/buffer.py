@@ -54,7 +54,8 @@ rebuilt on read; :mod:`.frame_ring`). n-step transitions are the local buffers' 
 (see the docs' shared-memory page).
 
 The parts live beside this module: :mod:`.layout` (the shared control block),
-:mod:`.row_marks` (row floors and read cursors), :mod:`.process_lock`, :mod:`.writer`
+:mod:`.row_marks` (row floors and read cursors), :mod:`.process_lock`, :mod:`.inserts`
+(an insert's order: items checked, rows claimed, admitted, written), :mod:`.writer`
 (claiming rows, publishing steps), :mod:`.sampling` (whole windows) and
 :mod:`.windows` (which windows), :mod:`.priorities` (the shared sum tree) and
 :mod:`.admission` (the rate limiter on shared counters).
@@ -80,6 +81,7 @@ from replaybuffer.distributed.shared.config import SharedConfig
 from replaybuffer.distributed.shared.counters import ProcessCounters
 from replaybuffer.distributed.shared.episodes import step_type_leaf
 from replaybuffer.distributed.shared.frame_ring import frame_storage
+from replaybuffer.distributed.shared.inserts import Inserting
 from replaybuffer.distributed.shared.items import ItemChecker
 from replaybuffer.distributed.shared.iteration import SharedIteration
 from replaybuffer.distributed.shared.layout import CLOSED, SharedLayout
@@ -104,7 +106,8 @@ if TYPE_CHECKING:
 __all__ = ["SharedReplayBuffer", "BufferClosedError"]
 
 
-class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteration, Pacing):
+class SharedReplayBuffer(Inserting, Clearing, SharedCheckpoints, ReadChoice, SharedIteration,
+                         Pacing):
     """A replay buffer that processes on one machine write to and sample from at once.
 
     Args:
@@ -182,7 +185,6 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             specs, config.frames, rows, length, self.path, create)
         paths = nest.leaf_paths(self._data_spec)
         self._episode_leaf = step_type_leaf(paths) if self._track_episodes else None
-        self._items = ItemChecker(self._data_spec)
         self._lock = ProcessLock(self.path / "lock")
         self._marks = marks = RowMarks(self._storage, rows, length)  # before the layout
         pins = ReadPins(self._storage, rows, self._lock) \
@@ -201,9 +203,11 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
             self._limiter, self._control, self._lock, self.__len__, self._items_counted,
             self._check_open,
             ProcessCounters(layout.counters, layout.counter_owners, self._lock), rows * length)
-        self._admits_inserts = self._admission is not None and self._admission.admits_inserts
         self._writer = SharedWriter(layout, self._storage, self._lock, rows, length,
                                     self._priorities, self._admission, pins, self._frames)
+        self._items = ItemChecker(self._data_spec)
+        self._insert_admission = self._admission if self._admission is not None and \
+            self._admission.admits_inserts else None
         self._wire_choices(layout, marks, self._storage, self._lock, self._priorities,
                            pins, self._admission)
         self._sampler.process_rng()  # the creator is process 0 of the seed
@@ -226,11 +230,6 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
     def capacity(self) -> int:
         """``num_rows * max_length`` items."""
         return self._rows_total * self._length
-
-    @property
-    def rows(self) -> tuple[int, int] | None:
-        """``(first row, count)`` this process writes to, once it has added."""
-        return self._writer.rows
 
     @property
     def rate_limiter(self) -> RateLimiter | None:
@@ -265,76 +264,11 @@ class SharedReplayBuffer(Clearing, SharedCheckpoints, ReadChoice, SharedIteratio
         return (f"SharedReplayBuffer(num_rows={self._rows_total}, "
                 f"max_length={self._length}, items={len(self)}, path='{self.path}')")
 
-    # ----------------------------------------------------------------- writing
+    # ------------------------------------------------------------------- state
     def _check_open(self) -> None:
         if self._control[CLOSED]:
             raise BufferClosedError(f"the shared buffer in {self.path} was closed by the "
                                     "process that made it")
-
-    def steps_written(self) -> np.ndarray:
-        """Steps written so far to each row, int64 ``[num_rows]`` (a copy): the next
-        step of a row gets this id."""
-        steps: np.ndarray = self._next_id.copy()
-        return steps
-
-    def claim_rows(self, count: int) -> tuple[int, int]:
-        """The rows this process writes, ``(first, count)``: claimed by its first add
-        (or this call) as ``count`` adjacent rows that no live process owns and whose
-        step counts agree. Later calls return the same rows.
-
-        Raises:
-            SpecError: this process owns a different number of rows, or ``count`` is
-                less than 1 or more than the buffer has.
-            ValueError: no such rows are free now.
-        """
-        return self._writer.claim_rows(count, "claim_rows")
-
-    def add_batch(self, items: Any, *, timeout: float | None = None,
-                  block: bool = True) -> bool:
-        """Append one step to each of this process's rows.
-
-        Args:
-            items: a nest matching ``data_spec``, leaves ``[B, *spec.shape]``; the first
-                call claims ``B`` rows for this process, later calls must keep ``B``.
-            timeout, block: as :meth:`replaybuffer.ReplayBuffer.add_batch`, with the
-                rate limiter.
-
-        Returns:
-            ``True`` once written; ``False`` with ``block=False`` when held back.
-
-        Raises:
-            SpecError: wrong structure, shape, dtype or batch size (naming the leaf;
-                a batch of 0 items too); nothing is written.
-            RateLimitedError: ``timeout`` passed with the insert held back.
-            BufferClosedError: the buffer was closed.
-        """
-        self._check_open()
-        check_timeout(timeout)
-        arrays, (count,) = self._items.arrays(items, "add_batch", 1)
-        writer = self._writer
-        first, _ = writer.claim_rows(count)
-        if self._admits_inserts and not self._admit(True, count, timeout, block):
-            return False
-        writer.write_step(first, count, arrays)
-        return True
-
-    def extend(self, items: Any, *, timeout: float | None = None,
-               block: bool = True) -> bool:
-        """Append ``T`` steps to each of this process's rows: leaves ``[B, T, *shape]``
-        (the rate limiter admits ``B * T`` items at once). As :meth:`add_batch`."""
-        self._check_open()
-        check_timeout(timeout)
-        arrays, (count, steps) = self._items.arrays(items, "extend", 2)
-        writer = self._writer
-        first, _ = writer.claim_rows(count, "extend")
-        if self._admits_inserts and not self._admit(True, count * steps, timeout, block):
-            return False
-        writer.write_steps(first, count, ([a[:, t] for a in arrays] for t in range(steps)))
-        return True
-
-    def flush(self) -> None:
-        """Nothing to wait for: a write is in shared memory when ``add_batch`` returns
-        (here for the buffer surface, where the Ray buffer's writes are asynchronous)."""
 
     # ---------------------------------------------------------------- sampling
     @overload

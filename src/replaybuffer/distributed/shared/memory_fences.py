@@ -36,7 +36,9 @@ rather than let a reader return a torn step.
 Aligned 8-byte loads and stores (every int64 the protocol shares is 8-byte aligned in
 its ``.npy`` file) are single-copy atomic on x86-64 and aarch64, so a version or head is
 never read half old, half new; a torn read of a version could only make the reader
-reject a step, never accept one.
+reject a step, never accept one. numpy's item store and a ``memoryview``'s (the writer's
+plain step uses both) each copy one int64 with one 8-byte access, each from its own
+call into C, which the compiler cannot move across another.
 """
 
 from __future__ import annotations
