@@ -65,6 +65,9 @@ from replaybuffer.storage.side_store import SideStore
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
+    from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
+
 
 class TransitionReplayBuffer(TransitionReads):
     """Uniform replay of transitions, observations stored once.
@@ -88,12 +91,13 @@ class TransitionReplayBuffer(TransitionReads):
             ``[K, H, W]``, -1 for ``[H, W, K]``).
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing adds and samples (the
             same as setting :attr:`rate_limiter` afterwards).
-        sample_on_device: ``True`` draws samples on the torch storage's device
-            (:mod:`replaybuffer.buffers.device_sampling`): ids, probabilities (and a
-            prioritized buffer's weights and priorities) stay there. Off by default
-            (``None``), also on a GPU: a transition's next observation is found by
-            bookkeeping on the host, so a device draw is copied to the host once per
-            sample, which waits for the device's queue.
+        sample_on_device: ``True`` draws and reads samples on the torch storage's
+            device (:mod:`replaybuffer.buffers.device_sampling`): ids, probabilities
+            (and a prioritized buffer's weights), every transition's fields, next
+            observations and ``n``-step returns are computed there, without waiting
+            for the device (:mod:`replaybuffer.buffers.device_transition_reads`; the
+            next-observation bookkeeping is copied to the device as a sample needs
+            it). Off by default (``None``), also on a GPU.
     """
 
     # Whether sample() serves draws made on the device; a subclass whose reads differ
@@ -103,6 +107,10 @@ class TransitionReplayBuffer(TransitionReads):
     # Whether flat_reads() serves this class: a subclass whose reads return what this
     # class's do says so in its body (RolloutBuffer); any other gets None.
     _serves_flat_reads: ClassVar[bool] = True
+
+    # sample_on_device: reads on the device, and the device copy of the side state.
+    _device_reads: DeviceTransitionReads | None
+    _device_mirror: DeviceSideMirror
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,8 +158,9 @@ class TransitionReplayBuffer(TransitionReads):
                          frame_stack=OBS if frame_stack else None, stack_axis=stack_axis,
                          rate_limiter=rate_limiter)
         # None is the host here, also on a GPU (see sample_on_device above).
-        if sample_on_device is not None and samples_on_device(self.storage, device,
-                                                              sample_on_device, False):
+        on_device = sample_on_device is not None and samples_on_device(
+            self.storage, device, sample_on_device, False)
+        if on_device:
             if not self._samples_on_device:
                 raise ValueError(f"sample_on_device=True: {type(self).__name__} samples on "
                                  "the host")
@@ -233,6 +242,9 @@ class TransitionReplayBuffer(TransitionReads):
         # A call the shortcut skips where it would do nothing: on_add of the uniform
         # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
+        # sample_on_device: transitions read on the device from a device copy of the
+        # next-observation bookkeeping (None: draws, if any, are read on the host).
+        self._device_reads = self._device_transition_reads() if on_device else None
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -289,9 +301,13 @@ class TransitionReplayBuffer(TransitionReads):
                 raise self.empty_error()
             (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
             info_ids = self._info_ids(ids, positions)
-            if not isinstance(ids, np.ndarray):  # drawn on the device: read on the host
-                ids, positions = self._host_draws(ids, positions)
-            batch = self._read(ids, positions)
+            if isinstance(ids, np.ndarray):
+                batch = self._read(ids, positions)
+            elif self._device_reads is not None:  # drawn on the device: read there
+                self._device_mirror.sync(self._generation)
+                batch = self._device_reads.read(ids, positions)
+            else:
+                batch = self._read(*self._host_draws(ids, positions))
             if self._limiter is not None:
                 self._limiter.sampled(int(batch_size))
         to_backend = self._storage.from_numpy
@@ -304,6 +320,21 @@ class TransitionReplayBuffer(TransitionReads):
         from replaybuffer.sampling.torch_uniform import TorchUniformSampler
 
         return TorchUniformSampler(self.device, seed)
+
+    def _device_transition_reads(self) -> DeviceTransitionReads:
+        """The reads of ``sample_on_device=True``: transitions read on the device, from a
+        mirror of the next-observation bookkeeping there
+        (:mod:`replaybuffer.buffers.device_transition_reads`)."""
+        from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
+        from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
+
+        self._device_mirror = DeviceSideMirror(self._ring, self._side_ref, self._side,
+                                               self._head_next, self._storage.device)
+        leaves = {OBS: self._obs_leaves, ACTION: self._action_leaves, REWARD: self._reward,
+                  TERMINATED: self._terminated, TRUNCATED: self._truncated}
+        return DeviceTransitionReads(self._storage, self._ring, self._device_mirror, leaves,
+                                     (self._obs_structure, self._action_structure),
+                                     self.n_step, self.gamma)
 
     def _host_draws(self, ids: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """Start ids and positions drawn on the device (int64 ``[S]`` tensors; positions
@@ -396,6 +427,8 @@ class TransitionReplayBuffer(TransitionReads):
         super().restore_state(state, arrays)
         with self._lock:
             self._restore_side(state, refs)
+            if self._device_reads is not None:  # the device copy of the side state too
+                self._device_mirror.invalidate()
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
