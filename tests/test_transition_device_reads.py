@@ -239,3 +239,31 @@ def test_device_reads_match_the_host_path_without_a_sync_cuda(cls, n_step):
     for _ in range(4):
         add(buf, rng, state)
     check_sample(buf)
+
+
+def test_a_sample_between_a_restores_two_steps_does_not_keep_stale_copies(monkeypatch):
+    # restore_state restores the ring (a new generation), then the side state under a
+    # second hold of the lock: a sample from another thread may come in between and
+    # sync the mirror with the old side state. Simulated by sampling there.
+    monkeypatch.setattr(TorchStorage, "numpy_views", False)
+    buf = make(rb.TransitionReplayBuffer, "cpu", 2, 30, 2, 0.9)
+    rng = np.random.default_rng(5)
+    state: dict = {}
+    for _ in range(8):
+        add(buf, rng, state, end_rate=0.8)
+    saved = buf.state_dict()
+    for _ in range(9):
+        add(buf, rng, state, end_rate=0.8)
+    from replaybuffer.buffers.checkpoints import Checkpoints
+
+    ring_restore = Checkpoints.restore_state
+
+    def sample_after_the_ring(self, *args):  # the ring restored, the side state not yet
+        ring_restore(self, *args)
+        self.sample(16)
+
+    monkeypatch.setattr(Checkpoints, "restore_state", sample_after_the_ring)
+    buf.load_state_dict(saved)
+    monkeypatch.setattr(Checkpoints, "restore_state", ring_restore)
+    for _ in range(3):
+        check_sample(buf)
