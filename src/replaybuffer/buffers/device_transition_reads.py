@@ -20,35 +20,42 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
 from replaybuffer.buffers.numpy_sum_order import row_sums_in_numpy_order
 from replaybuffer.buffers.transition_fields import Transitions
 
 if TYPE_CHECKING:
-    from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
     from replaybuffer.sampling import Ring
+    from replaybuffer.storage.side_store import SideStore
     from replaybuffer.storage.torch_storage import TorchStorage
 
 
 class DeviceTransitionReads:
     """Transitions (with ``n``-step returns) of steps given as device tensors.
 
+    Attributes:
+        mirror: the device copy of the buffer's next-observation bookkeeping, synced
+            by every :meth:`read` (:meth:`DeviceSideMirror.invalidate` after the host
+            state was replaced).
+
     Args:
         storage: the buffer's torch storage.
         ring: the buffer's ring.
-        mirror: the device copy of the next-observation bookkeeping (synced by the
-            caller before each read).
+        side_state: the buffer's next-observation bookkeeping ``(side_ref, side store,
+            head_next)`` (:class:`DeviceSideMirror`'s arguments).
         leaves: storage leaf indices: ``observation`` (list), ``action`` (list),
             ``reward``, ``terminated``, ``truncated``.
         structures: ``(observation, action)`` nest structures to unflatten leaves with.
         n_step, gamma: as the buffer's.
     """
 
-    def __init__(self, storage: TorchStorage, ring: Ring, mirror: DeviceSideMirror,
+    def __init__(self, storage: TorchStorage, ring: Ring,
+                 side_state: tuple[np.ndarray, SideStore, list[np.ndarray]],
                  leaves: dict[str, Any], structures: tuple[Any, Any], n_step: int,
                  gamma: float):
         self._storage = storage
         self._ring = ring
-        self._mirror = mirror
+        self.mirror = DeviceSideMirror(ring, *side_state, storage.device)
         self._obs_leaves: list[int] = leaves["observation"]
         self._action_leaves: list[int] = leaves["action"]
         self._flags = [leaves["reward"], leaves["terminated"], leaves["truncated"]]
@@ -64,10 +71,13 @@ class DeviceTransitionReads:
         self._powers = torch.from_numpy(gamma ** np.arange(n_step + 1)).to(device)
         self._gamma = torch.tensor(np.float32(gamma), device=device)  # float32 0-d
 
-    def read(self, ids: torch.Tensor, positions: torch.Tensor) -> Transitions:
+    def read(self, ids: torch.Tensor, positions: torch.Tensor, generation: int
+             ) -> Transitions:
         """The transitions of steps ``ids`` at ``positions`` (int64 ``[S]`` tensors on the
         device; positions perhaps not yet modulo the capacity): every field a tensor
-        on the device, ``[S, ...]``."""
+        on the device, ``[S, ...]``. The buffer's lock held; ``generation``: its count
+        of clears and restores (:meth:`DeviceSideMirror.sync`)."""
+        self.mirror.sync(generation)
         if self._ring.batch_size == 1:  # the uniform draw hands ids as positions
             positions = torch.remainder(positions, self._ring.capacity)
         leaves = self._storage.gather(positions)
@@ -92,7 +102,7 @@ class DeviceTransitionReads:
         """The next observation's leaves (``[S, *spec.shape]``) of the steps ``ids`` at
         ``positions`` (int64 ``[S]``, modulo the capacity): the following step's
         observation, unless the step owns a side observation or is its row's newest."""
-        ring, mirror = self._ring, self._mirror
+        ring, mirror = self._ring, self.mirror
         B = ring.batch_size
         following = torch.remainder(positions + B, ring.capacity)
         out = self._storage.gather(following, self._obs_leaves)
@@ -123,7 +133,7 @@ class DeviceTransitionReads:
         ended = (terminated | truncated) & held
         # A step whose next observation is in the side store ends the window too (an
         # out-of-sequence add follows it).
-        breaks = ended | (self._mirror.refs[window_positions] >= 0) & held
+        breaks = ended | (self.mirror.refs[window_positions] >= 0) & held
         # Step k counts if it is stored and no earlier step of the window broke it:
         # the running count of breaks up to k is k's own break.
         counted = held & (torch.cumsum(breaks, -1) == breaks)

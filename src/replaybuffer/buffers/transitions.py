@@ -56,7 +56,7 @@ from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
-from replaybuffer.storage.base import LeafChecker, identity, to_numpy
+from replaybuffer.storage.base import LeafChecker, identity
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.numpy_storage import NumpyStorage
@@ -65,7 +65,6 @@ from replaybuffer.storage.side_store import SideStore
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
     from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
 
 
@@ -107,10 +106,6 @@ class TransitionReplayBuffer(TransitionReads):
     # Whether flat_reads() serves this class: a subclass whose reads return what this
     # class's do says so in its body (RolloutBuffer); any other gets None.
     _serves_flat_reads: ClassVar[bool] = True
-
-    # sample_on_device: reads on the device, and the device copy of the side state.
-    _device_reads: DeviceTransitionReads | None
-    _device_mirror: DeviceSideMirror
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -242,8 +237,7 @@ class TransitionReplayBuffer(TransitionReads):
         # A call the shortcut skips where it would do nothing: on_add of the uniform
         # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
-        # sample_on_device: transitions read on the device from a device copy of the
-        # next-observation bookkeeping (None: draws, if any, are read on the host).
+        # sample_on_device: transitions read on the device (None: on the host).
         self._device_reads = self._device_transition_reads() if on_device else None
 
     @classmethod
@@ -303,11 +297,8 @@ class TransitionReplayBuffer(TransitionReads):
             info_ids = self._info_ids(ids, positions)
             if isinstance(ids, np.ndarray):
                 batch = self._read(ids, positions)
-            elif self._device_reads is not None:  # drawn on the device: read there
-                self._device_mirror.sync(self._generation)
-                batch = self._device_reads.read(ids, positions)
-            else:
-                batch = self._read(*self._host_draws(ids, positions))
+            else:  # drawn on the device (sample_on_device): read there
+                batch = self._device_reads.read(ids, positions, self._generation)
             if self._limiter is not None:
                 self._limiter.sampled(int(batch_size))
         to_backend = self._storage.from_numpy
@@ -322,24 +313,14 @@ class TransitionReplayBuffer(TransitionReads):
         return TorchUniformSampler(self.device, seed)
 
     def _device_transition_reads(self) -> DeviceTransitionReads:
-        """The reads of ``sample_on_device=True``: transitions read on the device, from a
-        mirror of the next-observation bookkeeping there
-        (:mod:`replaybuffer.buffers.device_transition_reads`)."""
-        from replaybuffer.buffers.device_side_mirror import DeviceSideMirror
+        """The reads of ``sample_on_device=True`` (a torch storage's)."""
         from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
 
-        self._device_mirror = DeviceSideMirror(self._ring, self._side_ref, self._side,
-                                               self._head_next, self._storage.device)
         leaves = {OBS: self._obs_leaves, ACTION: self._action_leaves, REWARD: self._reward,
                   TERMINATED: self._terminated, TRUNCATED: self._truncated}
-        return DeviceTransitionReads(self._storage, self._ring, self._device_mirror, leaves,
-                                     (self._obs_structure, self._action_structure),
-                                     self.n_step, self.gamma)
-
-    def _host_draws(self, ids: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Start ids and positions drawn on the device (int64 ``[S]`` tensors; positions
-        perhaps not yet modulo the capacity) as numpy arrays: one copy to the host."""
-        return to_numpy(ids), to_numpy(positions) % self._ring.capacity
+        return DeviceTransitionReads(
+            self._storage, self._ring, (self._side_ref, self._side, self._head_next),  # type: ignore[arg-type]
+            leaves, (self._obs_structure, self._action_structure), self.n_step, self.gamma)
 
     def last(self, count: int) -> Transitions:
         """The ``count`` most recent transitions of every env, oldest first: leaves
@@ -428,7 +409,7 @@ class TransitionReplayBuffer(TransitionReads):
         with self._lock:
             self._restore_side(state, refs)
             if self._device_reads is not None:  # the device copy of the side state too
-                self._device_mirror.invalidate()
+                self._device_reads.mirror.invalidate()
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
