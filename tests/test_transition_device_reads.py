@@ -62,7 +62,12 @@ def add(buf, rng: np.random.Generator, state: dict, end_rate: float = 0.25) -> N
 
 
 def check_sample(buf, batch: int = 64) -> None:
-    transitions, info = buf.sample(batch)
+    check(buf, *buf.sample(batch))
+
+
+def check(buf, transitions, info) -> None:
+    """Every sampled transition is, byte for byte, the host path's read of its step
+    (a stored step's transition never changes, so this may run later)."""
     actions = transitions.actions.cpu().numpy()
     steps, rows = actions // ROWS, actions % ROWS
     reference = buf.read_steps(steps.astype(np.int64))
@@ -267,3 +272,31 @@ def test_a_sample_between_a_restores_two_steps_does_not_keep_stale_copies(monkey
     monkeypatch.setattr(Checkpoints, "restore_state", ring_restore)
     for _ in range(3):
         check_sample(buf)
+
+
+@needs_cuda
+def test_reads_on_another_stream_are_not_overwritten_by_later_copies_cuda():
+    # A sample on a stream held back by a long kernel reads the mirror's rows after a
+    # later add's sample (on the default stream) has copied new ones over them: the
+    # copy must wait for it. Capacity enough that no sampled step is overwritten.
+    buf = make(rb.TransitionReplayBuffer, "cuda", 2, 2 * 200, 1, 0.9)
+    rng = np.random.default_rng(6)
+    state: dict = {}
+    for _ in range(20):
+        add(buf, rng, state)
+    check_sample(buf)
+    other = torch.cuda.Stream()
+    big = torch.randn(4096, 4096, device="cuda")
+    drawn = []
+    for _ in range(10):
+        add(buf, rng, state, end_rate=0.8)
+        other.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(other):
+            for _ in range(4):
+                big = (big @ big).clamp_(-1, 1)  # hold the stream back
+            drawn.append(buf.sample(256))
+        add(buf, rng, state, end_rate=0.8)
+        drawn.append(buf.sample(256))
+    torch.cuda.current_stream().wait_stream(other)
+    for transitions, info in drawn:
+        check(buf, transitions, info)

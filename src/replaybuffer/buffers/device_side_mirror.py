@@ -21,7 +21,9 @@ copies only that, host to device, never the other way:
 A ``clear()`` or a restore (the buffer's ``generation`` changes, or :meth:`invalidate`)
 and a side store that grew copy everything again. On CUDA every copy is staged in
 page-locked memory and issued asynchronously on the current stream, which orders it
-before the reads of the same sample and after those of earlier ones.
+before the reads of the same sample and after those of earlier ones on that stream;
+reads issued on other streams are waited for on the device (:meth:`after_read`), as
+the torch storage orders its writes after its gathers.
 """
 
 from __future__ import annotations
@@ -72,22 +74,45 @@ class DeviceSideMirror:
         self.side_slots = -1  # no rows yet: the first sync makes them
         self._generation: int | None = None  # None: copy everything at the next sync
         self._synced_id = -1
+        # CUDA: the last read's event per stream, and the streams read on since the
+        # last copy (a copy waits for them: it may overwrite rows they read).
+        self._read_events: dict[torch.cuda.Stream, torch.cuda.Event] = {}
+        self._reads_pending: set[torch.cuda.Stream] = set()
 
     def invalidate(self) -> None:
         """Copy everything at the next :meth:`sync` (the host state was replaced)."""
         self._generation = None
+
+    def after_read(self) -> None:
+        """Mark the reads issued so far on the current CUDA stream: the next copy into
+        the mirror waits for them on the device. Nothing on the CPU."""
+        if not self._cuda:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        event = self._read_events.get(stream)
+        if event is None:
+            event = self._read_events[stream] = torch.cuda.Event()
+        event.record(stream)
+        self._reads_pending.add(stream)
 
     def sync(self, generation: int) -> None:
         """Bring the mirror up to date with the host bookkeeping (the buffer's lock
         held); ``generation`` is the buffer's count of clears and restores."""
         last = self._ring.last_id
         slots = len(self._side.arrays[0])
+        if generation == self._generation and last == self._synced_id and \
+                slots == self.side_slots:
+            return
+        if self._reads_pending:  # reads on other streams may still use the rows
+            stream = torch.cuda.current_stream(self.device)
+            for other in self._reads_pending:
+                if other != stream:
+                    stream.wait_event(self._read_events[other])
+            self._reads_pending.clear()
         if generation != self._generation:
             self._copy_refs(0, len(self._side_ref))
             self._copy_side_rows(slots, None)
         else:
-            if last == self._synced_id and slots == self.side_slots:
-                return
             changed = self._copy_changed_refs(self._synced_id, last)
             if slots != self.side_slots:
                 self._copy_side_rows(slots, None)

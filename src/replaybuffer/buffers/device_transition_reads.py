@@ -89,6 +89,7 @@ class DeviceTransitionReads:
         else:
             rewards, end_term, end_trunc, discounts, next_obs = self._n_step_returns(
                 ids, positions)
+        self.mirror.after_read()
         return Transitions(
             observations=self._obs_structure.unflatten([leaves[i] for i in self._obs_leaves]),
             actions=self._action_structure.unflatten([leaves[i] for i in self._action_leaves]),
