@@ -18,6 +18,12 @@ copies only that, host to device, never the other way:
   position names it; a freed slot handed out again is named by a newer step);
 - the ``num_envs`` rows of ``head_next``.
 
+So that a read finds every next observation that is not the following step's with one
+lookup, the newest step's entries that name no side slot name its rows of
+``head_next`` in the mirror instead (an entry the host never has; an ``n``-step window
+that breaks at the newest step breaks where it ends anyway). The next sync copies that
+step's entries again from the host.
+
 A ``clear()`` or a restore (the buffer's ``generation`` changes, or :meth:`invalidate`)
 and a side store that grew copy everything again. On CUDA every copy is staged in
 page-locked memory and issued asynchronously on the current stream, which orders it
@@ -45,7 +51,10 @@ class DeviceSideMirror:
     ``device`` (see the module).
 
     Attributes:
-        refs: int64 ``[positions]``: the device copy of ``side_ref``.
+        refs: int64 ``[positions]``: per storage position, the row of :attr:`rows` that
+            holds the step's next observation, -1 where it is the following step's
+            observation: ``side_ref``, with the newest step's -1 entries naming its
+            ``head_next`` rows.
         rows: per observation leaf, ``[side slots + num_envs, *spec.shape]`` in the
             leaf's dtype: the side store's rows (row ``s`` is slot ``s``), then the
             newest step's next observation of each env (row ``side_slots + env``).
@@ -110,10 +119,10 @@ class DeviceSideMirror:
                     stream.wait_event(self._read_events[other])
             self._reads_pending.clear()
         if generation != self._generation:
-            self._copy_refs(0, len(self._side_ref))
+            self._copy_refs(0, len(self._side_ref), last, slots)
             self._copy_side_rows(slots, None)
         else:
-            changed = self._copy_changed_refs(self._synced_id, last)
+            changed = self._copy_changed_refs(self._synced_id, last, slots)
             if slots != self.side_slots:
                 self._copy_side_rows(slots, None)
             elif len(changed):
@@ -122,10 +131,10 @@ class DeviceSideMirror:
         self._generation, self._synced_id = generation, last
 
     # ------------------------------------------------------------------ copies
-    def _copy_changed_refs(self, synced: int, last: int) -> np.ndarray:
+    def _copy_changed_refs(self, synced: int, last: int, slots: int) -> np.ndarray:
         """Copy the ``side_ref`` entries of steps ``synced .. last`` (the step synced
-        last may have had its entry set since: see the module); the side slots they
-        name (int64 ``[k]``)."""
+        last may have had its entry set since, and was the newest: see the module) for
+        a side store of ``slots`` slots; the side slots they name (int64 ``[k]``)."""
         ring = self._ring
         B, L, capacity = ring.batch_size, ring.max_length, ring.capacity
         first = max(synced, 0)
@@ -136,13 +145,23 @@ class DeviceSideMirror:
             spans = [(a, b)] if a < b else [(a, capacity), (0, b)]
         named = []
         for a, b in spans:
-            self._copy_refs(a, b)
+            self._copy_refs(a, b, last, slots)
             refs = self._side_ref[a:b]
             named.append(refs[refs >= 0])
         return np.concatenate(named) if len(named) > 1 else named[0]
 
-    def _copy_refs(self, a: int, b: int) -> None:
-        self._upload(self.refs[a:b], self._side_ref[a:b])
+    def _copy_refs(self, a: int, b: int, last: int, slots: int) -> None:
+        """Copy the entries of positions ``a .. b``, those of step ``last`` (the newest)
+        that name no side slot naming its ``head_next`` rows (after ``slots``)."""
+        values = self._side_ref[a:b]
+        B = self._ring.batch_size
+        newest = (last % self._ring.max_length) * B
+        if last >= 0 and a <= newest < b:
+            values = values.copy()
+            own = values[newest - a:newest - a + B]  # a view
+            free = own < 0
+            own[free] = slots + np.flatnonzero(free)
+        self._upload(self.refs[a:b], values)
 
     def _copy_side_rows(self, slots: int, which: np.ndarray | None) -> None:
         """Copy the side store's rows at slots ``which`` (int64 ``[k]``), or all of them

@@ -85,7 +85,7 @@ class DeviceTransitionReads:
             rewards = leaves[self._flags[0]]
             end_term, end_trunc = leaves[self._flags[1]], leaves[self._flags[2]]
             discounts = ~end_term * self._gamma  # gamma, 0 after termination (float32)
-            next_obs = self.next_observations(ids, positions)
+            next_obs = self.next_observations(positions)
         else:
             rewards, end_term, end_trunc, discounts, next_obs = self._n_step_returns(
                 ids, positions)
@@ -98,20 +98,16 @@ class DeviceTransitionReads:
             terminated=end_term, truncated=end_trunc, dones=end_term | end_trunc,
             discounts=discounts)
 
-    def next_observations(self, ids: torch.Tensor, positions: torch.Tensor
-                          ) -> list[torch.Tensor]:
-        """The next observation's leaves (``[S, *spec.shape]``) of the steps ``ids`` at
+    def next_observations(self, positions: torch.Tensor) -> list[torch.Tensor]:
+        """The next observation's leaves (``[S, *spec.shape]``) of the steps at
         ``positions`` (int64 ``[S]``, modulo the capacity): the following step's
         observation, unless the step owns a side observation or is its row's newest."""
         ring, mirror = self._ring, self.mirror
-        B = ring.batch_size
-        following = torch.remainder(positions + B, ring.capacity)
+        following = torch.remainder(positions + ring.batch_size, ring.capacity)
         out = self._storage.gather(following, self._obs_leaves)
-        side = mirror.refs[positions]
-        # The row of mirror.rows to read instead: the side slot, else the newest
-        # step's own next observation, else -1 (the following step's observation).
-        own = (ids == ring.last_id) & (side < 0)
-        source = torch.where(own, torch.remainder(positions, B) + mirror.side_slots, side)
+        # The row of mirror.rows to read instead (a side slot, or the newest step's
+        # own next observation), -1 for the following step's observation.
+        source = mirror.refs[positions]
         patched = source >= 0
         take = source.clamp(min=0)
         result = []
@@ -148,4 +144,4 @@ class DeviceTransitionReads:
         end_trunc = truncated.gather(1, last_k)[:, 0]
         discounts = torch.where(end_term, 0.0, self._powers[m]).to(torch.float32)
         return (returns, end_term, end_trunc, discounts,
-                self.next_observations(ids + last_k[:, 0], last_position))
+                self.next_observations(last_position))
