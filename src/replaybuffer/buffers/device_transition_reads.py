@@ -84,7 +84,8 @@ class DeviceTransitionReads:
         if self.n_step == 1:
             rewards = leaves[self._flags[0]]
             end_term, end_trunc = leaves[self._flags[1]], leaves[self._flags[2]]
-            discounts = ~end_term * self._gamma  # gamma, 0 after termination (float32)
+            # gamma, 0 after termination (float32: the host's float32(gamma) * ~terminated)
+            discounts = torch.where(end_term, 0.0, self._gamma)
             next_obs = self.next_observations(positions)
         else:
             rewards, end_term, end_trunc, discounts, next_obs = self._n_step_returns(
@@ -103,8 +104,8 @@ class DeviceTransitionReads:
         ``positions`` (int64 ``[S]``, modulo the capacity): the following step's
         observation, unless the step owns a side observation or is its row's newest."""
         ring, mirror = self._ring, self.mirror
-        following = torch.remainder(positions + ring.batch_size, ring.capacity)
-        out = self._storage.gather(following, self._obs_leaves)
+        # (the storage takes the following positions modulo the capacity as it gathers)
+        out = self._storage.gather(positions + ring.batch_size, self._obs_leaves)
         # The row of mirror.rows to read instead (a side slot, or the newest step's
         # own next observation), -1 for the following step's observation.
         source = mirror.refs[positions]
