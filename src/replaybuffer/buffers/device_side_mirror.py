@@ -83,6 +83,9 @@ class DeviceSideMirror:
         self.side_slots = -1  # no rows yet: the first sync makes them
         self._generation: int | None = None  # None: copy everything at the next sync
         self._synced_id = -1
+        # The side slots the newest step named at the last sync (their rows are on the
+        # device already: the next sync copies only the slots named since).
+        self._synced_slots = np.zeros(0, np.int64)
         # CUDA: the last read's event per stream, and the streams read on since the
         # last copy (a copy waits for them: it may overwrite rows they read).
         self._read_events: dict[torch.cuda.Stream, torch.cuda.Event] = {}
@@ -129,6 +132,9 @@ class DeviceSideMirror:
                 self._copy_side_rows(slots, changed)
         self._copy_head()
         self._generation, self._synced_id = generation, last
+        start = (last % self._ring.max_length) * self._ring.batch_size
+        newest = self._side_ref[start:start + self._ring.batch_size]
+        self._synced_slots = newest[newest >= 0]  # a copy (boolean indexing)
 
     # ------------------------------------------------------------------ copies
     def _copy_changed_refs(self, synced: int, last: int, slots: int) -> np.ndarray:
@@ -148,7 +154,12 @@ class DeviceSideMirror:
             self._copy_refs(a, b, last, slots)
             refs = self._side_ref[a:b]
             named.append(refs[refs >= 0])
-        return np.concatenate(named) if len(named) > 1 else named[0]
+        changed = np.concatenate(named) if len(named) > 1 else named[0]
+        # The synced step's slots (still its own unless the ring came round to it,
+        # when every span is copied) have their rows on the device already.
+        if len(self._synced_slots) and last - first + 1 < L:
+            changed = changed[~np.isin(changed, self._synced_slots)]
+        return changed
 
     def _copy_refs(self, a: int, b: int, last: int, slots: int) -> None:
         """Copy the entries of positions ``a .. b``, those of step ``last`` (the newest)
