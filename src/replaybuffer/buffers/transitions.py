@@ -26,7 +26,9 @@ The class is built of parts, one concept per module, each a base class of the ne
 every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
 the usual step, one env's step without the env axis) and
 :mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
-given steps); this module wires them, samples, and saves.
+given steps); this module wires them, samples, and saves. With ``sample_on_device``
+the draws made on the device are read there
+(:mod:`~replaybuffer.buffers.device_transition_reads`, the device twin of the reads).
 :meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
 (:mod:`~replaybuffer.buffers.flat_reads`, with the cache of recent steps of
 :mod:`~replaybuffer.buffers.recent_steps`).
