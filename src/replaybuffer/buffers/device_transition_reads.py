@@ -68,7 +68,9 @@ class DeviceTransitionReads:
         self._steps = torch.arange(n_step, dtype=torch.int64, device=device)
         self._offsets = self._steps * ring.batch_size  # positions of a window's steps
         self._step_discounts = torch.from_numpy(gamma ** np.arange(n_step)).to(device)
-        self._powers = torch.from_numpy(gamma ** np.arange(n_step + 1)).to(device)
+        # gamma ** m as float32, as the host's float64 gamma ** m cast to float32
+        self._powers = torch.from_numpy(
+            (gamma ** np.arange(n_step + 1)).astype(np.float32)).to(device)
         self._gamma = torch.tensor(np.float32(gamma), device=device)  # float32 0-d
 
     def read(self, ids: torch.Tensor, positions: torch.Tensor, generation: int
@@ -136,13 +138,14 @@ class DeviceTransitionReads:
         # the running count of breaks up to k is k's own break.
         counted = held & (torch.cumsum(breaks, -1) == breaks)
         m = counted.sum(-1)
-        # float32 reward times the bool (numpy's -0.0 and NaN included), then float64.
-        terms = (rewards * counted).to(torch.float64) * self._step_discounts
+        # float32 reward times the bool (numpy's -0.0 and NaN included), times the
+        # float64 discounts: computed in float64, as numpy promotes it.
+        terms = (rewards * counted) * self._step_discounts
         returns = row_sums_in_numpy_order(terms).to(torch.float32)
         last_k = (m - 1)[:, None]
         last_position = window_positions.gather(1, last_k)[:, 0]
         end_term = terminated.gather(1, last_k)[:, 0]
         end_trunc = truncated.gather(1, last_k)[:, 0]
-        discounts = torch.where(end_term, 0.0, self._powers[m]).to(torch.float32)
+        discounts = torch.where(end_term, 0.0, self._powers[m])
         return (returns, end_term, end_trunc, discounts,
                 self.next_observations(last_position))
