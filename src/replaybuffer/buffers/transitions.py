@@ -26,7 +26,9 @@ The class is built of parts, one concept per module, each a base class of the ne
 every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
 the usual step, one env's step without the env axis) and
 :mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
-given steps); this module wires them, samples, and saves.
+given steps); this module wires them, samples, and saves. With ``sample_on_device``
+the draws made on the device are read there
+(:mod:`~replaybuffer.buffers.device_transition_reads`, the device twin of the reads).
 :meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
 (:mod:`~replaybuffer.buffers.flat_reads`, with the cache of recent steps of
 :mod:`~replaybuffer.buffers.recent_steps`).
@@ -56,7 +58,7 @@ from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
-from replaybuffer.storage.base import LeafChecker, identity, to_numpy
+from replaybuffer.storage.base import LeafChecker, identity
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.numpy_storage import NumpyStorage
@@ -64,6 +66,8 @@ from replaybuffer.storage.side_store import SideStore
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
 
 
 class TransitionReplayBuffer(TransitionReads):
@@ -88,12 +92,13 @@ class TransitionReplayBuffer(TransitionReads):
             ``[K, H, W]``, -1 for ``[H, W, K]``).
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing adds and samples (the
             same as setting :attr:`rate_limiter` afterwards).
-        sample_on_device: ``True`` draws samples on the torch storage's device
-            (:mod:`replaybuffer.buffers.device_sampling`): ids, probabilities (and a
-            prioritized buffer's weights and priorities) stay there. Off by default
-            (``None``), also on a GPU: a transition's next observation is found by
-            bookkeeping on the host, so a device draw is copied to the host once per
-            sample, which waits for the device's queue.
+        sample_on_device: ``True`` draws and reads samples on the torch storage's
+            device (:mod:`replaybuffer.buffers.device_sampling`): ids, probabilities
+            (and a prioritized buffer's weights), every transition's fields, next
+            observations and ``n``-step returns are computed there, without waiting
+            for the device (:mod:`replaybuffer.buffers.device_transition_reads`; the
+            next-observation bookkeeping is copied to the device as a sample needs
+            it). Off by default (``None``), also on a GPU.
     """
 
     # Whether sample() serves draws made on the device; a subclass whose reads differ
@@ -150,8 +155,9 @@ class TransitionReplayBuffer(TransitionReads):
                          frame_stack=OBS if frame_stack else None, stack_axis=stack_axis,
                          rate_limiter=rate_limiter)
         # None is the host here, also on a GPU (see sample_on_device above).
-        if sample_on_device is not None and samples_on_device(self.storage, device,
-                                                              sample_on_device, False):
+        on_device = sample_on_device is not None and samples_on_device(
+            self.storage, device, sample_on_device, False)
+        if on_device:
             if not self._samples_on_device:
                 raise ValueError(f"sample_on_device=True: {type(self).__name__} samples on "
                                  "the host")
@@ -233,6 +239,8 @@ class TransitionReplayBuffer(TransitionReads):
         # A call the shortcut skips where it would do nothing: on_add of the uniform
         # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
+        # sample_on_device: transitions read on the device (None: on the host).
+        self._device_reads = self._device_transition_reads() if on_device else None
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -289,9 +297,10 @@ class TransitionReplayBuffer(TransitionReads):
                 raise self.empty_error()
             (ids, positions), info = self._sampler.sample(self._ring, int(batch_size), 1)
             info_ids = self._info_ids(ids, positions)
-            if not isinstance(ids, np.ndarray):  # drawn on the device: read on the host
-                ids, positions = self._host_draws(ids, positions)
-            batch = self._read(ids, positions)
+            if isinstance(ids, np.ndarray):
+                batch = self._read(ids, positions)
+            else:  # drawn on the device (sample_on_device): read there
+                batch = self._device_reads.read(ids, positions, self._generation)
             if self._limiter is not None:
                 self._limiter.sampled(int(batch_size))
         to_backend = self._storage.from_numpy
@@ -305,10 +314,15 @@ class TransitionReplayBuffer(TransitionReads):
 
         return TorchUniformSampler(self.device, seed)
 
-    def _host_draws(self, ids: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Start ids and positions drawn on the device (int64 ``[S]`` tensors; positions
-        perhaps not yet modulo the capacity) as numpy arrays: one copy to the host."""
-        return to_numpy(ids), to_numpy(positions) % self._ring.capacity
+    def _device_transition_reads(self) -> DeviceTransitionReads:
+        """The reads of ``sample_on_device=True`` (a torch storage's)."""
+        from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
+
+        leaves = {OBS: self._obs_leaves, ACTION: self._action_leaves, REWARD: self._reward,
+                  TERMINATED: self._terminated, TRUNCATED: self._truncated}
+        return DeviceTransitionReads(
+            self._storage, self._ring, (self._side_ref, self._side, self._head_next),  # type: ignore[arg-type]
+            leaves, (self._obs_structure, self._action_structure), self.n_step, self.gamma)
 
     def last(self, count: int) -> Transitions:
         """The ``count`` most recent transitions of every env, oldest first: leaves
@@ -396,6 +410,8 @@ class TransitionReplayBuffer(TransitionReads):
         super().restore_state(state, arrays)
         with self._lock:
             self._restore_side(state, refs)
+            if self._device_reads is not None:  # the device copy of the side state too
+                self._device_reads.mirror.invalidate()
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
