@@ -70,7 +70,8 @@ TEST_FILES=(tests/test_uniform_buffer.py tests/test_storage.py tests/test_priori
             tests/test_threading.py tests/test_persist.py tests/test_resume.py
             tests/test_device_sampling.py tests/test_device_updates.py
             tests/test_device_packing.py tests/test_device_transitions.py
-            tests/test_captured_draws.py tests/test_captured_prioritized.py)
+            tests/test_captured_draws.py tests/test_captured_prioritized.py
+            tests/test_transition_device_reads.py)
 PARALLEL=()
 "$PY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n 6)
 timeout 200 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k cuda --timeout 150 \
@@ -99,4 +100,12 @@ PYTHONUNBUFFERED=1 timeout 150 "$PY" -m replaybuffer_bench.gpu --profile --min-t
   || fail "bench --gpu (rc $?)"
 sed -n '/^# device/,$p' "$OUT/bench.log"
 tail -n 3 "$OUT/bench.log"
+
+# 4. transitions sampled on the device (no host copies) against the host path
+step "transition sample(256) on the device and on the host (log: transitions.log)"
+for n in 1 3; do
+  timeout 60 "$PY" benchmarks/transition_device_sample.py cuda 20 "$n" >>"$OUT/transitions.log" 2>&1 \
+    || fail "transition_device_sample n_step=$n (rc $?)"
+done
+tail -n 12 "$OUT/transitions.log"
 exit "$status"

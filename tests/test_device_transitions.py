@@ -1,5 +1,5 @@
-"""``sample_on_device=True`` for transition buffers: draws on the torch storage's device,
-transitions read through the host path. Each sampled transition is pinned byte for
+"""``sample_on_device=True`` for transition buffers: draws and reads on the torch
+storage's device (``buffers/device_transition_reads.py``). Each sampled transition is pinned byte for
 byte against the host path's read of the same step, and the draws' distribution
 against uniform (chi-square); on the CPU and, where torch sees one, the CUDA device.
 """
