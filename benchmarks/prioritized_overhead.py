@@ -92,10 +92,16 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
     weighed = np.empty((2, BATCH), np.float32)
     hi = ring.last_id + 1
 
+    # (Newer kernels draw their random numbers themselves unless given no bit
+    # generator, (0, 0): timed on given ones, as the older kernels.)
+    no_source = (0, 0) if "state" in fused_descent._fused.py_func.__code__.co_varnames \
+        else ()
+
     def draw(i: int) -> None:
-        fused_descent._fused(nodes, runs, root_width, height, limit, targets[i % 8], 1.0,
-                             0, 0.0, 0.0, 0.0, ring.batch_size, ring.max_length,
-                             ring.oldest_id, hi, mass, np.nan, indices, weighed)
+        fused_descent._fused(nodes, runs, root_width, height, limit, *no_source,
+                             targets[i % 8], 1.0, 0, 0.0, 0.0, 0.0, ring.batch_size,
+                             ring.max_length, ring.oldest_id, hi, mass, np.nan, indices,
+                             weighed)
 
     timers = {"kernel: descent": draw}
     if fused_rejection is not None:
@@ -106,8 +112,9 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
         scale = STEPS * (1.0 - 2.0 ** -53)
 
         def reject(i: int) -> None:
-            fused_rejection._kept(tree.leaves, pools[i % 8], n, BATCH, scale, bound, 0, 0,
-                                  STEPS, 1, STEPS, 0, mass, np.nan, indices, weighed)
+            fused_rejection._kept(tree.leaves, *no_source, pools[i % 8], n, BATCH, scale,
+                                  bound, 0, 0, STEPS, 1, STEPS, 0, mass, np.nan, indices,
+                                  weighed)
 
         timers["kernel: rejection"] = reject
     ids = np.random.default_rng(2).integers(0, STEPS, BATCH)
