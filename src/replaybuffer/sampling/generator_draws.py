@@ -63,16 +63,13 @@ def _address(function: Any) -> int:
     return int(address)
 
 
-if tree_kernels.AVAILABLE:
-    from llvmlite import ir
+def _compiled_next_double() -> Any:
+    """The numba intrinsic behind :data:`next_double`."""
+    from llvmlite import ir  # type: ignore[import-untyped]  # (numba's own dependency)
     from numba import types
     from numba.extending import intrinsic
 
-    @intrinsic
     def next_double(typingctx: Any, function: Any, state: Any) -> Any:
-        """``next_double(function, state)``: the float64 in ``[0, 1)`` that the bit
-        generator at ``state`` (an address) gives next, from its C ``next_double`` at
-        ``function`` (an address): :func:`bit_source`'s pair. Compiled code only."""
         signature = types.float64(types.intp, types.intp)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
@@ -82,9 +79,18 @@ if tree_kernels.AVAILABLE:
             return builder.call(callee, [builder.inttoptr(args[1], pointer)])
 
         return signature, codegen
-else:  # pragma: no cover - depends on the installed extras
-    def next_double(function: int, state: int) -> float:
-        raise RuntimeError("next_double needs numba")
+
+    return intrinsic(next_double)
+
+
+def _no_next_double(function: int, state: int) -> float:  # pragma: no cover
+    raise RuntimeError("next_double needs numba")
+
+
+#: ``next_double(function, state)``, in compiled code only: the float64 in ``[0, 1)``
+#: that the bit generator at ``state`` (an address) gives next, from its C
+#: ``next_double`` at ``function`` (an address): :func:`bit_source`'s pair.
+next_double: Any = _compiled_next_double() if tree_kernels.AVAILABLE else _no_next_double
 
 
 @tree_kernels.compile_kernel
