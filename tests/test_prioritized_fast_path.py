@@ -20,6 +20,7 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import fused_rejection, tree_kernels
 from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
+from replaybuffer.sampling.priority_scale import exponent
 from replaybuffer.sampling.rejection import draw_rejecting
 from replaybuffer.sampling.ring import Ring
 
@@ -258,3 +259,19 @@ def test_a_tree_whose_total_numpy_sums_differently_sums_it_itself(monkeypatch):
         assert bits(plain._sum.nodes) == bits(fused._sum.nodes)
         assert_same(plain.sample(ring, 100, 1), fused.sample(ring, 100, 1), plain,
                            fused)
+
+
+# ------------------------------------------------------------- kept exponents
+@settings(max_examples=150, deadline=None)
+@given(value=st.floats(0.0, 4.0), seed=st.integers(0, 2**16), sigma=st.floats(0.0, 20.0),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_a_kept_exponent_powers_as_the_python_float(value, seed, sigma, dtype):
+    """np.power with the sampler's kept 0-d exponents (priority_scale.exponent) against
+    the Python float the numpy path passes: the same dtype and bits, over bases from
+    tiny to huge (overflow to inf in float32 included), zeros and ones."""
+    rng = np.random.default_rng(seed)
+    base = np.concatenate([rng.lognormal(0.0, sigma, 300), [0.0, 1.0, -0.0]]).astype(dtype)
+    with np.errstate(all="ignore"):
+        want = np.power(base, value)
+        got = np.power(base, exponent(value, dtype))
+    assert want.dtype == got.dtype == dtype and bits(want) == bits(got)

@@ -70,7 +70,7 @@ from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions, to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
 from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
-from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
+from replaybuffer.sampling.priority_scale import FINITE, exponent, scale, scaled_bound
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
 from replaybuffer.sampling.ring import Ring, oldest_id, valid_start_range
@@ -134,6 +134,15 @@ class PrioritizedSampler:
         # The mass of steps that cannot start a window within an episode (made on the
         # first such draw; every write of priorities goes past it).
         self._outside: OutsideMass | None = None
+        # Small per-call costs kept out of the usual sample and update: the rejection
+        # bound for the max_priority and floor it was made from; the exponents as 0-d
+        # arrays (np.power takes a Python float about 0.3 us slower, converting it
+        # each call, to the same value); an update's scratch of the last batch size
+        # (its scaled values and positions, never handed out).
+        self._bound = self._bound_max = self._bound_floor = math.nan
+        self._alpha_exponent = exponent(self.alpha, np.float64)
+        self._beta_exponent = (math.nan, exponent(0.0, np.float32))
+        self._scratch = (np.empty(0), np.empty(0, np.int64))
 
     # ---------------------------------------------------------------- schedule
     @property
@@ -249,7 +258,10 @@ class PrioritizedSampler:
                 weights: np.ndarray) -> tuple[SampleIndices, dict[str, np.ndarray]]:
         """The sample's result from its weight ratios (float32 ``[S]``, raised to
         ``beta`` here in place: float32's power, the result being float32 anyway)."""
-        np.power(weights, self.beta, out=weights)
+        beta = self.beta
+        if self._beta_exponent[0] != beta:  # (annealed: a new one per sample call)
+            self._beta_exponent = (beta, exponent(beta, np.float32))
+        np.power(weights, self._beta_exponent[1], weights)
         if self._min is not None:
             np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
@@ -288,7 +300,10 @@ class PrioritizedSampler:
             valid_mass = float(segments[1].sum())
         if not valid_mass > 0.0:
             require_mass(valid_mass, num_steps)
-        bound = scaled_bound(self.max_priority, self.alpha, self._floor)
+        bound = self._bound
+        if self._bound_max != self.max_priority or self._bound_floor != self._floor:
+            bound = self._bound = scaled_bound(self.max_priority, self.alpha, self._floor)
+            self._bound_max, self._bound_floor = self.max_priority, self._floor
         accept = valid_mass / (span * bound)
         if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
             if segments is None and excluded * count < 0.05 * total:
@@ -340,10 +355,14 @@ class PrioritizedSampler:
             # all live, the usual case, in one call
             if largest is None:
                 largest = float(np.maximum.reduce(priorities))
-            scaled, bound = scale(priorities, self.alpha, largest)
+            values, positions = self._scratch
+            if len(values) != len(priorities):
+                values, positions = self._scratch = (np.empty(len(priorities)),
+                                                     np.empty(len(priorities), np.int64))
+            scaled, bound = scale(priorities, self.alpha, largest, self._alpha_exponent,
+                                  values)
             target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
             if target is not None:
-                positions = np.empty(len(item_ids), np.int64)
                 last, L = ring.last_id, ring.max_length
                 total = write_live(item_ids, scaled, self.key_base, B, oldest_id(last, L),
                                    last, L, *target, positions)
