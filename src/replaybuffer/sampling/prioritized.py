@@ -254,10 +254,36 @@ class PrioritizedSampler:
         return self._finish(ids, positions,
                             *probabilities_and_ratios(values, valid_mass, floor))
 
+    def sample_steps(self, ring: Ring, count: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``sample(ring, count, 1)`` from the sampler's own generator, its ids made item
+        ids (:meth:`item_ids`), flat: ``(item ids, positions, probabilities, weights)``
+        (int64, int64, float32, float32, each ``[count]``), bit for bit the same, for
+        the buffer's usual read (``PrioritizedReplayBuffer.get_next``) without the
+        general result's tuple and dict. Needs a step stored."""
+        if self._pending:
+            self._flush()
+        floor = math.nan if self._min is None else self._min.min()
+        positions, ids, values, valid_mass, weighted = self._draw_in_range(
+            ring, count, 1, self._rng, floor)
+        probabilities, weights = weighted or probabilities_and_ratios(values, valid_mass,
+                                                                      floor)
+        self._raise_to_beta(weights)
+        if ring.batch_size > 1 or self.key_base:  # (else the ids are the item ids)
+            ids = to_item_ids(ring, self.key_base, ids, positions)
+        return ids, positions, probabilities, weights
+
     def _finish(self, ids: np.ndarray, positions: np.ndarray, probabilities: np.ndarray,
                 weights: np.ndarray) -> tuple[SampleIndices, dict[str, np.ndarray]]:
-        """The sample's result from its weight ratios (float32 ``[S]``, raised to
-        ``beta`` here in place: float32's power, the result being float32 anyway)."""
+        """The sample's result from its weight ratios (:meth:`_raise_to_beta`)."""
+        self._raise_to_beta(weights)
+        return SampleIndices(ids, positions), {"probabilities": probabilities,
+                                               "weights": weights}
+
+    def _raise_to_beta(self, weights: np.ndarray) -> None:
+        """A sample's weight ratios (float32 ``[S]``) raised to ``beta`` in place
+        (float32's power, the result being float32 anyway), capped at 1 with
+        ``normalize="buffer"``; the sample counted (the schedule's step)."""
         beta = self.beta
         if self._beta_exponent[0] != beta:  # (annealed: a new one per sample call)
             self._beta_exponent = (beta, exponent(beta, np.float32))
@@ -265,8 +291,6 @@ class PrioritizedSampler:
         if self._min is not None:
             np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
-        return SampleIndices(ids, positions), {"probabilities": probabilities,
-                                               "weights": weights}
 
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
                        rng: np.random.Generator, floor: float
