@@ -266,8 +266,10 @@ class PrioritizedSampler:
         floor = math.nan if self._min is None else self._min.min()
         positions, ids, values, valid_mass, weighted = self._draw_in_range(
             ring, count, 1, self._rng, floor)
-        probabilities, weights = weighted or probabilities_and_ratios(values, valid_mass,
-                                                                      floor)
+        if weighted is None:  # (drawn in parts: weighed here)
+            assert values is not None
+            weighted = probabilities_and_ratios(values, valid_mass, floor)
+        probabilities, weights = weighted
         self._raise_to_beta(weights)
         if ring.batch_size > 1 or self.key_base:  # (else the ids are the item ids)
             ids = to_item_ids(ring, self.key_base, ids, positions)
