@@ -34,7 +34,7 @@ from replaybuffer.sampling.generator_draws import NO_SOURCE, bit_source, next_do
 from replaybuffer.sampling.importance import probabilities_and_ratios, weigh_into
 from replaybuffer.sampling.priority_range import range_segments
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
-from replaybuffer.sampling.ring import Ring, oldest_id
+from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import SumTree
 
 
@@ -77,10 +77,10 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
     # cost about a microsecond each to box, five of them more than the search.
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
-    L = ring.max_length
+    last, L = ring.last_id, ring.max_length
     if _fused(nodes, runs, root_width, height, limit, *source, u, mass, parts, start0,
-              start1, mass0, ring.batch_size, L, oldest_id(ring.last_id, L), hi,
-              valid_mass, floor, indices, weighed):
+              start1, mass0, ring.batch_size, L, last + 1 - L if last >= L else 0, hi,
+              valid_mass, floor, indices, weighed):  # (the oldest id held, inline)
         return indices[1], indices[0], weighed[0], weighed[1]
     # Odd (rare): the numpy path from the same scaled draws (_fused scaled u in place).
     positions, ids, values = draw_descending(tree, ring, count, rng, first, span, hi,
