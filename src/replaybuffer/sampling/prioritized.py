@@ -48,7 +48,8 @@ could get is 1; that needs a min tree, which doubles the cost of every priority 
 ``beta`` may be annealed over sample calls (:mod:`~replaybuffer.sampling.beta_schedule`).
 
 The sampler wires these pieces: it holds the trees, the pending priorities of new
-steps, the schedule's counters and the generator, and is
+steps, the schedule's counters and the generator, writes priorities through its base
+:class:`~replaybuffer.sampling.priority_writes.PriorityWrites`, and is
 :class:`~replaybuffer.protocols.Checkpointable` (restores are bit-exact).
 """
 
@@ -66,11 +67,11 @@ from replaybuffer.sampling.fused_descent import draw_weighted
 from replaybuffer.sampling.fused_rejection import draw_kept_weighted
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.fused_update import write_live
-from replaybuffer.sampling.item_ids import live_positions, to_item_ids
+from replaybuffer.sampling.item_ids import to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
+from replaybuffer.sampling.priority_writes import PriorityWrites
 from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
-from replaybuffer.sampling.priority_scale import FINITE, exponent, scale, scaled_bound
+from replaybuffer.sampling.priority_scale import exponent, scaled_bound
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
 from replaybuffer.sampling.ring import Ring
@@ -82,7 +83,7 @@ __all__ = ["ACCEPT_MIN", "PrioritizedSampler"]
 _FLUSH_AT = 4096  # pending new-step priorities applied in one tree update
 
 
-class PrioritizedSampler:
+class PrioritizedSampler(PriorityWrites):
     """Draws window starts in proportion to ``priority ** alpha``.
 
     Args:
@@ -94,11 +95,6 @@ class PrioritizedSampler:
         normalize: ``"batch"`` or ``"buffer"``: what the importance weights are
             divided by (module docstring).
     """
-
-    fused_updates = True
-    """Whether an update of live ids may write the host sum tree in one compiled call
-    (:mod:`~replaybuffer.sampling.fused_update`), bypassing :meth:`_set`; a subclass
-    that keeps its priorities elsewhere (on a device) sets it to ``False``."""
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -154,24 +150,6 @@ class PrioritizedSampler:
                              self.sample_calls)
 
     # ------------------------------------------------------------------- trees
-    def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
-        """Store raw priorities (float64 ``[K]``, ``K >= 1``, checked: finite and >= 0)
-        at positions (int64 ``[K]``, in range); ``largest`` is ``priorities.max()``."""
-        scaled, largest = scale(priorities, self.alpha, largest)
-        if largest < FINITE:
-            self._sum.assign(positions, scaled, largest)
-        else:  # priority ** alpha may have overflowed: the checked update reports it
-            self._sum.update(positions, scaled)
-        self._written(positions, scaled)
-
-    def _written(self, positions: np.ndarray, scaled: np.ndarray) -> None:
-        """The sum tree's ``positions`` (int64 ``[K]``) now hold ``scaled`` (float64
-        ``[K]``): the min tree and the outside-mass cache follow."""
-        if self._min is not None:
-            self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
-        if self._outside is not None:
-            self._outside.touch(positions)
-
     def _flush(self) -> None:
         """Apply the pending priorities of new steps (:meth:`on_add`) to the trees."""
         if not self._pending:
@@ -367,74 +345,6 @@ class PrioritizedSampler:
         ``[S]``); may return ``ids`` itself (one row, no clear yet: the item ids are
         the ids)."""
         return to_item_ids(ring, self.key_base, ids, positions)
-
-    def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
-                          largest: float | None = None) -> int:
-        """Set priorities of the steps behind ``item_ids`` (int64 ``[S]``) to
-        ``priorities`` (float64 ``[S]``, checked by the caller: finite and >= 0).
-
-        ``largest`` is ``priorities.max()`` if the caller knows it. Returns how many
-        were applied; ids of overwritten (or cleared) steps are ignored.
-        """
-        if self._pending:
-            self._flush()
-        B = ring.batch_size
-        if self.fused_updates and tree_kernels.AVAILABLE and item_ids.size:
-            # all live, the usual case, in one call
-            if largest is None:
-                largest = float(np.maximum.reduce(priorities))
-            values, positions = self._scratch
-            if len(values) != len(priorities):
-                values, positions = self._scratch = (np.empty(len(priorities)),
-                                                     np.empty(len(priorities), np.int64))
-            scaled, bound = scale(priorities, self.alpha, largest, self._alpha_exponent,
-                                  values)
-            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
-            if target is not None:
-                last, L = ring.last_id, ring.max_length
-                total = write_live(item_ids, scaled, self.key_base, B,
-                                   last + 1 - L if last >= L else 0,  # (oldest_id)
-                                   last, L, *target, positions)
-                if total >= 0.0:  # written (else a stale id: nothing was)
-                    self._sum.written(total)
-                    if self._min is not None or self._outside is not None:
-                        self._written(positions, scaled)
-                    if largest > self.max_priority:
-                        self.max_priority = largest
-                    return len(priorities)
-        if B == 1:
-            ids = item_ids - self.key_base if self.key_base else item_ids
-        else:
-            ids = item_ids // B - self.key_base
-        if not ids.size:
-            return 0
-        oldest = ring.oldest_id
-        # All live, the usual case: oldest <= ids <= last_id, one comparison per id as
-        # unsigned (below oldest wraps around to huge); it implies item_ids >= 0.
-        if (ids - oldest).view(np.uint64).max() <= ring.last_id - oldest:
-            positions = ids % ring.max_length if B == 1 else ring.positions(ids, item_ids % B)
-            values = priorities
-        else:
-            live = (ids >= oldest) & (ids <= ring.last_id) & (item_ids >= 0)
-            if not live.any():
-                return 0
-            positions = ring.positions(ids[live], item_ids[live] % B)
-            values = priorities[live]
-            largest = None
-        if largest is None:
-            largest = float(values.max())
-        self._set(positions, values, largest)
-        self.max_priority = max(self.max_priority, largest)
-        return len(values)
-
-    def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
-        """Current ``priority ** alpha`` (float64 ``[S]``) of live item ids (int64
-        ``[S]``; NaN for stale ones)."""
-        self._flush()
-        live, positions = live_positions(ring, self.key_base, item_ids)
-        out = np.full(item_ids.shape, np.nan)
-        out[live] = self._sum.get(positions)
-        return out
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
