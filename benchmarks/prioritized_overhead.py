@@ -15,7 +15,8 @@ shared with other jobs, so the best and the median of many rounds) of a sample+u
 and an update each in a loop of its own, and of the compiled kernels alone on the same
 inputs, and the overhead: sample+update less kernels (less the storage gather too, which is data work, on its own line). The
 kernels of a path: its draw (the descent; the compiled rejection where this tree has
-one, else the numpy rejection counts as overhead), the wide root's running sums (a
+one, else the numpy rejection counts as overhead; both timed on random numbers given
+to them, so drawing those, by ``rng.random`` or inside the call, counts as overhead), the wide root's running sums (a
 descent after an update reads them) and the update's tree write (without the total:
 that stays in the overhead, as the ``np.add.reduce`` it replaces). Then the Python
 function calls (``sys.setprofile``: Python frames, and C calls such as numpy's) per
