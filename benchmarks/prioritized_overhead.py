@@ -110,10 +110,14 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
         accept = min(1.0, mass / (STEPS * bound))
         n = pool_size(BATCH, accept)
         pools = rng.random((8, 2 * n))
+        # (newer kernel: takes the acceptance and sizes the pool, or, given a pool, its
+        # length; older: the pool's size n)
+        pool_arg = accept if "accept" in fused_rejection._kept.py_func.__code__.co_varnames \
+            else n
         scale = STEPS * (1.0 - 2.0 ** -53)
 
         def reject(i: int) -> None:
-            fused_rejection._kept(tree.leaves, *no_source, pools[i % 8], n, BATCH, scale,
+            fused_rejection._kept(tree.leaves, *no_source, pools[i % 8], pool_arg, BATCH, scale,
                                   bound, 0, 0, STEPS, 1, STEPS, 0, mass, np.nan, indices,
                                   weighed)
 

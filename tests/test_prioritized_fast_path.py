@@ -21,7 +21,7 @@ from replaybuffer.sampling import fused_rejection, tree_kernels
 from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.priority_scale import exponent
-from replaybuffer.sampling.rejection import draw_rejecting
+from replaybuffer.sampling.rejection import draw_rejecting, pool_size
 from replaybuffer.sampling.ring import Ring
 
 from sampler_twins import assert_same, bits, filled_twins  # noqa: E402
@@ -275,3 +275,13 @@ def test_a_kept_exponent_powers_as_the_python_float(value, seed, sigma, dtype):
         want = np.power(base, value)
         got = np.power(base, exponent(value, dtype))
     assert want.dtype == got.dtype == dtype and bits(want) == bits(got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(need=st.integers(1, 10**7), accept=st.floats(1e-9, 1.0, exclude_min=True))
+def test_the_compiled_pool_size_is_the_python_one(need, accept):
+    """The rejection kernel sizes its pool with pool_size compiled (fused_rejection's
+    twin of rejection.pool_size): the same count for every need and acceptance, so it
+    draws as many numbers as the numpy loop's first round."""
+    assert fused_rejection._pool_size(need, accept) == pool_size(need, accept)
+    assert type(pool_size(need, accept)) is int

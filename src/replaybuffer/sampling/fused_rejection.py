@@ -37,6 +37,7 @@ from replaybuffer.sampling.rejection import ROUNDS, draw_rejecting, pool_size
 from replaybuffer.sampling.ring import Ring
 
 _NO_POOL = np.empty(0)  # (the pool is drawn inside the call)
+_pool_size = tree_kernels.compile_kernel(pool_size)  # (for _kept; the same arithmetic)
 
 Drawn = tuple[np.ndarray, np.ndarray, np.ndarray]
 """``(positions, ids, values)``: int64, int64, float64, each ``[K]``."""
@@ -56,12 +57,11 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
     ``draw_rejecting``'s ``(positions, ids, values)``, which may be short of ``count``
     as its own; bit for bit what the numpy path gives from the same generator state.
     """
-    n = pool_size(count, accept)
-    # The pool is drawn inside the call (generator_draws), or, from a bit generator
-    # it cannot call, here: rng.random(2 * n) either way.
+    # The pool is sized and drawn inside the call (generator_draws), or, from a bit
+    # generator it cannot call, here: rng.random(2 * pool_size(count, accept)) either way.
     source = bit_source(rng)
     if source is None:
-        u = rng.random(2 * n)
+        u = rng.random(2 * pool_size(count, accept))
         source = NO_SOURCE
     else:
         u = _NO_POOL
@@ -70,7 +70,7 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
     # (lo, the first valid start, is the oldest id held.)
-    kept = _kept(leaves, *source, u, n, count, span * (1.0 - 2.0 ** -53), bound, lo,
+    kept = _kept(leaves, *source, u, accept, count, span * (1.0 - 2.0 ** -53), bound, lo,
                  (lo % L) * B, ring.capacity, B, L, lo, valid_mass, floor, indices, weighed)
     if kept == count:
         return indices[1], indices[0], weighed[0], weighed[1]
@@ -82,7 +82,7 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
 
 
 @tree_kernels.compile_kernel
-def _kept(leaves: np.ndarray, function: int, state: int, u: np.ndarray, n: int,
+def _kept(leaves: np.ndarray, function: int, state: int, u: np.ndarray, accept: float,
           count: int, scale: float, bound: float, lo: int, first: int, capacity: int,
           batch_size: int, max_length: int, oldest: int, valid_mass: float, floor: float,
           indices: np.ndarray, weighed: np.ndarray) -> int:
@@ -91,13 +91,18 @@ def _kept(leaves: np.ndarray, function: int, state: int, u: np.ndarray, n: int,
     ids, positions) and, for a full batch, ``weighed`` (float32 ``[2, count]``:
     probabilities, ratios). Unless ``function`` is 0, the pool is drawn here instead
     (``u`` is ignored), ``2n`` numbers from ``function`` and ``state``
-    (:func:`~replaybuffer.sampling.generator_draws.bit_source`): the generator is
-    left as ``random(2n)`` leaves it, whatever is kept. Returns how many were kept (at
-    most ``count``)."""
+    (:func:`~replaybuffer.sampling.generator_draws.bit_source`), ``n`` being
+    :func:`~replaybuffer.sampling.rejection.pool_size` ``(count, accept)`` (compiled
+    from the same function, one Python call less): the generator is left as
+    ``random(2n)`` leaves it, whatever is kept. Returns how many were kept (at most
+    ``count``)."""
     if function:
+        n = _pool_size(count, accept)
         u = np.empty(2 * n, np.float64)
         for k in range(2 * n):
             u[k] = next_double(function, state)
+    else:
+        n = u.shape[0] // 2
     values = np.empty(count, np.float64)
     shift = oldest % max_length
     kept = 0
