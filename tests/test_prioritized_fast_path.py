@@ -285,3 +285,19 @@ def test_the_compiled_pool_size_is_the_python_one(need, accept):
     draws as many numbers as the numpy loop's first round."""
     assert fused_rejection._pool_size(need, accept) == pool_size(need, accept)
     assert type(pool_size(need, accept)) is int
+
+
+def test_an_update_powers_with_the_alpha_of_the_moment():
+    """The kept alpha exponent follows the sampler's alpha (a plain attribute) when it
+    is changed: the fused update stores priority ** alpha for the alpha it is made
+    with, as the numpy path does."""
+    ring = Ring(1, 64)
+    ring.last_id = 63
+    sampler = PrioritizedSampler(ring.capacity, alpha=0.6, seed=1)
+    sampler.on_add(ring, 0, 64)
+    ids = np.arange(8, dtype=np.int64)
+    values = np.linspace(0.5, 4.0, 8)
+    for alpha in (0.6, 0.3, 0.6):
+        sampler.alpha = alpha
+        sampler.update_priorities(ring, ids, values, float(values.max()))
+        assert bits(sampler.priorities(ring, ids)) == bits(np.power(values, alpha))

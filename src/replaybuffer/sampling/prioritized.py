@@ -136,7 +136,7 @@ class PrioritizedSampler(PriorityWrites):
         # each call, to the same value); an update's scratch of the last batch size
         # (its scaled values and positions, never handed out).
         self._bound = self._bound_max = self._bound_floor = math.nan
-        self._alpha_exponent = exponent(self.alpha, np.float64)
+        self._alpha_exponent = (math.nan, exponent(0.0, np.float64))
         self._beta_exponent = (math.nan, exponent(0.0, np.float32))
         self._scratch = (np.empty(0), np.empty(0, np.int64))
 
@@ -238,7 +238,8 @@ class PrioritizedSampler(PriorityWrites):
         ids (:meth:`item_ids`), flat: ``(item ids, positions, probabilities, weights)``
         (int64, int64, float32, float32, each ``[count]``), bit for bit the same, for
         the buffer's usual read (``PrioritizedReplayBuffer.get_next``) without the
-        general result's tuple and dict. Needs a step stored."""
+        general result's tuple and dict. Needs a step stored. (A subclass that draws
+        otherwise overrides both: the device sampler's buffers never call this.)"""
         if self._pending:
             self._flush()
         floor = math.nan if self._min is None else self._min.min()

@@ -12,14 +12,13 @@ in the sum tree (and the min tree with ``normalize="buffer"``) and raises
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import FINITE, scale
+from replaybuffer.sampling.priority_scale import FINITE, exponent, scale
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import MinTree, SumTree
 
@@ -40,7 +39,8 @@ class PriorityWrites:
     _min: MinTree | None
     _outside: OutsideMass | None
     _pending: list[tuple[np.ndarray, float]]
-    _alpha_exponent: np.ndarray
+    # (alpha, alpha as np.power's kept exponent: priority_scale.exponent)
+    _alpha_exponent: tuple[float, np.ndarray]
     # An update's scaled values and positions (float64, int64 ``[S]``) for the last
     # batch size S: never handed out, so reused.
     _scratch: tuple[np.ndarray, np.ndarray]
@@ -85,8 +85,10 @@ class PriorityWrites:
             if len(values) != len(priorities):
                 values, positions = self._scratch = (np.empty(len(priorities)),
                                                      np.empty(len(priorities), np.int64))
-            scaled, bound = scale(priorities, self.alpha, largest, self._alpha_exponent,
-                                  values)
+            alpha = self.alpha
+            if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
+                self._alpha_exponent = (alpha, exponent(alpha, np.float64))
+            scaled, bound = scale(priorities, alpha, largest, self._alpha_exponent[1], values)
             target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
             if target is not None:
                 last, L = ring.last_id, ring.max_length
