@@ -15,7 +15,8 @@ shared with other jobs, so the best and the median of many rounds) of a sample+u
 and an update each in a loop of its own, and of the compiled kernels alone on the same
 inputs, and the overhead: sample+update less kernels (less the storage gather too, which is data work, on its own line). The
 kernels of a path: its draw (the descent; the compiled rejection where this tree has
-one, else the numpy rejection counts as overhead), the wide root's running sums (a
+one, else the numpy rejection counts as overhead; both timed on random numbers given
+to them, so drawing those, by ``rng.random`` or inside the call, counts as overhead), the wide root's running sums (a
 descent after an update reads them) and the update's tree write (without the total:
 that stays in the overhead, as the ``np.add.reduce`` it replaces). Then the Python
 function calls (``sys.setprofile``: Python frames, and C calls such as numpy's) per
@@ -92,10 +93,16 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
     weighed = np.empty((2, BATCH), np.float32)
     hi = ring.last_id + 1
 
+    # (Newer kernels draw their random numbers themselves unless given no bit
+    # generator, (0, 0): timed on given ones, as the older kernels.)
+    no_source = (0, 0) if "state" in fused_descent._fused.py_func.__code__.co_varnames \
+        else ()
+
     def draw(i: int) -> None:
-        fused_descent._fused(nodes, runs, root_width, height, limit, targets[i % 8], 1.0,
-                             0, 0.0, 0.0, 0.0, ring.batch_size, ring.max_length,
-                             ring.oldest_id, hi, mass, np.nan, indices, weighed)
+        fused_descent._fused(nodes, runs, root_width, height, limit, *no_source,
+                             targets[i % 8], 1.0, 0, 0.0, 0.0, 0.0, ring.batch_size,
+                             ring.max_length, ring.oldest_id, hi, mass, np.nan, indices,
+                             weighed)
 
     timers = {"kernel: descent": draw}
     if fused_rejection is not None:
@@ -103,11 +110,16 @@ def kernel_timers(buf: PrioritizedReplayBuffer, values: list[np.ndarray], calls:
         accept = min(1.0, mass / (STEPS * bound))
         n = pool_size(BATCH, accept)
         pools = rng.random((8, 2 * n))
+        # (newer kernel: takes the acceptance and sizes the pool, or, given a pool, its
+        # length; older: the pool's size n)
+        pool_arg = accept if "accept" in fused_rejection._kept.py_func.__code__.co_varnames \
+            else n
         scale = STEPS * (1.0 - 2.0 ** -53)
 
         def reject(i: int) -> None:
-            fused_rejection._kept(tree.leaves, pools[i % 8], n, BATCH, scale, bound, 0, 0,
-                                  STEPS, 1, STEPS, 0, mass, np.nan, indices, weighed)
+            fused_rejection._kept(tree.leaves, *no_source, pools[i % 8], pool_arg, BATCH, scale,
+                                  bound, 0, 0, STEPS, 1, STEPS, 0, mass, np.nan, indices,
+                                  weighed)
 
         timers["kernel: rejection"] = reject
     ids = np.random.default_rng(2).integers(0, STEPS, BATCH)

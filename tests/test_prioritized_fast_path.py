@@ -20,7 +20,8 @@ from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import fused_rejection, tree_kernels
 from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
-from replaybuffer.sampling.rejection import draw_rejecting
+from replaybuffer.sampling.priority_scale import exponent
+from replaybuffer.sampling.rejection import draw_rejecting, pool_size
 from replaybuffer.sampling.ring import Ring
 
 from sampler_twins import assert_same, bits, filled_twins  # noqa: E402
@@ -258,3 +259,45 @@ def test_a_tree_whose_total_numpy_sums_differently_sums_it_itself(monkeypatch):
         assert bits(plain._sum.nodes) == bits(fused._sum.nodes)
         assert_same(plain.sample(ring, 100, 1), fused.sample(ring, 100, 1), plain,
                            fused)
+
+
+# ------------------------------------------------------------- kept exponents
+@settings(max_examples=150, deadline=None)
+@given(value=st.floats(0.0, 4.0), seed=st.integers(0, 2**16), sigma=st.floats(0.0, 20.0),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_a_kept_exponent_powers_as_the_python_float(value, seed, sigma, dtype):
+    """np.power with the sampler's kept 0-d exponents (priority_scale.exponent) against
+    the Python float the numpy path passes: the same dtype and bits, over bases from
+    tiny to huge (overflow to inf in float32 included), zeros and ones."""
+    rng = np.random.default_rng(seed)
+    base = np.concatenate([rng.lognormal(0.0, sigma, 300), [0.0, 1.0, -0.0]]).astype(dtype)
+    with np.errstate(all="ignore"):
+        want = np.power(base, value)
+        got = np.power(base, exponent(value, dtype))
+    assert want.dtype == got.dtype == dtype and bits(want) == bits(got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(need=st.integers(1, 10**7), accept=st.floats(1e-9, 1.0, exclude_min=True))
+def test_the_compiled_pool_size_is_the_python_one(need, accept):
+    """The rejection kernel sizes its pool with pool_size compiled (fused_rejection's
+    twin of rejection.pool_size): the same count for every need and acceptance, so it
+    draws as many numbers as the numpy loop's first round."""
+    assert fused_rejection._pool_size(need, accept) == pool_size(need, accept)
+    assert type(pool_size(need, accept)) is int
+
+
+def test_an_update_powers_with_the_alpha_of_the_moment():
+    """The kept alpha exponent follows the sampler's alpha (a plain attribute) when it
+    is changed: the fused update stores priority ** alpha for the alpha it is made
+    with, as the numpy path does."""
+    ring = Ring(1, 64)
+    ring.last_id = 63
+    sampler = PrioritizedSampler(ring.capacity, alpha=0.6, seed=1)
+    sampler.on_add(ring, 0, 64)
+    ids = np.arange(8, dtype=np.int64)
+    values = np.linspace(0.5, 4.0, 8)
+    for alpha in (0.6, 0.3, 0.6):
+        sampler.alpha = alpha
+        sampler.update_priorities(ring, ids, values, float(values.max()))
+        assert bits(sampler.priorities(ring, ids)) == bits(np.power(values, alpha))

@@ -239,15 +239,12 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         if (type(sample_batch_size) is int and sample_batch_size > 0 and num_steps is None
                 and not within_episodes and timeout is None and self._codec is None
                 and self._device_update is None and self._storage.from_numpy is identity):
-            ring, sampler = self._ring, self._sampler
             with self._lock:
-                if self._limiter is None and ring.last_id >= 0:
-                    (ids, positions), info = sampler.sample(ring, sample_batch_size, 1)
-                    if ring.batch_size > 1 or sampler.key_base:  # (else: the ids)
-                        ids = sampler.item_ids(ring, ids, positions)
-                    leaves = self._storage.gather(positions)
-                    return self._structure.unflatten(leaves), BufferInfo(
-                        ids, info["probabilities"], info["weights"])
+                if self._limiter is None and self._ring.last_id >= 0:
+                    ids, positions, probabilities, weights = self._sampler.sample_steps(
+                        self._ring, sample_batch_size)
+                    return self._structure.unflatten(self._storage.gather(positions)), \
+                        BufferInfo(ids, probabilities, weights)
         return super().get_next(sample_batch_size, num_steps, time_stacked,
                                 within_episodes=within_episodes, timeout=timeout,
                                 block=block)

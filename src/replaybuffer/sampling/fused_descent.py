@@ -8,7 +8,8 @@ cache misses, were about a third of a ``get_next(256)`` at 1M steps. With numba
 one call into :func:`_fused` for the whole batch, which does the same arithmetic in the
 same order, so it gives the same bits and the same draws from the same generator:
 
-1. ``u * mass`` (the generator's ``random(count)`` scaled, in place), and each target
+1. ``u * mass`` (the generator's ``random(count)``, drawn in the call:
+   :mod:`~replaybuffer.sampling.generator_draws`; scaled in place), and each target
    placed in the range's segments as ``np.where`` would place it;
 2. :func:`~replaybuffer.sampling.tree_kernels.descend`, with
    :func:`~replaybuffer.sampling.tree_kernels.find`'s test for odd targets (at or past
@@ -29,10 +30,11 @@ import math
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.generator_draws import NO_SOURCE, bit_source, next_double
 from replaybuffer.sampling.importance import probabilities_and_ratios, weigh_into
 from replaybuffer.sampling.priority_range import range_segments
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
-from replaybuffer.sampling.ring import Ring, oldest_id
+from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import SumTree
 
 
@@ -64,15 +66,21 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
         parts = len(starts)
         start0, start1, mass0 = float(starts[0]), float(starts[-1]), float(masses[0])
     nodes, runs, root_width, height, limit = tree.search_arrays()
-    u = rng.random(count)
+    # The draws land in u inside the call (generator_draws), or, from a bit generator
+    # it cannot call, come in it: rng.random(count) either way.
+    u = np.empty(count)
+    source = bit_source(rng)
+    if source is None:
+        rng.random(out=u)
+        source = NO_SOURCE
     # Outputs allocated here and filled in place: a compiled call's returned arrays
     # cost about a microsecond each to box, five of them more than the search.
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
-    L = ring.max_length
-    if _fused(nodes, runs, root_width, height, limit, u, mass, parts, start0, start1,
-              mass0, ring.batch_size, L, oldest_id(ring.last_id, L), hi, valid_mass,
-              floor, indices, weighed):
+    last, L = ring.last_id, ring.max_length
+    if _fused(nodes, runs, root_width, height, limit, *source, u, mass, parts, start0,
+              start1, mass0, ring.batch_size, L, last + 1 - L if last >= L else 0, hi,
+              valid_mass, floor, indices, weighed):  # (the oldest id held, inline)
         return indices[1], indices[0], weighed[0], weighed[1]
     # Odd (rare): the numpy path from the same scaled draws (_fused scaled u in place).
     positions, ids, values = draw_descending(tree, ring, count, rng, first, span, hi,
@@ -82,14 +90,20 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
 
 @tree_kernels.compile_kernel
 def _fused(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
-           limit: float, u: np.ndarray, mass: float, parts: int, start0: float,
-           start1: float, mass0: float, batch_size: int, max_length: int, oldest: int,
-           hi: int, valid_mass: float, floor: float, indices: np.ndarray,
-           weighed: np.ndarray) -> bool:
+           limit: float, function: int, state: int, u: np.ndarray, mass: float,
+           parts: int, start0: float, start1: float, mass0: float, batch_size: int,
+           max_length: int, oldest: int, hi: int, valid_mass: float, floor: float,
+           indices: np.ndarray, weighed: np.ndarray) -> bool:
     """The module docstring's steps 1-4, into ``indices`` (int64 ``[2, K]``: ids,
-    positions) and ``weighed`` (float32 ``[2, K]``: probabilities, ratios). Returns
-    whether the batch was usual; if not, only ``u`` (scaled) is meaningful."""
+    positions) and ``weighed`` (float32 ``[2, K]``: probabilities, ratios). ``u``
+    (float64 ``[K]``) holds the generator's draws, or gets them here first from
+    ``function`` and ``state`` unless ``function`` is 0
+    (:func:`~replaybuffer.sampling.generator_draws.bit_source`). Returns whether the
+    batch was usual; if not, only ``u`` (scaled) is meaningful."""
     count = u.shape[0]
+    if function:
+        for k in range(count):
+            u[k] = next_double(function, state)
     t = np.empty(count, np.float64)
     for k in range(count):
         x = u[k] * mass

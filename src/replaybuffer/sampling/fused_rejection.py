@@ -6,10 +6,11 @@ draw_rejecting`, then :func:`~replaybuffer.sampling.importance.probabilities_and
 is about fifteen numpy calls on a pool of a few hundred candidates, whose fixed costs
 are nearly all of its time on a batch of 256. With numba
 (:data:`~replaybuffer.sampling.tree_kernels.AVAILABLE`), :func:`draw_kept_weighted`
-takes the first round's pool from the generator exactly as the numpy path does
-(``rng.random(2 * n)``, ``n`` = :func:`~replaybuffer.sampling.rejection.pool_size`)
-and makes one call into :func:`_kept` for the rest, which does the numpy path's
-arithmetic in the same order, so it gives the same bits:
+makes one call into :func:`_kept`, which draws the first round's pool from the
+generator exactly as the numpy path does (``rng.random(2 * n)``, ``n`` =
+:func:`~replaybuffer.sampling.rejection.pool_size`, inside the call:
+:mod:`~replaybuffer.sampling.generator_draws`), then does the numpy path's arithmetic
+in the same order, so it gives the same bits:
 
 1. each candidate's offset ``int(u * span * (1 - 2**-53))`` (numpy's ``astype``
    truncates the same way), its position and logical id as ``draw_rejecting`` and
@@ -30,9 +31,13 @@ import math
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.generator_draws import NO_SOURCE, bit_source, next_double
 from replaybuffer.sampling.importance import weigh_into
 from replaybuffer.sampling.rejection import ROUNDS, draw_rejecting, pool_size
 from replaybuffer.sampling.ring import Ring
+
+_NO_POOL = np.empty(0)  # (the pool is drawn inside the call)
+_pool_size = tree_kernels.compile_kernel(pool_size)  # (for _kept; the same arithmetic)
 
 Drawn = tuple[np.ndarray, np.ndarray, np.ndarray]
 """``(positions, ids, values)``: int64, int64, float64, each ``[K]``."""
@@ -52,15 +57,21 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
     ``draw_rejecting``'s ``(positions, ids, values)``, which may be short of ``count``
     as its own; bit for bit what the numpy path gives from the same generator state.
     """
-    n = pool_size(count, accept)
-    u = rng.random(2 * n)
+    # The pool is sized and drawn inside the call (generator_draws), or, from a bit
+    # generator it cannot call, here: rng.random(2 * pool_size(count, accept)) either way.
+    source = bit_source(rng)
+    if source is None:
+        u = rng.random(2 * pool_size(count, accept))
+        source = NO_SOURCE
+    else:
+        u = _NO_POOL
     B, L = ring.batch_size, ring.max_length
     # Outputs allocated here: they are handed to the caller (and on to the user).
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
     # (lo, the first valid start, is the oldest id held.)
-    kept = _kept(leaves, u, n, count, span * (1.0 - 2.0 ** -53), bound, lo, (lo % L) * B,
-                 ring.capacity, B, L, lo, valid_mass, floor, indices, weighed)
+    kept = _kept(leaves, *source, u, accept, count, span * (1.0 - 2.0 ** -53), bound, lo,
+                 (lo % L) * B, ring.capacity, B, L, lo, valid_mass, floor, indices, weighed)
     if kept == count:
         return indices[1], indices[0], weighed[0], weighed[1]
     positions, ids = indices[1, :kept], indices[0, :kept]
@@ -71,14 +82,27 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
 
 
 @tree_kernels.compile_kernel
-def _kept(leaves: np.ndarray, u: np.ndarray, n: int, count: int, scale: float,
-          bound: float, lo: int, first: int, capacity: int, batch_size: int,
-          max_length: int, oldest: int, valid_mass: float, floor: float,
+def _kept(leaves: np.ndarray, function: int, state: int, u: np.ndarray, accept: float,
+          count: int, scale: float, bound: float, lo: int, first: int, capacity: int,
+          batch_size: int, max_length: int, oldest: int, valid_mass: float, floor: float,
           indices: np.ndarray, weighed: np.ndarray) -> int:
     """The module docstring's steps 1-3 over the pool ``u`` (float64 ``[2n]``: the
     candidates' draws, then their keep tests), into ``indices`` (int64 ``[2, count]``:
     ids, positions) and, for a full batch, ``weighed`` (float32 ``[2, count]``:
-    probabilities, ratios). Returns how many were kept (at most ``count``)."""
+    probabilities, ratios). Unless ``function`` is 0, the pool is drawn here instead
+    (``u`` is ignored), ``2n`` numbers from ``function`` and ``state``
+    (:func:`~replaybuffer.sampling.generator_draws.bit_source`), ``n`` being
+    :func:`~replaybuffer.sampling.rejection.pool_size` ``(count, accept)`` (compiled
+    from the same function, one Python call less): the generator is left as
+    ``random(2n)`` leaves it, whatever is kept. Returns how many were kept (at most
+    ``count``)."""
+    if function:
+        n = _pool_size(count, accept)
+        u = np.empty(2 * n, np.float64)
+        for k in range(2 * n):
+            u[k] = next_double(function, state)
+    else:
+        n = u.shape[0] // 2
     values = np.empty(count, np.float64)
     shift = oldest % max_length
     kept = 0

@@ -48,7 +48,8 @@ could get is 1; that needs a min tree, which doubles the cost of every priority 
 ``beta`` may be annealed over sample calls (:mod:`~replaybuffer.sampling.beta_schedule`).
 
 The sampler wires these pieces: it holds the trees, the pending priorities of new
-steps, the schedule's counters and the generator, and is
+steps, the schedule's counters and the generator, writes priorities through its base
+:class:`~replaybuffer.sampling.priority_writes.PriorityWrites`, and is
 :class:`~replaybuffer.protocols.Checkpointable` (restores are bit-exact).
 """
 
@@ -66,14 +67,14 @@ from replaybuffer.sampling.fused_descent import draw_weighted
 from replaybuffer.sampling.fused_rejection import draw_kept_weighted
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.fused_update import write_live
-from replaybuffer.sampling.item_ids import live_positions, to_item_ids
+from replaybuffer.sampling.item_ids import to_item_ids
 from replaybuffer.sampling.outside_mass import OutsideMass
+from replaybuffer.sampling.priority_writes import PriorityWrites
 from replaybuffer.sampling.priority_range import cyclic_sum, range_segments, require_mass
-from replaybuffer.sampling.priority_scale import FINITE, scale, scaled_bound
+from replaybuffer.sampling.priority_scale import exponent, scaled_bound
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
-from replaybuffer.sampling.ring import Ring, oldest_id, valid_start_range
+from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
 from replaybuffer.sampling.trees import MinTree, SumTree
 
@@ -82,7 +83,7 @@ __all__ = ["ACCEPT_MIN", "PrioritizedSampler"]
 _FLUSH_AT = 4096  # pending new-step priorities applied in one tree update
 
 
-class PrioritizedSampler:
+class PrioritizedSampler(PriorityWrites):
     """Draws window starts in proportion to ``priority ** alpha``.
 
     Args:
@@ -94,11 +95,6 @@ class PrioritizedSampler:
         normalize: ``"batch"`` or ``"buffer"``: what the importance weights are
             divided by (module docstring).
     """
-
-    fused_updates = True
-    """Whether an update of live ids may write the host sum tree in one compiled call
-    (:mod:`~replaybuffer.sampling.fused_update`), bypassing :meth:`_set`; a subclass
-    that keeps its priorities elsewhere (on a device) sets it to ``False``."""
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -134,6 +130,15 @@ class PrioritizedSampler:
         # The mass of steps that cannot start a window within an episode (made on the
         # first such draw; every write of priorities goes past it).
         self._outside: OutsideMass | None = None
+        # Small per-call costs kept out of the usual sample and update: the rejection
+        # bound for the max_priority and floor it was made from; the exponents as 0-d
+        # arrays (np.power takes a Python float about 0.3 us slower, converting it
+        # each call, to the same value); an update's scratch of the last batch size
+        # (its scaled values and positions, never handed out).
+        self._bound = self._bound_max = self._bound_floor = math.nan
+        self._alpha_exponent = (math.nan, exponent(0.0, np.float64))
+        self._beta_exponent = (math.nan, exponent(0.0, np.float32))
+        self._scratch = (np.empty(0), np.empty(0, np.int64))
 
     # ---------------------------------------------------------------- schedule
     @property
@@ -145,24 +150,6 @@ class PrioritizedSampler:
                              self.sample_calls)
 
     # ------------------------------------------------------------------- trees
-    def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
-        """Store raw priorities (float64 ``[K]``, ``K >= 1``, checked: finite and >= 0)
-        at positions (int64 ``[K]``, in range); ``largest`` is ``priorities.max()``."""
-        scaled, largest = scale(priorities, self.alpha, largest)
-        if largest < FINITE:
-            self._sum.assign(positions, scaled, largest)
-        else:  # priority ** alpha may have overflowed: the checked update reports it
-            self._sum.update(positions, scaled)
-        self._written(positions, scaled)
-
-    def _written(self, positions: np.ndarray, scaled: np.ndarray) -> None:
-        """The sum tree's ``positions`` (int64 ``[K]``) now hold ``scaled`` (float64
-        ``[K]``): the min tree and the outside-mass cache follow."""
-        if self._min is not None:
-            self._min.assign(positions, np.where(scaled > 0, scaled, np.inf))
-        if self._outside is not None:
-            self._outside.touch(positions)
-
     def _flush(self) -> None:
         """Apply the pending priorities of new steps (:meth:`on_add`) to the trees."""
         if not self._pending:
@@ -245,16 +232,46 @@ class PrioritizedSampler:
         return self._finish(ids, positions,
                             *probabilities_and_ratios(values, valid_mass, floor))
 
+    def sample_steps(self, ring: Ring, count: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``sample(ring, count, 1)`` from the sampler's own generator, its ids made item
+        ids (:meth:`item_ids`), flat: ``(item ids, positions, probabilities, weights)``
+        (int64, int64, float32, float32, each ``[count]``), bit for bit the same, for
+        the buffer's usual read (``PrioritizedReplayBuffer.get_next``) without the
+        general result's tuple and dict. Needs a step stored. (A subclass that draws
+        otherwise overrides both: the device sampler's buffers never call this.)"""
+        if self._pending:
+            self._flush()
+        floor = math.nan if self._min is None else self._min.min()
+        positions, ids, values, valid_mass, weighted = self._draw_in_range(
+            ring, count, 1, self._rng, floor)
+        if weighted is None:  # (drawn in parts: weighed here)
+            assert values is not None
+            weighted = probabilities_and_ratios(values, valid_mass, floor)
+        probabilities, weights = weighted
+        self._raise_to_beta(weights)
+        if ring.batch_size > 1 or self.key_base:  # (else the ids are the item ids)
+            ids = to_item_ids(ring, self.key_base, ids, positions)
+        return ids, positions, probabilities, weights
+
     def _finish(self, ids: np.ndarray, positions: np.ndarray, probabilities: np.ndarray,
                 weights: np.ndarray) -> tuple[SampleIndices, dict[str, np.ndarray]]:
-        """The sample's result from its weight ratios (float32 ``[S]``, raised to
-        ``beta`` here in place: float32's power, the result being float32 anyway)."""
-        np.power(weights, self.beta, out=weights)
+        """The sample's result from its weight ratios (:meth:`_raise_to_beta`)."""
+        self._raise_to_beta(weights)
+        return SampleIndices(ids, positions), {"probabilities": probabilities,
+                                               "weights": weights}
+
+    def _raise_to_beta(self, weights: np.ndarray) -> None:
+        """A sample's weight ratios (float32 ``[S]``) raised to ``beta`` in place
+        (float32's power, the result being float32 anyway), capped at 1 with
+        ``normalize="buffer"``; the sample counted (the schedule's step)."""
+        beta = self.beta
+        if self._beta_exponent[0] != beta:  # (annealed: a new one per sample call)
+            self._beta_exponent = (beta, exponent(beta, np.float32))
+        np.power(weights, self._beta_exponent[1], weights)
         if self._min is not None:
             np.minimum(weights, 1.0, out=weights)
         self.sample_calls += 1
-        return SampleIndices(ids, positions), {"probabilities": probabilities,
-                                               "weights": weights}
 
     def _draw_in_range(self, ring: Ring, count: int, num_steps: int,
                        rng: np.random.Generator, floor: float
@@ -272,7 +289,9 @@ class PrioritizedSampler:
         is then ``None``), else ``None``.
         """
         last, B, L, cap = ring.last_id, ring.batch_size, ring.max_length, ring.capacity
-        lo, hi = valid_start_range(last, L, num_steps)
+        # valid_start_range(last, L, num_steps), inline (two calls less per sample)
+        lo = last + 1 - L if last >= L else 0  # the oldest id held
+        hi = last + 2 - num_steps if last + 2 - num_steps > lo else lo
         first = (lo % L) * B  # the valid starts: the cyclic range [first, first + span)
         span = (hi - lo) * B
         tree = self._sum
@@ -288,7 +307,10 @@ class PrioritizedSampler:
             valid_mass = float(segments[1].sum())
         if not valid_mass > 0.0:
             require_mass(valid_mass, num_steps)
-        bound = scaled_bound(self.max_priority, self.alpha, self._floor)
+        bound = self._bound
+        if self._bound_max != self.max_priority or self._bound_floor != self._floor:
+            bound = self._bound = scaled_bound(self.max_priority, self.alpha, self._floor)
+            self._bound_max, self._bound_floor = self.max_priority, self._floor
         accept = valid_mass / (span * bound)
         if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
             if segments is None and excluded * count < 0.05 * total:
@@ -324,68 +346,6 @@ class PrioritizedSampler:
         ``[S]``); may return ``ids`` itself (one row, no clear yet: the item ids are
         the ids)."""
         return to_item_ids(ring, self.key_base, ids, positions)
-
-    def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
-                          largest: float | None = None) -> int:
-        """Set priorities of the steps behind ``item_ids`` (int64 ``[S]``) to
-        ``priorities`` (float64 ``[S]``, checked by the caller: finite and >= 0).
-
-        ``largest`` is ``priorities.max()`` if the caller knows it. Returns how many
-        were applied; ids of overwritten (or cleared) steps are ignored.
-        """
-        if self._pending:
-            self._flush()
-        B = ring.batch_size
-        if self.fused_updates and tree_kernels.AVAILABLE and item_ids.size:
-            # all live, the usual case, in one call
-            if largest is None:
-                largest = float(np.maximum.reduce(priorities))
-            scaled, bound = scale(priorities, self.alpha, largest)
-            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
-            if target is not None:
-                positions = np.empty(len(item_ids), np.int64)
-                last, L = ring.last_id, ring.max_length
-                total = write_live(item_ids, scaled, self.key_base, B, oldest_id(last, L),
-                                   last, L, *target, positions)
-                if total >= 0.0:  # written (else a stale id: nothing was)
-                    self._sum.written(total)
-                    if self._min is not None or self._outside is not None:
-                        self._written(positions, scaled)
-                    self.max_priority = max(self.max_priority, largest)
-                    return len(priorities)
-        if B == 1:
-            ids = item_ids - self.key_base if self.key_base else item_ids
-        else:
-            ids = item_ids // B - self.key_base
-        if not ids.size:
-            return 0
-        oldest = ring.oldest_id
-        # All live, the usual case: oldest <= ids <= last_id, one comparison per id as
-        # unsigned (below oldest wraps around to huge); it implies item_ids >= 0.
-        if (ids - oldest).view(np.uint64).max() <= ring.last_id - oldest:
-            positions = ids % ring.max_length if B == 1 else ring.positions(ids, item_ids % B)
-            values = priorities
-        else:
-            live = (ids >= oldest) & (ids <= ring.last_id) & (item_ids >= 0)
-            if not live.any():
-                return 0
-            positions = ring.positions(ids[live], item_ids[live] % B)
-            values = priorities[live]
-            largest = None
-        if largest is None:
-            largest = float(values.max())
-        self._set(positions, values, largest)
-        self.max_priority = max(self.max_priority, largest)
-        return len(values)
-
-    def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
-        """Current ``priority ** alpha`` (float64 ``[S]``) of live item ids (int64
-        ``[S]``; NaN for stale ones)."""
-        self._flush()
-        live, positions = live_positions(ring, self.key_base, item_ids)
-        out = np.full(item_ids.shape, np.nan)
-        out[live] = self._sum.get(positions)
-        return out
 
     # ------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:

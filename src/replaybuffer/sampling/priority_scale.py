@@ -20,16 +20,30 @@ BOUND_SLACK = 1.0 + 2.0 ** -40
 FINITE = 1e307
 
 
-def scale(priorities: np.ndarray, alpha: float, largest: float) -> tuple[np.ndarray, float]:
+def exponent(value: float, dtype: type) -> np.ndarray:
+    """``value`` as a read-only 0-d array of ``dtype`` (float64 or float32), for
+    ``np.power``: the same exponent as the Python float, which numpy converts to the
+    base's dtype on every call otherwise (float32's power of a float32 array takes
+    ``float32(value)`` either way), for about 0.3 us less per call."""
+    out: np.ndarray = np.array(value, dtype)
+    out.flags.writeable = False
+    return out
+
+
+def scale(priorities: np.ndarray, alpha: float, largest: float,
+          alpha_exponent: np.ndarray | None = None, out: np.ndarray | None = None
+          ) -> tuple[np.ndarray, float]:
     """``(priorities ** alpha, a bound of it)`` for raw priorities (float64 ``[K]``,
     finite and >= 0) whose largest is ``largest``: float64 ``[K]`` and a float (``inf``
     when ``largest ** alpha`` overflows). ``alpha = 0`` keeps a zero priority at 0 (never
-    drawn) and makes every other one 1."""
+    drawn) and makes every other one 1. ``alpha_exponent`` is ``exponent(alpha,
+    np.float64)`` if the caller keeps one; ``out`` (float64 ``[K]``) takes the powers
+    where they are computed (the result may be ``priorities`` itself or a new array)."""
     if alpha == 1.0:
         return priorities, largest
     if alpha == 0.0:  # 0 ** 0 is 1, but a zero priority must stay unsampled
         return np.where(priorities > 0, 1.0, 0.0), 1.0
-    scaled = np.power(priorities, alpha)
+    scaled = np.power(priorities, alpha if alpha_exponent is None else alpha_exponent, out)
     # A bound of scaled.max() without another pass over it (math.pow and the
     # vectorised np.power round a few ulp apart, far inside the slack).
     try:
