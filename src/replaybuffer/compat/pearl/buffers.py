@@ -43,6 +43,8 @@ class ReplayBuffer(TrajectoryReads):
     :class:`~replaybuffer.TransitionReplayBuffer` (observations stored once, exact next
     observations)."""
 
+    _compiled_add = True  # add_trajectory: the core's one-call adder first (inputs.py)
+
     def reset(self) -> None:
         super().reset()
 
@@ -104,6 +106,7 @@ class RolloutBuffer(TrajectoryReads):
     _core_class = _RolloutCore
     core: _RolloutCore
     _action_path = "['action']['action']"
+    _compiled_add = True  # as ReplayBuffer's
 
     def reset(self) -> None:
         super().reset()

@@ -16,6 +16,7 @@ loop of adds (Pearl 0.4.1's whole add is one method). Anything else goes to
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +46,24 @@ class PearlInputs:
     _action_path: str
     _paths: list[str]  # the core's stored leaves
     _specs: list[ArraySpec]
+
+    def _compile_add(self) -> Any:
+        """The core's one-call adder (:meth:`~replaybuffer.TransitionReplayBuffer.step_adder`)
+        under ``add_trajectory``'s names, its fallback this class's ``add_trajectory``;
+        ``None`` where the core has none, or where ``add_trajectory`` is not the one of a
+        class that says it may be compiled (``_compiled_add``: a subclass's own
+        ``add_trajectory`` is kept)."""
+        owner = next(c for c in type(self).__mro__ if "add_trajectory" in vars(c))
+        if not vars(owner).get("_compiled_add", False):
+            return None
+        method = vars(owner)["add_trajectory"]
+        fallback = method.__get__(self, type(self))
+        names = tuple(inspect.signature(method).parameters)[1:]
+        adder = self.core.step_adder(fallback, env_axis=self.vector, names=names)
+        if adder is not None:
+            adder.__name__, adder.__qualname__ = method.__name__, method.__qualname__
+            adder.__doc__ = method.__doc__
+        return adder
 
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, *policy: Any) -> None:
