@@ -62,7 +62,7 @@ class PearlInputs:
         adder = self.core.step_adder(fallback, env_axis=self.vector, names=names)
         if adder is not None:
             adder.__name__, adder.__qualname__ = method.__name__, method.__qualname__
-            adder.__doc__ = method.__doc__
+            adder.__doc__, adder.__annotations__ = method.__doc__, method.__annotations__
         return adder
 
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
