@@ -30,6 +30,7 @@ LAYOUTS = {
     "own array": ((160,), 3, "numpy"),  # 640 bytes: the observation outside the records
     "many envs": ((100,), 21, "numpy"),  # 21 records over the scratch block's limit
     "torch": ((3,), 3, "torch"),
+    "prioritized": ((3,), 3, "numpy"),  # the sampler's on_add sees every add
 }
 
 
@@ -40,8 +41,9 @@ def make(rollout, discrete, layout, env_axis, per_row, seed):
     B = envs if env_axis else 1
     if rollout:
         return rb.RolloutBuffer(obs, act, per_row * B, num_envs=B, storage=storage, seed=seed)
-    return rb.TransitionReplayBuffer(obs, act, per_row * B, num_envs=B, storage=storage,
-                                     seed=seed)
+    cls = rb.PrioritizedTransitionReplayBuffer if layout == "prioritized" else \
+        rb.TransitionReplayBuffer
+    return cls(obs, act, per_row * B, num_envs=B, storage=storage, seed=seed)
 
 
 def with_axis(args, env_axis):
@@ -92,6 +94,9 @@ def assert_same_state(a, b):
         assert x.tobytes() == y.tobytes()
     if isinstance(a, rb.RolloutBuffer):
         assert (a._gae_ready, a._version) == (b._gae_ready, b._version)
+    if isinstance(a, rb.PrioritizedTransitionReplayBuffer):
+        tree_a, tree_b = a._sampler.state_dict(), b._sampler.state_dict()
+        assert repr(tree_a) == repr(tree_b)
 
 
 SINGLE_KINDS = ["exact"] * 4 + ["numpy scalars", "0-d", "float64 reward", "list action",
