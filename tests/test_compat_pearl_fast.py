@@ -5,7 +5,8 @@ cache of recent steps for ``last``, ``all`` and ``RolloutBuffer.sample``) and th
 direct hand-over of an env's inputs to the core's add (``_direct``, and the core's
 ``add_single``/``add_usual`` that ``add_trajectory`` calls, ``_add_single`` and
 ``_add_usual``). Two buffers built alike, one with its shortcuts and one without
-(``_fast``, ``_add_single`` and ``_add_usual`` ``None``, ``_direct`` False), are played the same random script of adds (in sequence, after resets, out of
+(``_fast``, ``_add_single`` and ``_add_usual`` ``None``, ``_direct`` False, and
+``add_trajectory`` the class's method instead of the core's one-call adder), are played the same random script of adds (in sequence, after resets, out of
 sequence, ending episodes by termination or truncation, inputs of every type the
 general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
 without ``flatten_env``, also asking for more than is held); every output must be the

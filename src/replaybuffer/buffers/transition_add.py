@@ -9,7 +9,8 @@ through the general path, which converts, checks and handles every case
 (:meth:`TransitionAdds._add_general`). Both write the same bytes
 (tests/test_transitions.py compares them). Adapters (compat.pearl) call the shortcut
 alone (:meth:`TransitionAdds.add_usual`) and one env's step as the env gives it
-(:meth:`TransitionAdds.add_single`).
+(:meth:`TransitionAdds.add_single`), or take the whole usual step as one compiled call
+(:meth:`TransitionAdds.step_adder`, :mod:`replaybuffer.buffers.step_adder`).
 """
 
 from __future__ import annotations

@@ -54,8 +54,9 @@ class ReplayBuffer(TrajectoryReads):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        # The usual step to the core's shortcut, checked here (inputs.py says why);
-        # RolloutBuffer.add_trajectory is the same with the policy's fields.
+        # The fallback of the core's one-call adder that stands in for this method on
+        # each buffer (inputs.py): what it can to the core's shortcut, checked here, the
+        # rest converted. RolloutBuffer.add_trajectory is the same with the policy's.
         single = self._add_single
         if single is not None:
             if type(observation) is ndarray and type(action) is ndarray and \

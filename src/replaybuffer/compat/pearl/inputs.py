@@ -1,17 +1,22 @@
 """Pearl's inputs as the core buffer takes them: one add per env step, the usual
-step handed to the core's shortcut as it came.
+step written by one call.
 
-The usual step takes one call before the core's: ``add_trajectory`` (of
-:mod:`replaybuffer.compat.pearl.buffers`) hands it to the core's ``add_single`` (one
-env: when observations and action are arrays, the reward a float of
-:data:`REWARD_TYPES` and the flags of :data:`FLAG_TYPES`, passed as the core takes
-them: a float64 reward as a Python float, the flags as ``FLAGS[flag]``) or
-``add_usual`` (a vector env's step as it came), bound once (``_add_single``,
-``_add_usual``: ``None`` where the core's leaves are not the env's arrays).
-A call less matters: in a training loop an add runs between other work, with cold
-caches, where every frame and attribute read costs several times what it costs in a
-loop of adds (Pearl 0.4.1's whole add is one method). Anything else goes to
-:meth:`PearlInputs._add`, which converts.
+``add_trajectory`` of :class:`~replaybuffer.compat.pearl.ReplayBuffer` and
+:class:`~replaybuffer.compat.pearl.RolloutBuffer` is, on each buffer, the core's
+one-call adder (:meth:`~replaybuffer.TransitionReplayBuffer.step_adder`, set as an
+attribute of the buffer by :meth:`PearlInputs._compile_add`, where the core's leaves are
+the env's arrays): a step as the env gives it (observations and action arrays of the
+stored dtypes and shapes, the reward a Python or numpy float, the flags bools; a
+vector env's as arrays with the env axis) is checked, compared and written in that one
+call, with no call to the adapter's methods or the core's. A call less matters: in a
+training loop an add runs between other work, with cold caches, where every frame and
+attribute read costs several times what it costs in a loop of adds (Pearl 0.4.1's whole
+add is one method). Any other step goes, with nothing written, to the class's own
+``add_trajectory``, which hands what it can to the core's ``add_single`` or
+``add_usual`` (``_add_single``, ``_add_usual``: passed as the core takes them, a float64
+reward as a Python float, the flags as ``FLAGS[flag]``) and the rest to
+:meth:`PearlInputs._add`, which converts. A subclass that defines its own
+``add_trajectory`` keeps it (only a class that sets ``_compiled_add`` gets the adder).
 """
 
 from __future__ import annotations
