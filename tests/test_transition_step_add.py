@@ -328,8 +328,13 @@ def test_keyword_arguments_and_names():
     slow.add(o[None] + 1, np.zeros((1, 2), np.float32), np.ones(1, np.float32), o[None] + 2,
              np.ones(1, bool), log_prob=np.full(1, 2.0, np.float32))
     assert_same_state(fast, slow)
-    with pytest.raises(ValueError, match="names: expected 8 argument names"):
-        fast.step_adder(print, env_axis=False, names=("o", "a"))
+    for bad in (("o", "a"), ("o", "a", "r", "n", "done", "cut", "v", "v"),
+                ("o", "a", "r", "head", "done", "cut", "v", "lp"),
+                ("o", "a", "r", "n", "done", "cut", "v", "q1"),
+                ("o", "a", "r", "n", "done", "cut", "v", "for"),
+                ("o", "a", "r", "n", "done", "cut", "type", "lp")):
+        with pytest.raises(ValueError, match="names: expected 8 distinct argument names"):
+            fast.step_adder(print, env_axis=False, names=bad)
 
 
 def test_no_adder_where_the_shortcut_does_not_apply():

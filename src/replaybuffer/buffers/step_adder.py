@@ -29,6 +29,9 @@ fallback runs outside the buffer's lock.
 
 from __future__ import annotations
 
+import builtins
+import keyword
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -98,6 +101,35 @@ class AdderParts:
     tracks_adds: bool
     written_hook: bool
     fallback: Callable[..., Any]
+
+
+_RESERVED = re.compile(r"(?:[qxrds]\d+|pad\d+|step_id|written|slot|start|at|raw|ended|"
+                       r"record|self|ring|lock|head|head_bytes|owns|L|B|no_ends|"
+                       r"ndarray|fallback|float64|float32|bool_|f32|f64|b0|b1|write|"
+                       r"no_flag|zero|pack|zero4|flags|records|block|given)")
+"""The names the adder's source binds or assigns: no argument may take one."""
+
+
+def argument_names(names: Sequence[str] | None, policy: bool) -> tuple[str, ...]:
+    """The adder's argument names: ``names`` checked (as many as :data:`CORE_NAMES`,
+    and :data:`POLICY_NAMES` for a rollout; distinct identifiers, none of the names its
+    source uses itself), or those defaults.
+
+    Raises:
+        ValueError: naming ``names``, what was expected and what came.
+    """
+    expected = CORE_NAMES + (POLICY_NAMES if policy else ())
+    if names is None:
+        return expected
+    got = tuple(names)
+    if len(got) != len(expected) or len(set(got)) != len(got) or not all(
+            isinstance(n, str) and n.isidentifier() and not keyword.iskeyword(n)
+            and not _RESERVED.fullmatch(n) and n not in vars(builtins) for n in got):
+        raise ValueError(f"names: expected {len(expected)} distinct argument names (as "
+                         f"{expected}), none a Python keyword, a builtin or a name the "
+                         f"adder's source uses itself (such as 'self', 'head', 'q0'), got "
+                         f"{got!r}")
+    return got
 
 
 def build_step_adder(parts: AdderParts) -> Callable[..., Any]:

@@ -21,8 +21,7 @@ import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, SideObservations
-from replaybuffer.buffers.step_adder import (CORE_NAMES, POLICY_NAMES, AdderParts,
-                                             build_step_adder)
+from replaybuffer.buffers.step_adder import AdderParts, argument_names, build_step_adder
 from replaybuffer.buffers.transition_fields import ACTION, OBS, REWARD, TERMINATED, TRUNCATED
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.base import LeafChecker, to_numpy
@@ -203,11 +202,7 @@ class TransitionAdds(SideObservations):
         if write is None or not self._exact_add or self._obs_flatten is not None:
             return None
         policy = self._adds_policy
-        expected = CORE_NAMES + (POLICY_NAMES if policy else ())
-        names = expected if names is None else tuple(names)
-        if len(names) != len(expected) or not all(n.isidentifier() for n in names):
-            raise ValueError(f"names: expected {len(expected)} argument names (as "
-                             f"{expected}), got {names!r}")
+        names = argument_names(names, policy)
         storage = self._storage
         records = record_layout(storage.arrays, storage.checker.dtypes) \
             if type(storage) is NumpyStorage else None
