@@ -48,6 +48,7 @@ class PearlInputs:
     _direct: bool  # an env's arrays may go to the core as they come
     _add_single: Any  # the core's add_single where one env's step may go to it, or None
     _add_usual: Any  # the core's add_usual where a vector env's step may, or None
+    _step_add: Any  # the core's one-call adder standing in for add_trajectory, or None
     _action_path: str
     _paths: list[str]  # the core's stored leaves
     _specs: list[ArraySpec]
