@@ -5,7 +5,8 @@ cache of recent steps for ``last``, ``all`` and ``RolloutBuffer.sample``) and th
 direct hand-over of an env's inputs to the core's add (``_direct``, and the core's
 ``add_single``/``add_usual`` that ``add_trajectory`` calls, ``_add_single`` and
 ``_add_usual``). Two buffers built alike, one with its shortcuts and one without
-(``_fast``, ``_add_single`` and ``_add_usual`` ``None``, ``_direct`` False), are played the same random script of adds (in sequence, after resets, out of
+(``_fast``, ``_add_single`` and ``_add_usual`` ``None``, ``_direct`` False, and
+``add_trajectory`` the class's method instead of the core's one-call adder), are played the same random script of adds (in sequence, after resets, out of
 sequence, ending episodes by termination or truncation, inputs of every type the
 general path takes) and reads (``sample``, ``last``, ``all`` in both dtypes, with and
 without ``flatten_env``, also asking for more than is held); every output must be the
@@ -33,25 +34,39 @@ def pair(cls, num_envs, buffer_size, seed, **spaces_):
     fast = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
     slow = cls(buffer_size=buffer_size, device="cpu", num_envs=num_envs, seed=seed, **spaces_)
     slow._fast, slow._direct, slow._add_single, slow._add_usual = None, False, None, None
+    # Without the core's one-call adder too: add_trajectory is the class's method again.
+    slow._step_add = None
+    vars(slow).pop("add_trajectory", None)
     # The adapter's direct route is the fast buffer's own (one env or a vector env).
     if fast._direct:
         assert (fast._add_single is None) == (num_envs is not None)
         assert (fast._add_usual is None) == (num_envs is None)
+        assert fast._step_add is not None and fast.add_trajectory is fast._step_add
     assert fast._fast is not None
     return fast, slow
 
 
 def counting(buffer):
-    """Count the adds that the core's shortcut (``_add_exact``) wrote itself."""
+    """Count the adds that a shortcut (the core's one-call adder, or the core's
+    ``_add_exact`` it falls back to) wrote itself: every add less those that the
+    core's general path (``_add_general``) wrote."""
     core = buffer.core
-    inner, taken = core._add_exact, [0]
+    add, general, counts = buffer.add_trajectory, core._add_general, [0, 0]
 
-    def add(*args):
-        done = inner(*args)
-        taken[0] += done
-        return done
-    core._add_exact = add
-    return taken
+    def counted(*args, **kwargs):
+        counts[0] += 1
+        return add(*args, **kwargs)
+
+    def counted_general(*args):
+        counts[1] += 1
+        return general(*args)
+    buffer.add_trajectory, core._add_general = counted, counted_general
+
+    class Taken:
+        def __getitem__(self, i):
+            assert i == 0
+            return counts[0] - counts[1]
+    return Taken()
 
 
 FIELDS = ("observations", "actions", "rewards", "next_observations", "dones")

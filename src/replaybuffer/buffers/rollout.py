@@ -96,6 +96,7 @@ class RolloutBuffer(TransitionReplayBuffer):
     """
 
     _serves_flat_reads = True  # its reads' transition fields are the base class's
+    _adds_policy = True  # step_adder's adds take value and log_prob
 
     def __init__(self, observation_spec: Any, action_spec: Any, capacity: int, *,
                  num_envs: int = 1, storage: str = "numpy", device: Any = None,

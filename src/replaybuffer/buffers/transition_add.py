@@ -9,21 +9,24 @@ through the general path, which converts, checks and handles every case
 (:meth:`TransitionAdds._add_general`). Both write the same bytes
 (tests/test_transitions.py compares them). Adapters (compat.pearl) call the shortcut
 alone (:meth:`TransitionAdds.add_usual`) and one env's step as the env gives it
-(:meth:`TransitionAdds.add_single`).
+(:meth:`TransitionAdds.add_single`), or take the whole usual step as one compiled call
+(:meth:`TransitionAdds.step_adder`, :mod:`replaybuffer.buffers.step_adder`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from replaybuffer import nest
 from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, SideObservations
+from replaybuffer.buffers.step_adder import AdderParts, argument_names, build_step_adder
 from replaybuffer.buffers.transition_fields import ACTION, OBS, REWARD, TERMINATED, TRUNCATED
 from replaybuffer.errors import SpecError
 from replaybuffer.storage.base import LeafChecker, to_numpy
-from replaybuffer.storage.exact_writer import ExactWriter, reordered
+from replaybuffer.storage.exact_writer import ExactWriter, record_layout, reordered
+from replaybuffer.storage.numpy_storage import NumpyStorage
 
 if TYPE_CHECKING:
     from replaybuffer.specs import BoundedArraySpec
@@ -65,6 +68,8 @@ class TransitionAdds(SideObservations):
     _head_bytes: list[memoryview]
     _single_shape: tuple[int, ...]
     _tracks_adds: bool
+    # Whether adds take the policy's value and log-probability (RolloutBuffer's).
+    _adds_policy: ClassVar[bool] = False
 
     def _use_exact_order(self, rest: dict[str, Any]) -> None:
         """Set up add's shortcut for ``parts`` (see :meth:`_add_exact`) of the
@@ -79,6 +84,7 @@ class TransitionAdds(SideObservations):
         self._write_parts: ExactWriter | None = None
         self._write_single: ExactWriter | None = None
         self._exact_ranges: list[tuple[int, int, int]] = []
+        self._exact_order: list[int] = []  # the storage leaf of each leaf in add order
         if (self._obs_is_leaf or self._obs_flatten is not None) \
                 and self._write_exact is not None:
             n = len(self._obs_leaves)
@@ -87,6 +93,7 @@ class TransitionAdds(SideObservations):
             taken_from = nest.flatten(template)[0]  # storage leaf i is flat[taken_from[i]]
             if sorted(taken_from) == list(range(len(self._paths))):
                 order = np.argsort(taken_from).tolist()  # flat[k] is storage leaf order[k]
+                self._exact_order = order
                 self._write_parts = reordered(self._write_exact, order)
                 if self._ring.batch_size == 1 and self._obs_is_leaf:
                     # add_single's: one env's leaves as they come, without the env axis.
@@ -169,6 +176,46 @@ class TransitionAdds(SideObservations):
             return
         self.add(observation[None], action[None], single_reward(reward), next_observation[None],
                  terminated[None], truncated[None])
+
+    def step_adder(self, fallback: Callable[..., Any], env_axis: bool = True,
+                   names: Sequence[str] | None = None) -> Callable[..., Any] | None:
+        """One function that adds the usual step in one call, with this buffer's parts
+        bound in it (:mod:`replaybuffer.buffers.step_adder`), for adapters whose add is
+        called once per env step (compat.pearl's ``add_trajectory``).
+
+        ``add(observation, action, reward, next_observation, terminated,
+        truncated=None)`` (a rollout's also ``value=None, log_prob=None``; named
+        ``names`` where given, in that order) writes the usual step as :meth:`add`
+        (``env_axis``: every leaf ``[num_envs, ...]``) or :meth:`add_single` (one env's
+        step without the axis; the flags also Python bools, the reward also a float64
+        scalar) would: the same bytes and bookkeeping; it returns ``None``. Any other
+        step (see :meth:`_add_exact`; also under a rate limiter or while a save's
+        snapshot is open) it hands, as it came and with nothing written, to
+        ``fallback`` with the same arguments positionally, and returns what that
+        returns. ``None`` where this buffer has no such shortcut (see
+        :meth:`_exact_add_possible`; an observation of several leaves; one env's step
+        where ``num_envs`` is not 1). Built once: what changes (the write head, the
+        rate limiter, a save's pause) it reads from the buffer on every call.
+        """
+        single = not env_axis
+        write = self._write_single if single else self._write_parts
+        if write is None or not self._exact_add or self._obs_flatten is not None:
+            return None
+        policy = self._adds_policy
+        names = argument_names(names, policy)
+        storage = self._storage
+        records = record_layout(storage.arrays, storage.checker.dtypes) \
+            if type(storage) is NumpyStorage else None
+        if records is not None and len(records[1]) != len(self._specs):
+            records = None  # some leaves in arrays of their own: the fused writer's
+        return build_step_adder(AdderParts(
+            buffer=self, names=names, single=single, policy=policy, specs=self._specs,
+            order=self._exact_order, write=write, records=records, ring=self._ring,
+            lock=self._lock, head=self._head_next[0], head_bytes=self._head_bytes[0],
+            owns=self._owns, no_flag=SINGLE_FLAGS[0] if single else self._no_truncation,
+            ranges=self._exact_ranges,
+            tracks_adds=self._tracks_adds, written_hook=self._written_hook,
+            fallback=fallback))
 
     def _add_general(self, observation: Any, action: Any, reward: Any, next_observation: Any,
                      terminated: Any, truncated: Any, timeout: float | None, block: bool
@@ -280,11 +327,8 @@ class TransitionAdds(SideObservations):
             ended = None
             no_ends = self._no_ends
             if terminated.tobytes() != no_ends or truncated.tobytes() != no_ends:
-                ended = (terminated | truncated).reshape(B)  # [B] also from single's ()
-                self._side_ref[start + self._rows[ended]] = self._put_side(
-                    step_id, ended, [n.reshape(h.shape)[ended]
-                                     for n, h in zip(next_observations, heads)])
-                owns[slot] = 1
+                ended = self._keep_ended(step_id, start, slot, terminated, truncated,
+                                         next_observations)
             if observations is None:
                 raw = next_observation.tobytes()
                 self._head_bytes[0][:] = raw
@@ -300,6 +344,20 @@ class TransitionAdds(SideObservations):
         finally:
             lock.release()
         return True
+
+    def _keep_ended(self, step_id: int, start: int, slot: int, terminated: Any,
+                    truncated: Any, next_observations: Sequence[np.ndarray]) -> np.ndarray:
+        """Keep in the side store the next observations of the rows whose episode
+        ended with step ``step_id`` (written at positions ``start ..``, step slot
+        ``slot``), as the shortcut adds them (lock held): flags bool ``[num_envs]``, or
+        ``()`` for one env's step, and the next observations' leaves as they came.
+        Returns the rows that ended, bool ``[num_envs]``."""
+        ended: np.ndarray = (terminated | truncated).reshape(self._ring.batch_size)
+        self._side_ref[start + self._rows[ended]] = self._put_side(
+            step_id, ended, [n.reshape(h.shape)[ended]
+                             for n, h in zip(next_observations, self._head_next)])
+        self._owns[slot] = 1
+        return ended
 
     def _convert_next(self, next_observation: Any) -> list[np.ndarray]:
         """The leaves of ``next_observation`` as numpy arrays, validated with the

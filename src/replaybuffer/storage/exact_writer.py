@@ -75,9 +75,9 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
     checks, views, writes = [], [], []
     floats = set()  # unbatched float leaves that may come as Python floats
     widened_leaves = set()  # batched float32 scalars that may come as float64
-    record = _record_layout(arrays, checker.dtypes)
+    record = record_layout(arrays, checker.dtypes)
     many = record is not None and \
-        count * record[0].itemsize > max(_BLOCK_MAX, record[0].itemsize)
+        count * record[0].itemsize > max(BLOCK_MAX, record[0].itemsize)
     in_record = set() if record is None or many else {i for _, i in record[1]}
     whole_items = {} if record is None or not many else _whole_item_views(*record)
     for i, (array, dtype, shape) in enumerate(zip(arrays, checker.dtypes, shapes)):
@@ -181,7 +181,7 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
-_BLOCK_MAX = 8192
+BLOCK_MAX = 8192
 """Bytes of records up to which several positions are assembled in a scratch block:
 beyond, the extra copy costs more than the field views it saves (256 records of 100
 bytes: 5.2 us against 5.1 us field by field; 8 records: 1.5 against 1.8). Beyond it,
@@ -211,7 +211,7 @@ def reordered(write: ExactWriter, order: Sequence[int],
                         order=order)
 
 
-def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
+def record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
                    ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
     """The structured array whose every field is one of ``arrays``, with
     ``(byte offset, leaf index)`` of those fields in offset order; ``None`` when no
@@ -246,7 +246,7 @@ def _record_layout(arrays: Sequence[np.ndarray], dtypes: Sequence[np.dtype]
 
 def _whole_item_views(base: np.ndarray, fields: list[tuple[int, int]]
                       ) -> dict[int, tuple[np.ndarray, np.dtype]]:
-    """For every field of ``base`` (records, as :func:`_record_layout` gives them) that
+    """For every field of ``base`` (records, as :func:`record_layout` gives them) that
     holds several items per record, a view of the records ``[len(base), 1]`` whose one
     item per record is that field's bytes, as a void dtype, and that dtype: leaf ``i``'s
     ``x.view(dtype)`` (``[count, 1]``, for ``x`` of spec shape ``[n]`` whose last axis

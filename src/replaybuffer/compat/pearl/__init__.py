@@ -102,8 +102,8 @@ The modules: :mod:`~replaybuffer.compat.pearl.trajectories` (Pearl's types),
 :mod:`~replaybuffer.compat.pearl.base` (:class:`BaseBuffer`),
 :mod:`~replaybuffer.compat.pearl.inputs` (adds), :mod:`~replaybuffer.compat.pearl.outputs`
 (reads shaped as Pearl's) and :mod:`~replaybuffer.compat.pearl.buffers` (the three
-buffers). The core does the work: the fast add is the core's shortcut
-(``TransitionReplayBuffer.add_usual``/``add_single``), and the fast reads are the core's
+buffers). The core does the work: the fast add is the core's one-call adder
+(``TransitionReplayBuffer.step_adder``), and the fast reads are the core's
 (``TransitionReplayBuffer.flat_reads``: gathers, and the cache of recent steps).
 """
 

@@ -111,6 +111,10 @@ class BaseBuffer(PearlInputs, PearlOutputs, ABC):
         direct = self._direct
         self._add_single = self.core.add_single if direct and not vector else None
         self._add_usual = self.core.add_usual if direct and vector else None
+        # add_trajectory as the core's one-call adder of the usual step (inputs.py).
+        self._step_add = self._compile_add() if direct else None
+        if self._step_add is not None:
+            self.add_trajectory = self._step_add  # type: ignore[method-assign]
 
     def _make_core(self, observation_spec: Any, action_spec: Any, capacity: int,
                    **kwargs: Any) -> TransitionReplayBuffer:

@@ -43,6 +43,8 @@ class ReplayBuffer(TrajectoryReads):
     :class:`~replaybuffer.TransitionReplayBuffer` (observations stored once, exact next
     observations)."""
 
+    _compiled_add = True  # add_trajectory: the core's one-call adder first (inputs.py)
+
     def reset(self) -> None:
         super().reset()
 
@@ -52,8 +54,9 @@ class ReplayBuffer(TrajectoryReads):
 
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
-        # The usual step to the core's shortcut, checked here (inputs.py says why);
-        # RolloutBuffer.add_trajectory is the same with the policy's fields.
+        # The fallback of the core's one-call adder that stands in for this method on
+        # each buffer (inputs.py): what it can to the core's shortcut, checked here, the
+        # rest converted. RolloutBuffer.add_trajectory is the same with the policy's.
         single = self._add_single
         if single is not None:
             if type(observation) is ndarray and type(action) is ndarray and \
@@ -104,6 +107,7 @@ class RolloutBuffer(TrajectoryReads):
     _core_class = _RolloutCore
     core: _RolloutCore
     _action_path = "['action']['action']"
+    _compiled_add = True  # as ReplayBuffer's
 
     def reset(self) -> None:
         super().reset()

@@ -1,21 +1,27 @@
 """Pearl's inputs as the core buffer takes them: one add per env step, the usual
-step handed to the core's shortcut as it came.
+step written by one call.
 
-The usual step takes one call before the core's: ``add_trajectory`` (of
-:mod:`replaybuffer.compat.pearl.buffers`) hands it to the core's ``add_single`` (one
-env: when observations and action are arrays, the reward a float of
-:data:`REWARD_TYPES` and the flags of :data:`FLAG_TYPES`, passed as the core takes
-them: a float64 reward as a Python float, the flags as ``FLAGS[flag]``) or
-``add_usual`` (a vector env's step as it came), bound once (``_add_single``,
-``_add_usual``: ``None`` where the core's leaves are not the env's arrays).
-A call less matters: in a training loop an add runs between other work, with cold
-caches, where every frame and attribute read costs several times what it costs in a
-loop of adds (Pearl 0.4.1's whole add is one method). Anything else goes to
-:meth:`PearlInputs._add`, which converts.
+``add_trajectory`` of :class:`~replaybuffer.compat.pearl.ReplayBuffer` and
+:class:`~replaybuffer.compat.pearl.RolloutBuffer` is, on each buffer, the core's
+one-call adder (:meth:`~replaybuffer.TransitionReplayBuffer.step_adder`, set as an
+attribute of the buffer by :meth:`PearlInputs._compile_add`, where the core's leaves are
+the env's arrays): a step as the env gives it (observations and action arrays of the
+stored dtypes and shapes, the reward a Python or numpy float, the flags bools; a
+vector env's as arrays with the env axis) is checked, compared and written in that one
+call, with no call to the adapter's methods or the core's. A call less matters: in a
+training loop an add runs between other work, with cold caches, where every frame and
+attribute read costs several times what it costs in a loop of adds (Pearl 0.4.1's whole
+add is one method). Any other step goes, with nothing written, to the class's own
+``add_trajectory``, which hands what it can to the core's ``add_single`` or
+``add_usual`` (``_add_single``, ``_add_usual``: passed as the core takes them, a float64
+reward as a Python float, the flags as ``FLAGS[flag]``) and the rest to
+:meth:`PearlInputs._add`, which converts. A subclass that defines its own
+``add_trajectory`` keeps it (only a class that sets ``_compiled_add`` gets the adder).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,9 +48,28 @@ class PearlInputs:
     _direct: bool  # an env's arrays may go to the core as they come
     _add_single: Any  # the core's add_single where one env's step may go to it, or None
     _add_usual: Any  # the core's add_usual where a vector env's step may, or None
+    _step_add: Any  # the core's one-call adder standing in for add_trajectory, or None
     _action_path: str
     _paths: list[str]  # the core's stored leaves
     _specs: list[ArraySpec]
+
+    def _compile_add(self) -> Any:
+        """The core's one-call adder (:meth:`~replaybuffer.TransitionReplayBuffer.step_adder`)
+        under ``add_trajectory``'s names, its fallback this class's ``add_trajectory``;
+        ``None`` where the core has none, or where ``add_trajectory`` is not the one of a
+        class that says it may be compiled (``_compiled_add``: a subclass's own
+        ``add_trajectory`` is kept)."""
+        owner = next(c for c in type(self).__mro__ if "add_trajectory" in vars(c))
+        if not vars(owner).get("_compiled_add", False):
+            return None
+        method = vars(owner)["add_trajectory"]
+        fallback = method.__get__(self, type(self))
+        names = tuple(inspect.signature(method).parameters)[1:]
+        adder = self.core.step_adder(fallback, env_axis=self.vector, names=names)
+        if adder is not None:
+            adder.__name__, adder.__qualname__ = method.__name__, method.__qualname__
+            adder.__doc__, adder.__annotations__ = method.__doc__, method.__annotations__
+        return adder
 
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, *policy: Any) -> None:

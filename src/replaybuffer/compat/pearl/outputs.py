@@ -91,9 +91,8 @@ class FastPaths:
     (random samples), or hand out views of its cache of recent steps (``last``, ``all``,
     ``RolloutBuffer.sample``), and this class only shapes them as Pearl's trajectories.
 
-    Adds need no shortcut here: ``add_trajectory`` hands the core arrays its own
-    shortcut takes (``TransitionReplayBuffer.add_usual``), one env's without the env
-    axis (``add_single``).
+    Adds need no shortcut here: ``add_trajectory`` is the core's one-call adder
+    (``TransitionReplayBuffer.step_adder``; see :mod:`replaybuffer.compat.pearl.inputs`).
     """
 
     @classmethod
