@@ -13,6 +13,7 @@ call it next makes, with no extra round.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -164,7 +165,8 @@ class ShardActor:
         ``rows`` (the buffer's ``batch_size``), ``mass`` (for windows of
         ``num_steps``), ``restored_last_id``, ``steps_lost``, ``class``, ``limiter``
         (its class name or ``None``), ``consumes``, ``data_spec``, ``beta``,
-        ``saved_last_id`` and ``status``."""
+        ``saved_last_id``, ``status`` and ``pid`` (the process's id, for tools that
+        measure a shard's CPU)."""
         b = self.buffer
         limiter = b.rate_limiter
         return {"index": self.index, "incarnation": self.incarnation, "last_id": b.last_id,
@@ -175,7 +177,7 @@ class ShardActor:
                 "limiter": None if limiter is None else type(limiter).__name__,
                 "consumes": isinstance(b, FIFOReplayBuffer), "data_spec": b.data_spec,
                 "beta": getattr(b, "beta", None), "saved_last_id": self.saved_last_id,
-                "status": self.status()}
+                "status": self.status(), "pid": os.getpid()}
 
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
         """The sampling mass for windows of each of ``keys`` steps (``None``: 1)."""
