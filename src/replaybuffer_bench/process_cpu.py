@@ -1,11 +1,11 @@
 """CPU time of the processes a Ray bench runs on: the learner (this process), the
-shards, the collectors, and Ray's own (GCS, raylet, idle workers), read from Linux's
-``/proc`` (elsewhere every figure is ``None``).
+shards, the collectors, and Ray's own (GCS, raylet, idle workers: the processes the
+driver's ``ray.init`` started), read from Linux's ``/proc`` (elsewhere every figure is
+``None``).
 
 A process's CPU is the sum over its threads of ``/proc/PID/task/TID/schedstat``'s
 first field (nanoseconds on a CPU, exact, where ``/proc/PID/stat``'s ticks are 10 ms
-coarse). Ray's processes are found by their command lines (``ray::...`` workers,
-``gcs_server``, ``raylet``, Ray's dashboard and log agents).
+coarse).
 """
 
 from __future__ import annotations
@@ -31,25 +31,26 @@ def cpu_seconds(pid: int) -> float | None:
     return total / 1e9
 
 
-def ray_processes(exclude: set[int]) -> list[int]:
-    """The ids of this machine's Ray processes (workers, GCS, raylet, agents), but
-    those in ``exclude``."""
-    found = []
+def descendants(pid: int) -> list[int]:
+    """The ids of every process below ``pid`` (its children, theirs...): for a driver
+    that started its Ray cluster with ``ray.init``, the GCS, the raylet and every
+    worker, and none of another job's cluster on the same machine."""
+    children: dict[int, list[int]] = {}
     try:
-        entries = list(PROC.iterdir())
+        entries = [e for e in PROC.iterdir() if e.name.isdigit()]
     except OSError:
         return []
     for entry in entries:
-        if not entry.name.isdigit() or int(entry.name) in exclude:
-            continue
         try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")
-        except OSError:
-            continue
-        if command.startswith("ray::") or "/ray/" in command or "gcs_server" in command \
-                or "raylet" in command:
-            found.append(int(entry.name))
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
     return found
 
 

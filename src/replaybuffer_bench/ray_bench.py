@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from replaybuffer_bench.process_cpu import CpuMeter, ray_processes
+from replaybuffer_bench.process_cpu import CpuMeter, descendants
 from replaybuffer_bench.processes import WORKLOADS, run_single
 from replaybuffer_bench.workloads import random_items
 
@@ -158,8 +158,7 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         shard_pids = [int(d["pid"]) for d in buffer.describe() if d is not None]
         idle_ms = idle_shard_cpu(shard_pids)
         learner = os.getpid()
-        meter = CpuMeter([learner, *shard_pids,
-                          *ray_processes({learner, *shard_pids})])
+        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
         task = ray.remote(num_cpus=0)(_collect)
         meter.start()
         start = time.perf_counter()
@@ -217,7 +216,7 @@ def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
         shard_pids = [int(d["pid"]) for d in b.describe() if d is not None]
         idle_ms = idle_shard_cpu(shard_pids)
         learner = os.getpid()
-        meter = CpuMeter([learner, *shard_pids, *ray_processes({learner, *shard_pids})])
+        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
         stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch,
                                    batches_per_call=batches_per_call))
         meter.start()
