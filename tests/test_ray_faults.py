@@ -250,9 +250,64 @@ def test_a_held_chunk_no_process_applied_is_counted_lost_by_the_next(tmp_path):
     assert first.write((step(0), [], writer, 0, 0, None, False))[2] == 0
     assert first.write((step(2), [], writer, 2, 1, None, False))[2] == 1  # held
     second = ShardActor(uniform, 0, str(tmp_path), None)
-    assert second.steps_lost == 1  # chunk 0, by the mark
+    # chunk 0 by the mark; chunk 2 held by the process that died, from its home
+    assert second.steps_lost == 2
     second.release(writer, [(1, 1), (2, 1)])
-    assert second.steps_lost == 3
+    assert second.steps_lost == 3  # chunk 1 added; chunk 2 not counted twice
+
+
+def extend_op(values):
+    return [("extend", ({"x": np.asarray(values, np.int64)[None]},), {})]
+
+
+def test_chunks_held_by_a_process_that_died_count_lost_with_no_report(tmp_path):
+    """A writer whose chunks 1 and 2 (3 and 2 steps) a process held for chunk 0, that
+    never calls again: the next process counts them at its start, once; chunks a
+    process held and then applied are not counted by the one after it."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer, other = os.urandom(8).hex(), os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    assert first.write((extend_op([4, 5]), [], writer, 2, 0, None, False))[2] == 2
+    assert first.write((extend_op([7]), [], other, 1, 0, None, False))[2] == 1
+    assert first.write((extend_op([6]), [], other, 0, 0, None, False))[2] == 0  # applied
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost == 5 + 2  # writer's held chunks; other's applied, by the mark
+    second.write((extend_op([8]), [], writer, 3, 3, [(1, 3), (2, 2)], False))
+    assert second.steps_lost == 7  # the writer's report of the same chunks: not again
+    third = ShardActor(uniform, 0, str(tmp_path), None)
+    assert third.steps_lost == 1  # chunk 3 by the mark; nothing held any more
+
+
+def test_a_home_of_the_earlier_layout_holds_nothing_and_keeps_its_writers(tmp_path):
+    from replaybuffer.distributed.ray_shards.shard_home import (_MARK_WORDS, ShardHome,
+                                                                writer_key)
+
+    words = np.zeros(_MARK_WORDS, np.int64)
+    key = writer_key(os.urandom(8).hex())
+    words[0], words[2], words[3] = 41, key, 5 + 1  # mark 41; chunk 5 applied
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "mark").write_bytes(words.tobytes())
+    home = ShardHome(tmp_path, temporary=False)
+    assert home.mark == 41 and home.applied() == {key: 5} and home.take_held() == {}
+    home.record_held(key, {7: 2, 9: 4, 7 + 70: 1})  # the last too far: left to the writer
+    assert home.take_held() == {key: ({7, 9}, 6)} and home.take_held() == {}
+    assert home.applied() == {key: 5}
+
+
+def test_a_writer_that_never_calls_again_has_its_held_chunks_in_losses():
+    """Chunk 1 of a writer waits in the shard for chunk 0, which never comes; the
+    shard's process dies; the client sees the 4 steps lost at its next call."""
+    with RayReplayBuffer(uniform, 1, seed=5) as buffer:
+        writer = os.urandom(8).hex()
+        answer = ray.get(buffer.actors[0].write.remote(
+            (extend_op([1, 2, 3, 4]), [], writer, 1, 0, None, False)))
+        assert answer[2] == 1  # held
+        kill_and_wait_restarted(buffer, 0)
+        buffer.wait_for_shards(timeout=60)
+        assert len(buffer) == 0
+        assert [loss.steps_lost for loss in buffer.losses] == [4]
 
 
 def test_a_refused_write_does_not_drop_the_writers_later_writes():

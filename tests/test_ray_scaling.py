@@ -8,9 +8,12 @@ cleared and reseeded by each test."""
 
 from __future__ import annotations
 
+import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ray = pytest.importorskip("ray")
 
@@ -282,3 +285,60 @@ def test_a_writer_sends_at_an_episode_end_and_after_chunk_seconds(make):
     assert buffer.describe()[0]["size"] == 5
     with pytest.raises(ValueError, match="chunk_steps"):
         buffer.writer(0, chunk_steps=0)
+
+
+class CountingHandle:
+    """A shard's actor handle that counts the client's ``mass_status`` questions."""
+
+    def __init__(self, handle, asked: list[int], shard: int):
+        self._handle, self._asked, self._shard = handle, asked, shard
+
+    def __getattr__(self, name):
+        if name == "mass_status":
+            self._asked[self._shard] += 1
+        return getattr(self._handle, name)
+
+
+def test_masses_are_asked_only_of_shards_no_answer_brought_them(make, monkeypatch):
+    """Shards that answer draws bring their masses: the learner asks none of them; an
+    empty shard, which no draw reaches, is asked, and items a writer (whose answers
+    the learner never sees) puts in it are drawn once its answer comes."""
+    from replaybuffer.distributed.ray_shards import sampling
+
+    monkeypatch.setattr(sampling, "MASS_REFRESH_S", 0.2)
+    buffer = make(seed=8)
+    fill_shards(buffer, [10, 20, 0])
+    asked = [0] * SHARDS
+    handles = list(buffer._actors)
+    buffer._actors[:] = [CountingHandle(h, asked, i) for i, h in enumerate(handles)]
+    try:
+        stream = iter(buffer.as_dataset(8, prefetch=2))
+        next(stream)  # the first draw asks every shard (and waits): no mass known
+        asked[:] = [0] * SHARDS
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # several refresh periods
+            batch, _ = next(stream)
+            assert ((batch["x"] // 100) < 2).all()
+        assert asked[0] == asked[1] == 0 and asked[2] >= 1
+        writer = buffer.writer(2, chunk_steps=4)
+        writer.extend(items(200 + np.arange(4)[None]))
+        writer.flush()
+        deadline = time.monotonic() + 30.0
+        while not ((next(stream)[0]["x"] // 100) == 2).any():
+            assert time.monotonic() < deadline, "shard 2's new items never drawn"
+        assert asked[0] == asked[1] == 0
+    finally:
+        buffer._actors[:] = handles
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=12).filter(lambda m: sum(m) > 0),
+       st.integers(1, 40), st.integers(0, 2**32))
+def test_picked_shards_are_what_generator_choice_draws(mass, size, seed):
+    from replaybuffer.distributed.ray_shards.sampling import pick_shards
+
+    p = np.asarray(mass) / np.sum(mass)
+    expected = np.random.default_rng(seed).choice(len(p), size=size, p=p)
+    got = pick_shards(np.random.default_rng(seed), p, size)
+    np.testing.assert_array_equal(got, expected)
+    assert (p[got] > 0).all()

@@ -20,6 +20,12 @@ so a writer's chunks are sent when they hold ``--chunk-steps`` steps and at each
 episode's end (the shared workloads' random step types, 0-99, would end an episode
 about every 100 steps and send a chunk each time).
 
+CPU per sampled batch (Linux, :mod:`.process_cpu`): the learner, the shards together,
+the collectors' processes and Ray's own (GCS, raylet, idle workers), measured over the
+sampling run; and the CPU each shard spends while nothing calls it (1 s before the
+run: Ray's worker wakes every 10 ms to check for signals, whatever the actor). On a
+machine with fewer cores than processes, samples/s follow these sums.
+
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
 without a copy (they come back read-only: the row reports the share of the batch's
@@ -32,11 +38,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 from typing import Any
 
 import numpy as np
 
+from replaybuffer_bench.process_cpu import CpuMeter, descendants
 from replaybuffer_bench.processes import WORKLOADS, run_single
 from replaybuffer_bench.workloads import random_items
 
@@ -65,10 +73,12 @@ def episode(spec: Any, rng: np.random.Generator) -> Any:
     return items
 
 
-def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
+def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> tuple[int, int]:
     """Write episodes of :data:`EPISODE_STEPS` steps, ``extend`` calls of up to
     :data:`CHUNK` steps (the last of an episode shorter), for ``seconds``; the steps
-    sent."""
+    sent and the id of the process that sent them."""
+    import os
+
     from replaybuffer import nest
 
     rng = np.random.default_rng(seed)
@@ -83,7 +93,33 @@ def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> int:
         steps += sizes[k]
         k = (k + 1) % len(pieces)
     writer.flush()
-    return steps
+    return steps, os.getpid()
+
+
+def idle_shard_cpu(pids: list[int], seconds: float = 1.0) -> float | None:
+    """The CPU milliseconds per second each of the shard processes ``pids`` spends
+    while nothing calls it (their mean; ``None`` without ``/proc``)."""
+    meter = CpuMeter(pids)
+    meter.start()
+    time.sleep(seconds)
+    meter.stop()
+    spent = meter.spent(pids)
+    return None if spent is None else spent / len(pids) / seconds * 1e3
+
+
+def cpu_per_batch(meter: CpuMeter, learner: int, shards: list[int],
+                  collectors: set[int], batches: int) -> dict[str, float | None]:
+    """Microseconds of CPU per sampled batch of the learner, the shards together, the
+    collectors' processes and Ray's own (GCS, raylet, idle workers), as ``meter``
+    measured them."""
+    others = set(meter.pids) - {learner, *shards} - collectors
+    groups = {"learner": [learner], "shards": shards, "collectors": sorted(collectors),
+              "ray": sorted(others)}
+    out: dict[str, float | None] = {}
+    for name, pids in groups.items():
+        spent = meter.spent(pids)
+        out[name] = None if spent is None or not batches else spent / batches * 1e6
+    return out
 
 
 def run_ray(workload: str, shards: int, collectors: int, seconds: float,
@@ -119,7 +155,12 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         mapped = sum(leaf.nbytes for leaf in part.values() if not leaf.flags.writeable)
         zero_copy_share = mapped / sum(leaf.nbytes for leaf in part.values())
         batch_bytes = sum(leaf.nbytes for leaf in items.values())
+        shard_pids = [int(d["pid"]) for d in buffer.describe() if d is not None]
+        idle_ms = idle_shard_cpu(shard_pids)
+        learner = os.getpid()
+        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
         task = ray.remote(num_cpus=0)(_collect)
+        meter.start()
         start = time.perf_counter()
         runs = [task.remote(buffer.writer(k % shards, chunk_steps=chunk_steps), spec,
                             seconds, k)
@@ -132,22 +173,29 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             sampled += SAMPLE
         sample_seconds = time.perf_counter() - start
         stream.close()
-        inserted = sum(ray.get(runs))
+        collected = ray.get(runs)
         insert_seconds = time.perf_counter() - start
+        meter.stop()
+        inserted = sum(steps for steps, _ in collected)
+        # Collector tasks may start workers after the meter did: those are not counted.
+        cpu = cpu_per_batch(meter, learner, shard_pids, {pid for _, pid in collected},
+                            sampled // SAMPLE)
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
             "chunk_steps": chunk_steps, "batches_per_call": batches_per_call,
             "episode_steps": EPISODE_STEPS, "idle_get_next_ms": float(np.median(idle)) * 1e3,
             "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
-            "zero_copy_share": zero_copy_share, "seconds": seconds}
+            "zero_copy_share": zero_copy_share, "seconds": seconds,
+            "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms}
 
 
 def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
-             seconds: float = 2.0) -> dict[str, Any]:
+             seconds: float = 2.0, batches_per_call: int = 1) -> dict[str, Any]:
     """The learner alone (no collectors): the median of 100 ``get_next(256)`` over
-    ``shards`` control shards of 1000 items, then items/s from a dataset with
-    ``prefetch`` batches in flight for ``seconds``."""
+    ``shards`` control shards of 1000 items, the shards' CPU while nothing calls them
+    (1 s), then items/s and CPU per batch from a dataset with ``prefetch`` batches in
+    flight, started ``batches_per_call`` at a time, for ``seconds``."""
     from replaybuffer.distributed import RayReplayBuffer
 
     make_spec, capacity = WORKLOADS["control"]
@@ -165,41 +213,61 @@ def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
             t0 = time.perf_counter()
             b.get_next(SAMPLE)
             latencies.append(time.perf_counter() - t0)
-        stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch))
+        shard_pids = [int(d["pid"]) for d in b.describe() if d is not None]
+        idle_ms = idle_shard_cpu(shard_pids)
+        learner = os.getpid()
+        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
+        stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch,
+                                   batches_per_call=batches_per_call))
+        meter.start()
         sampled, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             next(stream)
             sampled += SAMPLE
         rate = sampled / (time.perf_counter() - start)
+        meter.stop()
         stream.close()
+        cpu = cpu_per_batch(meter, learner, shard_pids, set(), sampled // SAMPLE)
     return {"peer": "replaybuffer[ray] idle", "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
-            "get_next_ms": float(np.median(latencies)) * 1e3, "dataset_items_per_s": rate}
+            "batches_per_call": batches_per_call,
+            "get_next_ms": float(np.median(latencies)) * 1e3, "dataset_items_per_s": rate,
+            "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms}
+
+
+def format_cpu(row: dict[str, Any]) -> str:
+    """A row's CPU per sampled batch (learner / shards / collectors / Ray's own, us)
+    and an idle shard's CPU (ms/s); blank without ``/proc``."""
+    cpu = row.get("cpu_us_per_batch") or {}
+    parts = [cpu.get(name) for name in ("learner", "shards", "collectors", "ray")]
+    text = " / ".join("-" if v is None else f"{v:,.0f}" for v in parts)
+    idle = row.get("idle_shard_cpu_ms_per_s")
+    return text + ("" if idle is None else f" (idle shard {idle:.1f} ms/s)")
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     lines = ["| workload | buffer | shards | shards per batch | inserts/s | samples/s | "
-             "idle get_next(256) | batch bytes (mapped by ray.get) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "idle get_next(256) | batch bytes (mapped by ray.get) | CPU us per batch: "
+             "learner / shards / collectors / Ray's |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["peer"] == "replaybuffer[ray] idle":
             lines.append(f"| idle | {r['peer']} | {r['shards']} | {r['shards_per_batch']} "
                          f"| | {r['dataset_items_per_s']:,.0f} | {r['get_next_ms']:.2f} ms "
-                         "| |")
+                         f"| | {format_cpu(r)} |")
         elif r["peer"] == "replaybuffer[ray]":
             lines.append(f"| {r['workload']} | {r['peer']} | {r['shards']} | "
                          f"{r['shards_per_batch']} | {r['inserts_per_s']:,.0f} | "
                          f"{r['samples_per_s']:,.0f} | {r['idle_get_next_ms']:.2f} ms | "
-                         f"{r['batch_bytes']:,} ({r['zero_copy_share']:.1%}) |")
+                         f"{r['batch_bytes']:,} ({r['zero_copy_share']:.1%}) | "
+                         f"{format_cpu(r)} |")
         else:
             lines.append(f"| {r['workload']} | {r['peer']} | | | {r['inserts_per_s']:,.0f} "
-                         f"| {r['samples_per_s']:,.0f} | | |")
+                         f"| {r['samples_per_s']:,.0f} | | | |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     import ray
 
     parser = argparse.ArgumentParser(prog="replaybuffer bench --ray")
@@ -216,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-single", action="store_true",
                         help="skip the one-process row of each workload")
     parser.add_argument("--collectors", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="seconds per row (default 5; 2 for --idle's dataset)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -230,15 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
             for shards in [int(s) for s in args.shards.split(",") if s]:
                 rows.append(run_idle(shards, None if mode == "all" else int(mode),
-                                     args.prefetch))
+                                     args.prefetch, args.seconds or 2.0,
+                                     args.batches_per_call))
                 print(json.dumps(rows[-1]), flush=True)
         for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
             if not args.no_single:
-                rows.append(run_single(workload, args.seconds))
+                rows.append(run_single(workload, args.seconds or 5.0))
                 print(json.dumps(rows[-1]), flush=True)
             for mode in [m for m in args.shards_per_batch.split(",") if m]:
                 for shards in [int(s) for s in args.shards.split(",") if s]:
-                    rows.append(run_ray(workload, shards, args.collectors, args.seconds,
+                    rows.append(run_ray(workload, shards, args.collectors,
+                                        args.seconds or 5.0,
                                         None if mode == "all" else int(mode),
                                         args.prefetch, args.chunk_steps,
                                         args.batches_per_call))

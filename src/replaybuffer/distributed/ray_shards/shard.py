@@ -13,6 +13,7 @@ call it next makes, with no extra round.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -93,6 +94,19 @@ def seeded(seed: int) -> np.random.Generator:
     return generator
 
 
+def chunk_steps(ops: list[Op]) -> int:
+    """The steps a chunk's writes append (``add_batch`` and ``add``: one each)."""
+    steps = 0
+    for name, args, _ in ops:
+        if name == PACKED_EXTEND:
+            steps += int(args[2])
+        elif name == "extend":
+            steps += int(np.shape(nest.flatten(args[0])[0][0])[1])
+        else:
+            steps += 1
+    return steps
+
+
 __all__ = ["ShardActor", "INCARNATION_SHIFT", "LOCAL_MASK", "GAP_S", "Op", "Status",
            "PriorityUpdate", "PACKED_EXTEND", "WriteCall", "DrawCall", "DrawReply",
            "UpdateCall"]
@@ -146,6 +160,14 @@ class ShardActor:
         # Chunks a process before this one applied: counted above, never again when a
         # writer reports them lost (it saw no answer, not that they were not applied).
         self.applied_before = self.files.applied()
+        # Chunks the previous process held (come ahead of an earlier one): lost with
+        # it, counted here once, so that a writer that never calls again has them in
+        # the client's losses; not counted again when a writer reports them.
+        self.held_before: dict[int, set[int]] = {}
+        for key, (seqs, steps) in self.files.take_held().items():
+            self.steps_lost += steps
+            self.held_before[key] = seqs
+        self.holding: set[str] = set()  # writers whose held chunks the home records
         self.buffer = buffer
         self.packing = ChunkPacking(buffer.data_spec)
         self.draw_packing = draw_packing(buffer.data_spec)
@@ -164,7 +186,8 @@ class ShardActor:
         ``rows`` (the buffer's ``batch_size``), ``mass`` (for windows of
         ``num_steps``), ``restored_last_id``, ``steps_lost``, ``class``, ``limiter``
         (its class name or ``None``), ``consumes``, ``data_spec``, ``beta``,
-        ``saved_last_id`` and ``status``."""
+        ``saved_last_id``, ``status`` and ``pid`` (the process's id, for tools that
+        measure a shard's CPU)."""
         b = self.buffer
         limiter = b.rate_limiter
         return {"index": self.index, "incarnation": self.incarnation, "last_id": b.last_id,
@@ -175,7 +198,7 @@ class ShardActor:
                 "limiter": None if limiter is None else type(limiter).__name__,
                 "consumes": isinstance(b, FIFOReplayBuffer), "data_spec": b.data_spec,
                 "beta": getattr(b, "beta", None), "saved_last_id": self.saved_last_id,
-                "status": self.status()}
+                "status": self.status(), "pid": os.getpid()}
 
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
         """The sampling mass for windows of each of ``keys`` steps (``None``: 1)."""
@@ -222,8 +245,11 @@ class ShardActor:
         no process of this shard applied (those it applied after its last checkpoint
         are counted by the mark already)."""
         if lost:
-            applied = self.applied_before.get(writer_key(writer), -1)
-            self.steps_lost += sum(steps for seq, steps in lost if seq > applied)
+            key = writer_key(writer)
+            applied = self.applied_before.get(key, -1)
+            counted = self.held_before.get(key, set())
+            self.steps_lost += sum(steps for seq, steps in lost
+                                   if seq > applied and seq not in counted)
 
     def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
         """Apply ``chunks`` in order (of ``writer``, whose newest applied chunk is then
@@ -240,6 +266,16 @@ class ShardActor:
         if writer is not None and chunks:
             self.files.record_applied(writer_key(writer),
                                       self.order.next_seq.get(writer, 0) - 1)
+        held = None if writer is None else self.order.held.get(writer)
+        if held or writer in self.holding:
+            assert writer is not None
+            self.files.record_held(writer_key(writer),
+                                   {seq: chunk_steps(ops) for seq, ops in held.items()}
+                                   if held else {})
+            if held:
+                self.holding.add(writer)
+            else:
+                self.holding.discard(writer)
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             # ray.method types save as a remote method; in the actor it is a plain one.
@@ -376,6 +412,8 @@ class ShardActor:
         self.files.forget_applied()
         self.files.round_robin = False
         self.applied_before = {}
+        self.held_before = {}
+        self.holding.clear()
         self.files.mark = self.saved_last_id = self.buffer.last_id
         if self.root is not None:
             self.save()  # type: ignore[operator]

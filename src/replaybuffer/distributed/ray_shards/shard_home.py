@@ -11,8 +11,11 @@ can say what it lost and resume where it stood.
   chunk of its writes applied: a writer whose chunk was lost on its way back (the
   process died after applying it, before answering) reports it lost, and the next
   process counts it only if no process before it applied it (the mark counts it
-  otherwise); and whether round-robin writes came since the last clear (windows over
-  them are refused).
+  otherwise); whether round-robin writes came since the last clear (windows over
+  them are refused); and, per writer, the chunks the process holds (come ahead of an
+  earlier one, see :mod:`.ordering`): the next process counts their steps lost at its
+  start (:meth:`ShardHome.take_held`), so a writer that never calls again still has
+  its loss in the client's ``losses``, and not again when the writer reports them.
 - ``limiter/<last_id>.json``: the rate limiter's counters saved with each checkpoint
   (checkpoints save the buffer, not its limiter), restored with it.
 
@@ -40,8 +43,16 @@ reported lost are counted whether or not they were applied."""
 
 _MARK_WORDS = 2 + 2 * WRITER_SLOTS
 """int64 words of the mark file: the mark, whether round-robin writes came (1) since
-the shard was last cleared, then per slot the writer's key and ``1 +`` its newest
-applied chunk's number (0: a free slot)."""
+the shard was last cleared, then per slot the writer's key (0: a free slot) and ``1 +``
+its newest applied chunk's number (0: none)."""
+_HELD_WORDS = 3 * WRITER_SLOTS
+"""int64 words after those: per slot, the chunks the process holds for the writer:
+``origin``, a mask (bit ``j``: chunk ``origin + j`` is held) and their steps. Files of
+an earlier layout grow with zeros: nothing held."""
+HELD_SPAN = 63
+"""Held chunks recorded per writer: those within this many numbers of its first held
+one (a writer's chunks in flight are far fewer); one further out is left to the
+writer's own report."""
 
 
 class ShardHome:
@@ -58,16 +69,17 @@ class ShardHome:
         home.mkdir(parents=True, exist_ok=True)
         path = home / "mark"
         fresh = not path.exists()
-        size = 8 * _MARK_WORDS
+        size = 8 * (_MARK_WORDS + _HELD_WORDS)
         with open(path, "a+b") as fh:
             if fresh or os.path.getsize(path) < size:
                 fh.truncate(size)  # zeros past a shorter file: no writer recorded
                 fh.flush()
             self._map = mmap.mmap(fh.fileno(), size)
-        words = np.frombuffer(self._map, np.int64, _MARK_WORDS)
+        words = np.frombuffer(self._map, np.int64, _MARK_WORDS + _HELD_WORDS)
         self._mark = words[:1]
         self._round_robin = words[1:2]
-        self._writers = words[2:].reshape(WRITER_SLOTS, 2)
+        self._writers = words[2:_MARK_WORDS].reshape(WRITER_SLOTS, 2)
+        self._held = words[_MARK_WORDS:].reshape(WRITER_SLOTS, 3)
         self._slots: dict[int, int] = {}
         if fresh:
             self._mark[0] = -1
@@ -106,27 +118,66 @@ class ShardHome:
         writes any process of this shard applied (writers not recorded are absent)."""
         return {int(key): int(seq) - 1 for key, seq in self._writers if seq}
 
-    def record_applied(self, writer: int, seq: int) -> None:
-        """Record that the chunks of ``writer`` (a :func:`writer_key`) up to ``seq``
-        are applied: one memory store (a slot is found once per writer)."""
+    def _slot(self, writer: int) -> int | None:
+        """``writer``'s slot, taken if it has none (``None``: every slot is taken)."""
         slot = self._slots.get(writer)
         if slot is None:
             keys = self._writers[:, 0]
-            found = np.flatnonzero((keys == writer) & (self._writers[:, 1] > 0))
-            free = np.flatnonzero(self._writers[:, 1] == 0)
+            found = np.flatnonzero(keys == writer)
+            free = np.flatnonzero(keys == 0)
             if len(found):
                 slot = int(found[0])
             elif len(free):
                 slot = int(free[0])
                 self._writers[slot, 0] = writer
             else:
-                return  # no room: this writer's lost chunks are counted in full
+                return None
             self._slots[writer] = slot
+        return slot
+
+    def record_applied(self, writer: int, seq: int) -> None:
+        """Record that the chunks of ``writer`` (a :func:`writer_key`) up to ``seq``
+        are applied: one memory store (a slot is found once per writer)."""
+        slot = self._slot(writer)
+        if slot is None:
+            return  # no room: this writer's lost chunks are counted in full
         self._writers[slot, 1] = max(int(self._writers[slot, 1]), seq + 1)
+
+    def record_held(self, writer: int, held: dict[int, int]) -> None:
+        """Record the chunks of ``writer`` this process holds: ``held`` maps each
+        one's number to its steps (empty: none). Those more than :data:`HELD_SPAN`
+        past the first are not recorded (the writer reports them)."""
+        slot = self._slot(writer) if held else self._slots.get(writer)
+        if slot is None:
+            return
+        row = self._held[slot]
+        if not held:
+            if row[1]:
+                row[:] = 0
+            return
+        origin = min(held)
+        mask = steps = 0
+        for seq, count in held.items():
+            if seq - origin < HELD_SPAN:
+                mask |= 1 << (seq - origin)
+                steps += count
+        row[0], row[1], row[2] = origin, mask, steps
+
+    def take_held(self) -> dict[int, tuple[set[int], int]]:
+        """Per writer key, the chunks an earlier process held (their numbers and
+        steps), forgotten here: the caller counts them once."""
+        out: dict[int, tuple[set[int], int]] = {}
+        for slot in np.flatnonzero(self._held[:, 1]):
+            origin, mask, steps = (int(v) for v in self._held[slot])
+            seqs = {origin + j for j in range(HELD_SPAN) if mask >> j & 1}
+            out[int(self._writers[slot, 0])] = (seqs, steps)
+            self._held[slot] = 0
+        return out
 
     def forget_applied(self) -> None:
         """Forget every writer's record (a clear starts the shard afresh)."""
         self._writers[:] = 0
+        self._held[:] = 0
         self._slots.clear()
 
     def save_limiter(self, last_id: int, state: dict[str, Any], keep: int) -> None:
