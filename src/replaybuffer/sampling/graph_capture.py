@@ -1,5 +1,5 @@
 """Recording a sequence of device work once and running it again: a CUDA graph, or
-its CPU twin that runs the recorded callable eagerly.
+its CPU twin that replays the ops recorded (or, the older twin, reruns the callable).
 
 A :class:`Capture` records ``fn`` (a callable that reads its inputs from one int64
 0-d tensor, ``scalar``, and writes its results into one static tensor, ``output``,
@@ -14,9 +14,23 @@ other than the default one), so each replay draws what an eager run from the
 generator's state at that moment would, and advances the generator's offset as that
 run would: ``get_state``/``set_state`` keep meaning what they mean eagerly.
 
-:class:`EagerCapture` is the same protocol on any device: ``run`` calls ``fn``. It is
-how the logic around a capture (static buffers, in-place inputs, copies out,
-invalidation, generator state) is exercised where no GPU is.
+:class:`TracedCapture` is the CPU twin of a graph, faithful to what a graph freezes:
+``record`` runs ``fn`` once while :class:`OpTrace` notes every aten op it dispatches,
+and ``run`` replays those ops without calling ``fn`` again. As in a graph, tensors that
+existed before the recording are bound by identity (a graph binds their addresses:
+one replaced rather than written in place is not seen), tensors made by the trace's
+own ops are the replay's fresh ones, and Python numbers, shapes and generators are the
+ones seen at record time (a host value computed from buffer state is frozen). A
+registered generator's offset advances per replay in a graph; here the same generator
+object draws afresh per replay, so recorded and eager draws stay bit for bit the same.
+A host read while recording (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``,
+``.cpu()``, an op whose result size depends on data) raises ``RuntimeError``, as it
+fails a CUDA graph's capture. The buffers' CPU path (``capture_samples`` on CPU torch
+storage) records into it.
+
+:class:`EagerCapture` is the same protocol calling ``fn`` on every run: it freezes
+nothing, so it checks only the logic around a capture (static buffers, in-place
+inputs, copies out); kept for tests that count on a sequence being rerun.
 """
 
 from __future__ import annotations
@@ -24,6 +38,9 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
 class Capture(Protocol):
@@ -119,3 +136,145 @@ class CudaGraphCapture:
         self._done.record(stream)
         self._last_stream = stream
         return out
+
+
+# Tensor methods that read a tensor's values back to the host without an aten op the
+# dispatch mode would see (``.item()`` and ``bool(t)`` reach _local_scalar_dense, seen
+# there too). ``.cpu()`` is a no-op on the CPU but a device-to-host copy on a GPU.
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__,
+               torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.__bool__,
+               torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
+# Aten ops whose result's size depends on the data: the host must read it (a sync,
+# refused by a graph's capture; replayed, the twin would differ from any graph).
+_DATA_SIZED = {"nonzero", "unique", "_unique", "_unique2", "unique_dim",
+               "unique_consecutive", "masked_select", "bincount", "histc",
+               "repeat_interleave", "_local_scalar_dense", "equal", "is_nonzero",
+               "allclose"}
+
+
+class HostReadError(RuntimeError):
+    """A recorded callable read a device value on the host (refused, as by a graph)."""
+
+
+class _RefuseHostReads(TorchFunctionMode):
+    """Refuses the tensor methods of :data:`_HOST_READS` while a trace is recorded."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if func in _HOST_READS:
+            raise HostReadError(f"a recorded sequence read a tensor on the host "
+                                f"(Tensor.{func.__name__}): a CUDA graph cannot, and "
+                                f"would freeze the value seen while it was captured")
+        return func(*args, **(kwargs or {}))
+
+
+class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's untyped hook
+    """The aten ops a callable dispatches, noted while it runs (a dispatch mode), and
+    replayed without it.
+
+    Each op is noted as its overload, its arguments flattened (``torch.utils._pytree``)
+    with every tensor made by an earlier op of the trace replaced by that op's output
+    slot (one slot per flattened output of every op). Any other argument (a tensor that
+    existed before, or one made outside the dispatcher such as a constant, a Python
+    number, a shape, a dtype, a device, a ``torch.Generator``) is kept as the object
+    seen. :meth:`replay` runs the ops in order with the slots filled by the replay's
+    own outputs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        # Per op: (overload, flat arguments, pytree spec, [(leaf index, slot)]).
+        self.ops: list[tuple[Any, list[Any], Any, list[tuple[int, int]]]] = []
+        self._slot_of: dict[int, int] = {}  # id(tensor) -> slot, while recording
+        self._made: list[Any] = []  # slot -> output (kept: ids stay unique)
+        # Each generator an op drew from, and its state before the first such op.
+        self._generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        leaves, spec = tree_flatten((args, kwargs))
+        if name in _DATA_SIZED or (name in ("index", "index_put", "index_put_") and any(
+                isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in leaves)):
+            raise HostReadError(f"a recorded sequence ran {func}, whose result depends "
+                                f"on reading device values on the host: a CUDA graph "
+                                f"cannot record it")
+        links = [(i, self._slot_of[id(x)]) for i, x in enumerate(leaves)
+                 if isinstance(x, torch.Tensor) and id(x) in self._slot_of]
+        for x in leaves:
+            if isinstance(x, torch.Generator) and id(x) not in self._generators:
+                self._generators[id(x)] = (x, x.get_state())
+        constants = list(leaves)
+        for i, _ in links:
+            constants[i] = None  # filled at replay
+        result = func(*args, **kwargs)
+        outputs, _ = tree_flatten(result)
+        for out in outputs:
+            if not isinstance(out, torch.Tensor) and out is not None:
+                raise HostReadError(f"a recorded sequence read {func}'s result on the "
+                                    f"host ({type(out).__name__}): a CUDA graph cannot")
+            if isinstance(out, torch.Tensor) and id(out) not in self._slot_of:
+                self._slot_of[id(out)] = len(self._made)
+            self._made.append(out)  # slot per output position, in order
+        self.ops.append((func, constants, spec, links))
+        return result
+
+    def finish(self) -> None:
+        """Recording is over: forget the recording's own tensors (replays make theirs)
+        and put back the state each generator had before it (a graph's capture draws
+        nothing either)."""
+        self._slot_of.clear()
+        self._made.clear()
+        for generator, state in self._generators.values():
+            generator.set_state(state)
+        self._generators.clear()
+
+    def replay(self) -> None:
+        """Run the noted ops in order, each tensor made by an earlier op of the trace
+        replaced by this replay's."""
+        made: list[Any] = []
+        for func, constants, spec, links in self.ops:
+            leaves = list(constants) if links else constants
+            for i, slot in links:
+                leaves[i] = made[slot]
+            args, kwargs = tree_unflatten(leaves, spec)
+            outputs, _ = tree_flatten(func(*args, **kwargs))
+            made.extend(outputs)
+
+
+class TracedCapture:
+    """:class:`Capture` as a replay of the aten ops ``fn`` ran once (:class:`OpTrace`):
+    the CPU twin of :class:`CudaGraphCapture` that freezes what a graph freezes
+    (module docstring).
+
+    Recording runs ``fn`` for real (as a graph's warm-up does) and then puts back the
+    state of every ``torch.Generator`` it drew from, so recording draws nothing.
+
+    Raises:
+        RuntimeError: (:class:`HostReadError`) ``fn`` read a device value on the host
+            while it was recorded.
+    """
+
+    def __init__(self) -> None:
+        self._trace: OpTrace | None = None
+        self._scalar: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None
+
+    def record(self, fn: Callable[[], None], scalar: torch.Tensor,
+               output: torch.Tensor) -> None:
+        trace = OpTrace()
+        try:
+            with _RefuseHostReads(), trace:
+                fn()
+        finally:
+            trace.finish()  # the generators' states put back, failed or not
+        self._trace, self._scalar, self._output = trace, scalar, output
+
+    def run(self, value: int) -> torch.Tensor:
+        assert self._trace is not None and self._scalar is not None and \
+            self._output is not None, "run before record"
+        self._scalar.fill_(value)
+        self._trace.replay()
+        return self._output.clone()
+
