@@ -138,7 +138,8 @@ def test_a_host_read_while_recording_raises(name, read):
 
 
 ops = st.lists(st.sampled_from(["add_scalar", "mul_in_place", "draw", "sort", "cumsum",
-                                "index_select", "where", "view"]), min_size=1, max_size=12)
+                                "index_select", "where", "view", "index_put", "stack"]),
+               min_size=1, max_size=12)
 
 
 @settings(max_examples=40, deadline=None)
@@ -170,6 +171,11 @@ def test_a_callable_reading_no_host_state_replays_what_eager_calls_give(program,
                     t = torch.index_select(table, 0, torch.remainder(t, 8)) + t
                 elif op == "where":
                     t = torch.where(t > scalar, t, -t)
+                elif op == "index_put":  # intermediates inside a list argument
+                    t = torch.zeros_like(t).index_put_((torch.remainder(t, 8),), t,
+                                                       accumulate=True)
+                elif op == "stack":
+                    t = torch.stack([t, table]).sum(0)
                 else:
                     t = t.view(2, 4).flip(1).reshape(8)
             output.copy_(t)

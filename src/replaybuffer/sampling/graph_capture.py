@@ -183,8 +183,9 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        # Per op: (overload, flat arguments, pytree spec, [(leaf index, slot)]).
-        self.ops: list[tuple[Any, list[Any], Any, list[tuple[int, int]]]] = []
+        # Per op, :func:`_noted`'s (overload, arguments, keyword arguments, links,
+        # pytree spec or None).
+        self.ops: list[tuple[Any, Any, Any, list[tuple[int, Any, int]], Any]] = []
         self._slot_of: dict[int, int] = {}  # id(tensor) -> slot, while recording
         self._made: list[Any] = []  # slot -> output (kept: ids stay unique)
         # Each generator an op drew from, and its state before the first such op.
@@ -194,20 +195,16 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        leaves, spec = tree_flatten((args, kwargs))
+        leaves, _ = tree_flatten((args, kwargs))
         if name in _DATA_SIZED or (name in ("index", "index_put", "index_put_") and any(
                 isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in leaves)):
             raise HostReadError(f"a recorded sequence ran {func}, whose result depends "
                                 f"on reading device values on the host: a CUDA graph "
                                 f"cannot record it")
-        links = [(i, self._slot_of[id(x)]) for i, x in enumerate(leaves)
-                 if isinstance(x, torch.Tensor) and id(x) in self._slot_of]
+        noted = _noted(func, args, kwargs, self._slot_of)  # before the op maps outputs
         for x in leaves:
             if isinstance(x, torch.Generator) and id(x) not in self._generators:
                 self._generators[id(x)] = (x, x.get_state())
-        constants = list(leaves)
-        for i, _ in links:
-            constants[i] = None  # filled at replay
         result = func(*args, **kwargs)
         outputs, _ = tree_flatten(result)
         for out in outputs:
@@ -217,7 +214,7 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
             if isinstance(out, torch.Tensor) and id(out) not in self._slot_of:
                 self._slot_of[id(out)] = len(self._made)
             self._made.append(out)  # slot per output position, in order
-        self.ops.append((func, constants, spec, links))
+        self.ops.append(noted)
         return result
 
     def finish(self) -> None:
@@ -234,13 +231,52 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
         """Run the noted ops in order, each tensor made by an earlier op of the trace
         replaced by this replay's."""
         made: list[Any] = []
-        for func, constants, spec, links in self.ops:
-            leaves = list(constants) if links else constants
-            for i, slot in links:
-                leaves[i] = made[slot]
-            args, kwargs = tree_unflatten(leaves, spec)
-            outputs, _ = tree_flatten(func(*args, **kwargs))
-            made.extend(outputs)
+        for func, args, kwargs, links, spec in self.ops:
+            if spec is None:  # every link a top-level argument: no pytree per op
+                args, kwargs = list(args), dict(kwargs)
+                for where, key, slot in links:
+                    (args if where == 0 else kwargs)[key] = made[slot]
+            else:
+                leaves = list(args)
+                for _, i, slot in links:
+                    leaves[i] = made[slot]
+                args, kwargs = tree_unflatten(leaves, spec)
+            result = func(*args, **kwargs)
+            if isinstance(result, torch.Tensor):
+                made.append(result)
+            else:
+                made.extend(tree_flatten(result)[0])
+
+
+def _noted(func: Any, args: Any, kwargs: dict[str, Any], slot_of: dict[int, int]
+           ) -> tuple[Any, Any, Any, list[tuple[int, Any, int]], Any]:
+    """One op as :meth:`OpTrace.replay` runs it, each tensor argument made by the trace
+    (``slot_of``: id -> slot) linked to its slot and held as ``None`` (filled per
+    replay): ``(func, args, kwargs, [(0, position, slot) or (1, keyword, slot)],
+    None)`` where every linked tensor is a top-level argument (most ops: a replay then
+    needs no pytree), else ``(func, flat leaves, None, [(0, leaf index, slot)],
+    spec)`` (one inside a list: ``index_put_``'s indices, ``cat``'s inputs)."""
+    def slot(x: Any) -> int | None:
+        return slot_of.get(id(x)) if isinstance(x, torch.Tensor) else None
+
+    top: list[tuple[int, Any, int]] = []
+    flat_args, flat_kwargs = list(args), dict(kwargs)
+    for where, items, held in ((0, enumerate(args), flat_args),
+                               (1, kwargs.items(), flat_kwargs)):
+        for key, x in items:
+            k = slot(x)
+            if k is not None:
+                top.append((where, key, k))
+                held[key] = None  # type: ignore[index]
+            elif isinstance(x, (list, tuple)) and any(
+                    slot(y) is not None for y in tree_flatten(x)[0]):
+                leaves, spec = tree_flatten((args, kwargs))
+                links = [(0, i, k) for i, y in enumerate(leaves)
+                         if (k := slot(y)) is not None]
+                for _, i, _ in links:
+                    leaves[i] = None
+                return func, leaves, None, links, spec
+    return func, tuple(flat_args), flat_kwargs, top, None
 
 
 class TracedCapture:
