@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from replaybuffer.sampling.graph_capture import (EagerCapture, HostReadError,  # noqa: E402
+from replaybuffer.sampling.graph_capture import (EagerCapture,  # noqa: E402
+                                                 EscapedTensorError, HostReadError,
                                                  TracedCapture)
 
 
@@ -135,6 +136,50 @@ def test_a_host_read_while_recording_raises(name, read):
     assert isinstance(caught.value, RuntimeError)  # what captured_reads catches
     assert torch.equal(generator.get_state(), before)  # put back, failed or not
     assert torch.arange(3).sum().item() == 3  # no mode left behind
+
+
+class LazyScratch:
+    """Scratch made at its first use and kept (as TorchPrefixSums makes its
+    ``_hold_empty`` scratch): made inside a recording, it is the graph pool's memory."""
+
+    def __init__(self):
+        self.scratch = None
+
+    def use(self, t):
+        if self.scratch is None:
+            self.scratch = torch.zeros_like(t)
+        return self.scratch.copy_(t).add_(1)
+
+
+def test_a_tensor_made_in_the_recording_and_kept_after_it_raises():
+    scalar, output = scalar_and_output()
+    lazy = LazyScratch()
+
+    def fn():
+        output.copy_(lazy.use(torch.arange(4) + scalar))
+
+    with pytest.raises(EscapedTensorError, match=r"shape \(4,\).*still referenced"):
+        TracedCapture().record(fn, scalar, output)
+    assert isinstance(EscapedTensorError("x"), RuntimeError)  # captured_reads' fallback
+    lazy.use(torch.zeros(4, dtype=torch.int64))  # made before recording: bound, fine
+    capture = TracedCapture()
+    capture.record(fn, scalar, output)
+    assert capture.run(2).tolist() == [3, 4, 5, 6]
+    assert lazy.scratch.tolist() == [3, 4, 5, 6]  # written in place by the replay
+
+
+def test_a_view_of_existing_memory_kept_after_the_recording_is_fine():
+    table = torch.arange(6)
+    kept = {}
+    scalar, output = scalar_and_output(2)
+
+    def fn():
+        kept["head"] = table[:2]  # a view: the table's memory, not the recording's
+        output.copy_(kept["head"] + scalar)
+
+    capture = TracedCapture()
+    capture.record(fn, scalar, output)
+    assert capture.run(1).tolist() == [1, 2]
 
 
 ops = st.lists(st.sampled_from(["add_scalar", "mul_in_place", "draw", "sort", "cumsum",

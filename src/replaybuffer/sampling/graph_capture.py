@@ -25,7 +25,9 @@ registered generator's offset advances per replay in a graph; here the same gene
 object draws afresh per replay, so recorded and eager draws stay bit for bit the same.
 A host read while recording (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``,
 ``.cpu()``, an op whose result size depends on data) raises ``RuntimeError``, as it
-fails a CUDA graph's capture. The buffers' CPU path (``capture_samples`` on CPU torch
+fails a CUDA graph's capture; so does a tensor allocated while recording that is
+still referenced after it (a scratch tensor made lazily and kept on an object): in a
+graph it is the pool's memory, empty until a replay and rewritten by every one. The buffers' CPU path (``capture_samples`` on CPU torch
 storage) records into it.
 
 :class:`EagerCapture` is the same protocol calling ``fn`` on every run: it freezes
@@ -35,6 +37,7 @@ inputs, copies out); kept for tests that count on a sequence being rerun.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
@@ -156,6 +159,12 @@ class HostReadError(RuntimeError):
     """A recorded callable read a device value on the host (refused, as by a graph)."""
 
 
+class EscapedTensorError(RuntimeError):
+    """A tensor a recorded callable allocated is still referenced once the recording
+    ends (kept on an object, say): in a graph it lives in the graph's memory pool, is
+    filled only by a replay and rewritten by every later one."""
+
+
 class _RefuseHostReads(TorchFunctionMode):
     """Refuses the tensor methods of :data:`_HOST_READS` while a trace is recorded."""
 
@@ -188,6 +197,12 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
         self.ops: list[tuple[Any, Any, Any, list[tuple[int, Any, int]], Any]] = []
         self._slot_of: dict[int, int] = {}  # id(tensor) -> slot, while recording
         self._made: list[Any] = []  # slot -> output (kept: ids stay unique)
+        # Slots of tensors in memory the recording allocated (not an argument's that
+        # existed before: views of, or writes to, that are bound like it), and where.
+        self._fresh: list[int] = []
+        self._fresh_memory: set[int] = set()
+        # Those still referenced when the recording ended (finish), by slot.
+        self.escaped: list[tuple[torch.Tensor, int]] = []
         # Each generator an op drew from, and its state before the first such op.
         self._generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
@@ -207,12 +222,18 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
                 self._generators[id(x)] = (x, x.get_state())
         result = func(*args, **kwargs)
         outputs, _ = tree_flatten(result)
+        memory = {x.untyped_storage().data_ptr() for x in leaves
+                  if isinstance(x, torch.Tensor)}
         for out in outputs:
             if not isinstance(out, torch.Tensor) and out is not None:
                 raise HostReadError(f"a recorded sequence read {func}'s result on the "
                                     f"host ({type(out).__name__}): a CUDA graph cannot")
             if isinstance(out, torch.Tensor) and id(out) not in self._slot_of:
                 self._slot_of[id(out)] = len(self._made)
+                where = out.untyped_storage().data_ptr()
+                if out.numel() and (where not in memory or where in self._fresh_memory):
+                    self._fresh_memory.add(where)  # views of it (a detach) count too
+                    self._fresh.append(len(self._made))
             self._made.append(out)  # slot per output position, in order
         self.ops.append(noted)
         return result
@@ -221,11 +242,30 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's un
         """Recording is over: forget the recording's own tensors (replays make theirs)
         and put back the state each generator had before it (a graph's capture draws
         nothing either)."""
+        fresh = [(weakref.ref(self._made[k]), k) for k in self._fresh]
         self._slot_of.clear()
         self._made.clear()
+        self._fresh.clear()
+        self._fresh_memory.clear()
         for generator, state in self._generators.values():
             generator.set_state(state)
         self._generators.clear()
+        self.escaped = [(t, k) for r, k in fresh if (t := r()) is not None]
+
+    def refuse_escapes(self) -> None:
+        """Raise where a tensor the recording allocated outlived it (:meth:`finish`
+        found it still referenced).
+
+        Raises:
+            EscapedTensorError: the first such tensor, by the op that made it.
+        """
+        if self.escaped:
+            t, k = self.escaped[0]
+            raise EscapedTensorError(
+                f"a tensor the recorded sequence made (shape {tuple(t.shape)}, "
+                f"{t.dtype}, output {k} of the recording) is still referenced after it: "
+                f"in a CUDA graph it is filled only by a replay and rewritten by each "
+                f"one; make it before recording and write it in place")
 
     def replay(self) -> None:
         """Run the noted ops in order, each tensor made by an earlier op of the trace
@@ -289,7 +329,8 @@ class TracedCapture:
 
     Raises:
         RuntimeError: (:class:`HostReadError`) ``fn`` read a device value on the host
-            while it was recorded.
+            while it was recorded, or (:class:`EscapedTensorError`) a tensor it
+            allocated is still referenced after it.
     """
 
     def __init__(self) -> None:
@@ -305,6 +346,7 @@ class TracedCapture:
                 fn()
         finally:
             trace.finish()  # the generators' states put back, failed or not
+        trace.refuse_escapes()
         self._trace, self._scalar, self._output = trace, scalar, output
 
     def run(self, value: int) -> torch.Tensor:
