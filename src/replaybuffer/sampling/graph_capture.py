@@ -27,12 +27,13 @@ A host read while recording (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()
 ``.cpu()``, an op whose result size depends on data) raises ``RuntimeError``, as it
 fails a CUDA graph's capture; so does a tensor allocated while recording that is
 still referenced after it (a scratch tensor made lazily and kept on an object): in a
-graph it is the pool's memory, empty until a replay and rewritten by every one. The buffers' CPU path (``capture_samples`` on CPU torch
-storage) records into it.
+graph it is the pool's memory, empty until a replay and rewritten by every one. The
+buffers' CPU path (``capture_samples`` on CPU torch storage) records into it.
 
 :class:`EagerCapture` is the same protocol calling ``fn`` on every run: it freezes
 nothing, so it checks only the logic around a capture (static buffers, in-place
-inputs, copies out); kept for tests that count on a sequence being rerun.
+inputs, copies out); kept as the simplest :class:`Capture` (a test's stand-in, and
+the reference the traced twin is checked against).
 """
 
 from __future__ import annotations
@@ -149,10 +150,9 @@ _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__,
                torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
 # Aten ops whose result's size depends on the data: the host must read it (a sync,
 # refused by a graph's capture; replayed, the twin would differ from any graph).
+# (A Python number or bool as an op's result is refused too, whatever the op.)
 _DATA_SIZED = {"nonzero", "unique", "_unique", "_unique2", "unique_dim",
-               "unique_consecutive", "masked_select", "bincount", "histc",
-               "repeat_interleave", "_local_scalar_dense", "equal", "is_nonzero",
-               "allclose"}
+               "unique_consecutive", "masked_select", "bincount", "_local_scalar_dense"}
 
 
 class HostReadError(RuntimeError):
