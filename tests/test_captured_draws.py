@@ -159,6 +159,9 @@ def test_growth_and_wrap_around_need_no_new_recording(monkeypatch):
         batch = draw_both(a, b, 64, 1)
         seen.update(batch[1].ids[:, 0].tolist())
     assert len(made) == 1
+    # Served by the twin that freezes host values (TracedCapture), so the growing head
+    # is read from its device scalar, as a graph's replay reads it.
+    assert type(made[0].capture).__name__ == "TracedCapture"
     # The newest windows are drawn once written: ids up to the last, none overwritten.
     assert max(seen) == a._ring.last_id and min(seen) >= 0
     assert min(batch[1].ids[:, 0].tolist()) >= a._ring.last_id - 4
