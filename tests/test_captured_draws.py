@@ -1,9 +1,10 @@
 """Uniform samples from recorded draws (``capture_samples``: buffers/captured_reads.py,
 sampling/captured_draws.py, sampling/graph_capture.py).
 
-On the CPU the recordings are the eager twin of the CUDA graph (the same static
-buffers, in-place write head, copies out, invalidation and generator), checked byte
-for byte against the eager device path of a twin buffer built with the same seed.
+On the CPU the recordings are the traced twin of the CUDA graph (graph_capture.
+TracedCapture: the same static buffers, in-place write head, copies out, invalidation
+and generator, and host values frozen at record time as a graph freezes them), checked
+byte for byte against the eager device path of a twin buffer built with the same seed.
 The tests named ``..._cuda`` run the real CUDA graph where torch sees a GPU
 (``benchmarks/gpu_check.sh`` runs them) and are skipped elsewhere.
 """
@@ -158,6 +159,9 @@ def test_growth_and_wrap_around_need_no_new_recording(monkeypatch):
         batch = draw_both(a, b, 64, 1)
         seen.update(batch[1].ids[:, 0].tolist())
     assert len(made) == 1
+    # Served by the twin that freezes host values (TracedCapture), so the growing head
+    # is read from its device scalar, as a graph's replay reads it.
+    assert type(made[0].capture).__name__ == "TracedCapture"
     # The newest windows are drawn once written: ids up to the last, none overwritten.
     assert max(seen) == a._ring.last_id and min(seen) >= 0
     assert min(batch[1].ids[:, 0].tolist()) >= a._ring.last_id - 4
@@ -325,6 +329,35 @@ def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
     required.add_batch(x)
     required.get_next(3)
     with pytest.raises(RuntimeError, match="capture_samples=True.*no capture here"):
+        required.get_next(3)
+
+
+def test_a_recording_that_reads_the_host_warns_and_stays_eager(monkeypatch):
+    """The CPU twin refuses a host read while recording, as a graph's capture does:
+    the buffer warns and samples eagerly (or raises, with capture_samples=True)."""
+    sequence = captured_draws.CapturedUniformDraw._sequence
+
+    def reads_the_head(self):
+        if int(self.last_id) >= 0:  # a host read: frozen, or refused, in a graph
+            sequence(self)
+
+    monkeypatch.setattr(captured_draws.CapturedUniformDraw, "_sequence", reads_the_head)
+    a, b = make(True), make(False)
+    a._captures.required = False  # as capture_samples=None would have it
+    rng = np.random.default_rng(6)
+    for _ in range(5):
+        x = items(rng, 2)
+        a.add_batch(x)
+        b.add_batch(x)
+    draw_both(a, b, 3, 2)
+    with pytest.warns(RuntimeWarning, match=r"read a tensor on the host \(Tensor.__int__\)"):
+        draw_both(a, b, 3, 2)
+    draw_both(a, b, 3, 2)
+    assert not a._captures.draws
+    required = make(True)
+    required.add_batch(x)
+    required.get_next(3)
+    with pytest.raises(RuntimeError, match="capture_samples=True.*on the host"):
         required.get_next(3)
 
 

@@ -1,9 +1,10 @@
 """Prioritized samples from recorded draws (``PrioritizedReplayBuffer(capture_samples=)``:
 sampling/captured_prioritized.py, buffers/captured_reads.py).
 
-On the CPU the recordings are the eager twin of the CUDA graph, checked byte for byte
-against the eager device path of a twin buffer built with the same seed and given the
-same adds and priority updates (host and device updates, zeros, clears, wrap-around,
+On the CPU the recordings are the traced twin of the CUDA graph (graph_capture.
+TracedCapture: host values frozen at record time as a graph freezes them), checked
+byte for byte against the eager device path of a twin buffer built with the same seed
+and given the same adds and priority updates (host and device updates, zeros, clears, wrap-around,
 a beta schedule, both normalizations). The tests named ``..._cuda`` run the real CUDA
 graph where torch sees a GPU (``benchmarks/gpu_check.sh`` runs them).
 """
@@ -22,7 +23,7 @@ import replaybuffer as rb  # noqa: E402
 from recorded_batches import assert_batches_survive_replays_and_restore  # noqa: E402
 from replaybuffer.errors import EmptyBufferError  # noqa: E402
 from replaybuffer.sampling.captured_prioritized import CapturedPrioritizedDraw  # noqa: E402
-from replaybuffer.sampling.graph_capture import EagerCapture  # noqa: E402
+from replaybuffer.sampling.graph_capture import EagerCapture, TracedCapture  # noqa: E402
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums  # noqa: E402
 from replaybuffer.storage.torch_storage import TorchStorage  # noqa: E402
 
@@ -239,21 +240,11 @@ def test_recorded_updates_write_what_eager_ones_write(monkeypatch):
     draw_both(a, b, 8, 2)
 
 
-class WarmingCapture(EagerCapture):
-    """An eager capture that runs the sequence once when recording, as a CUDA graph's
-    capture does (its warm-up)."""
-
-    def record(self, fn, scalar, output) -> None:
-        fn()
-        super().record(fn, scalar, output)
-
-
-def test_recording_an_update_writes_nothing(monkeypatch):
+def test_recording_an_update_writes_nothing():
+    """The CPU twin runs the sequence once when recording, as a CUDA graph's capture
+    does (its warm-up): that run writes nothing."""
     a = make(True)
     a.sampler.device_updates = True
-    a._captures.graph = False
-    monkeypatch.setattr(a._captures, "_new_capture", WarmingCapture)
-    a.sampler.record_updates(WarmingCapture)
     fill((a,), np.random.default_rng(3), 2, 9)
     _, info = a.get_next(3)
     values = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
@@ -262,6 +253,7 @@ def test_recording_an_update_writes_nothing(monkeypatch):
     largest = a.sampler._device_updates.largest.clone()
     a.update_priorities(info.ids, values)  # the second call of the size: recorded
     assert 3 in a.sampler._device_updates._recorded
+    assert isinstance(a.sampler._device_updates._recorded[3].capture, TracedCapture)
     np.testing.assert_array_equal(a.priorities(np.arange(30)), before)
     assert torch.equal(a.sampler._device_updates.largest, largest)
 

@@ -5,7 +5,7 @@ each ``(sample_batch_size, num_steps)`` asked for, the first call is served eage
 (the warm-up), the next records a :class:`~replaybuffer.sampling.captured_draws.
 CapturedUniformDraw` for a uniform sampler, a :class:`~replaybuffer.sampling.
 captured_prioritized.CapturedPrioritizedDraw` for a prioritized one searching running
-sums (a CUDA graph on CUDA, its eager twin on the CPU) and every later one runs it. What a recording captured is checked before each run:
+sums (a CUDA graph on CUDA, its traced twin on the CPU) and every later one runs it. What a recording captured is checked before each run:
 
 - the sampler and the storage are the ones recorded (a snapshot for a save wraps the
   storage: calls are then eager until it is released; another sampler drops every
@@ -80,7 +80,7 @@ class SampleCaptures:
                              "device layout (not its CPU layout of numpy records)")
         self.packing: PackedLeaves = packing
         self.batch_size, self.max_length = batch_size, max_length
-        # CUDA graphs on CUDA, the eager twin elsewhere (the CPU: tests).
+        # CUDA graphs on CUDA, the traced twin elsewhere (the CPU: tests).
         self.graph, self.required = storage.device.type == "cuda", required
         # Per (sample_batch_size, num_steps): the recording, and its outputs' views.
         self.draws: dict[tuple[int, int | None], Any] = {}
@@ -93,10 +93,10 @@ class SampleCaptures:
             sampler.record_updates(self._new_capture)
 
     def _new_capture(self) -> Any:
-        """A CUDA graph on CUDA, its eager twin elsewhere (the CPU: tests)."""
-        from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
+        """A CUDA graph on CUDA, its traced twin elsewhere (the CPU: tests)."""
+        from replaybuffer.sampling.graph_capture import CudaGraphCapture, TracedCapture
 
-        return CudaGraphCapture(self.storage.device, []) if self.graph else EagerCapture()
+        return CudaGraphCapture(self.storage.device, []) if self.graph else TracedCapture()
 
     def _valid(self, sampler: Any, storage: Any, generation: int) -> bool:
         """Whether the recordings may serve a call now (dropping stale ones)."""
@@ -160,11 +160,13 @@ class SampleCaptures:
     def _record(self, sample_batch_size: int, num_steps: int | None) -> Any:
         from replaybuffer.sampling.captured_draws import CapturedUniformDraw, ViewsOf
         from replaybuffer.sampling.captured_prioritized import CapturedPrioritizedDraw
-        from replaybuffer.sampling.graph_capture import CudaGraphCapture, EagerCapture
+        from replaybuffer.sampling.graph_capture import CudaGraphCapture, TracedCapture
 
         generator = self.sampler.generator
+        # On the CPU the twin that freezes what a graph freezes (host values, tensors
+        # bound by identity), so the tests there catch what a GPU's graph would.
         capture: Any = CudaGraphCapture(self.storage.device, [generator]) if self.graph \
-            else EagerCapture()
+            else TracedCapture()
         try:
             draw: Any
             if self.prioritized:

@@ -101,6 +101,10 @@ class CapturedUniformDraw:
         # CUDA graph is captured is filled only when it is replayed).
         self._id_steps = torch.arange(steps, device=device)
         self._position_steps = self._id_steps * batch
+        # Recording runs the sequence once (a graph's warm-up, the CPU twin's trace):
+        # at the smallest head a window fits after, so that the valid starts are not
+        # 0 (an integer remainder by 0 raises on the CPU, and is garbage on a GPU).
+        self.last_id.fill_(steps - 1)
         capture.record(self._sequence, self.last_id, self.output)
 
     def _sequence(self) -> None:
