@@ -313,7 +313,7 @@ def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
         raise RuntimeError("no capture here")
 
     a, b = make(True), make(False)
-    a._captures.required = False  # as capture_samples=None would have it
+    a._captures.required = False  # as record_samples(False) has it
     rng = np.random.default_rng(6)
     for _ in range(5):
         x = items(rng, 2)
@@ -343,7 +343,7 @@ def test_a_recording_that_reads_the_host_warns_and_stays_eager(monkeypatch):
 
     monkeypatch.setattr(captured_draws.CapturedUniformDraw, "_sequence", reads_the_head)
     a, b = make(True), make(False)
-    a._captures.required = False  # as capture_samples=None would have it
+    a._captures.required = False  # as record_samples(False) has it
     rng = np.random.default_rng(6)
     for _ in range(5):
         x = items(rng, 2)
@@ -363,7 +363,7 @@ def test_a_recording_that_reads_the_host_warns_and_stays_eager(monkeypatch):
 
 # ------------------------------------------------------------------ the option
 def test_capture_samples_choices_and_errors(monkeypatch):
-    assert make(None)._captures is None  # auto: CUDA only
+    assert make(None)._captures is None  # asked for only (True)
     assert make(False)._captures is None
     # A buffer that does not record keeps the read path's draw: no check per call.
     assert "draw" not in vars(make(False)) and "draw" in vars(make(True))
@@ -430,7 +430,7 @@ def test_the_cpu_layout_of_numpy_records_has_no_packing_to_record(monkeypatch):
 # ------------------------------------------------------------------ CUDA graphs
 @needs_cuda
 def test_graph_matches_eager_cuda():
-    a, b = make(None, rows=3, length=50, device="cuda"), make(False, rows=3, length=50,
+    a, b = make(True, rows=3, length=50, device="cuda"), make(False, rows=3, length=50,
                                                                device="cuda")
     assert a._captures is not None and a._captures.graph  # the default on CUDA
     rng = np.random.default_rng(7)

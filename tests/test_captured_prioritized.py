@@ -311,8 +311,8 @@ def test_capture_samples_choices_and_errors():
         rb.PrioritizedReplayBuffer(SPEC, 2, 7, capture_samples=True)
 
 
-def test_the_tree_search_is_not_recorded_by_default():
-    """capture_samples=None on CUDA asks as record_samples(required=False) does: the
+def test_the_tree_search_is_not_recorded_where_recordings_are_only_wished_for():
+    """record_samples(required=False) (recordings wished for, not required): the
     tree search stays eager, without an error."""
     tree = make(False, device_search="tree")
     tree.record_samples(False)
@@ -332,7 +332,7 @@ def test_a_draw_over_running_sums_of_another_size_is_refused():
 # ------------------------------------------------------------------------- CUDA
 @needs_cuda
 def test_graph_matches_eager_cuda():
-    a = make(None, rows=3, length=50, device="cuda")
+    a = make(True, rows=3, length=50, device="cuda")
     b = make(False, rows=3, length=50, device="cuda")
     assert a._captures is not None and a._captures.graph  # the default on CUDA
     rng = np.random.default_rng(7)
@@ -357,7 +357,7 @@ def test_graph_batches_survive_later_replays_and_restore_cuda():
 
 @needs_cuda
 def test_recorded_prioritized_steps_never_synchronize_cuda():
-    a = make(None, rows=1, length=1000, device="cuda")
+    a = make(True, rows=1, length=1000, device="cuda")
     fill((a,), np.random.default_rng(3), 1, 300)
     for _ in range(3):  # the warm-up and the recording
         _, info = a.get_next(256, 2)

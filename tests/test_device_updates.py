@@ -317,9 +317,12 @@ def test_a_cpu_buffer_checks_on_the_host_by_default():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_device_checks_are_the_default_for_a_buffer_on_cuda():
+def test_device_checks_are_the_default_for_a_buffer_on_cuda_that_records():
+    default = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
+                                         device="cuda", seed=5)
+    assert default._captures is None and not default.sampler.checks_on_device
     buf = rb.PrioritizedReplayBuffer(rb.ArraySpec((), np.int64), 2, 8, storage="torch",
-                                     device="cuda", seed=5)
+                                     device="cuda", seed=5, capture_samples=True)
     buf.add_batch(np.arange(2, dtype=np.int64))
     assert buf.sampler.checks_on_device
     ids = torch.tensor([0, 1], device="cuda")

@@ -45,10 +45,11 @@ def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,
 
 def captures_samples(capture_samples: bool | None, on_device: bool, device: Any) -> bool:
     """Whether a uniform or prioritized buffer serves ``get_next`` from recorded draws
-    (:mod:`replaybuffer.buffers.captured_reads`): ``capture_samples`` if given
-    (checked), else whether it samples on a CUDA device (``on_device``: the choice of
-    :func:`samples_on_device`). ``True`` on the CPU records the eager twin of the
-    graph (the same static buffers and copies, for tests).
+    (:mod:`replaybuffer.buffers.captured_reads`): only where ``capture_samples`` is
+    ``True`` (checked); ``None`` and ``False`` keep every draw eager. ``True`` on the
+    CPU records the graph's CPU twin (the same static buffers and copies, for tests).
+    Recording is asked for, not the default on CUDA, until its CUDA tests have run on a
+    device (``benchmarks/gpu_check.sh``).
 
     Raises:
         ValueError: ``capture_samples`` is not a bool or None; or ``True`` where the
@@ -58,15 +59,13 @@ def captures_samples(capture_samples: bool | None, on_device: bool, device: Any)
     if capture_samples is not None and not isinstance(capture_samples, bool):
         raise ValueError(f"capture_samples must be True, False or None, got "
                          f"{capture_samples!r}")
-    if capture_samples is False or not (on_device or capture_samples):
+    if not capture_samples:
         return False
     if not on_device:
         raise ValueError("capture_samples=True records the draws made on the device: it "
                          "needs storage='torch' with sample_on_device (not False) and "
                          "no track_episodes")
     kind = _device_type(device)
-    if capture_samples is None:
-        return kind == "cuda"
     if kind not in ("cuda", "cpu"):
         raise ValueError(f"capture_samples=True records CUDA graphs (or their CPU twin), "
                          f"not work on a {kind!r} device")

@@ -181,9 +181,10 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
             (as setting :attr:`rate_limiter`).
         capture_samples: as for the uniform buffer: serve ``get_next`` on the device
             from a recorded draw and gather per ``(sample_batch_size, num_steps)``
-            (:mod:`replaybuffer.sampling.captured_prioritized`); ``None``: where it
-            samples on CUDA with the running sums; ``True`` on the CPU records the eager
-            twin (tests); ``True`` with ``device_search="tree"`` is a ``ValueError``.
+            (:mod:`replaybuffer.sampling.captured_prioritized`), with the running sums;
+            ``None`` (the default) and ``False`` keep every draw eager; ``True`` on the
+            CPU records the CPU twin (tests); ``True`` with ``device_search="tree"`` is
+            a ``ValueError``.
     """
 
     _sampler: PrioritizedSampler

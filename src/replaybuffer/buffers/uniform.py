@@ -44,9 +44,9 @@ class UniformReplayBuffer(CapturedReads, ReplayBuffer):
         capture_samples: serve ``get_next`` on the device from a recorded draw and
             gather per ``(sample_batch_size, num_steps)`` (a CUDA graph: one replay
             and one copy out per call; the same batches as without), see
-            :mod:`replaybuffer.buffers.captured_reads`; default ``None``: where the
-            buffer samples on a CUDA device. ``True`` where it cannot is a
-            ``ValueError``.
+            :mod:`replaybuffer.buffers.captured_reads`; ``True`` records, ``None``
+            (the default) and ``False`` keep every draw eager. ``True`` where the
+            buffer cannot record is a ``ValueError``.
         rate_limiter: a :class:`~replaybuffer.RateLimiter` pacing inserts and samples
             (the same as setting :attr:`rate_limiter` afterwards).
 
