@@ -37,14 +37,27 @@ def add(buf, steps, value):
 
 class Gate:
     """Holds draw ``k`` ahead (the k-th call of the buffer's draw ahead) until
-    ``release(k)``; ``drawn(k)`` waits until it is done."""
+    ``release(k)``; ``drawn(k)`` waits until it is done.
 
-    def __init__(self, buf, monkeypatch):
+    ``check_after_next_draw``: the pull of element ``k`` checks its draw only once draw
+    ``k + 1`` is done, where that one is released (it starts as element ``k`` is
+    taken, so otherwise the two race)."""
+
+    def __init__(self, buf, monkeypatch, check_after_next_draw=False):
         self.go = [threading.Event() for _ in range(64)]
         self.done = [threading.Event() for _ in range(64)]
-        self.calls = 0
+        self.calls = self.pulls = 0
         state = buf._state
         original = state.ahead_sample_function
+        if check_after_next_draw:
+            stamp, current = state.stamp, state.stamp.current
+
+            def checked_later(drawn_with):
+                waited = tf.py_function(self._wait_next_draw, [], tf.bool)
+                with tf.control_dependencies([waited]):
+                    return current(tf.identity(drawn_with))
+
+            monkeypatch.setattr(stamp, "current", checked_later)
 
         def gated(sample_batch_size, num_steps):
             real = original(sample_batch_size, num_steps)
@@ -65,6 +78,12 @@ class Gate:
         self._current = k
         assert self.go[k].wait(WAIT), f"draw {k} was never released"
         return key
+
+    def _wait_next_draw(self):
+        k, self.pulls = self.pulls, self.pulls + 1
+        if self.go[k + 1].is_set():
+            self.drawn(k + 1)
+        return True
 
     def _leave(self, fresh):
         self.done[self._current].set()
@@ -115,6 +134,207 @@ def test_a_restore_between_the_draw_and_the_pull_hands_out_no_earlier_data(monke
     buf.load_state_dict(saved)
     gate.release(2)
     assert pulled_values(next(it)) == {7}
+
+
+# ------------------------------------------ restores of variables() by tf.train.Checkpoint
+def tf_save(buf, directory, name="ckpt"):
+    """TF-Agents' way: the buffer's variables in a ``tf.train.Checkpoint``."""
+    return tf.train.Checkpoint(variables=list(buf.variables())).write(str(directory / name))
+
+
+def tf_restore(buf, path):
+    tf.train.Checkpoint(variables=list(buf.variables())).read(path).assert_consumed()
+
+
+def test_a_tf_train_checkpoint_restore_between_the_draw_and_the_pull_is_seen(
+        monkeypatch, tmp_path):
+    path = tf_save(counter(adds=6, value=7), tmp_path)
+    buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {1}
+    gate.drawn(1)  # element 1 was drawn from the buffer of 1s
+    tf_restore(buf, path)
+    gate.release(2)
+    assert pulled_values(next(it)) == {7}
+
+
+def test_a_restore_back_to_an_earlier_state_then_adds_past_the_draw_is_seen(
+        monkeypatch, tmp_path):
+    # Refutes an (epoch token, add count) check: the restore keeps the token, and the
+    # adds after it bring the count past the draw's, with other data than before.
+    buf = counter(batch_size=2, max_length=6, adds=3, value=1)
+    path = tf_save(buf, tmp_path)  # 3 steps per row
+    add(buf, 6, 2)  # 9 adds: the ring holds only 2s
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {2}
+    gate.drawn(1)
+    tf_restore(buf, path)
+    add(buf, 6, 3)  # 9 adds again, but these hold only 3s: no 2 is in the buffer
+    gate.release(2)
+    assert pulled_values(next(it)) == {3}
+
+
+def test_restoring_the_same_checkpoint_twice_is_seen_the_second_time(monkeypatch,
+                                                                     tmp_path):
+    buf = counter(adds=6, value=7)
+    path = tf_save(buf, tmp_path)
+    tf_restore(buf, path)
+    add(buf, 6, 8)  # the ring holds only 8s
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {8}
+    gate.drawn(1)
+    tf_restore(buf, path)  # the same stamp as after the first restore
+    gate.release(2)
+    assert pulled_values(next(it)) == {7}
+
+
+def test_a_restored_state_the_buffer_went_through_after_the_draw_keeps_the_draw(
+        monkeypatch, tmp_path):
+    # Saved after the draw with only adds between (the ring wrapped meanwhile): the
+    # batch holds the buffer as it was drawn, as tf.data's own prefetch hands it out.
+    buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch, check_after_next_draw=True)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {1}
+    gate.drawn(1)
+    add(buf, 6, 9)  # wraps: only 9s
+    path = tf_save(buf, tmp_path)
+    buf.clear()
+    add(buf, 6, 5)
+    tf_restore(buf, path)
+    gate.release(2)  # its draw sets a new stamp before element 1's pull checks
+    assert pulled_values(next(it)) == {1}
+
+
+def test_a_checkpoint_of_a_buffer_built_alike_restored_into_another_is_seen(
+        monkeypatch, tmp_path):
+    # Same seed, same number of draws: the stamps still differ (a random salt each).
+    source, buf = counter(adds=6, value=7), counter(adds=6, value=1)
+    gates = [Gate(b, monkeypatch) for b in (source, buf)]
+    its = [iter(b.as_dataset(8)) for b in (source, buf)]
+    for gate, it in zip(gates, its):
+        gate.release(0, 1)
+        next(it)
+        gate.drawn(1)
+    tf_restore(buf, tf_save(source, tmp_path))
+    gates[1].release(2)
+    assert pulled_values(next(its[1])) == {7}
+
+
+class HoldAfterReads:
+    """Holds the ``call``-th read of the storage (in a draw, after its gathers, inside
+    the critical section) until ``go`` is set; ``reached`` is set when it holds."""
+
+    def __init__(self, buf, monkeypatch, call):
+        self.call, self.calls = call, 0
+        self.reached, self.go = threading.Event(), threading.Event()
+        storage = buf._state.storage
+        real = storage.take
+
+        def take(positions, which=None):
+            leaves = real(positions, which)
+            with tf.control_dependencies(leaves):
+                held = tf.py_function(self._hold, [], tf.bool)
+            with tf.control_dependencies([held]):
+                return [tf.identity(leaf) for leaf in leaves]
+
+        monkeypatch.setattr(storage, "take", take)
+
+    def _hold(self):
+        k, self.calls = self.calls, self.calls + 1
+        if k == self.call:
+            self.reached.set()
+            assert self.go.wait(WAIT), f"read {k} was never released"
+        return True
+
+
+def test_a_restore_while_the_draw_is_in_its_critical_section_is_seen(monkeypatch,
+                                                                     tmp_path):
+    # The restore lands after the draw read the data and before it ends: a draw that
+    # set its stamp after reading would overwrite the restored stamp and pass.
+    path = tf_save(counter(adds=6, value=7), tmp_path)
+    buf = counter(adds=6, value=1)
+    hold = HoldAfterReads(buf, monkeypatch, call=1)  # read 0: element 0's draw
+    it = iter(buf.as_dataset(8))
+    assert pulled_values(next(it)) == {1}
+    assert hold.reached.wait(WAIT)  # element 1's draw has read the 1s
+    tf_restore(buf, path)
+    hold.go.set()
+    assert pulled_values(next(it)) == {7}
+
+
+def test_the_stamp_works_in_graph_mode_pulls_and_restores(monkeypatch):
+    source, buf = counter(adds=6, value=7), counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch)
+    it = buf.as_dataset(8).tf_iterator()
+
+    @tf.function
+    def pull(iterator):
+        return next(iterator)[0]
+
+    @tf.function
+    def restore():  # a restore inside a graph: every variable assigned
+        for target, value in zip(buf.variables(), source.variables()):
+            target.assign(value)
+
+    @tf.function
+    def clear_and_add():
+        buf.clear()
+        buf.add_batch(tf.fill([2], tf.constant(4, tf.int64)))
+
+    gate.release(0, 1)
+    assert set(to_np(pull(it)).tolist()) == {1}
+    gate.drawn(1)
+    restore()
+    gate.release(2)
+    assert set(to_np(pull(it)).tolist()) == {7}
+    gate.drawn(2)  # element 2 drawn from the 7s
+    clear_and_add()
+    gate.release(3)
+    assert set(to_np(pull(it)).tolist()) == {4}
+
+
+def test_a_loop_of_adds_and_pulls_never_draws_a_batch_again(monkeypatch):
+    # Each draw ahead sets a new stamp, often before the previous batch's pull checks
+    # its own: the link keeps that batch current (without it, many are drawn again).
+    buf = counter(adds=6, value=1)
+    again = []
+    state = buf._state
+    original = state.sample_function
+
+    def counted(*args):
+        real = original(*args)
+
+        def sample(key):
+            key = tf.py_function(lambda k: again.append(1) or k, [key], tf.int64)
+            key.set_shape([2])
+            return real(key)
+        return sample
+
+    monkeypatch.setattr(state, "sample_function", counted)
+    it = iter(buf.as_dataset(8, num_steps=2))
+    for t in range(40):
+        next(it)
+        add(buf, 1, t)
+    assert not again
+
+
+def test_a_checkpoint_of_variables_without_the_stamp_still_loads(tmp_path):
+    old = counter(adds=6, value=7)
+    path = tf.train.Checkpoint(variables=list(old.variables()[:-1])).write(
+        str(tmp_path / "old"))  # the variables() of a buffer before the stamp
+    buf = counter()
+    tf.train.Checkpoint(variables=list(buf.variables())).read(path)
+    assert buf.last_id == 5
+    assert set(to_np(buf.gather_all()).ravel().tolist()) == {7}
+    assert buf.variables()[-1].dtype == tf.int64 and buf.variables()[-1].shape == ()
 
 
 @pytest.mark.parametrize("zero_storage", [False, True])

@@ -207,11 +207,16 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return min(int(self._last_id.numpy()) + 1, self._L) * self._B
 
     def variables(self) -> tuple[tf.Variable, ...]:
-        """The data variables, ``last_id`` and the generator's state (for
-        ``tf.train.Checkpoint`` or inspection). A data variable is
-        ``[batch_size * max_length, *spec.shape]``, step ``id`` of row ``b`` at
-        ``b * max_length + id % max_length`` (TF-Agents' table layout)."""
-        return (*self._storage.arrays, self._last_id, self._sampler.generator.state)
+        """The data variables, ``last_id``, the generator's state and the contents'
+        ``stamp`` (int64 scalar), for ``tf.train.Checkpoint`` or inspection. A data
+        variable is ``[batch_size * max_length, *spec.shape]``, step ``id`` of row
+        ``b`` at ``b * max_length + id % max_length`` (TF-Agents' table layout).
+
+        Restore them all together, in this order (as one ``tf.train.Checkpoint`` of
+        this tuple does): the stamp, last, tells a plain ``as_dataset`` that a batch
+        it drew ahead before the restore is stale."""
+        return (*self._storage.arrays, self._last_id, self._sampler.generator.state,
+                self._state.stamp.variable)
 
     # ----------------------------------------------------------------- write path
     # add_batch, extend and get_next run in TF graphs: no rate limiter (timeout, block),

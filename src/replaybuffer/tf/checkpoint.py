@@ -86,11 +86,11 @@ class TFCheckpoint:
     def restore(self, saved: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         """Set ``last_id`` and the generator from ``saved`` (a :meth:`snapshot` state)
         and, when given, the data from ``arrays`` (slot-major, as :meth:`snapshot`);
-        then start a new :attr:`~replaybuffer.tf.state.TFRingState.generation`, so
-        that samples drawn ahead of a pull before the restore are not handed out."""
+        then renew the :attr:`~replaybuffer.tf.state.TFRingState.stamp`, so that
+        samples drawn ahead of a pull before the restore are not handed out."""
         if arrays is not None:
             self.load_slot_major(0, arrays)
         self._state.last_id.assign(int(saved["last_id"]))
         self._state.sampler.load_state_dict(saved["sampler"])
         # Last, after the data: a sample drawn ahead before this point is drawn again.
-        self._state.generation.assign_add(1)
+        self._state.renew_stamp()
