@@ -302,9 +302,10 @@ def test_the_stamp_works_in_graph_mode_pulls_and_restores(monkeypatch):
 
 
 def test_a_loop_of_adds_and_pulls_never_draws_a_batch_again(monkeypatch):
-    # Each draw ahead sets a new stamp, often before the previous batch's pull checks
-    # its own: the link keeps that batch current (without it, many are drawn again).
+    # Each draw ahead sets a new stamp, here always before the previous batch's pull
+    # checks its own (left to the threads, now and then): the link keeps that batch.
     buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch, check_after_next_draw=True)
     again = []
     state = buf._state
     original = state.sample_function
@@ -319,8 +320,9 @@ def test_a_loop_of_adds_and_pulls_never_draws_a_batch_again(monkeypatch):
         return sample
 
     monkeypatch.setattr(state, "sample_function", counted)
+    gate.release(*range(64))
     it = iter(buf.as_dataset(8, num_steps=2))
-    for t in range(40):
+    for t in range(20):
         next(it)
         add(buf, 1, t)
     assert not again
@@ -420,3 +422,83 @@ def test_the_elements_drawn_ahead_are_those_of_tf_data_s_own_iterator_and_tf_fun
     for a, b, c in zip(fast, generic, graph):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+# ------------------------------------- tf.train.Checkpoint(replay_buffer=buffer), TF-Agents'
+def test_a_checkpoint_of_the_buffer_object_round_trips_and_continues_alike(tmp_path):
+    buf = counter(batch_size=3, max_length=5, adds=0, seed=4)
+    for t in range(7):
+        buf.add_batch(np.arange(3, dtype=np.int64) * 10 + t)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(replay_buffer=buf),
+                                         str(tmp_path), max_to_keep=2)
+    path = manager.save()
+    restored = counter(batch_size=3, max_length=5, seed=9)
+    tf.train.Checkpoint(replay_buffer=restored).restore(path).assert_consumed()
+    assert restored.last_id == buf.last_id == 6
+    np.testing.assert_array_equal(to_np(restored.gather_all()), to_np(buf.gather_all()))
+    for b in (buf, restored):  # the generator came back too
+        b.add_batch(np.full(3, 99, np.int64))
+    for _ in range(3):
+        np.testing.assert_array_equal(to_np(restored.get_next(6, 2)[0]),
+                                      to_np(buf.get_next(6, 2)[0]))
+
+
+def test_a_restore_of_the_buffer_object_between_the_draw_and_the_pull_is_seen(
+        monkeypatch, tmp_path):
+    path = tf.train.Checkpoint(replay_buffer=counter(adds=6, value=7)).write(
+        str(tmp_path / "ckpt"))
+    buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {1}
+    gate.drawn(1)
+    tf.train.Checkpoint(replay_buffer=buf).read(path).assert_consumed()
+    gate.release(2)
+    assert pulled_values(next(it)) == {7}
+
+
+def test_a_restore_of_the_buffer_object_waits_for_a_draw_in_progress(monkeypatch,
+                                                                     tmp_path):
+    # Nine variables and more sort their checkpoint keys as strings ("0", "1", "10",
+    # ...): a tf.train.Checkpoint of the variables() tuple would write the stamp before
+    # the last data variables. The buffer object's restore is one atomic write instead.
+    spec = {f"leaf{i}": rb.ArraySpec((), np.int64) for i in range(9)}
+
+    def filled(value):
+        b = TFUniformReplayBuffer(spec, 2, 6, seed=3)
+        for _ in range(6):
+            b.add_batch({k: np.full(2, value, np.int64) for k in spec})
+        return b
+
+    path = tf.train.Checkpoint(replay_buffer=filled(7)).write(str(tmp_path / "ckpt"))
+    buf = filled(1)
+    hold = HoldAfterReads(buf, monkeypatch, call=1)
+    it = iter(buf.as_dataset(8))
+    assert pulled_values_of(next(it)) == {1}
+    assert hold.reached.wait(WAIT)  # element 1's draw holds the critical section
+    restore = threading.Thread(
+        target=lambda: tf.train.Checkpoint(replay_buffer=buf).read(path))
+    restore.start()
+    restore.join(1.0)
+    assert restore.is_alive()  # it waits for the critical section the draw holds
+    hold.go.set()
+    restore.join(WAIT)
+    assert not restore.is_alive()
+    assert pulled_values_of(next(it)) == {7}
+
+
+def pulled_values_of(element):
+    items, _ = element
+    return set(np.concatenate([to_np(x).ravel() for x in items.values()]).tolist())
+
+
+def test_a_checkpoint_of_another_layout_is_refused_naming_the_variable(tmp_path):
+    path = tf.train.Checkpoint(replay_buffer=counter(max_length=4, adds=2, value=7)).write(
+        str(tmp_path / "ckpt"))
+    buf = counter(max_length=6, adds=3, value=1)
+    before = to_np(buf.gather_all())
+    with pytest.raises(ValueError, match=r"data_0 must be int64\[12\], got int64\[8\]"):
+        tf.train.Checkpoint(replay_buffer=buf).read(path)
+    assert buf.last_id == 2
+    np.testing.assert_array_equal(to_np(buf.gather_all()), before)
