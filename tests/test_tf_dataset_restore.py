@@ -127,6 +127,26 @@ def test_a_restore_while_the_draw_is_in_its_critical_section_is_seen(monkeypatch
     assert pulled_values(next(it)) == {7}
 
 
+def test_a_restore_of_variables_in_their_order_around_a_draw_is_seen(monkeypatch):
+    # As a tf.train.Checkpoint of the tuple restores it (up to six leaves): one
+    # variable at a time, in order. The draw runs after the data and before last_id
+    # and the stamp: it reads the new data at the old last_id, a state that never was.
+    source = counter(adds=3, value=7)  # rows of 3 steps; the slots after them hold 0
+    buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0)
+    assert pulled_values(next(it)) == {1}
+    targets, values = buf.variables(), [v.read_value() for v in source.variables()]
+    targets[0].assign(values[0])  # the data
+    gate.release(1)
+    gate.drawn(1)
+    for target, value in zip(targets[1:], values[1:]):  # last_id, generator, stamp
+        target.assign(value)
+    gate.release(2)
+    assert pulled_values(next(it)) == {7}
+
+
 def test_the_stamp_works_in_graph_mode_pulls_and_restores(monkeypatch):
     source, buf = counter(adds=6, value=7), counter(adds=6, value=1)
     gate = Gate(buf, monkeypatch)
