@@ -248,10 +248,10 @@ def test_a_restore_of_the_buffer_object_waits_for_a_draw_in_progress(monkeypatch
         target=lambda: tf.train.Checkpoint(replay_buffer=buf).read(path))
     restore.start()
     restore.join(1.0)
-    assert restore.is_alive()  # it waits for the critical section the draw holds
+    waited = restore.is_alive()  # for the critical section the draw holds
     hold.go.set()
     restore.join(WAIT)
-    assert not restore.is_alive()
+    assert waited and not restore.is_alive()
     assert pulled_values_of(next(it)) == {7}
 
 
