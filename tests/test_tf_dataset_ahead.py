@@ -1,13 +1,10 @@
 """The TensorFlow buffer's plain random dataset draws the next element ahead of the pull
-(issue 26 item 3): what a draw ahead may hand out, checked at the pull.
-
-The draws ahead run on tf.data's prefetch thread. To make their order against the
-test's clears and adds certain, a gate (a ``tf.py_function`` around the buffer's draw
-ahead) holds each draw until the test lets it go and says when it is done.
+(issue 26 item 3): what a draw ahead may hand out, checked at the pull (clears, windows,
+the seeded stream; restores are in test_tf_dataset_restore.py). The draws are ordered
+against the test by the gates of tf_draw_gates.py.
 """
 
 import itertools
-import threading
 
 import numpy as np
 import pytest
@@ -17,70 +14,7 @@ from conftest import to_np
 
 tf = pytest.importorskip("tensorflow")
 
-from replaybuffer.tf import TFUniformReplayBuffer  # noqa: E402
-
-WAIT = 60  # seconds: a guard against a hung test, never a timing assertion
-
-
-def counter(batch_size=2, max_length=6, adds=0, value=0, seed=3):
-    """int64 scalars; each add writes ``value`` into every row."""
-    buf = TFUniformReplayBuffer(rb.ArraySpec((), np.int64), batch_size, max_length,
-                                seed=seed)
-    add(buf, adds, value)
-    return buf
-
-
-def add(buf, steps, value):
-    for _ in range(steps):
-        buf.add_batch(np.full(buf.batch_size, value, np.int64))
-
-
-class Gate:
-    """Holds draw ``k`` ahead (the k-th call of the buffer's draw ahead) until
-    ``release(k)``; ``drawn(k)`` waits until it is done."""
-
-    def __init__(self, buf, monkeypatch):
-        self.go = [threading.Event() for _ in range(64)]
-        self.done = [threading.Event() for _ in range(64)]
-        self.calls = 0
-        state = buf._state
-        original = state.ahead_sample_function
-
-        def gated(sample_batch_size, num_steps):
-            real = original(sample_batch_size, num_steps)
-
-            def draw(key):
-                key = tf.py_function(self._enter, [key], tf.int64)
-                key.set_shape([2])
-                out = real(key)
-                flag = tf.py_function(self._leave, [out[0]], tf.bool)
-                with tf.control_dependencies([flag]):
-                    return tf.nest.map_structure(tf.identity, out)
-            return draw
-
-        monkeypatch.setattr(state, "ahead_sample_function", gated)
-
-    def _enter(self, key):
-        k, self.calls = self.calls, self.calls + 1
-        self._current = k
-        assert self.go[k].wait(WAIT), f"draw {k} was never released"
-        return key
-
-    def _leave(self, fresh):
-        self.done[self._current].set()
-        return fresh
-
-    def release(self, *draws):
-        for k in draws:
-            self.go[k].set()
-
-    def drawn(self, k):
-        assert self.done[k].wait(WAIT), f"draw {k} did not finish"
-
-
-def pulled_values(element):
-    items, _ = element
-    return set(to_np(items).ravel().tolist())
+from tf_draw_gates import Gate, add, counter, pulled_values  # noqa: E402
 
 
 def test_a_clear_between_the_draw_and_the_pull_hands_out_no_earlier_data(monkeypatch):
@@ -115,6 +49,35 @@ def test_a_restore_between_the_draw_and_the_pull_hands_out_no_earlier_data(monke
     buf.load_state_dict(saved)
     gate.release(2)
     assert pulled_values(next(it)) == {7}
+
+
+
+def test_a_loop_of_adds_and_pulls_never_draws_a_batch_again(monkeypatch):
+    # Each draw ahead sets a new stamp, here always before the previous batch's pull
+    # checks its own (left to the threads, now and then): the link keeps that batch.
+    buf = counter(adds=6, value=1)
+    gate = Gate(buf, monkeypatch, check_after_next_draw=True)
+    again = []
+    state = buf._state
+    original = state.sample_function
+
+    def counted(*args):
+        real = original(*args)
+
+        def sample(key):
+            key = tf.py_function(lambda k: again.append(1) or k, [key], tf.int64)
+            key.set_shape([2])
+            return real(key)
+        return sample
+
+    monkeypatch.setattr(state, "sample_function", counted)
+    gate.release(*range(64))
+    it = iter(buf.as_dataset(8, num_steps=2))
+    for t in range(20):
+        next(it)
+        add(buf, 1, t)
+    assert not again
+
 
 
 @pytest.mark.parametrize("zero_storage", [False, True])

@@ -46,6 +46,7 @@ from replaybuffer.tf.dataset import ReplayDataset, translate_error
 from replaybuffer.tf.sampler import TFUniformSampler
 from replaybuffer.tf.state import TFRingState, unflatten_sample
 from replaybuffer.tf.storage import TFStorage, is_tensor
+from replaybuffer.tf.trackable import CheckpointedContents
 
 
 def refuse_unsupported(name: str, storage: str, table_fn: Any, frame_stack: str | None,
@@ -75,7 +76,7 @@ def leaf_dims(leaf: Any) -> tuple[int | None, ...]:
     return tuple(np.shape(leaf))
 
 
-class TFUniformReplayBuffer(UniformReplayBuffer):
+class TFUniformReplayBuffer(UniformReplayBuffer, CheckpointedContents):
     """A uniform replay buffer whose state is TensorFlow variables.
 
     The layout, the reads and every error are those of
@@ -207,11 +208,12 @@ class TFUniformReplayBuffer(UniformReplayBuffer):
         return min(int(self._last_id.numpy()) + 1, self._L) * self._B
 
     def variables(self) -> tuple[tf.Variable, ...]:
-        """The data variables, ``last_id`` and the generator's state (for
-        ``tf.train.Checkpoint`` or inspection). A data variable is
-        ``[batch_size * max_length, *spec.shape]``, step ``id`` of row ``b`` at
+        """The data variables, ``last_id``, the generator's state and the int64
+        :mod:`~replaybuffer.tf.stamp` (restore them all together). A data variable
+        is ``[batch_size * max_length, *spec.shape]``, step ``id`` of row ``b`` at
         ``b * max_length + id % max_length`` (TF-Agents' table layout)."""
-        return (*self._storage.arrays, self._last_id, self._sampler.generator.state)
+        return (*self._storage.arrays, self._last_id, self._sampler.generator.state,
+                self._state.stamp.variable)
 
     # ----------------------------------------------------------------- write path
     # add_batch, extend and get_next run in TF graphs: no rate limiter (timeout, block),

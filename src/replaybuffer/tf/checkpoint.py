@@ -36,6 +36,53 @@ class TFCheckpoint:
         self._state = state
         self._paths = paths
         self._read = CompiledFunction(self._snapshot_graph, [])
+        variables = self.variables_by_key()
+        signature = [tf.TensorSpec(v.shape, v.dtype) for v in variables.values()]
+        self._assign_all = CompiledFunction(self._assign_all_graph, [signature])
+
+    # ------------------------------------------------- tf.train.Checkpoint of the buffer
+    def variables_by_key(self) -> dict[str, tf.Variable]:
+        """Every variable of the buffer by its key in a ``tf.train.Checkpoint`` of the
+        buffer: ``data_<i>`` for leaf ``i`` (flatten order), ``last_id``,
+        ``rng_state`` and ``stamp``."""
+        state = self._state
+        keys = {f"data_{i}": var for i, var in enumerate(state.storage.arrays)}
+        return {**keys, "last_id": state.last_id,
+                "rng_state": state.sampler.generator.state, "stamp": state.stamp.variable}
+
+    def _assign_all_graph(self, values: list[tf.Tensor]) -> tf.Tensor:
+        variables = list(self.variables_by_key().values())
+
+        def body() -> tf.Tensor:
+            writes = [var.assign(value, read_value=False)
+                      for var, value in zip(variables, values)]
+            with tf.control_dependencies(writes):
+                return tf.constant(True)
+        done: tf.Tensor = self._state.critical_section.execute(body)
+        return done
+
+    def assign(self, tensors: dict[str, Any]) -> None:
+        """Write values of :meth:`variables_by_key` (by key) back, all at one instant,
+        inside the state's critical section: no add, sample or draw ahead of a pull
+        reads a mix of two states; the saved stamp comes back with the data.
+
+        Raises:
+            ValueError: a key is missing or unknown, or a value's shape or dtype is not
+                the variable's (the message names the key); nothing is written.
+        """
+        variables = self.variables_by_key()
+        if set(tensors) != set(variables):
+            raise ValueError(f"{self._state.owner} checkpoint: expected the keys "
+                             f"{sorted(variables)}, got {sorted(tensors)}")
+        values = []
+        for key, var in variables.items():
+            value = tf.convert_to_tensor(tensors[key])
+            if value.dtype != var.dtype or value.shape != var.shape:
+                raise ValueError(f"{self._state.owner} checkpoint: {key} must be "
+                                 f"{var.dtype.name}{var.shape.as_list()}, got "
+                                 f"{value.dtype.name}{value.shape.as_list()}")
+            values.append(value)
+        self._assign_all(values)
 
     def _snapshot_graph(self) -> Any:
         state = self._state
@@ -86,11 +133,11 @@ class TFCheckpoint:
     def restore(self, saved: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
         """Set ``last_id`` and the generator from ``saved`` (a :meth:`snapshot` state)
         and, when given, the data from ``arrays`` (slot-major, as :meth:`snapshot`);
-        then start a new :attr:`~replaybuffer.tf.state.TFRingState.generation`, so
-        that samples drawn ahead of a pull before the restore are not handed out."""
+        then renew the :attr:`~replaybuffer.tf.state.TFRingState.stamp`, so that
+        samples drawn ahead of a pull before the restore are not handed out."""
         if arrays is not None:
             self.load_slot_major(0, arrays)
         self._state.last_id.assign(int(saved["last_id"]))
         self._state.sampler.load_state_dict(saved["sampler"])
         # Last, after the data: a sample drawn ahead before this point is drawn again.
-        self._state.generation.assign_add(1)
+        self._state.renew_stamp()

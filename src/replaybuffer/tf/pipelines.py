@@ -91,24 +91,30 @@ def ahead_stream(state: TFRingState, structure: Any, sample_batch_size: int | No
     ``(seed, i + 1)`` while element ``i`` is used, so a sample holds the buffer as it
     was when it was drawn (steps added after are not in it, as in TF-Agents' dataset).
     At the pull the draw is checked: one made while the buffer had no window of
-    ``num_steps`` (empty or too short), or before a ``clear()`` or a restore (another
-    :attr:`~replaybuffer.tf.state.TFRingState.generation`), is drawn again with the
+    ``num_steps`` (empty or too short), or one whose
+    :attr:`~replaybuffer.tf.state.TFRingState.stamp` is gone, is drawn again with the
     same key from the buffer as it is then, which raises the empty-buffer error only
     if it still has no window. Nothing else differs from drawing at the pull: a buffer
     left unchanged gives the same elements.
+
+    The stamp (:mod:`replaybuffer.tf.stamp`) tells them apart: a draw sets a new one
+    before it reads; ``clear()`` and every restore (the buffer's own or of
+    ``variables()`` through ``tf.train.Checkpoint``) change it; adds leave it. A
+    batch whose stamp is still there, or was found by the draw after it, holds the
+    buffer as it was drawn, as ``tf.data``'s own prefetch hands batches out.
     """
     draw = state.ahead_sample_function(sample_batch_size, num_steps)
     sample = state.sample_function(sample_batch_size, num_steps, True, True)
-    generation = state.generation
+    stamp = state.stamp
 
     def ahead(i: tf.Tensor) -> Any:
         key = tf.random.experimental.stateless_fold_in(seed, i)
-        fresh, drawn_in, leaves, ids, probabilities = draw(key)
-        return key, fresh, drawn_in, tuple(leaves), ids, probabilities
+        fresh, drawn_with, leaves, ids, probabilities = draw(key)
+        return key, fresh, drawn_with, tuple(leaves), ids, probabilities
 
-    def at_pull(key: tf.Tensor, fresh: tf.Tensor, drawn_in: tf.Tensor, leaves: Any,
+    def at_pull(key: tf.Tensor, fresh: tf.Tensor, drawn_with: tf.Tensor, leaves: Any,
                 ids: tf.Tensor, probabilities: tf.Tensor) -> Any:
-        current = tf.logical_and(fresh, tf.equal(drawn_in, generation.read_value()))
+        current = tf.logical_and(fresh, stamp.current(drawn_with))
         flat = tf.cond(current, lambda: (list(leaves), ids, probabilities),
                        lambda: sample(key))
         return unflatten_sample(structure, flat, num_steps, True)

@@ -23,6 +23,7 @@ from replaybuffer.tf import ring
 from replaybuffer.tf.compiled import CompiledFunction
 from replaybuffer.tf.ring import INT
 from replaybuffer.tf.sampler import TFUniformSampler
+from replaybuffer.tf.stamp import ContentStamp
 from replaybuffer.tf.storage import TFStorage
 
 
@@ -41,8 +42,8 @@ class TFRingState:
         storage: the data variables, ``[batch_size * max_length, *spec.shape]`` each,
             step ``id`` of row ``b`` at ``b * max_length + id % max_length``.
         last_id: int64 scalar variable, the id of the newest step (-1: empty).
-        generation: int64 scalar variable counting ``clear`` s and restores: a sample
-            drawn ahead under another generation holds data the buffer has forgotten.
+        stamp: the :class:`~replaybuffer.tf.stamp.ContentStamp` that tells a sample
+            drawn ahead of its pull from one drawn before a ``clear()`` or a restore.
         critical_section: the ``tf.CriticalSection`` every graph function runs in.
         sampler: the :class:`~replaybuffer.tf.TFUniformSampler`.
         add: ``add([B, *shape] per leaf) -> first id`` (int64 scalar): one step per row.
@@ -61,10 +62,7 @@ class TFRingState:
         self.storage = TFStorage(specs, batch_size * max_length, device, scope)
         with tf.device(self.storage.device), tf.name_scope(scope):
             self.last_id = tf.Variable(tf.constant(-1, INT), trainable=False, name="last_id")
-            # Not a checkpointed variable (variables() leaves it out): it only orders
-            # draws ahead against clears within this process.
-            self.generation = tf.Variable(tf.constant(0, INT), trainable=False,
-                                          name="generation")
+            self.stamp = ContentStamp()
             self.critical_section = tf.CriticalSection(name="critical_section")
         self.sampler = TFUniformSampler(seed, self.storage.device)
         dtypes = self.storage.dtypes
@@ -78,6 +76,8 @@ class TFRingState:
         self.readable_range = CompiledFunction(self._range_graph, [])
         self.spawn_seed = CompiledFunction(
             lambda: self.critical_section.execute(self.sampler.spawn_seed), [])
+        self.renew_stamp = CompiledFunction(
+            lambda: self.critical_section.execute(self.stamp.renew), [])
         self._functions: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     # ----------------------------------------------------------------- writes
@@ -124,7 +124,7 @@ class TFRingState:
     def _clear_graph(self, zero_storage: bool) -> tf.Tensor:
         def body() -> tf.Tensor:
             ops = [self.last_id.assign(tf.constant(-1, INT), read_value=False),
-                   self.generation.assign_add(1, read_value=False)]
+                   self.stamp.renew()]
             if zero_storage:
                 ops += self.storage.zero_ops()
             with tf.control_dependencies(ops):
@@ -175,12 +175,12 @@ class TFRingState:
     def ahead_sample_function(self, sample_batch_size: int | None, num_steps: int | None
                               ) -> Callable[..., Any]:
         """The compiled draw ahead of a pull (built once): takes an int64 ``[2]`` key and
-        returns ``(fresh, generation, leaves, ids, probabilities)``, the sample as
+        returns ``(fresh, stamp, leaves, ids, probabilities)``, the sample as
         :meth:`sample_function` (``time_stacked``, seeded) draws it with that key, or,
         where the buffer has no window of ``num_steps`` yet, ``fresh`` False and
         placeholders of the same shapes instead of the assertion's error (steps may
-        come before the pull, which then draws again). ``generation`` is the
-        :attr:`generation` the sample was drawn in."""
+        come before the pull, which then draws again). ``stamp`` (int64 scalar) is
+        the value the draw set :attr:`stamp` to before it read anything."""
         key = ("ahead", sample_batch_size, num_steps)
         fn = self._functions.get(key)
         if fn is None:
@@ -201,14 +201,22 @@ class TFRingState:
         generator, or stateless from ``seed`` (int64 ``[2]``).
 
         ``ahead``: a draw before the pull (stateless, ``time_stacked``), which returns
-        ``(fresh, generation, leaves, ids, probabilities)`` instead of asserting that
+        ``(fresh, stamp, leaves, ids, probabilities)`` instead of asserting that
         the buffer has a window (see :meth:`ahead_sample_function`).
         """
         B, L = self.batch_size, self.max_length
         count, steps = sample_batch_size or 1, num_steps or 1
 
         def body() -> Any:
-            last_id = self.last_id.read_value()
+            if ahead:
+                # The new stamp goes in before anything is read: a restore of
+                # variables() writes the stamp after the data, so one that overlaps
+                # this draw leaves its own stamp, not this one (the pull draws again).
+                stamp = self.stamp.renew(draw=True)
+                with tf.control_dependencies([stamp]):
+                    last_id = self.last_id.read_value()
+            else:
+                last_id = self.last_id.read_value()
             lo, hi = ring.valid_start_range(last_id, L, steps)
             n = (hi - lo) * B
             if ahead:
@@ -227,19 +235,18 @@ class TFRingState:
             probabilities = tf.fill([count], tf.cast(1.0 / tf.cast(n, tf.float64),
                                                      tf.float32))
             if ahead:
-                return n > 0, self.generation.read_value(), leaves, ids, probabilities
+                return n > 0, stamp, leaves, ids, probabilities
             return leaves, ids, probabilities
 
         if ahead:
-            fresh, generation, leaves, ids, probabilities = \
-                self.critical_section.execute(body)
+            fresh, stamp, leaves, ids, probabilities = self.critical_section.execute(body)
         else:
             leaves, ids, probabilities = self.critical_section.execute(body)
         if sample_batch_size is None:
             leaves = [leaf[0] for leaf in leaves]
             ids, probabilities = ids[0], probabilities[0]
         if ahead:
-            return fresh, generation, leaves, ids, probabilities
+            return fresh, stamp, leaves, ids, probabilities
         if num_steps is not None and not time_stacked:
             axis = 0 if sample_batch_size is None else 1
             leaves = [[tf.gather(leaf, t, axis=axis) for leaf in leaves]
