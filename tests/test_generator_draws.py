@@ -90,3 +90,37 @@ def test_a_sampler_draws_alike_from_a_bit_generator_the_kernel_cannot_call(accep
         for key in ("probabilities", "weights"):
             assert bits(a_info[key]) == bits(b_info[key])
         assert known.bit_generator.state["state"] == custom.bit_generator.state["state"]
+
+
+@pytest.mark.parametrize("accept_min", [0.0, 2.0])  # rejection, descent
+def test_a_kernel_draw_takes_the_bit_generators_lock(accept_min):
+    """A generator may be shared between threads (numpy's ``rng.random`` serialises
+    them with ``rng.bit_generator.lock``; a buffer's ``draw(rng=...)`` takes any
+    generator): the kernels draw from its state under that lock too. Reproducer: while
+    another thread holds the lock, a draw waits for it, and once the lock is let go it
+    draws exactly what it would have."""
+    import threading
+
+    ring = Ring(2, 300)
+    ring.last_id = 450
+    sampler = PrioritizedSampler(ring.capacity, seed=3)
+    sampler._accept_min = accept_min
+    sampler.on_add(ring, 0, 451)
+    rng = np.random.default_rng(4)
+    ids = (np.arange(ring.capacity) + 151 * 2).astype(np.int64)
+    sampler.update_priorities(ring, ids, rng.lognormal(0.0, 1.5, ring.capacity))
+    expected = sampler.sample(ring, 64, 1, np.random.default_rng(9))[0][0]
+    shared = np.random.default_rng(9)
+    done = []
+    shared.bit_generator.lock.acquire()
+    try:
+        drawer = threading.Thread(
+            target=lambda: done.append(sampler.sample(ring, 64, 1, shared)[0][0]))
+        drawer.start()
+        drawer.join(0.5)
+        # The draw cannot have gone ahead: the state belongs to the lock's holder.
+        assert not done
+    finally:
+        shared.bit_generator.lock.release()
+    drawer.join()
+    assert bits(done[0]) == bits(expected)

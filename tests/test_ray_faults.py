@@ -382,3 +382,30 @@ def test_bad_rows_and_timeouts_are_refused_in_the_caller():
         writer.flush()
         buffer.flush()
         assert [d["size"] for d in buffer.describe()] == [3, 0]  # nothing reached a shard
+
+
+def test_a_process_killed_right_after_its_mark_counts_held_chunks_it_applied_once(
+        tmp_path, monkeypatch):
+    """A process applies chunk 0 (1 step) and the chunk 1 (3 steps) it held for it,
+    and dies right after storing its mark (modelled by the next record after the mark
+    raising): the next process counts the 4 steps once, by the mark; the held
+    record must not still name chunk 1 (counted a second time before the fix)."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+    from replaybuffer.distributed.ray_shards.shard_home import ShardHome
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(ShardHome, "record_applied", killed)
+    with pytest.raises(Killed):
+        first.write((extend_op([0]), [], writer, 0, 0, None, False))
+    monkeypatch.undo()
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost == 4

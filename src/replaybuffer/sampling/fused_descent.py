@@ -78,9 +78,18 @@ def draw_weighted(tree: SumTree, ring: Ring, count: int, rng: np.random.Generato
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
     last, L = ring.last_id, ring.max_length
-    if _fused(nodes, runs, root_width, height, limit, *source, u, mass, parts, start0,
-              start1, mass0, ring.batch_size, L, last + 1 - L if last >= L else 0, hi,
-              valid_mass, floor, indices, weighed):  # (the oldest id held, inline)
+    # Under the bit generator's lock, as rng.random draws: another thread may share
+    # the generator (a draw's rng=). (The numpy path below takes it itself.)
+    lock = rng.bit_generator.lock
+    lock.acquire()  # (not `with`: its __exit__ call costs more than release())
+    try:
+        usual = _fused(nodes, runs, root_width, height, limit, *source, u, mass, parts,
+                       start0, start1, mass0, ring.batch_size, L,
+                       last + 1 - L if last >= L else 0,  # (the oldest id held, inline)
+                       hi, valid_mass, floor, indices, weighed)
+    finally:
+        lock.release()
+    if usual:
         return indices[1], indices[0], weighed[0], weighed[1]
     # Odd (rare): the numpy path from the same scaled draws (_fused scaled u in place).
     positions, ids, values = draw_descending(tree, ring, count, rng, first, span, hi,

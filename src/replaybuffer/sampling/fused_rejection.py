@@ -70,8 +70,16 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
     indices = np.empty((2, count), np.int64)
     weighed = np.empty((2, count), np.float32)
     # (lo, the first valid start, is the oldest id held.)
-    kept = _kept(leaves, *source, u, accept, count, span * (1.0 - 2.0 ** -53), bound, lo,
-                 (lo % L) * B, ring.capacity, B, L, lo, valid_mass, floor, indices, weighed)
+    # Under the bit generator's lock, as rng.random draws: another thread may share
+    # the generator (a draw's rng=).
+    lock = rng.bit_generator.lock
+    lock.acquire()  # (not `with`: its __exit__ call costs more than release())
+    try:
+        kept = _kept(leaves, *source, u, accept, count, span * (1.0 - 2.0 ** -53), bound,
+                     lo, (lo % L) * B, ring.capacity, B, L, lo, valid_mass, floor, indices,
+                     weighed)
+    finally:
+        lock.release()
     if kept == count:
         return indices[1], indices[0], weighed[0], weighed[1]
     positions, ids = indices[1, :kept], indices[0, :kept]

@@ -16,9 +16,10 @@ instead cost several microseconds per call.
 :func:`bit_source` gives the two addresses for numpy's own bit generators (their
 ``next_double`` is one C function per class, so its address is read once per class);
 for any other bit generator it gives ``None`` and the caller draws with
-``rng.random``. ``rng.random`` also takes ``rng.bit_generator.lock``; the kernels do
-not (about 0.2 us a call): a sampler draws only under its buffer's lock, from its own
-generator or a dataset stream's (``spawn_rng``), which nothing else draws from.
+``rng.random``. ``rng.random`` also takes ``rng.bit_generator.lock``, and so do the
+kernels' callers around the call (about 0.1 us): a buffer's lock covers its own
+sampler's generator, but a generator given to ``draw(rng=...)`` may be shared by
+threads drawing from other buffers, or with ``rng.random`` itself.
 """
 
 from __future__ import annotations

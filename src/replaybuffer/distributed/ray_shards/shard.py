@@ -262,10 +262,11 @@ class ShardActor:
                     self.apply_one(name, args, kwargs)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the rest
                     error = error or exc
-        self.files.mark = last_id = self.buffer.last_id
-        if writer is not None and chunks:
-            self.files.record_applied(writer_key(writer),
-                                      self.order.next_seq.get(writer, 0) - 1)
+        # The held record before the mark: a process killed between the two stores
+        # must not leave a chunk it applied both in the mark and in the record (the
+        # next process would count its steps twice). Killed the other way round, a
+        # chunk applied is in neither, and its writer reports it lost once it sees
+        # the process gone (it was answered "held").
         held = None if writer is None else self.order.held.get(writer)
         if held or writer in self.holding:
             assert writer is not None
@@ -276,6 +277,10 @@ class ShardActor:
                 self.holding.add(writer)
             else:
                 self.holding.discard(writer)
+        self.files.mark = last_id = self.buffer.last_id
+        if writer is not None and chunks:
+            self.files.record_applied(writer_key(writer),
+                                      self.order.next_seq.get(writer, 0) - 1)
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             # ray.method types save as a remote method; in the actor it is a plain one.
