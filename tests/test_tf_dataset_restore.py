@@ -265,3 +265,26 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_the_variable(tmp_path)
         tf.train.Checkpoint(replay_buffer=buf).read(path)
     assert buf.last_id == 2
     np.testing.assert_array_equal(to_np(buf.gather_all()), before)
+
+
+def test_generation_changes_with_clears_and_restores_and_not_with_adds(tmp_path):
+    buf = counter(adds=3, value=1)
+    before = buf.generation
+    add(buf, 2, 1)
+    assert buf.generation == before  # adds never change it
+    path = tf_save(buf, tmp_path)
+    tf_restore(buf, path)  # TensorFlow assigns the saved stamp: the same contents
+    assert buf.generation == before
+    buf.clear()
+    cleared = buf.generation
+    assert cleared != before
+    tf.function(buf.clear)()  # a clear in a graph, where no Python code runs
+    assert buf.generation not in (before, cleared)
+    tf_restore(buf, path)
+    assert buf.generation == before
+    other = counter(adds=3, value=1)  # built alike: another salt
+    assert other.generation != before
+    saved = buf.save(tmp_path / "own")
+    buf.clear()
+    loaded = rb.load(saved)
+    assert loaded.generation != buf.generation

@@ -44,6 +44,7 @@ from replaybuffer.tf.checkpoint import TFCheckpoint
 from replaybuffer.tf.compiled import plain_errors
 from replaybuffer.tf.dataset import ReplayDataset, translate_error
 from replaybuffer.tf.sampler import TFUniformSampler
+from replaybuffer.tf.stamp import StampedGeneration
 from replaybuffer.tf.state import TFRingState, unflatten_sample
 from replaybuffer.tf.storage import TFStorage, is_tensor
 from replaybuffer.tf.trackable import CheckpointedContents
@@ -76,7 +77,7 @@ def leaf_dims(leaf: Any) -> tuple[int | None, ...]:
     return tuple(np.shape(leaf))
 
 
-class TFUniformReplayBuffer(UniformReplayBuffer, CheckpointedContents):
+class TFUniformReplayBuffer(StampedGeneration, UniformReplayBuffer, CheckpointedContents):
     """A uniform replay buffer whose state is TensorFlow variables.
 
     The layout, the reads and every error are those of

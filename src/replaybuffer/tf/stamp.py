@@ -36,6 +36,8 @@ and the pull draws again.
 from __future__ import annotations
 
 import secrets
+from typing import Any
+
 import tensorflow as tf
 
 from replaybuffer.tf.ring import INT
@@ -90,3 +92,20 @@ class ContentStamp:
             link = self.link.read_value()
         chained = tf.logical_and(tf.equal(now, link[1]), tf.equal(link[0], drawn_with))
         return tf.logical_or(tf.equal(now, drawn_with), chained)
+
+
+class StampedGeneration:
+    """``generation`` for a buffer whose clears and restores run in TensorFlow (a
+    ``tf.function`` clear, or a ``tf.train.Checkpoint`` assigning its variables), where
+    no Python counter sees them: the value of its state's :class:`ContentStamp`, which
+    each of them changes (and so does each batch a plain dataset draws ahead; adds
+    never do). A base listed before the buffer's own, so that it serves ``generation``.
+    """
+
+    _state: Any  # a TFRingState
+
+    @property
+    def generation(self) -> int:
+        """Changes with every clear and restore: what was read before it changed may
+        no longer be what the buffer holds (an int; not a count)."""
+        return int(self._state.stamp.variable.numpy())
