@@ -45,8 +45,8 @@ What differs in what the two return (the ratio compares unequal work where it sa
 * Both plain ``as_dataset`` s run ahead: ``tf.data`` injects an autotuned prefetch after
   TF-Agents' map, and ours draws the next element on a prefetch thread of its own, so
   elements are sampled before they are asked for and miss the adds made meanwhile.
-  Ours checks a draw ahead at the pull (drawn again after a ``clear()`` or while rows
-  held no window), which TF-Agents does not (the timing is each as its users get it).
+  Ours checks a draw ahead at the pull (drawn again after a ``clear()``, a restore or
+  while rows held no window), which TF-Agents does not (the timing is each as its users get it).
 """
 
 from __future__ import annotations
