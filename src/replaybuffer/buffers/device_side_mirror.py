@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from replaybuffer.storage.stream_reads import PendingReads
 from replaybuffer.storage.torch_storage import torch_dtype
 
 if TYPE_CHECKING:
@@ -86,10 +87,9 @@ class DeviceSideMirror:
         # The side slots the newest step named at the last sync (their rows are on the
         # device already: the next sync copies only the slots named since).
         self._synced_slots = np.zeros(0, np.int64)
-        # CUDA: the last read's event per stream, and the streams read on since the
-        # last copy (a copy waits for them: it may overwrite rows they read).
-        self._read_events: dict[torch.cuda.Stream, torch.cuda.Event] = {}
-        self._reads_pending: set[torch.cuda.Stream] = set()
+        # CUDA: the reads since the last copy (a copy waits for them: it may overwrite
+        # rows they read).
+        self._reads = PendingReads(self.device) if self._cuda else None
 
     def invalidate(self) -> None:
         """Copy everything at the next :meth:`sync` (the host state was replaced)."""
@@ -98,14 +98,8 @@ class DeviceSideMirror:
     def after_read(self) -> None:
         """Mark the reads issued so far on the current CUDA stream: the next copy into
         the mirror waits for them on the device. Nothing on the CPU."""
-        if not self._cuda:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        event = self._read_events.get(stream)
-        if event is None:
-            event = self._read_events[stream] = torch.cuda.Event()
-        event.record(stream)
-        self._reads_pending.add(stream)
+        if self._reads is not None:
+            self._reads.mark()
 
     def sync(self, generation: int) -> None:
         """Bring the mirror up to date with the host bookkeeping (the buffer's lock
@@ -115,12 +109,8 @@ class DeviceSideMirror:
         if generation == self._generation and last == self._synced_id and \
                 slots == self.side_slots:
             return
-        if self._reads_pending:  # reads on other streams may still use the rows
-            stream = torch.cuda.current_stream(self.device)
-            for other in self._reads_pending:
-                if other != stream:
-                    stream.wait_event(self._read_events[other])
-            self._reads_pending.clear()
+        if self._reads is not None:  # reads on other streams may still use the rows
+            self._reads.wait()
         if generation != self._generation:
             self._copy_refs(0, len(self._side_ref), last, slots)
             self._copy_side_rows(slots, None)

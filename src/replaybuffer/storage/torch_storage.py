@@ -14,6 +14,7 @@ from replaybuffer.storage.base import checked_leaves, leaf_nbytes, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 from replaybuffer.storage.leaf_checker import LeafChecker
 from replaybuffer.storage.numpy_storage import NumpyStorage
+from replaybuffer.storage.stream_reads import PendingReads
 from replaybuffer.storage.torch_packing import PackedLeaves
 
 _TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
@@ -104,10 +105,8 @@ class TorchStorage:
         self._host = self._records.arrays if self._records is not None else None
         self._cuda = self.device.type == "cuda"
         self._write_event: Any = None
-        # The last gather's event per stream (reused: recording one again costs less
-        # than making one), and those recorded since the last write.
-        self._read_events: dict[Any, Any] = {}
-        self._reads_pending: set[Any] = set()
+        # The gathers since the last write, which the next write waits for.
+        self._reads = PendingReads(self.device) if self._cuda else None
 
     @property
     def nbytes(self) -> int:
@@ -164,8 +163,8 @@ class TorchStorage:
         # ``leaves`` as convert() gives them: tensors on a device; on the CPU, numpy
         # arrays or tensors (written through the host views).
         stop = start + len(leaves[0])
-        if self._cuda:
-            self._wait_for_reads()
+        if self._reads is not None:
+            self._reads.wait()
         for i, (dst, src) in enumerate(zip(self.arrays, leaves)):
             if self._host is not None:
                 self._host[i][start:stop] = src.numpy() if isinstance(src, torch.Tensor) \
@@ -230,22 +229,8 @@ class TorchStorage:
     def after_read(self) -> None:
         """Order the storage's next write after the reads issued so far on the current
         CUDA stream (the pair of :meth:`before_read`). Nothing on the CPU."""
-        if not self._cuda:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        event = self._read_events.get(stream)
-        if event is None:
-            event = self._read_events[stream] = torch.cuda.Event()
-        event.record(stream)
-        self._reads_pending.add(stream)
-
-    def _wait_for_reads(self) -> None:
-        if not self._reads_pending:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        for other in self._reads_pending:
-            stream.wait_event(self._read_events[other])
-        self._reads_pending.clear()
+        if self._reads is not None:
+            self._reads.mark()
 
     def from_numpy(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A numpy array (or scalar) as a tensor on the device; a tensor (ids and
@@ -261,8 +246,8 @@ class TorchStorage:
         return to_device(array, self.device)
 
     def zero(self) -> None:
-        if self._cuda:
-            self._wait_for_reads()
+        if self._reads is not None:
+            self._reads.wait()
         if self._packed is not None:
             self._packed.zero()
         else:
