@@ -308,28 +308,41 @@ def test_recordings_are_bounded_and_another_sampler_drops_them(monkeypatch):
     assert not a._captures.draws
 
 
-def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
-    def fail(self, *args, **kwargs):
-        raise RuntimeError("no capture here")
-
+def filled_pair_wishing_for_recordings():
+    """A buffer that wishes for recordings without requiring them (as
+    ``record_samples(False)`` has it) and an eager one, given the same 5 batches; and
+    the last batch."""
     a, b = make(True), make(False)
-    a._captures.required = False  # as record_samples(False) has it
+    a._captures.required = False
     rng = np.random.default_rng(6)
     for _ in range(5):
         x = items(rng, 2)
         a.add_batch(x)
         b.add_batch(x)
+    return a, b, x
+
+
+def assert_a_required_recording_raises(x, match: str) -> None:
+    """With ``capture_samples=True`` the failed recording (the second call) raises."""
+    required = make(True)
+    required.add_batch(x)
+    required.get_next(3)
+    with pytest.raises(RuntimeError, match=match):
+        required.get_next(3)
+
+
+def test_a_failed_recording_warns_and_stays_eager(monkeypatch):
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("no capture here")
+
+    a, b, x = filled_pair_wishing_for_recordings()
     monkeypatch.setattr(captured_draws.CapturedUniformDraw, "__init__", fail)
     draw_both(a, b, 3, 2)
     with pytest.warns(RuntimeWarning, match="no capture here"):
         draw_both(a, b, 3, 2)
     draw_both(a, b, 3, 2)
     assert a._captures.disabled == "no capture here"
-    required = make(True)
-    required.add_batch(x)
-    required.get_next(3)
-    with pytest.raises(RuntimeError, match="capture_samples=True.*no capture here"):
-        required.get_next(3)
+    assert_a_required_recording_raises(x, "capture_samples=True.*no capture here")
 
 
 def test_a_recording_that_reads_the_host_warns_and_stays_eager(monkeypatch):
@@ -342,23 +355,13 @@ def test_a_recording_that_reads_the_host_warns_and_stays_eager(monkeypatch):
             sequence(self)
 
     monkeypatch.setattr(captured_draws.CapturedUniformDraw, "_sequence", reads_the_head)
-    a, b = make(True), make(False)
-    a._captures.required = False  # as record_samples(False) has it
-    rng = np.random.default_rng(6)
-    for _ in range(5):
-        x = items(rng, 2)
-        a.add_batch(x)
-        b.add_batch(x)
+    a, b, x = filled_pair_wishing_for_recordings()
     draw_both(a, b, 3, 2)
     with pytest.warns(RuntimeWarning, match=r"read a tensor on the host \(Tensor.__int__\)"):
         draw_both(a, b, 3, 2)
     draw_both(a, b, 3, 2)
     assert not a._captures.draws
-    required = make(True)
-    required.add_batch(x)
-    required.get_next(3)
-    with pytest.raises(RuntimeError, match="capture_samples=True.*on the host"):
-        required.get_next(3)
+    assert_a_required_recording_raises(x, "capture_samples=True.*on the host")
 
 
 # ------------------------------------------------------------------ the option

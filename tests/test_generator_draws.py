@@ -68,11 +68,9 @@ def test_other_bit_generators_and_no_numba_take_rng_random(monkeypatch):
     assert bit_source(np.random.default_rng(1)) is None
 
 
-@pytest.mark.parametrize("accept_min", [0.0, 2.0])  # rejection, descent
-def test_a_sampler_draws_alike_from_a_bit_generator_the_kernel_cannot_call(accept_min):
-    """The same sampler state sampled with a generator the kernels draw from and with an
-    unknown class over the same bits (drawn by rng.random, handed in): the same draws,
-    probabilities and weights, and the generators end alike."""
+def wrapped_sampler(accept_min: float) -> tuple[Ring, PrioritizedSampler]:
+    """A prioritized sampler over a wrapped ring of 2 x 300 with log-normal priorities,
+    drawing by rejection (``accept_min`` 0) or by descent (2)."""
     ring = Ring(2, 300)
     ring.last_id = 450  # wrapped
     sampler = PrioritizedSampler(ring.capacity, seed=3)
@@ -81,6 +79,15 @@ def test_a_sampler_draws_alike_from_a_bit_generator_the_kernel_cannot_call(accep
     rng = np.random.default_rng(4)
     ids = (np.arange(ring.capacity) + 151 * 2).astype(np.int64)
     sampler.update_priorities(ring, ids, rng.lognormal(0.0, 1.5, ring.capacity))
+    return ring, sampler
+
+
+@pytest.mark.parametrize("accept_min", [0.0, 2.0])  # rejection, descent
+def test_a_sampler_draws_alike_from_a_bit_generator_the_kernel_cannot_call(accept_min):
+    """The same sampler state sampled with a generator the kernels draw from and with an
+    unknown class over the same bits (drawn by rng.random, handed in): the same draws,
+    probabilities and weights, and the generators end alike."""
+    ring, sampler = wrapped_sampler(accept_min)
     for _ in range(3):
         known = np.random.Generator(np.random.PCG64(11))
         custom = np.random.Generator(_Custom(11))
@@ -101,14 +108,7 @@ def test_a_kernel_draw_takes_the_bit_generators_lock(accept_min):
     draws exactly what it would have."""
     import threading
 
-    ring = Ring(2, 300)
-    ring.last_id = 450
-    sampler = PrioritizedSampler(ring.capacity, seed=3)
-    sampler._accept_min = accept_min
-    sampler.on_add(ring, 0, 451)
-    rng = np.random.default_rng(4)
-    ids = (np.arange(ring.capacity) + 151 * 2).astype(np.int64)
-    sampler.update_priorities(ring, ids, rng.lognormal(0.0, 1.5, ring.capacity))
+    ring, sampler = wrapped_sampler(accept_min)
     expected = sampler.sample(ring, 64, 1, np.random.default_rng(9))[0][0]
     shared = np.random.default_rng(9)
     done = []

@@ -14,7 +14,8 @@ from conftest import to_np
 
 tf = pytest.importorskip("tensorflow")
 
-from tf_draw_gates import Gate, add, counter, pulled_values  # noqa: E402
+from tf_draw_gates import (  # noqa: E402
+    Gate, add, counter, pulled_one_drew_the_next, pulled_values)
 
 
 def test_a_clear_between_the_draw_and_the_pull_hands_out_no_earlier_data(monkeypatch):
@@ -41,11 +42,7 @@ def test_a_clear_between_the_draw_and_the_pull_hands_out_no_earlier_data(monkeyp
 def test_a_restore_between_the_draw_and_the_pull_hands_out_no_earlier_data(monkeypatch):
     saved = counter(adds=4, value=7).state_dict()
     buf = counter(adds=6, value=1)
-    gate = Gate(buf, monkeypatch)
-    it = iter(buf.as_dataset(8))
-    gate.release(0, 1)
-    assert pulled_values(next(it)) == {1}
-    gate.drawn(1)  # element 1 was drawn from the buffer of 1s
+    gate, it = pulled_one_drew_the_next(buf, monkeypatch, 1)
     buf.load_state_dict(saved)
     gate.release(2)
     assert pulled_values(next(it)) == {7}

@@ -16,7 +16,8 @@ tf = pytest.importorskip("tensorflow")
 
 from replaybuffer.tf import TFUniformReplayBuffer  # noqa: E402
 from tf_draw_gates import (  # noqa: E402
-    WAIT, Gate, HoldAfterReads, add, counter, pulled_values, pulled_values_of)
+    WAIT, Gate, HoldAfterReads, add, counter, pulled_one_drew_the_next, pulled_values,
+    pulled_values_of)
 
 
 # ------------------------------------------ restores of variables() by tf.train.Checkpoint
@@ -33,11 +34,7 @@ def test_a_tf_train_checkpoint_restore_between_the_draw_and_the_pull_is_seen(
         monkeypatch, tmp_path):
     path = tf_save(counter(adds=6, value=7), tmp_path)
     buf = counter(adds=6, value=1)
-    gate = Gate(buf, monkeypatch)
-    it = iter(buf.as_dataset(8))
-    gate.release(0, 1)
-    assert pulled_values(next(it)) == {1}
-    gate.drawn(1)  # element 1 was drawn from the buffer of 1s
+    gate, it = pulled_one_drew_the_next(buf, monkeypatch, 1)
     tf_restore(buf, path)
     gate.release(2)
     assert pulled_values(next(it)) == {7}
@@ -50,11 +47,7 @@ def test_a_restore_back_to_an_earlier_state_then_adds_past_the_draw_is_seen(
     buf = counter(batch_size=2, max_length=6, adds=3, value=1)
     path = tf_save(buf, tmp_path)  # 3 steps per row
     add(buf, 6, 2)  # 9 adds: the ring holds only 2s
-    gate = Gate(buf, monkeypatch)
-    it = iter(buf.as_dataset(8))
-    gate.release(0, 1)
-    assert pulled_values(next(it)) == {2}
-    gate.drawn(1)
+    gate, it = pulled_one_drew_the_next(buf, monkeypatch, 2)
     tf_restore(buf, path)
     add(buf, 6, 3)  # 9 adds again, but these hold only 3s: no 2 is in the buffer
     gate.release(2)
@@ -67,11 +60,7 @@ def test_restoring_the_same_checkpoint_twice_is_seen_the_second_time(monkeypatch
     path = tf_save(buf, tmp_path)
     tf_restore(buf, path)
     add(buf, 6, 8)  # the ring holds only 8s
-    gate = Gate(buf, monkeypatch)
-    it = iter(buf.as_dataset(8))
-    gate.release(0, 1)
-    assert pulled_values(next(it)) == {8}
-    gate.drawn(1)
+    gate, it = pulled_one_drew_the_next(buf, monkeypatch, 8)
     tf_restore(buf, path)  # the same stamp as after the first restore
     gate.release(2)
     assert pulled_values(next(it)) == {7}
@@ -215,11 +204,7 @@ def test_a_restore_of_the_buffer_object_between_the_draw_and_the_pull_is_seen(
     path = tf.train.Checkpoint(replay_buffer=counter(adds=6, value=7)).write(
         str(tmp_path / "ckpt"))
     buf = counter(adds=6, value=1)
-    gate = Gate(buf, monkeypatch)
-    it = iter(buf.as_dataset(8))
-    gate.release(0, 1)
-    assert pulled_values(next(it)) == {1}
-    gate.drawn(1)
+    gate, it = pulled_one_drew_the_next(buf, monkeypatch, 1)
     tf.train.Checkpoint(replay_buffer=buf).read(path).assert_consumed()
     gate.release(2)
     assert pulled_values(next(it)) == {7}

@@ -133,3 +133,15 @@ def pulled_values_of(element):
     """The values of an element of a dict-spec buffer."""
     items, _ = element
     return set(np.concatenate([to_np(x).ravel() for x in items.values()]).tolist())
+
+
+def pulled_one_drew_the_next(buf, monkeypatch, value):
+    """Gate ``buf``'s plain ``as_dataset(8)``: its first element pulled (all ``value``)
+    and the second drawn ahead from the buffer as it is now, not yet pulled (release
+    element 2 to pull it). Returns ``(gate, iterator)``."""
+    gate = Gate(buf, monkeypatch)
+    it = iter(buf.as_dataset(8))
+    gate.release(0, 1)
+    assert pulled_values(next(it)) == {value}
+    gate.drawn(1)
+    return gate, it
