@@ -61,7 +61,8 @@ BATCHES_PER_CALL = {"control": 32, "frames": 2}
 that go to it in one call: a group of 32 takes about 7.8 calls over 8 shards of equal
 mass, 0.25 a batch, where groups of 2 take 0.94. Frame batches (7.2 MB) stay in groups
 of 2: calls carrying 32 of them cost the shards and Ray's object store more than the
-calls saved (a sixth of the samples/s; docs/distributed/ray.md, "Larger groups")."""
+calls saved (a sixth of the samples/s from 1 shard, 0.6x from 8; docs/distributed/
+ray.md, "Larger groups")."""
 
 
 def shard_buffer(spec: Any, max_length: int) -> Any:
