@@ -185,6 +185,32 @@ def test_a_draw_answer_hands_out_its_batches_and_the_error_of_the_rest():
     assert pack_draws(packing, SPEC, [(drawn[0][0][::-1], *drawn[0][1:])], None) is None
 
 
+@pytest.mark.parametrize("group, prefetch", [(4, 4), (4, 8)])
+def test_a_group_up_to_prefetch_keeps_the_seeds_batches_and_its_depth(make, group,
+                                                                     prefetch):
+    # docs/distributed/ray.md: prefetch=g lets the batches in flight fall to 1 at a
+    # group's turn; prefetch=2g keeps g + 1 in flight. The batches are the seed's.
+    runs = []
+    for per_call in (1, group):
+        buffer = make(seed=14, shards_per_batch=1)
+        fill_shards(buffer, [10, 20, 30])
+        stream = iter(buffer.as_dataset(8, prefetch=prefetch, batches_per_call=per_call))
+        batches, depths = [], []
+        for _ in range(3 * group):
+            batches.append(next(stream))
+            depths.append(stream.in_flight())
+        stream.close()
+        runs.append(batches)
+        if per_call == group:
+            assert min(depths) == prefetch - group + 1
+            assert max(depths) == prefetch
+        else:
+            assert set(depths) == {prefetch}
+    for (a, info_a), (b, info_b) in zip(*runs):
+        np.testing.assert_array_equal(a["x"], b["x"])
+        np.testing.assert_array_equal(info_a.probabilities, info_b.probabilities)
+
+
 def test_batches_per_call_below_one_is_refused_and_nothing_changes(make):
     buffer = make(seed=13)
     fill_shards(buffer, [4, 4, 4])

@@ -9,7 +9,8 @@ uniform shards holding 100k control (20k frames) items between them, prefilled w
 through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
 learner iterates ``as_dataset(256, prefetch=--prefetch, batches_per_call=
---batches-per-call)``. Inserts/s sum the
+--batches-per-call)`` (defaults: :data:`BATCHES_PER_CALL`, and as many in flight,
+at least 4). Inserts/s sum the
 collectors' steps; samples/s count sampled items. The idle latency of one
 ``get_next(256)`` (median of 50) is taken first, on the prefilled shards, before the
 collectors start.
@@ -53,6 +54,15 @@ CHUNK = 32
 EPISODE_STEPS = 1000
 """Steps of a collector's episode (FIRST, MID..., LAST)."""
 FIRST, MID, LAST = 0, 1, 2
+BATCHES_PER_CALL = {"control": 32, "frames": 2}
+"""Per workload, the batches the learner's dataset starts together unless
+``--batches-per-call`` says (and keeps as many in flight, at least 4, unless
+``--prefetch`` says). With one shard per batch a shard draws all of a group's batches
+that go to it in one call: a group of 32 takes about 7.8 calls over 8 shards of equal
+mass, 0.25 a batch, where groups of 2 take 0.94. Frame batches (7.2 MB) stay in groups
+of 2: calls carrying 32 of them cost the shards and Ray's object store more than the
+calls saved (a sixth of the samples/s from 1 shard, 0.6x from 8; docs/distributed/
+ray.md, "Larger groups")."""
 
 
 def shard_buffer(spec: Any, max_length: int) -> Any:
@@ -275,10 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", default="1,2,4,8")
     parser.add_argument("--shards-per-batch", default="1",
                         help="comma-separated: a number of shards, or 'all'")
-    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="batches in flight (default: the batches per call, at "
+                             "least 4)")
     parser.add_argument("--chunk-steps", type=int, default=256)
-    parser.add_argument("--batches-per-call", type=int, default=2,
-                        help="batches the learner's dataset starts together")
+    parser.add_argument("--batches-per-call", type=int, default=None,
+                        help="batches the learner's dataset starts together (default: "
+                             "32 for control, 2 for frames)")
     parser.add_argument("--idle", action="store_true",
                         help="only the learner alone: get_next latency and dataset items/s")
     parser.add_argument("--no-single", action="store_true",
@@ -288,19 +301,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per row (default 5; 2 for --idle's dataset)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+
+    def group(workload: str) -> tuple[int, int]:
+        """The batches per call and the prefetch of ``workload``'s rows."""
+        per_call = (BATCHES_PER_CALL[workload] if args.batches_per_call is None
+                    else args.batches_per_call)
+        return per_call, max(4, per_call) if args.prefetch is None else args.prefetch
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"# collectors write episodes of {EPISODE_STEPS} steps (FIRST, MID..., LAST) "
           f"in extends of {CHUNK}; chunks of {args.chunk_steps} steps; learner: "
-          f"as_dataset({SAMPLE}, prefetch={args.prefetch}), batches_per_call="
-          f"{args.batches_per_call}", flush=True)
+          f"as_dataset({SAMPLE}, prefetch=P, batches_per_call=G), (G, P) per workload: "
+          f"{ {w: group(w) for w in BATCHES_PER_CALL} }", flush=True)
     rows = []
     try:
         for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
             for shards in [int(s) for s in args.shards.split(",") if s]:
+                per_call, prefetch = group("control")
                 rows.append(run_idle(shards, None if mode == "all" else int(mode),
-                                     args.prefetch, args.seconds or 2.0,
-                                     args.batches_per_call))
+                                     prefetch, args.seconds or 2.0, per_call))
                 print(json.dumps(rows[-1]), flush=True)
         for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
             if not args.no_single:
@@ -308,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
             for mode in [m for m in args.shards_per_batch.split(",") if m]:
                 for shards in [int(s) for s in args.shards.split(",") if s]:
+                    per_call, prefetch = group(workload)
                     rows.append(run_ray(workload, shards, args.collectors,
                                         args.seconds or 5.0,
                                         None if mode == "all" else int(mode),
-                                        args.prefetch, args.chunk_steps,
-                                        args.batches_per_call))
+                                        prefetch, args.chunk_steps, per_call))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
