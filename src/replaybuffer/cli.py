@@ -326,7 +326,7 @@ bench modes (one at a time; add --quick for a smoke run, --json FILE to keep the
   replaybuffer bench --scale       sample cost against capacity (--plot PNG: and plot it)
   replaybuffer bench --checkpoint  save and load a large buffer while it is in use
   replaybuffer bench --processes   writer processes on one SharedReplayBuffer (--soak S)
-  replaybuffer bench --ray         a RayReplayBuffer with 1, 2, 4 shards
+  replaybuffer bench --ray         a RayReplayBuffer with 1, 2, 4, 8 shards
   replaybuffer bench --gpu         the torch storage on a CUDA device against TorchRL
 """
 
