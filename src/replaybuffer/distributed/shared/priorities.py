@@ -62,6 +62,11 @@ class SharedPriorities:
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
         self._alpha = alpha
+        # A float64 memoryview of the tree, for a single leaf's walk to the root (a
+        # memoryview's scalar load or store costs a third of numpy's).
+        self._nodes = layout.tree.data
+        self._leaf_base = len(layout.tree) // 2
+        self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
         self.floor: np.ndarray | None = None
         """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
@@ -112,6 +117,26 @@ class SharedPriorities:
             crash_point("shared.priorities.update")
         flat_tree.propagate(self._tree, positions)
 
+    def enter(self, start: int, count: int) -> None:
+        """Set the leaves of positions ``start .. start + count - 1`` (a step of
+        ``count`` rows) to :meth:`entering_value`, and their ancestors; inside
+        :meth:`changing`. One position (an actor with one env) walks to the root on the
+        tree's memoryview: the same sums as :func:`~replaybuffer.sampling.flat_tree.
+        propagate`, in a third of the time."""
+        value = self.entering_value()
+        if count != 1:
+            self.set(np.arange(start, start + count), np.full(count, value))
+            return
+        nodes = self._nodes
+        node = self._leaf_base + start
+        nodes[node] = value
+        if ARMED is not None:
+            crash_point("shared.priorities.update")
+        node >>= 1
+        while node:
+            nodes[node] = nodes[2 * node] + nodes[2 * node + 1]
+            node >>= 1
+
     def leaves(self, positions: np.ndarray) -> np.ndarray:
         """The leaves of ``positions`` (int64, any shape), float64 (``** alpha``); read
         inside :meth:`changing`."""
@@ -135,13 +160,14 @@ class SharedPriorities:
         with self._lock:
             if self._intent[TREE_DIRTY]:
                 self.repair()
+            heads = self._next_id.copy()
+            self._hide_rewrites(heads)
             total = float(self._tree[1])
             if not total > 0:
                 raise EmptyBufferError("get_next: no step with a positive priority (the "
                                        "buffer is empty, or every priority is 0)")
             positions = flat_tree.find_prefix(self._tree, rng.random(count) * total)
             p = flat_tree.leaves_of(self._tree, positions) / total
-            heads = self._next_id.copy()
         rows = positions % self._rows_total
         slots = positions // self._rows_total
         row_heads = heads[rows]
@@ -151,6 +177,26 @@ class SharedPriorities:
         p[bad] = 0.0  # rejected by the caller, as zero leaves rounding may land on
         starts[bad] = 0
         return rows, starts, p
+
+    def _hide_rewrites(self, heads: np.ndarray) -> None:
+        """Zero the leaves of the steps being written at the rows' heads ``heads`` (int64
+        ``[num_rows]``, read under the lock): a prioritized ``add_batch`` makes its
+        positions' versions odd with no lock and keeps the old step's leaf until its
+        one lock section publishes the new one, so the draw hides them, as the writer's
+        own section would have (a writer killed mid-step leaves its leaf hidden too).
+        Bracketed in ``tree_intent`` (no span: a repair rebuilds the interior)."""
+        positions = (heads % self._length) * self._rows_total + self._row_numbers
+        odd = positions[self._version.take(positions) % 2 == 1]
+        if not len(odd):
+            return
+        odd = odd[flat_tree.leaves_of(self._tree, odd) != 0]
+        if not len(odd):
+            return
+        intent = self._intent
+        intent[TREE_START] = intent[TREE_COUNT] = 0
+        intent[TREE_DIRTY] = 1
+        self.set(odd, np.zeros(len(odd)))
+        intent[TREE_DIRTY] = 0
 
     def update(self, ids: Any, priorities: Any) -> int:
         """Set the priorities of the items ``ids`` (int64 item ids ``[S]`` or ``[S, T]``,

@@ -342,25 +342,16 @@ class SharedWriter:
         rewrites = step >= self._length
         if rewrites and self._pins is not None:  # a Queue's read copying it: wait
             self._pins.wait_for_readers(first, count, step - self._length)
-        priorities = self._priorities
-        if priorities is None:
-            if rewrites:  # (inline: the hot path of a uniform writer)
-                if self._torn is None:
-                    self._my_held.fill(self._length - 1)
-                else:
-                    self._count_out()
-                if ARMED is not None:
-                    crash_point("shared.write.uncount")
-            self._version[span] = 2 * step + 1  # 2.
-        else:  # not drawn while rewritten
-            positions = np.arange(start, start + count)
-            with priorities.changing(start, count):
-                if rewrites:
-                    self._count_out()
-                    if ARMED is not None:
-                        crash_point("shared.write.uncount")
-                self._version[span] = 2 * step + 1
-                priorities.set(positions, np.zeros(count))
+        if rewrites:
+            if self._torn is None:
+                self._my_held.fill(self._length - 1)
+            else:
+                self._count_out()
+            if ARMED is not None:
+                crash_point("shared.write.uncount")
+        # 2. (a prioritized step too: its leaf is hidden by the next draw that finds the
+        # odd version, under the tree's lock, SharedPriorities.draw)
+        self._version[span] = 2 * step + 1
         order_fence()  # 3.
         write_exact = self._write_exact  # 4.
         if write_exact is None or not write_exact(start, arrays):
@@ -370,11 +361,12 @@ class SharedWriter:
         if ARMED is not None:
             crash_point("shared.write.data")
         order_fence()  # 5.
+        priorities = self._priorities
         if priorities is None:
             self._publish(span, step)
-        else:
+        else:  # the one lock section of a prioritized step
             with priorities.changing(start, count):
-                priorities.set(positions, np.full(count, priorities.entering_value()))
+                priorities.enter(start, count)
                 self._publish(span, step)
         if self._commits is not None:  # 7.
             self._commits.committed(count)
