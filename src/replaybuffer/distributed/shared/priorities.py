@@ -64,7 +64,7 @@ class SharedPriorities:
         self._alpha = alpha
         # A float64 memoryview of the tree, for a single leaf's walk to the root (a
         # memoryview's scalar load or store costs a third of numpy's).
-        self._nodes = layout.tree.data
+        self._nodes: Any = layout.tree.data  # (typeshed: memoryview stores ints only)
         self._leaf_base = len(layout.tree) // 2
         self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
