@@ -14,6 +14,7 @@ from test_shared_faults import SPEC, assert_tree_whole, items_for
 from test_shared_prioritized_batches import counted
 
 from replaybuffer.distributed import SharedReplayBuffer
+from replaybuffer.distributed.shared import leaf_walks
 from replaybuffer.sampling import flat_tree
 
 
@@ -169,3 +170,23 @@ def test_adds_wraps_updates_and_draws_mid_write_keep_the_tree_of_a_model(
             rebuilt = tree.copy()
             flat_tree.rebuild(rebuilt)
             np.testing.assert_allclose(tree, rebuilt, rtol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 40), data=st.data())
+def test_a_walk_up_gives_the_nodes_of_flat_tree_update_bit_for_bit(capacity, data):
+    """Compiled (where numba is) and in Python on the memoryview alike."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    tree = np.zeros(flat_tree.tree_nodes(capacity))
+    flat_tree.update(tree, np.arange(capacity), rng.exponential(1.0, capacity))
+    for _ in range(data.draw(st.integers(1, 4))):
+        start = data.draw(st.integers(0, capacity - 1))
+        count = data.draw(st.integers(1, capacity - start))
+        value = float(rng.exponential(3.0))
+        expected = tree.copy()
+        flat_tree.update(expected, np.arange(start, start + count), np.full(count, value))
+        python = tree.copy()
+        leaf_walks.walk_up_python(python.data, len(tree) // 2 + start, count, value)
+        leaf_walks.walk_up(tree, len(tree) // 2 + start, count, value)
+        np.testing.assert_array_equal(python, expected)
+        np.testing.assert_array_equal(tree, expected)

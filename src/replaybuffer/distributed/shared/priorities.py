@@ -36,6 +36,7 @@ from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.layout import (TREE_COUNT, TREE_DIRTY, TREE_START,
                                                     TREE_STEP, SharedLayout)
+from replaybuffer.distributed.shared.leaf_walks import walk_up
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import flat_tree
@@ -62,9 +63,6 @@ class SharedPriorities:
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
         self._alpha = alpha
-        # A float64 memoryview of the tree, for a single leaf's walk to the root (a
-        # memoryview's scalar load or store costs a third of numpy's).
-        self._nodes: Any = layout.tree.data  # (typeshed: memoryview stores ints only)
         self._leaf_base = len(layout.tree) // 2
         self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
@@ -119,23 +117,14 @@ class SharedPriorities:
 
     def enter(self, start: int, count: int) -> None:
         """Set the leaves of positions ``start .. start + count - 1`` (a step of
-        ``count`` rows) to :meth:`entering_value`, and their ancestors; inside
-        :meth:`changing`. One position (an actor with one env) walks to the root on the
-        tree's memoryview: the same sums as :func:`~replaybuffer.sampling.flat_tree.
-        propagate`, in a third of the time."""
+        ``count`` rows) to :meth:`entering_value`, and their ancestors, path by path
+        (:mod:`.leaf_walks`: compiled where numba is); inside :meth:`changing`."""
         value = self.entering_value()
-        if count != 1:
-            self.set(np.arange(start, start + count), np.full(count, value))
-            return
-        nodes = self._nodes
-        node = self._leaf_base + start
-        nodes[node] = value
-        if ARMED is not None:
+        first = self._leaf_base + start
+        if ARMED is not None:  # a kill between the leaves and their ancestors
+            self._tree[first:first + count] = value
             crash_point("shared.priorities.update")
-        node >>= 1
-        while node:
-            nodes[node] = nodes[2 * node] + nodes[2 * node + 1]
-            node >>= 1
+        walk_up(self._tree, first, count, value)
 
     def leaves(self, positions: np.ndarray) -> np.ndarray:
         """The leaves of ``positions`` (int64, any shape), float64 (``** alpha``); read
