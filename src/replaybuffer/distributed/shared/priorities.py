@@ -3,7 +3,12 @@ priority updates, on the flat sum tree every process maps
 (:mod:`replaybuffer.sampling.flat_tree`), read and written under the buffer's lock.
 
 A position's priority is 0 while it is rewritten, so it is not drawn; then the largest
-priority seen (the writer sets both through :meth:`SharedPriorities.changing`).
+priority seen. An ``add_batch`` step makes its versions odd with no lock and publishes
+its leaves in one section (:meth:`SharedPriorities.enter`); the zero in between is set
+by the next draw, which under the lock zeroes the leaves of odd versions at the rows'
+heads before it draws (:meth:`SharedPriorities.draw`: one pass over the heads, as the
+draw reads them anyway). A block of an ``extend`` sets both in sections of its own
+(:mod:`.step_blocks`).
 ``update`` ignores ids whose step was overwritten since they were drawn.
 
 A holder killed midway. Changing the tree takes several stores (leaves, then each level

@@ -34,11 +34,16 @@ heads are published after the versions; a reader that sees a head before the ver
 its newest step just redraws that window. The fences are free on x86 (whose stores and
 loads keep program order) and a ``seq_cst`` fence elsewhere (:mod:`.memory_fences`).
 
-A prioritized buffer also hides the positions in the sum tree (leaves 0) with the odd
-versions and publishes their leaves with the even ones, both under the lock
-(:meth:`~.priorities.SharedPriorities.changing`, which repairs what a killed holder
-left): two lock sections a step for ``add_batch``, and two for a whole ``extend`` of up
-to ``max_length`` steps, hidden together and published together (:mod:`.step_blocks`).
+A prioritized ``add_batch`` step takes the tree's lock once: 1. to 5. as above, with no
+lock, then its leaves set to the entering priority with the even versions and the heads,
+in one section (:meth:`~.priorities.SharedPriorities.changing`, which repairs what a
+killed holder left). While it is written, its positions keep the old step's leaves; a
+draw, under the lock, zeroes the leaves of odd versions at the rows' heads before it
+draws (:meth:`~.priorities.SharedPriorities.draw`), so it never draws the step being
+rewritten and its probabilities are over the steps drawable; a draw that read a version
+just before the odd store copies a step the seqlock check then rejects, as for a uniform
+step. A whole ``extend`` of up to ``max_length`` steps takes two sections, hidden
+together and published together (:mod:`.step_blocks`).
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
