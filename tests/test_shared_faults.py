@@ -285,9 +285,9 @@ def crash_a_child(monkeypatch, buffer: SharedReplayBuffer, point: str, rows: int
 
 
 @pytest.mark.parametrize("point, head", [
-    ("shared.priorities.update:11", 5),  # hiding step 5 (over step 1): leaves 0 only
-    ("shared.priorities.update:12", 5),  # publishing step 5: leaves at max, versions odd
-    ("shared.priorities.update:13", 6),  # update_priorities: new leaves, old interior
+    ("shared.write.uncount:2", 5),       # step 1 counted out, step 5 not begun
+    ("shared.priorities.update:6", 5),   # publishing step 5: leaves at max, versions odd
+    ("shared.priorities.update:7", 6),   # update_priorities: new leaves, old interior
     ("shared.write.publish:6", 6),       # step 5's versions even, its row heads not moved
     ("shared.write.data:6", 5),          # step 5's data written, nothing published
 ])

@@ -3,7 +3,12 @@ priority updates, on the flat sum tree every process maps
 (:mod:`replaybuffer.sampling.flat_tree`), read and written under the buffer's lock.
 
 A position's priority is 0 while it is rewritten, so it is not drawn; then the largest
-priority seen (the writer sets both through :meth:`SharedPriorities.changing`).
+priority seen. An ``add_batch`` step makes its versions odd with no lock and publishes
+its leaves in one section (:meth:`SharedPriorities.enter`); the zero in between is set
+by the next draw, which under the lock zeroes the leaves of odd versions at the rows'
+heads before it draws (:meth:`SharedPriorities.draw`: one pass over the heads, as the
+draw reads them anyway). A block of an ``extend`` sets both in sections of its own
+(:mod:`.step_blocks`).
 ``update`` ignores ids whose step was overwritten since they were drawn.
 
 A holder killed midway. Changing the tree takes several stores (leaves, then each level
@@ -36,6 +41,7 @@ from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.layout import (TREE_COUNT, TREE_DIRTY, TREE_START,
                                                     TREE_STEP, SharedLayout)
+from replaybuffer.distributed.shared.leaf_walks import walk_up
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling import flat_tree
@@ -62,6 +68,8 @@ class SharedPriorities:
         self._lock = lock
         self._rows_total, self._length = num_rows, max_length
         self._alpha = alpha
+        self._leaf_base = len(layout.tree) // 2
+        self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
         self.floor: np.ndarray | None = None
         """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
@@ -112,6 +120,17 @@ class SharedPriorities:
             crash_point("shared.priorities.update")
         flat_tree.propagate(self._tree, positions)
 
+    def enter(self, start: int, count: int) -> None:
+        """Set the leaves of positions ``start .. start + count - 1`` (a step of
+        ``count`` rows) to :meth:`entering_value`, and their ancestors, path by path
+        (:mod:`.leaf_walks`: compiled where numba is); inside :meth:`changing`."""
+        value = self.entering_value()
+        first = self._leaf_base + start
+        if ARMED is not None:  # a kill between the leaves and their ancestors
+            self._tree[first:first + count] = value
+            crash_point("shared.priorities.update")
+        walk_up(self._tree, first, count, value)
+
     def leaves(self, positions: np.ndarray) -> np.ndarray:
         """The leaves of ``positions`` (int64, any shape), float64 (``** alpha``); read
         inside :meth:`changing`."""
@@ -135,13 +154,14 @@ class SharedPriorities:
         with self._lock:
             if self._intent[TREE_DIRTY]:
                 self.repair()
+            heads = self._next_id.copy()
+            self._hide_rewrites(heads)
             total = float(self._tree[1])
             if not total > 0:
                 raise EmptyBufferError("get_next: no step with a positive priority (the "
                                        "buffer is empty, or every priority is 0)")
             positions = flat_tree.find_prefix(self._tree, rng.random(count) * total)
             p = flat_tree.leaves_of(self._tree, positions) / total
-            heads = self._next_id.copy()
         rows = positions % self._rows_total
         slots = positions // self._rows_total
         row_heads = heads[rows]
@@ -151,6 +171,26 @@ class SharedPriorities:
         p[bad] = 0.0  # rejected by the caller, as zero leaves rounding may land on
         starts[bad] = 0
         return rows, starts, p
+
+    def _hide_rewrites(self, heads: np.ndarray) -> None:
+        """Zero the leaves of the steps being written at the rows' heads ``heads`` (int64
+        ``[num_rows]``, read under the lock): a prioritized ``add_batch`` makes its
+        positions' versions odd with no lock and keeps the old step's leaf until its
+        one lock section publishes the new one, so the draw hides them, as the writer's
+        own section would have (a writer killed mid-step leaves its leaf hidden too).
+        Bracketed in ``tree_intent`` (no span: a repair rebuilds the interior)."""
+        positions = (heads % self._length) * self._rows_total + self._row_numbers
+        odd = positions[self._version.take(positions) % 2 == 1]
+        if not len(odd):
+            return
+        odd = odd[flat_tree.leaves_of(self._tree, odd) != 0]
+        if not len(odd):
+            return
+        intent = self._intent
+        intent[TREE_START] = intent[TREE_COUNT] = 0
+        intent[TREE_DIRTY] = 1
+        self.set(odd, np.zeros(len(odd)))
+        intent[TREE_DIRTY] = 0
 
     def update(self, ids: Any, priorities: Any) -> int:
         """Set the priorities of the items ``ids`` (int64 item ids ``[S]`` or ``[S, T]``,

@@ -1,5 +1,5 @@
 """A block of consecutive steps written to a prioritized shared buffer with two lock
-sections in all, where one step at a time takes two each.
+sections in all (an ``add_batch`` step takes one: :mod:`.writer`).
 
 ``extend`` of ``T`` steps (``T <= max_length``; a longer call is cut into blocks of
 ``max_length``) to rows ``first .. first + count - 1`` from head ``s0``:

@@ -34,11 +34,16 @@ heads are published after the versions; a reader that sees a head before the ver
 its newest step just redraws that window. The fences are free on x86 (whose stores and
 loads keep program order) and a ``seq_cst`` fence elsewhere (:mod:`.memory_fences`).
 
-A prioritized buffer also hides the positions in the sum tree (leaves 0) with the odd
-versions and publishes their leaves with the even ones, both under the lock
-(:meth:`~.priorities.SharedPriorities.changing`, which repairs what a killed holder
-left): two lock sections a step for ``add_batch``, and two for a whole ``extend`` of up
-to ``max_length`` steps, hidden together and published together (:mod:`.step_blocks`).
+A prioritized ``add_batch`` step takes the tree's lock once: 1. to 5. as above, with no
+lock, then its leaves set to the entering priority with the even versions and the heads,
+in one section (:meth:`~.priorities.SharedPriorities.changing`, which repairs what a
+killed holder left). While it is written, its positions keep the old step's leaves; a
+draw, under the lock, zeroes the leaves of odd versions at the rows' heads before it
+draws (:meth:`~.priorities.SharedPriorities.draw`), so it never draws the step being
+rewritten and its probabilities are over the steps drawable; a draw that read a version
+just before the odd store copies a step the seqlock check then rejects, as for a uniform
+step. A whole ``extend`` of up to ``max_length`` steps takes two sections, hidden
+together and published together (:mod:`.step_blocks`).
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
@@ -342,25 +347,16 @@ class SharedWriter:
         rewrites = step >= self._length
         if rewrites and self._pins is not None:  # a Queue's read copying it: wait
             self._pins.wait_for_readers(first, count, step - self._length)
-        priorities = self._priorities
-        if priorities is None:
-            if rewrites:  # (inline: the hot path of a uniform writer)
-                if self._torn is None:
-                    self._my_held.fill(self._length - 1)
-                else:
-                    self._count_out()
-                if ARMED is not None:
-                    crash_point("shared.write.uncount")
-            self._version[span] = 2 * step + 1  # 2.
-        else:  # not drawn while rewritten
-            positions = np.arange(start, start + count)
-            with priorities.changing(start, count):
-                if rewrites:
-                    self._count_out()
-                    if ARMED is not None:
-                        crash_point("shared.write.uncount")
-                self._version[span] = 2 * step + 1
-                priorities.set(positions, np.zeros(count))
+        if rewrites:
+            if self._torn is None:
+                self._my_held.fill(self._length - 1)
+            else:
+                self._count_out()
+            if ARMED is not None:
+                crash_point("shared.write.uncount")
+        # 2. (a prioritized step too: its leaf is hidden by the next draw that finds the
+        # odd version, under the tree's lock, SharedPriorities.draw)
+        self._version[span] = 2 * step + 1
         order_fence()  # 3.
         write_exact = self._write_exact  # 4.
         if write_exact is None or not write_exact(start, arrays):
@@ -370,11 +366,12 @@ class SharedWriter:
         if ARMED is not None:
             crash_point("shared.write.data")
         order_fence()  # 5.
+        priorities = self._priorities
         if priorities is None:
             self._publish(span, step)
-        else:
+        else:  # the one lock section of a prioritized step
             with priorities.changing(start, count):
-                priorities.set(positions, np.full(count, priorities.entering_value()))
+                priorities.enter(start, count)
                 self._publish(span, step)
         if self._commits is not None:  # 7.
             self._commits.committed(count)
