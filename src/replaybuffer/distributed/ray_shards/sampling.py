@@ -306,9 +306,9 @@ class ShardSampler:
             if asking is None:
                 asking = self._asking[key] = {}
             waiting = set(asking.values())
-            for i in np.flatnonzero(stale):
-                if self._up[i] and int(i) not in waiting:
-                    asking[self._actors[i].mass_status.remote(key)] = int(i)
+            for shard in np.flatnonzero(stale).tolist():
+                if self._up[shard] and shard not in waiting:
+                    asking[self._actors[shard].mass_status.remote(key)] = shard
             heard[stale] = time.monotonic()  # asked: not again until then
         return self._mass[key]
 
