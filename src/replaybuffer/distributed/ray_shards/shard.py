@@ -155,21 +155,17 @@ class ShardActor:
             state = self.files.limiter_state(self.restored_last_id)
             if limiter is not None and state is not None:
                 limiter.load_state_dict(state)  # no other thread sees it yet
-        # What the previous process had applied and this one lacks (0 at a first start).
+        # Lost: what the previous process applied past the checkpoint (the mark), the
+        # chunks it held (so a writer that never calls again is counted), and what
+        # processes before lost that no client was shown. Chunks applied or held are
+        # not counted again when a writer reports them (applied_before, held_before).
         mark_lost = max(0, self.files.mark - self.restored_last_id)
-        # Chunks a process before this one applied: counted above, never again when a
-        # writer reports them lost (it saw no answer, not that they were not applied).
         self.applied_before = self.files.applied()
-        # Chunks the previous process held (come ahead of an earlier one): lost with
-        # it, counted here once, so that a writer that never calls again has them in
-        # the client's losses; not counted again when a writer reports them.
         held = self.files.held()
         self.held_before = {key: seqs for key, (seqs, _) in held.items()}
-        # Steps earlier processes lost and no client was shown (they died unheard).
         self.steps_lost = self.files.undelivered + mark_lost + sum(
             steps for _, steps in held.values())
-        # Durable before the records it counts are forgotten and the mark moves: a
-        # process that dies before a client hears it leaves its count to the next.
+        # Durable before the held records are forgotten and the mark moves.
         self.files.undelivered = self.steps_lost
         self.unheard = self.steps_lost > 0
         self.loss_lock = threading.Lock()  # steps_lost and undelivered move together
@@ -190,10 +186,8 @@ class ShardActor:
                 self.buffer.last_id)
 
     def heard_status(self) -> Status:
-        """:meth:`status`, for an answer to the client (a draw, a mass question, a
-        description, a priority update): the steps lost it shows are no longer
-        carried to the next process (writes' answers go to writers too, so they do
-        not count as heard)."""
+        """:meth:`status` for an answer only the client gets (not a write's): the steps
+        lost it shows are no longer carried to the next process."""
         if not self.unheard:
             return self.status()
         with self.loss_lock:
@@ -271,9 +265,8 @@ class ShardActor:
             added = sum(steps for seq, steps in lost if seq > applied and seq not in counted)
             if added:
                 with self.loss_lock:  # a client may be shown the count meanwhile
-                    self.steps_lost += added
+                    self.steps_lost, self.unheard = self.steps_lost + added, True
                     self.files.undelivered = self.files.undelivered + added
-                    self.unheard = True
 
     def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
         """Apply ``chunks`` in order (of ``writer``, whose newest applied chunk is then
@@ -286,11 +279,8 @@ class ShardActor:
                     self.apply_one(name, args, kwargs)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the rest
                     error = error or exc
-        # The held record before the mark: a process killed between the two stores
-        # must not leave a chunk it applied both in the mark and in the record (the
-        # next process would count its steps twice). Killed the other way round, a
-        # chunk applied is in neither, and its writer reports it lost once it sees
-        # the process gone (it was answered "held").
+        # The held record before the mark: killed between them, a chunk applied is in
+        # neither (never in both), and its writer, answered "held", reports it lost.
         held = None if writer is None else self.order.held.get(writer)
         if held or writer in self.holding:
             assert writer is not None
@@ -303,8 +293,8 @@ class ShardActor:
                 self.holding.discard(writer)
         last_id = self.buffer.last_id
         if writer is not None and chunks:  # the mark and the writer's record together
-            self.files.record_applied(writer_key(writer),
-                                      self.order.next_seq.get(writer, 0) - 1, last_id)
+            self.files.record_applied(writer_key(writer), self.order.next_seq[writer] - 1,
+                                      last_id)
         else:
             self.files.mark = last_id
         if self.root is not None and self.checkpoint_every and \
@@ -440,8 +430,7 @@ class ShardActor:
         self.incarnation = self.files.next_incarnation()
         self.restored_last_id = -1
         with self.loss_lock:  # the client starts the shard afresh: no loss to carry
-            self.steps_lost = 0
-            self.files.undelivered = 0
+            self.steps_lost = self.files.undelivered = 0
             self.unheard = False
         self.files.forget_applied()
         self.files.round_robin = False
