@@ -276,6 +276,7 @@ def test_chunks_held_by_a_process_that_died_count_lost_with_no_report(tmp_path):
     assert second.steps_lost == 5 + 2  # writer's held chunks; other's applied, by the mark
     second.write((extend_op([8]), [], writer, 3, 3, [(1, 3), (2, 2)], False))
     assert second.steps_lost == 7  # the writer's report of the same chunks: not again
+    second.describe()  # a client is shown them: the next process does not carry them
     third = ShardActor(uniform, 0, str(tmp_path), None)
     assert third.steps_lost == 1  # chunk 3 by the mark; nothing held any more
 
@@ -387,25 +388,165 @@ def test_bad_rows_and_timeouts_are_refused_in_the_caller():
 def test_a_process_killed_right_after_its_mark_counts_held_chunks_it_applied_once(
         tmp_path, monkeypatch):
     """A process applies chunk 0 (1 step) and the chunk 1 (3 steps) it held for it,
-    and dies right after storing its mark (modelled by the next record after the mark
-    raising): the next process counts the 4 steps once, by the mark; the held
-    record must not still name chunk 1 (counted a second time before the fix)."""
+    and dies right after storing its mark (modelled by the store after the mark
+    raising: the held record's, the pending record's two, the mark): the next process
+    counts the 4 steps once, by the mark; the held record must not still name chunk 1
+    (counted a second time before the fix)."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    made = kill_at_store(monkeypatch, 4)
+    with pytest.raises(Killed):
+        first.write((extend_op([0]), [], writer, 0, 0, None, False))
+    assert made[-1] == 0  # the last store made was the mark's (word 0)
+    monkeypatch.undo()
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost == 4
+
+
+class Killed(BaseException):
+    """A shard process killed at one store into its home (not an Exception: nothing
+    on the way catches it, as nothing runs after a kill)."""
+
+
+def kill_at_store(monkeypatch, stores_before_kill: int) -> list[int]:
+    """Make the shard home's stores raise :class:`Killed` once ``stores_before_kill``
+    of them went through (every store that orders the mark and the records goes
+    through ``ShardHome.store``); the list holds the stores made."""
+    from replaybuffer.distributed.ray_shards.shard_home import ShardHome
+
+    made: list[int] = []
+    store = ShardHome.store
+
+    def dying(home, index, value):
+        if len(made) == stores_before_kill:
+            raise Killed
+        made.append(index)
+        store(home, index, value)
+    monkeypatch.setattr(ShardHome, "store", dying)
+    return made
+
+
+def test_a_process_killed_between_its_mark_and_its_writer_record_counts_the_chunk_once(
+        tmp_path, monkeypatch):
+    """The review's case: chunk 1 (2 steps) applied, its mark stored, the process
+    killed before the writer's record (modelled by that record raising). The writer,
+    which saw no answer, reports chunk 1 lost: the next process counts its 2 steps
+    once (counted by the mark and again by the report before the fix: 5)."""
     from replaybuffer.distributed.ray_shards.shard import ShardActor
     from replaybuffer.distributed.ray_shards.shard_home import ShardHome
 
     writer = os.urandom(8).hex()
     first = ShardActor(uniform, 0, str(tmp_path), None)
-    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
-
-    class Killed(BaseException):
-        pass
+    first.write((extend_op([1]), [], writer, 0, 0, None, False))
 
     def killed(*args, **kwargs):
         raise Killed
-
     monkeypatch.setattr(ShardHome, "record_applied", killed)
+    with pytest.raises(Killed):
+        first.write((extend_op([2, 3]), [], writer, 1, 1, None, False))
+    monkeypatch.undo()
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    second.write((extend_op([4]), [], writer, 2, 2, [(1, 2)], False))
+    assert second.steps_lost == 3
+
+
+@pytest.mark.parametrize("stores_before_kill", range(4))
+def test_a_chunk_is_counted_once_wherever_its_process_is_killed(tmp_path, monkeypatch,
+                                                                  stores_before_kill):
+    """Chunk 0 (1 step) applied and answered; chunk 1 (2 steps) applied and its
+    process killed after each of the stores of its mark and its writer's record in
+    turn. The writer reports chunk 1 lost (it saw no answer): 3 steps lost, exactly,
+    at every kill point."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    first.write((extend_op([1]), [], writer, 0, 0, None, False))
+    made = kill_at_store(monkeypatch, stores_before_kill)
+    with pytest.raises(Killed):
+        first.write((extend_op([2, 3]), [], writer, 1, 1, None, False))
+    assert len(made) == stores_before_kill
+    monkeypatch.undo()
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    second.write((extend_op([4]), [], writer, 2, 2, [(1, 2)], False))
+    assert second.steps_lost == 3
+    second.describe()  # the client heard it
+    third = ShardActor(uniform, 0, str(tmp_path), None)
+    assert third.steps_lost == 1  # chunk 2, by the mark; chunk 1 not again
+
+
+@pytest.mark.parametrize("stores_before_kill", range(5))
+def test_held_chunks_applied_by_a_killed_process_are_counted_once(tmp_path, monkeypatch,
+                                                                   stores_before_kill):
+    """Chunks 1 and 2 (3 and 2 steps) held for chunk 0 (1 step), which comes: the
+    process applies all three and is killed after each store of its held record,
+    mark and writer's record in turn. The writer (chunk 0 unanswered, 1 and 2
+    answered "held") reports all three: 6 steps lost at every kill point."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    assert first.write((extend_op([4, 5]), [], writer, 2, 0, None, False))[2] == 2
+    kill_at_store(monkeypatch, stores_before_kill)
     with pytest.raises(Killed):
         first.write((extend_op([0]), [], writer, 0, 0, None, False))
     monkeypatch.undo()
     second = ShardActor(uniform, 0, str(tmp_path), None)
-    assert second.steps_lost == 4
+    second.write((extend_op([6]), [], writer, 3, 3, [(0, 1), (1, 3), (2, 2)], False))
+    assert second.steps_lost == 6
+
+
+@pytest.mark.parametrize("stores_before_kill", range(5))
+def test_a_held_record_is_never_torn_by_a_kill(tmp_path, monkeypatch, stores_before_kill):
+    """Chunk 1 (3 steps) held; chunk 2 (2 steps) arrives, held too, and the process
+    is killed after each store of the new held record in turn: the next process sees
+    the old record or the new one, whole, so with the writer's report of both chunks
+    5 steps are lost at every kill point (a record torn between its chunks and its
+    steps counted 3 or 7)."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer = os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    kill_at_store(monkeypatch, stores_before_kill)
+    with pytest.raises(Killed):
+        first.write((extend_op([4, 5]), [], writer, 2, 0, None, False))
+    monkeypatch.undo()
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost in (3, 5)  # the old record, or the new one, whole
+    second.write((extend_op([6]), [], writer, 3, 3, [(1, 3), (2, 2)], False))
+    assert second.steps_lost == 5
+
+
+def test_losses_of_a_process_no_client_heard_are_carried_by_the_next(tmp_path):
+    """A process that counted losses at its start (held chunks of a writer that never
+    calls again, steps past the checkpoint) or from a writer's report, and dies
+    before a client reads its status, leaves them to the next process; once a client
+    was shown them (a description, a draw, a mass question), they are not carried."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer, other = os.urandom(8).hex(), os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    first.write((extend_op([7, 8]), [], other, 0, 0, None, False))
+    second = ShardActor(uniform, 0, str(tmp_path), None)
+    assert second.steps_lost == 5  # 3 held, 2 by the mark; no client hears it
+    third = ShardActor(uniform, 0, str(tmp_path), None)
+    assert third.steps_lost == 5  # carried (0 before the fix)
+    assert third.describe()["status"][2] == 5  # the client is shown them
+    fourth = ShardActor(uniform, 0, str(tmp_path), None)
+    assert fourth.steps_lost == 0
+    fourth.write((extend_op([9]), [], writer, 4, 4, [(2, 4)], False))  # a report
+    assert fourth.steps_lost == 4  # answered to the writer only
+    fifth = ShardActor(uniform, 0, str(tmp_path), None)
+    assert fifth.steps_lost == 4 + 1  # the report carried; chunk 4 by the mark
+    assert fifth.mass_status(None)[1][2] == 5
+    sixth = ShardActor(uniform, 0, str(tmp_path), None)
+    assert sixth.steps_lost == 0
+    sixth.write((extend_op([10]), [], writer, 6, 6, [(5, 2)], False))
+    sixth.clear()  # a clear starts afresh: nothing carried
+    assert ShardActor(uniform, 0, str(tmp_path), None).steps_lost == 0

@@ -245,3 +245,77 @@ def test_dqn_demo_on_ray_collectors_runs_end_to_end():
     assert result.evaluations[-1][0] == result.steps_trained  # evaluated at the end
     assert result.last_network_return > 0
     assert ray.is_initialized()  # the test's cluster is left running
+
+
+@ray.remote(num_cpus=0)
+class Silent:
+    """Answers nothing: a question to it is never ready."""
+
+    def __init__(self):
+        import threading
+        self.never = threading.Event()
+
+    def mass_status(self, key):
+        self.never.wait()
+
+
+class SilentMassHandle:
+    """A shard's actor handle whose ``mass_status`` questions go to a silent actor."""
+
+    def __init__(self, handle, silent):
+        self._handle, self._silent = handle, silent
+
+    def __getattr__(self, name):
+        return getattr(self._silent if name == "mass_status" else self._handle, name)
+
+
+class CountingMassHandle:
+    """A shard's actor handle that counts the client's ``mass_status`` questions."""
+
+    def __init__(self, handle, asked: list[int], shard: int):
+        self._handle, self._asked, self._shard = handle, asked, shard
+
+    def __getattr__(self, name):
+        if name == "mass_status":
+            self._asked[self._shard] += 1
+        return getattr(self._handle, name)
+
+
+def test_a_shard_that_never_answers_its_mass_question_does_not_stop_the_others(
+        monkeypatch):
+    """Shard 2 never answers a mass question; shard 1 (empty: no draw reaches it, so
+    only questions bring its mass) is still asked each refresh period, and items a
+    writer puts in it are drawn (before the fix one unanswered question stopped new
+    questions to every shard: shard 1 was asked once and its items never drawn)."""
+    from replaybuffer.distributed.ray_shards import sampling
+
+    monkeypatch.setattr(sampling, "MASS_REFRESH_S", 0.2)
+    silent = Silent.remote()
+    with RayReplayBuffer(make_buffer, 3, seed=11) as buffer:
+        fill(buffer, range(10), shard=0)
+        buffer.get_next(8)  # the first draw asks every shard and waits
+        handles = list(buffer._actors)
+        asked = [0, 0, 0]
+        buffer._actors[:] = [CountingMassHandle(handles[0], asked, 0),
+                             CountingMassHandle(handles[1], asked, 1),
+                             CountingMassHandle(SilentMassHandle(handles[2], silent),
+                                                asked, 2)]
+        try:
+            time.sleep(0.3)
+            buffer.get_next(8)  # stale: shards 1 and 2 asked (2 never answers)
+            asked[:] = [0, 0, 0]
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:  # several refresh periods
+                batch, _ = buffer.get_next(8)
+                assert (batch["x"] < 10).all()
+                time.sleep(0.02)
+            assert asked[1] >= 2 and asked[2] == 0  # 2 is not asked again meanwhile
+            writer = buffer.writer(1, chunk_steps=4)
+            writer.extend({"x": 100 + np.arange(4)[None]})
+            writer.flush()
+            deadline = time.monotonic() + 30.0
+            while not (buffer.get_next(8)[0]["x"] >= 100).any():
+                assert time.monotonic() < deadline, "shard 1's new items never drawn"
+        finally:
+            buffer._actors[:] = handles
+    ray.kill(silent)

@@ -109,7 +109,8 @@ class ShardSampler:
         self._mass: dict[int | None, np.ndarray] = {}
         # Per key, when each shard's mass last came (with any answer, or asked).
         self._heard: dict[int | None, np.ndarray] = {}
-        self._asking: dict[int | None, list[tuple[int, Any]]] = {}
+        # Per key, the mass questions not yet answered: each one's ref, its shard.
+        self._asking: dict[int | None, dict[Any, int]] = {}
 
     def mass_keys(self) -> list[int | None]:
         """The window lengths whose masses are kept (a write's answer reports them)."""
@@ -287,28 +288,28 @@ class ShardSampler:
             return self._mass[key]
         asking = self._asking.get(key)
         if asking:
-            ready = set(ray.wait([ref for _, ref in asking], num_returns=len(asking),
-                                 timeout=0)[0])
-            if ready:
-                left = []
-                for i, ref in asking:
-                    if ref not in ready:
-                        left.append((i, ref))
-                        continue
-                    try:
-                        mass, status = ray.get(ref)
-                    except RayError:
-                        self._health.down(i)
-                        continue
-                    self._health.observe(i, status)
-                    self._set_mass(key, i, mass)
-                self._asking[key] = left
-        else:
-            stale = self._heard[key] < time.monotonic() - MASS_REFRESH_S
-            if stale.any():
-                self._asking[key] = [(int(i), self._actors[i].mass_status.remote(key))
-                                     for i in np.flatnonzero(stale) if self._up[i]]
-                self._heard[key][stale] = time.monotonic()  # asked: not again until then
+            ready = ray.wait(list(asking), num_returns=len(asking), timeout=0)[0]
+            for ref in ready:
+                i = asking.pop(ref)
+                try:
+                    mass, status = ray.get(ref)
+                except RayError:
+                    self._health.down(i)
+                    continue
+                self._health.observe(i, status)
+                self._set_mass(key, i, mass)
+        heard = self._heard[key]
+        stale = heard < time.monotonic() - MASS_REFRESH_S
+        if stale.any():
+            # Per shard: one that has not answered its question is not asked again,
+            # and does not keep the others from being asked.
+            if asking is None:
+                asking = self._asking[key] = {}
+            waiting = set(asking.values())
+            for shard in np.flatnonzero(stale).tolist():
+                if self._up[shard] and shard not in waiting:
+                    asking[self._actors[shard].mass_status.remote(key)] = shard
+            heard[stale] = time.monotonic()  # asked: not again until then
         return self._mass[key]
 
     def _set_mass(self, key: int | None, shard: int, mass: float) -> None:

@@ -155,18 +155,22 @@ class ShardActor:
             state = self.files.limiter_state(self.restored_last_id)
             if limiter is not None and state is not None:
                 limiter.load_state_dict(state)  # no other thread sees it yet
-        # What the previous process had applied and this one lacks (0 at a first start).
-        self.steps_lost = max(0, self.files.mark - self.restored_last_id)
-        # Chunks a process before this one applied: counted above, never again when a
-        # writer reports them lost (it saw no answer, not that they were not applied).
+        # Lost: what the previous process applied past the checkpoint (the mark), the
+        # chunks it held (so a writer that never calls again is counted), and what
+        # processes before lost that no client was shown. Chunks applied or held are
+        # not counted again when a writer reports them (applied_before, held_before).
+        mark_lost = max(0, self.files.mark - self.restored_last_id)
         self.applied_before = self.files.applied()
-        # Chunks the previous process held (come ahead of an earlier one): lost with
-        # it, counted here once, so that a writer that never calls again has them in
-        # the client's losses; not counted again when a writer reports them.
-        self.held_before: dict[int, set[int]] = {}
-        for key, (seqs, steps) in self.files.take_held().items():
-            self.steps_lost += steps
-            self.held_before[key] = seqs
+        held = self.files.held()
+        self.held_before = {key: seqs for key, (seqs, _) in held.items()}
+        self.steps_lost = self.files.undelivered + mark_lost + sum(
+            steps for _, steps in held.values())
+        # Durable before the held records are forgotten and the mark moves.
+        self.files.undelivered = self.steps_lost
+        self.unheard = self.steps_lost > 0
+        self.loss_lock = threading.Lock()  # steps_lost and undelivered move together
+        self.files.forget_held()
+        self.files.settle_pending()
         self.holding: set[str] = set()  # writers whose held chunks the home records
         self.buffer = buffer
         self.packing = ChunkPacking(buffer.data_spec)
@@ -180,6 +184,16 @@ class ShardActor:
         """``(incarnation, restored_last_id, steps_lost, last_id)``."""
         return (self.incarnation, self.restored_last_id, self.steps_lost,
                 self.buffer.last_id)
+
+    def heard_status(self) -> Status:
+        """:meth:`status` for an answer only the client gets (not a write's): the steps
+        lost it shows are no longer carried to the next process."""
+        if not self.unheard:
+            return self.status()
+        with self.loss_lock:
+            self.unheard = False
+            self.files.undelivered = 0
+            return self.status()
 
     def describe(self, num_steps: int = 1) -> dict[str, Any]:
         """The shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``capacity``,
@@ -198,7 +212,7 @@ class ShardActor:
                 "limiter": None if limiter is None else type(limiter).__name__,
                 "consumes": isinstance(b, FIFOReplayBuffer), "data_spec": b.data_spec,
                 "beta": getattr(b, "beta", None), "saved_last_id": self.saved_last_id,
-                "status": self.status(), "pid": os.getpid()}
+                "status": self.heard_status(), "pid": os.getpid()}
 
     def masses(self, keys: list[int | None]) -> dict[int | None, float]:
         """The sampling mass for windows of each of ``keys`` steps (``None``: 1)."""
@@ -206,7 +220,7 @@ class ShardActor:
 
     def mass_status(self, num_steps: int | None) -> tuple[float, Status]:
         """The mass for windows of ``num_steps`` and :meth:`status` (a cheap refresh)."""
-        return self.buffer.window_mass(num_steps or 1), self.status()
+        return self.buffer.window_mass(num_steps or 1), self.heard_status()
 
     @ray.method(concurrency_group="writes")
     def write(self, call: WriteCall) -> tuple[int, dict[int | None, float], int, Status]:
@@ -248,8 +262,11 @@ class ShardActor:
             key = writer_key(writer)
             applied = self.applied_before.get(key, -1)
             counted = self.held_before.get(key, set())
-            self.steps_lost += sum(steps for seq, steps in lost
-                                   if seq > applied and seq not in counted)
+            added = sum(steps for seq, steps in lost if seq > applied and seq not in counted)
+            if added:
+                with self.loss_lock:  # a client may be shown the count meanwhile
+                    self.steps_lost, self.unheard = self.steps_lost + added, True
+                    self.files.undelivered = self.files.undelivered + added
 
     def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
         """Apply ``chunks`` in order (of ``writer``, whose newest applied chunk is then
@@ -262,11 +279,8 @@ class ShardActor:
                     self.apply_one(name, args, kwargs)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the rest
                     error = error or exc
-        # The held record before the mark: a process killed between the two stores
-        # must not leave a chunk it applied both in the mark and in the record (the
-        # next process would count its steps twice). Killed the other way round, a
-        # chunk applied is in neither, and its writer reports it lost once it sees
-        # the process gone (it was answered "held").
+        # The held record before the mark: killed between them, a chunk applied is in
+        # neither (never in both), and its writer, answered "held", reports it lost.
         held = None if writer is None else self.order.held.get(writer)
         if held or writer in self.holding:
             assert writer is not None
@@ -277,10 +291,12 @@ class ShardActor:
                 self.holding.add(writer)
             else:
                 self.holding.discard(writer)
-        self.files.mark = last_id = self.buffer.last_id
-        if writer is not None and chunks:
-            self.files.record_applied(writer_key(writer),
-                                      self.order.next_seq.get(writer, 0) - 1)
+        last_id = self.buffer.last_id
+        if writer is not None and chunks:  # the mark and the writer's record together
+            self.files.record_applied(writer_key(writer), self.order.next_seq[writer] - 1,
+                                      last_id)
+        else:
+            self.files.mark = last_id
         if self.root is not None and self.checkpoint_every and \
                 last_id - self.saved_last_id >= self.checkpoint_every:
             # ray.method types save as a remote method; in the actor it is a plain one.
@@ -338,7 +354,7 @@ class ShardActor:
             payload = [(structure.unflatten(leaves), ids, probabilities)
                        for (leaves, ids, probabilities), structure in zip(drawn, structures)]
         return (payload, len(drawn), error, self.buffer.window_mass(num_steps or 1),
-                self.status())
+                self.heard_status())
 
     def draw_one(self, method: str, count: int, num_steps: int | None,
                  timeout: float | None, seed: int | None, within_episodes: bool
@@ -377,7 +393,7 @@ class ShardActor:
         """
         ids, priorities, incarnation, keys, client, seq, base = call
         due = self.priority_order.arrive(client, seq, base, (ids, priorities, incarnation))
-        return (self.apply_priorities(due), self.masses(keys), self.status(),
+        return (self.apply_priorities(due), self.masses(keys), self.heard_status(),
                 self.priority_order.waiting(client))
 
     @ray.method(concurrency_group="priorities")
@@ -386,7 +402,7 @@ class ShardActor:
         """Apply every held call of ``client`` in order (it saw all its calls settled:
         the missing ones will never come). Returns ``(applied, masses, status)``."""
         return (self.apply_priorities(self.priority_order.release(client)),
-                self.masses(keys), self.status())
+                self.masses(keys), self.heard_status())
 
     def apply_priorities(self, updates: list[PriorityUpdate]) -> int:
         """Apply ``updates`` in order; how many priorities were set. An update that
@@ -413,7 +429,9 @@ class ShardActor:
         self.buffer.clear()
         self.incarnation = self.files.next_incarnation()
         self.restored_last_id = -1
-        self.steps_lost = 0
+        with self.loss_lock:  # the client starts the shard afresh: no loss to carry
+            self.steps_lost = self.files.undelivered = 0
+            self.unheard = False
         self.files.forget_applied()
         self.files.round_robin = False
         self.applied_before = {}

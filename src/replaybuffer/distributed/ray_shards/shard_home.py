@@ -14,8 +14,18 @@ can say what it lost and resume where it stood.
   otherwise); whether round-robin writes came since the last clear (windows over
   them are refused); and, per writer, the chunks the process holds (come ahead of an
   earlier one, see :mod:`.ordering`): the next process counts their steps lost at its
-  start (:meth:`ShardHome.take_held`), so a writer that never calls again still has
-  its loss in the client's ``losses``, and not again when the writer reports them.
+  start, so a writer that never calls again still has its loss in the client's
+  ``losses``, and not again when the writer reports them.
+- The mark and a writer's record move together (:meth:`ShardHome.record_applied`):
+  the chunk's number and the mark it brings are stored first as the writer's
+  *pending* record, then the mark, then the writer's record. A process killed between
+  any two of these stores leaves a chunk either counted by the mark and known applied
+  (its pending mark is at most the mark), or in neither (the writer's report counts
+  it): never counted twice, never missed.
+- ``undelivered``: the steps lost that no client has yet been shown (a process's
+  count lives in its memory and reaches the client in answers): stored before a
+  start forgets the held record and moves the mark, carried by the next process if
+  this one dies unheard.
 - ``limiter/<last_id>.json``: the rate limiter's counters saved with each checkpoint
   (checkpoints save the buffer, not its limiter), restored with it.
 
@@ -49,6 +59,20 @@ _HELD_WORDS = 3 * WRITER_SLOTS
 """int64 words after those: per slot, the chunks the process holds for the writer:
 ``origin``, a mask (bit ``j``: chunk ``origin + j`` is held) and their steps. Files of
 an earlier layout grow with zeros: nothing held."""
+_PENDING_WORDS = 1 + 2 * WRITER_SLOTS
+"""int64 words after those: the steps lost no client was shown (``undelivered``), then
+per slot the writer's pending record: ``1 +`` the chunk's number (0: none) and the
+mark its application brings. Files of an earlier layout grow with zeros: nothing
+pending, nothing undelivered."""
+_COPY_WORDS = 4 * WRITER_SLOTS
+"""int64 words after those: per slot a second copy of the held record (3 words), then
+per slot which copy holds the record (0: the first). A new record is written whole
+into the copy not in use, then one store switches to it, so a kill never leaves a
+torn record. Files of an earlier layout grow with zeros: the first copy."""
+_PENDING_AT = _MARK_WORDS + _HELD_WORDS + 1
+_COPY_AT = _MARK_WORDS + _HELD_WORDS + _PENDING_WORDS
+_CHOICE_AT = _COPY_AT + 3 * WRITER_SLOTS
+_WORDS = _COPY_AT + _COPY_WORDS
 HELD_SPAN = 63
 """Held chunks recorded per writer: those within this many numbers of its first held
 one (a writer's chunks in flight are far fewer); one further out is left to the
@@ -69,20 +93,37 @@ class ShardHome:
         home.mkdir(parents=True, exist_ok=True)
         path = home / "mark"
         fresh = not path.exists()
-        size = 8 * (_MARK_WORDS + _HELD_WORDS)
+        size = 8 * _WORDS
         with open(path, "a+b") as fh:
             if fresh or os.path.getsize(path) < size:
                 fh.truncate(size)  # zeros past a shorter file: no writer recorded
                 fh.flush()
             self._map = mmap.mmap(fh.fileno(), size)
-        words = np.frombuffer(self._map, np.int64, _MARK_WORDS + _HELD_WORDS)
+        self._words = words = np.frombuffer(self._map, np.int64, _WORDS)
         self._mark = words[:1]
         self._round_robin = words[1:2]
         self._writers = words[2:_MARK_WORDS].reshape(WRITER_SLOTS, 2)
-        self._held = words[_MARK_WORDS:].reshape(WRITER_SLOTS, 3)
+        self._held = words[_MARK_WORDS:_MARK_WORDS + _HELD_WORDS].reshape(WRITER_SLOTS, 3)
+        self._pending = words[_PENDING_AT:_COPY_AT].reshape(WRITER_SLOTS, 2)
+        self._choice = words[_CHOICE_AT:]
         self._slots: dict[int, int] = {}
         if fresh:
             self._mark[0] = -1
+
+    def store(self, index: int, value: int) -> None:
+        """Store ``value`` into int64 word ``index`` of the file: the unit a kill
+        cannot tear. Every store that orders the mark and the records goes through
+        here, so a test can model a process killed after any one of them."""
+        self._words[index] = value
+
+    @property
+    def undelivered(self) -> int:
+        """Steps lost that no client has been shown yet (see the module docstring)."""
+        return int(self._words[_MARK_WORDS + _HELD_WORDS])
+
+    @undelivered.setter
+    def undelivered(self, steps: int) -> None:
+        self.store(_MARK_WORDS + _HELD_WORDS, steps)
 
     def next_incarnation(self) -> int:
         """1, 2, 3, ... per call (a counter file, replaced atomically); after
@@ -101,7 +142,7 @@ class ShardHome:
 
     @mark.setter
     def mark(self, last_id: int) -> None:
-        self._mark[0] = last_id
+        self.store(0, last_id)
 
     @property
     def round_robin(self) -> bool:
@@ -115,8 +156,31 @@ class ShardHome:
 
     def applied(self) -> dict[int, int]:
         """Per writer key (:func:`writer_key`), the number of the newest chunk of its
-        writes any process of this shard applied (writers not recorded are absent)."""
-        return {int(key): int(seq) - 1 for key, seq in self._writers if seq}
+        writes any process of this shard applied and counted in the mark (writers not
+        recorded are absent): a pending record whose mark is at most the mark counts
+        (the process died after storing the mark, before the writer's record)."""
+        mark = self.mark
+        out = {}
+        for slot in np.flatnonzero(self._writers[:, 0]):
+            key, seq = (int(v) for v in self._writers[slot])
+            pending, at = (int(v) for v in self._pending[slot])
+            if pending and at <= mark:
+                seq = max(seq, pending)
+            if seq:
+                out[key] = seq - 1
+        return out
+
+    def settle_pending(self) -> None:
+        """Fold each writer's pending record into its record where the mark counts it,
+        and forget the rest: before a start moves the mark (down to its checkpoint),
+        which would leave a counted pending record looking uncounted. Each slot is
+        made whole before its pending record goes, so a kill here changes nothing."""
+        mark = self.mark
+        for slot in np.flatnonzero(self._pending[:, 0]):
+            pending, at = (int(v) for v in self._pending[slot])
+            if at <= mark and pending > int(self._writers[slot, 1]):
+                self.store(2 + 2 * slot + 1, pending)
+            self.store(_PENDING_AT + 2 * slot, 0)
 
     def _slot(self, writer: int) -> int | None:
         """``writer``'s slot, taken if it has none (``None``: every slot is taken)."""
@@ -135,13 +199,22 @@ class ShardHome:
             self._slots[writer] = slot
         return slot
 
-    def record_applied(self, writer: int, seq: int) -> None:
-        """Record that the chunks of ``writer`` (a :func:`writer_key`) up to ``seq``
-        are applied: one memory store (a slot is found once per writer)."""
-        slot = self._slot(writer)
-        if slot is None:
-            return  # no room: this writer's lost chunks are counted in full
-        self._writers[slot, 1] = max(int(self._writers[slot, 1]), seq + 1)
+    def record_applied(self, writer: int | None, seq: int, mark: int) -> None:
+        """Record that the chunks of ``writer`` (a :func:`writer_key`; ``None``: the
+        writes of no writer) up to ``seq`` are applied, and the ``mark`` (``last_id``)
+        they bring: the writer's pending record (the mark, then the number), the mark,
+        then the writer's record, four memory stores (no file sync; a slot is found
+        once per writer). See the module docstring for why this order is exact."""
+        slot = None if writer is None else self._slot(writer)
+        if slot is None:  # no room: this writer's lost chunks are counted in full
+            self.store(0, mark)
+            return
+        pending = _PENDING_AT + 2 * slot
+        self.store(pending + 1, mark)
+        self.store(pending, seq + 1)
+        self.store(0, mark)
+        if seq + 1 > int(self._writers[slot, 1]):
+            self.store(2 + 2 * slot + 1, seq + 1)
 
     def record_held(self, writer: int, held: dict[int, int]) -> None:
         """Record the chunks of ``writer`` this process holds: ``held`` maps each
@@ -150,10 +223,10 @@ class ShardHome:
         slot = self._slot(writer) if held else self._slots.get(writer)
         if slot is None:
             return
-        row = self._held[slot]
         if not held:
-            if row[1]:
-                row[:] = 0
+            at = self._held_at(slot)
+            if self._words[at + 1]:
+                self.store(at + 1, 0)  # no mask: nothing held (one store)
             return
         origin = min(held)
         mask = steps = 0
@@ -161,23 +234,48 @@ class ShardHome:
             if seq - origin < HELD_SPAN:
                 mask |= 1 << (seq - origin)
                 steps += count
-        row[0], row[1], row[2] = origin, mask, steps
+        choice = 1 - int(self._choice[slot])
+        at = (_MARK_WORDS if choice == 0 else _COPY_AT) + 3 * slot
+        self.store(at, origin)
+        self.store(at + 1, mask)
+        self.store(at + 2, steps)
+        self.store(_CHOICE_AT + slot, choice)
+
+    def _held_at(self, slot: int) -> int:
+        """The first word of ``slot``'s held record in use."""
+        return (_COPY_AT if self._choice[slot] else _MARK_WORDS) + 3 * slot
+
+    def held(self) -> dict[int, tuple[set[int], int]]:
+        """Per writer key, the chunks an earlier process held: their numbers and
+        steps."""
+        out: dict[int, tuple[set[int], int]] = {}
+        for slot in np.flatnonzero(self._writers[:, 0]):
+            at = self._held_at(int(slot))
+            origin, mask, steps = (int(v) for v in self._words[at:at + 3])
+            if mask:
+                seqs = {origin + j for j in range(HELD_SPAN) if mask >> j & 1}
+                out[int(self._writers[slot, 0])] = (seqs, steps)
+        return out
+
+    def forget_held(self) -> None:
+        """Forget every held record (one store each: its mask)."""
+        for slot in np.flatnonzero(self._writers[:, 0]):
+            at = self._held_at(int(slot))
+            if self._words[at + 1]:
+                self.store(at + 1, 0)
 
     def take_held(self) -> dict[int, tuple[set[int], int]]:
-        """Per writer key, the chunks an earlier process held (their numbers and
-        steps), forgotten here: the caller counts them once."""
-        out: dict[int, tuple[set[int], int]] = {}
-        for slot in np.flatnonzero(self._held[:, 1]):
-            origin, mask, steps = (int(v) for v in self._held[slot])
-            seqs = {origin + j for j in range(HELD_SPAN) if mask >> j & 1}
-            out[int(self._writers[slot, 0])] = (seqs, steps)
-            self._held[slot] = 0
+        """:meth:`held`, then :meth:`forget_held`: the caller counts them once."""
+        out = self.held()
+        self.forget_held()
         return out
 
     def forget_applied(self) -> None:
         """Forget every writer's record (a clear starts the shard afresh)."""
         self._writers[:] = 0
         self._held[:] = 0
+        self._pending[:] = 0
+        self._words[_COPY_AT:] = 0
         self._slots.clear()
 
     def save_limiter(self, last_id: int, state: dict[str, Any], keep: int) -> None:
