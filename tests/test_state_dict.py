@@ -161,3 +161,50 @@ def test_subclass_hooks_come_along_transitions():
     copy.load_state_dict(original.state_dict())
     for _ in range(3):
         assert_nests_equal(tuple(copy.sample(5)), tuple(original.sample(5)))
+
+
+class CountingLock:
+    """A buffer's lock that counts the sections taken (with or ``acquire``)."""
+
+    def __init__(self, lock):
+        self.lock, self.sections = lock, 0
+
+    def __enter__(self):
+        self.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+    def acquire(self, *args, **kwargs):
+        taken = self.lock.acquire(*args, **kwargs)
+        self.sections += bool(taken)
+        return taken
+
+    def release(self):
+        self.lock.release()
+
+    def locked(self):
+        return self.lock.locked()
+
+
+@pytest.mark.parametrize("kind", ["transitions", "rollout"])
+def test_a_restore_is_one_lock_section_ring_and_subclass_parts_together(kind):
+    """A read between the ring's restore and the subclass's own parts (side
+    observations, returns) would see half a restore: both are restored in one section."""
+    cls = rb.TransitionReplayBuffer if kind == "transitions" else rb.RolloutBuffer
+
+    def make():
+        return cls(rb.ArraySpec((3,), np.float32), rb.ArraySpec((), np.int64), 20,
+                   num_envs=2, seed=0)
+
+    original = make()
+    for t in range(15):
+        original.add(np.full((2, 3), t, np.float32), np.full(2, t % 2), np.ones(2),
+                     np.full((2, 3), t + 1, np.float32), np.array([t % 5 == 4, False]),
+                     np.array([False, t % 7 == 6]))
+    state = original.state_dict()
+    copy = make()
+    copy._lock = counting = CountingLock(copy._lock)
+    copy.load_state_dict(state)
+    assert counting.sections == 1
+    assert_nests_equal(tuple(copy.sample(5)), tuple(original.sample(5)))

@@ -167,4 +167,11 @@ class Checkpoints(BufferParts):
                 self._episodes.load(np.asarray(state.get("episode_starts", []), np.int64))
             if self._codec is not None:
                 self._codec.load_state_dict(state["frames"])
+            self._restore_own_parts(state)
+
+    def _restore_own_parts(self, state: dict[str, Any]) -> None:
+        """A subclass's own parts of ``state`` (its overrides call this first), restored
+        with the lock held in :meth:`restore_state`'s one section, so that no read sees
+        the ring restored and these parts not yet. Check them before anything changes
+        (in an override of :meth:`restore_state`, before calling it)."""
 

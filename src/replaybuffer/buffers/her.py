@@ -404,14 +404,13 @@ class HERBuffer(TransitionReplayBuffer):
                         "rng": self._rng.bit_generator.state}
         return state, arrays
 
-    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        super().restore_state(state, arrays)
+    def _restore_own_parts(self, state: dict[str, Any]) -> None:
+        super()._restore_own_parts(state)
         her = state["her"]
-        with self._lock:
-            self._episode_start[:] = her["episode_start"]
-            self._episode_end[:] = her["episode_end"]
-            self._current_start[:] = her["current_start"]
-            self._rng.bit_generator.state = her["rng"]
+        self._episode_start[:] = her["episode_start"]
+        self._episode_end[:] = her["episode_end"]
+        self._current_start[:] = her["current_start"]
+        self._rng.bit_generator.state = her["rng"]
 
 
 def _check_goal_spec(spec: Any) -> None:

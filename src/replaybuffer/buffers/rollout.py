@@ -422,12 +422,11 @@ class RolloutBuffer(TransitionReplayBuffer):
                      gae_ready=self._gae_ready)
         return state, arrays
 
-    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        super().restore_state(state, arrays)
-        with self._lock:
-            self._returns[:] = state["returns"]
-            self._advantages[:] = state["advantages"]
-            self._gae_ready = bool(state["gae_ready"])
+    def _restore_own_parts(self, state: dict[str, Any]) -> None:
+        super()._restore_own_parts(state)
+        self._returns[:] = state["returns"]
+        self._advantages[:] = state["advantages"]
+        self._gae_ready = bool(state["gae_ready"])
 
 
 def _public(message: str) -> str:

@@ -406,12 +406,14 @@ class TransitionReplayBuffer(TransitionReads):
         return state, arrays
 
     def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        refs = self._check_side_state(state)  # before anything changes
+        self._check_side_state(state)  # before anything changes
         super().restore_state(state, arrays)
-        with self._lock:
-            self._restore_side(state, refs)
-            if self._device_reads is not None:  # the device copy of the side state too
-                self._device_reads.mirror.invalidate()
+
+    def _restore_own_parts(self, state: dict[str, Any]) -> None:
+        super()._restore_own_parts(state)
+        self._restore_side(state, self._check_side_state(state))
+        if self._device_reads is not None:  # the device copy of the side state too
+            self._device_reads.mirror.invalidate()
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
