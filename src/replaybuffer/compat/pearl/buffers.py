@@ -8,14 +8,12 @@ import math
 from typing import Any, Union
 
 import numpy as np
-from numpy import float64, ndarray
 
 from replaybuffer import nest
 from replaybuffer.buffers.her import HERBuffer as _HERCore
 from replaybuffer.buffers.her import compute_reward_of, parse_goal_selection_strategy
 from replaybuffer.buffers.rollout import RolloutBuffer as _RolloutCore
 from replaybuffer.compat.pearl.base import BaseBuffer, count_of, draw
-from replaybuffer.compat.pearl.inputs import FLAG_TYPES, FLAGS, REWARD_TYPES
 from replaybuffer.compat.pearl.trajectories import (DictTrajectories, GoalSelectionStrategy,
                                                     Trajectories, TrajectoryType)
 from replaybuffer.errors import EmptyBufferError
@@ -55,22 +53,7 @@ class ReplayBuffer(TrajectoryReads):
         ``done`` is gymnasium's ``terminated``; ``truncated`` marks time limits.
         """
         # The fallback of the core's one-call adder that stands in for this method on
-        # each buffer (inputs.py): what it can to the core's shortcut, checked here, the
-        # rest converted. RolloutBuffer.add_trajectory is the same with the policy's.
-        single = self._add_single
-        if single is not None:
-            if type(observation) is ndarray and type(action) is ndarray and \
-                    type(next_observation) is ndarray and type(reward) in REWARD_TYPES \
-                    and type(done) in FLAG_TYPES and \
-                    (truncated is None or type(truncated) in FLAG_TYPES):
-                single(observation, action,
-                       float(reward) if type(reward) is float64 else reward,
-                       next_observation, FLAGS[1 if done else 0],
-                       None if truncated is None else FLAGS[1 if truncated else 0])
-                return
-        elif (usual := self._add_usual) is not None and usual(
-                observation, action, reward, next_observation, done, truncated):
-            return
+        # each buffer (inputs.py).
         self._add(observation, action, reward, next_observation, done, truncated)
 
     def sample(self, batch_size: int, flatten_env: bool = False,
@@ -117,22 +100,6 @@ class RolloutBuffer(TrajectoryReads):
                        value: Any = None, log_prob: Any = None) -> None:
         """Add one transition (per env), optionally with the policy's value and
         log-probability."""
-        single = self._add_single  # as ReplayBuffer.add_trajectory
-        if single is not None:
-            if type(observation) is ndarray and type(action) is ndarray and \
-                    type(next_observation) is ndarray and type(reward) in REWARD_TYPES \
-                    and type(done) in FLAG_TYPES and \
-                    (truncated is None or type(truncated) in FLAG_TYPES):
-                single(observation, action,
-                       float(reward) if type(reward) is float64 else reward,
-                       next_observation, FLAGS[1 if done else 0],
-                       None if truncated is None else FLAGS[1 if truncated else 0],
-                       value, log_prob)
-                return
-        elif (usual := self._add_usual) is not None and usual(
-                observation, action, reward, next_observation, done, truncated, value,
-                log_prob):
-            return
         self._add(observation, action, reward, next_observation, done, truncated, value,
                   log_prob)
 

@@ -12,10 +12,10 @@ call, with no call to the adapter's methods or the core's. A call less matters: 
 training loop an add runs between other work, with cold caches, where every frame and
 attribute read costs several times what it costs in a loop of adds (Pearl 0.4.1's whole
 add is one method). Any other step goes, with nothing written, to the class's own
-``add_trajectory``, which hands what it can to the core's ``add_single`` or
-``add_usual`` (``_add_single``, ``_add_usual``: passed as the core takes them, a float64
-reward as a Python float, the flags as ``FLAGS[flag]``) and the rest to
-:meth:`PearlInputs._add`, which converts. A subclass that defines its own
+``add_trajectory``, whose :meth:`PearlInputs._add` hands what it can to the core's
+``add_single`` or ``add_usual`` (``_add_single``, ``_add_usual``: passed as the core
+takes them, a float64 reward as a Python float, the flags as ``FLAGS[flag]``) and
+converts the rest. A subclass that defines its own
 ``add_trajectory`` keeps it (only a class that sets ``_compiled_add`` gets the adder).
 """
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.transitions import TransitionReplayBuffer
     from replaybuffer.specs import ArraySpec
 
+ndarray = np.ndarray
 REWARD_TYPES = (float, np.float64, np.float32)  # Python and numpy scalars a reward comes as
 FLAG_TYPES = (bool, np.bool_)
 FLAGS = SINGLE_FLAGS  # one env's flags as add_single takes them: FLAGS[done]
@@ -73,10 +74,29 @@ class PearlInputs:
 
     def _add(self, observation: Any, action: Any, reward: Any, next_observation: Any,
              done: Any, truncated: Any = None, *policy: Any) -> None:
-        """Give the core one transition per env, converted (:meth:`_core_leaves`): the
-        route of a step that ``add_trajectory`` did not hand to the core's shortcut
-        (see the module). ``policy``: the rollout's ``value`` and ``log_prob``, passed
-        on positionally (keywords would cost a dict per add)."""
+        """Give the core one transition per env: the route of a step the one-call adder
+        handed back, or of every step where there is none (see the module). What it
+        can goes to the core's ``add_single`` (one env's arrays as they come, a float64
+        reward as a Python float, the flags as ``FLAGS[flag]``) or ``add_usual`` (a
+        vector env's, which takes or refuses it); the rest is converted
+        (:meth:`_core_leaves`). ``policy``: the rollout's ``value`` and ``log_prob``,
+        passed on positionally (keywords would cost a dict per add)."""
+        single = self._add_single
+        if single is not None:
+            if type(observation) is ndarray and type(action) is ndarray and \
+                    type(next_observation) is ndarray and type(reward) in REWARD_TYPES \
+                    and type(done) in FLAG_TYPES and \
+                    (truncated is None or type(truncated) in FLAG_TYPES):
+                # A float64 scalar as the float it holds; a float32 one as it is
+                # (exactly its bytes, where a round trip could change a NaN's).
+                single(observation, action,
+                       float(reward) if type(reward) is np.float64 else reward,
+                       next_observation, FLAGS[1 if done else 0],
+                       None if truncated is None else FLAGS[1 if truncated else 0], *policy)
+                return
+        elif (usual := self._add_usual) is not None and usual(
+                observation, action, reward, next_observation, done, truncated, *policy):
+            return
         self.core.add(*self._core_leaves(observation, action, reward, next_observation,
                                          done, truncated), *policy)
 
