@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from priority_model import PriorityModel
 from test_shared_faults import SPAWN, SPEC, assert_tree_whole, items_for
 
 from replaybuffer.crash_points import CRASH_EXIT_CODE
@@ -121,34 +122,22 @@ def test_extend_and_add_batch_keep_the_tree_of_a_reference_model(count, max_leng
                             seed=seed) as buffer:
         first, _ = buffer.claim_rows(count)
         rows = np.arange(first, first + count)
-        priority: dict[tuple[int, int], float] = {}  # (row, step) -> leaf
-        largest, written = 1.0, 0
+        model = PriorityModel(rows_total, max_length, buffer.capacity)
+        written = 0
         for kind, size in calls:
             if kind == "update":
-                if not written:
-                    continue
-                _, info = buffer.get_next(size)
-                values = rng.exponential(2.0, size)
-                buffer.update_priorities(info.ids, values)
-                for item, value in zip(info.ids.tolist(), values.tolist()):
-                    priority[(item % rows_total, item // rows_total)] = value
-                largest = max(largest, float(values.max()))
+                if written:
+                    model.update(buffer, rng, size)
                 continue
             steps = size if kind == "extend" else 1
             if kind == "extend":
                 buffer.extend(block_of(rows, written, steps))
             else:
                 buffer.add_batch(items_for(rows, np.full(count, written)))
-            for step in range(written, written + steps):
-                for row in rows.tolist():
-                    priority[(row, step)] = largest
+            retained = model.added(rows, range(written, written + steps), written + steps)
             written += steps
-            retained = range(max(0, written - max_length), written)
-            priority = {k: v for k, v in priority.items() if k[1] in retained}
             assert len(buffer) == count * len(retained) == counted(buffer)
-            leaves = np.zeros(buffer.capacity)
-            for (row, step), value in priority.items():
-                leaves[(step % max_length) * rows_total + row] = value
+            leaves = model.leaves()
             tree = buffer.layout.tree
             np.testing.assert_allclose(flat_tree.leaves_of(tree, np.arange(len(leaves))),
                                        leaves, rtol=1e-12)

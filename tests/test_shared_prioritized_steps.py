@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from priority_model import PriorityModel
 from test_shared_faults import SPEC, assert_tree_whole, items_for
 from test_shared_prioritized_batches import counted
 
@@ -126,46 +127,27 @@ def test_adds_wraps_updates_and_draws_mid_write_keep_the_tree_of_a_model(
         first, _ = buffer.claim_rows(count)
         rows = np.arange(first, first + count)
         mid = DrawsMidWrite(buffer, 64)
-        priority: dict[tuple[int, int], float] = {}  # (row, step) -> leaf
-        largest, written = 1.0, 0
-
-        def model_leaves() -> np.ndarray:
-            leaves = np.zeros(buffer.capacity)
-            for (row, step), value in priority.items():
-                leaves[(step % max_length) * rows_total + row] = value
-            return leaves
-
+        model = PriorityModel(rows_total, max_length, buffer.capacity)
+        written = 0
         for kind, size in calls:
             if kind == "update":
-                if not written:
-                    continue
-                _, info = buffer.get_next(size)
-                values = rng.exponential(2.0, size)
-                buffer.update_priorities(info.ids, values)
-                for item, value in zip(info.ids.tolist(), values.tolist()):
-                    priority[(item % rows_total, item // rows_total)] = value
-                largest = max(largest, float(values.max()))
+                if written:
+                    model.update(buffer, rng, size)
             else:
-                retained = range(max(0, written + 1 - max_length), written)
-                before = {k: v for k, v in priority.items() if k[1] in retained}
-                if kind == "add mid-draw" and before:
+                kept = range(max(0, written + 1 - max_length), written)  # past this add
+                expected = model.leaves(kept)
+                if kind == "add mid-draw" and any(step in kept for _, step in model.priority):
                     mid.add(rows, written)
-                    expected = np.zeros(buffer.capacity)
-                    for (row, step), value in before.items():
-                        expected[(step % max_length) * rows_total + row] = value
                     seen = mid.seen[-1]
                     np.testing.assert_allclose(seen["leaves"], expected, rtol=1e-12)
-                    assert set(seen["items"]["step"].tolist()) <= set(retained)
+                    assert set(seen["items"]["step"].tolist()) <= set(kept)
                 else:
                     buffer.add_batch(items_for(rows, np.full(count, written)))
-                for row in rows.tolist():
-                    priority[(row, written)] = largest
                 written += 1
-                retained = range(max(0, written - max_length), written)
-                priority = {k: v for k, v in priority.items() if k[1] in retained}
+                retained = model.added(rows, range(written - 1, written), written)
                 assert len(buffer) == count * len(retained) == counted(buffer)
             tree = buffer.layout.tree
-            leaves = model_leaves()
+            leaves = model.leaves()
             np.testing.assert_allclose(all_leaves(buffer), leaves, rtol=1e-12)
             rebuilt = tree.copy()
             flat_tree.rebuild(rebuilt)
