@@ -1,5 +1,6 @@
 """What the tests on a local Ray cluster share: starting it, killing a shard's process
-and waiting for its restart, and the chi-square check of sampling distributions."""
+and waiting for its restart, the chi-square check of sampling distributions, and a
+handle that counts the client's mass questions."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def chi_square_passes(counts: np.ndarray, expected: np.ndarray) -> bool:
     k = len(counts) - 1
     critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
     return float(((counts - expected) ** 2 / expected).sum()) < critical
+
+
+class CountingMassHandle:
+    """A shard's actor handle that counts the client's ``mass_status`` questions."""
+
+    def __init__(self, handle, asked: list[int], shard: int):
+        self._handle, self._asked, self._shard = handle, asked, shard
+
+    def __getattr__(self, name):
+        if name == "mass_status":
+            self._asked[self._shard] += 1
+        return getattr(self._handle, name)

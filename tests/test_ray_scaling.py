@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 ray = pytest.importorskip("ray")
 
-from ray_cluster import start_local_cluster  # noqa: E402
+from ray_cluster import CountingMassHandle, start_local_cluster  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -313,18 +313,6 @@ def test_a_writer_sends_at_an_episode_end_and_after_chunk_seconds(make):
         buffer.writer(0, chunk_steps=0)
 
 
-class CountingHandle:
-    """A shard's actor handle that counts the client's ``mass_status`` questions."""
-
-    def __init__(self, handle, asked: list[int], shard: int):
-        self._handle, self._asked, self._shard = handle, asked, shard
-
-    def __getattr__(self, name):
-        if name == "mass_status":
-            self._asked[self._shard] += 1
-        return getattr(self._handle, name)
-
-
 def test_masses_are_asked_only_of_shards_no_answer_brought_them(make, monkeypatch):
     """Shards that answer draws bring their masses: the learner asks none of them; an
     empty shard, which no draw reaches, is asked, and items a writer (whose answers
@@ -336,7 +324,7 @@ def test_masses_are_asked_only_of_shards_no_answer_brought_them(make, monkeypatc
     fill_shards(buffer, [10, 20, 0])
     asked = [0] * SHARDS
     handles = list(buffer._actors)
-    buffer._actors[:] = [CountingHandle(h, asked, i) for i, h in enumerate(handles)]
+    buffer._actors[:] = [CountingMassHandle(h, asked, i) for i, h in enumerate(handles)]
     try:
         stream = iter(buffer.as_dataset(8, prefetch=2))
         next(stream)  # the first draw asks every shard (and waits): no mass known

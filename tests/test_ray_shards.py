@@ -12,7 +12,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray_cluster import start_local_cluster, chi_square_passes  # noqa: E402
+from ray_cluster import (  # noqa: E402
+    CountingMassHandle, chi_square_passes, start_local_cluster)
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import (RayReplayBuffer, ShardsUnavailableError,  # noqa: E402
@@ -267,18 +268,6 @@ class SilentMassHandle:
 
     def __getattr__(self, name):
         return getattr(self._silent if name == "mass_status" else self._handle, name)
-
-
-class CountingMassHandle:
-    """A shard's actor handle that counts the client's ``mass_status`` questions."""
-
-    def __init__(self, handle, asked: list[int], shard: int):
-        self._handle, self._asked, self._shard = handle, asked, shard
-
-    def __getattr__(self, name):
-        if name == "mass_status":
-            self._asked[self._shard] += 1
-        return getattr(self._handle, name)
 
 
 def test_a_shard_that_never_answers_its_mass_question_does_not_stop_the_others(
