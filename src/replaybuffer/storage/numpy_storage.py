@@ -141,8 +141,8 @@ class NumpyStorage:
         # packed leaf's strided view: numpy would first copy the whole array to make it
         # contiguous.
         if which is None and self._all_fields is not None:  # the usual read
-            block = self._record_block(positions)
-            return [block[name] for name in self._all_fields]
+            records = self._record_block(positions)
+            return [records[name] for name in self._all_fields]
         indices = range(len(self.specs)) if which is None else which
         if not self.packed:
             return [self.arrays[i].take(positions, 0, mode="wrap") for i in indices]
@@ -169,7 +169,8 @@ class NumpyStorage:
         which a fresh C-contiguous block of whole records does not need.
         """
         taken = self._record_bytes.take(positions, 0, mode="wrap")
-        return np.ndarray(taken.shape, self._record_dtype, taken)
+        block: np.ndarray = np.ndarray(taken.shape, self._record_dtype, taken)
+        return block
 
     from_numpy = staticmethod(identity)
 

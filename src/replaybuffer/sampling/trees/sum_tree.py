@@ -281,6 +281,16 @@ class SumTree(SegmentTree):
         return (self._nodes, self._runs, self.root_width, self._height,
                 min(self._total, float(self._runs[-1])))
 
+    def search_layout(self) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """:meth:`search_arrays` without the limit, for a compiled search that takes
+        it from ``runs`` and :meth:`total` itself
+        (:func:`~replaybuffer.sampling.fused_descent.steps`): ``(nodes, runs,
+        root_width, height)``, every level brought up to date first."""
+        if not self._synced:
+            self.sync()
+        self._searched = True
+        return self._nodes, self._runs, self.root_width, self._height
+
     def _descend(self, t: np.ndarray) -> np.ndarray:
         """Leaf nodes int64 ``[K]`` reached by targets ``t`` (float64 ``[K]`` in
         ``[0, total())``, consumed): the plain numpy descent, unguarded."""
