@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_descent import steps
 from replaybuffer.sampling.fused_rejection import draw_kept_weighted
 from replaybuffer.sampling.generator_draws import bit_source
@@ -97,7 +98,9 @@ class StepDraws:
             self._flush()
         rng = self._rng
         if rng is not self._step_rng:  # (a generator's source is fixed: read once)
-            pair = bit_source(rng)
+            # (bit_source keeps a class's function once read, so numba's absence is
+            # asked here too: tests switch the kernels off to draw the reference.)
+            pair = bit_source(rng) if tree_kernels.AVAILABLE else None
             self._step_source = None if pair is None else (*pair, rng.bit_generator.lock)
             self._step_rng = rng
         tree = self._sum
