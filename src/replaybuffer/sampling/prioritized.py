@@ -260,7 +260,8 @@ class PrioritizedSampler(StepDraws, PriorityWrites):
         """A sample's weight ratios (float32 ``[S]``) raised to ``beta`` in place
         (float32's power, the result being float32 anyway), capped at 1 with
         ``normalize="buffer"``; the sample counted (the schedule's step)."""
-        beta = self.beta
+        # (self.beta, without its call where nothing is annealed)
+        beta = self.beta_start if self.beta_final is None else self.beta
         if self._beta_exponent[0] != beta:  # (annealed: a new one per sample call)
             self._beta_exponent = (beta, exponent(beta, np.float32))
         np.power(weights, self._beta_exponent[1], weights)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import operator
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class NumpyStorage:
         self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
         self._records: np.ndarray | None = None
         self._field: dict[int, str] = {}  # packed leaf index -> its record field
-        self._all_fields: tuple[str, ...] | None = None
+        self._all_fields: Callable[[np.ndarray], tuple[np.ndarray, ...]] | None = None
         if self.packed:
             self._record_dtype = record_dtype([self.specs[i] for i in self.packed])
             self._records = self._allocate("records", (self.capacity,), self._record_dtype)
@@ -88,10 +89,12 @@ class NumpyStorage:
             self._record_bytes = self._records.view(np.dtype((np.void,
                                                               self._record_dtype.itemsize)))
             self._field = {i: f"f{k}" for k, i in enumerate(self.packed)}
-            # The usual gather (every leaf, all of them packed): the record fields in
-            # leaf order, read off one block without the general loop's lookups.
+            # The usual gather (every leaf, all of them packed, so two or more): the
+            # record fields in leaf order read off one block by one C call, without
+            # the general loop's lookups.
             if len(self.packed) == len(self.specs):
-                self._all_fields = tuple(self._field[i] for i in range(len(self.specs)))
+                self._all_fields = operator.itemgetter(
+                    *(self._field[i] for i in range(len(self.specs))))
             for i, name in self._field.items():
                 self.arrays[i] = self._records[name]
         for i, spec in enumerate(self.specs):
@@ -141,8 +144,8 @@ class NumpyStorage:
         # packed leaf's strided view: numpy would first copy the whole array to make it
         # contiguous.
         if which is None and self._all_fields is not None:  # the usual read
-            records = self._record_block(positions)
-            return [records[name] for name in self._all_fields]
+            taken = self._record_bytes.take(positions, 0, mode="wrap")  # (_record_block)
+            return list(self._all_fields(np.ndarray(taken.shape, self._record_dtype, taken)))
         indices = range(len(self.specs)) if which is None else which
         if not self.packed:
             return [self.arrays[i].take(positions, 0, mode="wrap") for i in indices]

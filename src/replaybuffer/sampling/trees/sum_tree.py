@@ -81,7 +81,8 @@ class SumTree(SegmentTree):
         sum. The running sums are asked for while searches read them (a search since
         the last write): draws by rejection never do, and would only waste them.
         """
-        if not self.compiled or self._may_overflow(count, largest):
+        # (_may_overflow's test, inline: one call less per priority update)
+        if not self.compiled or self._total + count * largest > 1e307:
             return None
         if self._targets is None:
             start = self._total_lo if tree_kernels.pairwise_matches() else 0
