@@ -16,8 +16,9 @@ own and numba present, :meth:`StepDraws.sample_steps` makes the general path's c
 - descent: :func:`~replaybuffer.sampling.fused_descent.steps` (the general descent's
   kernel with the fixed arguments filled in inside, and the ids made item ids), the
   generator's C source and lock read once per generator, the targets in kept scratch;
-- rejection: :func:`~replaybuffer.sampling.fused_rejection.draw_kept_weighted`, as the
-  general path calls it.
+- rejection: :func:`~replaybuffer.sampling.fused_rejection.steps` (the general
+  rejection's kernel likewise, item ids made inside), its pool drawn inside from the
+  same kept source.
 
 Anything unusual (a target past the total, a short rejection round, another
 normalization or bit generator, no mass) goes the general path's way from the same
@@ -33,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.fused_descent import steps
-from replaybuffer.sampling.fused_rejection import draw_kept_weighted
+from replaybuffer.sampling.fused_descent import steps as descent_steps
+from replaybuffer.sampling.fused_rejection import continued
+from replaybuffer.sampling.fused_rejection import steps as rejection_steps
 from replaybuffer.sampling.generator_draws import bit_source
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling.item_ids import to_item_ids
@@ -117,16 +119,29 @@ class StepDraws:
         if self._bound_max != self.max_priority or self._bound_floor != self._floor:
             bound = self._refresh_bound()
         accept = total / (span * bound)
+        # Handed out (ids and positions; probabilities and weights): fresh each call.
+        indices = np.empty((2, count), np.int64)
+        weighed = np.empty((2, count), np.float32)
+        function, state, lock = source
         if accept >= self._accept_min and accept > 0.0:  # by rejection
-            kept = draw_kept_weighted(tree.leaves, ring, rng, count, lo, span, bound,
-                                      min(accept, 1.0), total)
-            if len(kept) == 4:
-                positions, ids, probabilities, weights = kept
-            else:  # a short first round, completed as the general path does
-                positions, ids, values = self._descend_rest(
-                    ring, (kept[0], kept[1], kept[2]), count, rng, (lo % L) * B, span,
-                    last + 1, None, 0.0, total)
-                probabilities, weights = probabilities_and_ratios(values, total)
+            accept = min(accept, 1.0)
+            leaves = tree.leaves
+            lock.acquire()  # (the generator's, as rng.random takes it: fused_rejection)
+            try:
+                kept = rejection_steps(leaves, function, state, accept, count, span, bound,
+                                       lo, B, L, total, self.key_base, indices, weighed)
+            finally:
+                lock.release()
+            if kept == count:
+                weights = weighed[1]
+                self._raise_to_beta(weights)
+                return indices[0], indices[1], weighed[0], weights
+            # A short first round (about 1 in 100), completed as the general path does.
+            positions, ids, values = self._descend_rest(
+                ring, continued(leaves, ring, rng, count, lo, span, bound, accept, indices,
+                                kept),
+                count, rng, (lo % L) * B, span, last + 1, None, 0.0, total)
+            probabilities, weights = probabilities_and_ratios(values, total)
             self._raise_to_beta(weights)
             if B > 1 or self.key_base:
                 ids = to_item_ids(ring, self.key_base, ids, positions)
@@ -134,14 +149,10 @@ class StepDraws:
         u = self._step_targets
         if u is None or len(u) != count:
             u = self._step_targets = np.empty(count)
-        # Handed out (ids and positions; probabilities and weights): fresh each call.
-        indices = np.empty((2, count), np.int64)
-        weighed = np.empty((2, count), np.float32)
-        function, state, lock = source
         lock.acquire()  # (the generator's, as rng.random takes it: fused_descent)
         try:
-            usual = steps(*tree.search_layout(), total, function, state, u, B, L, last,
-                          self.key_base, indices, weighed)
+            usual = descent_steps(*tree.search_layout(), total, function, state, u, B, L,
+                                  last, self.key_base, indices, weighed)
         finally:
             lock.release()
         if usual:
