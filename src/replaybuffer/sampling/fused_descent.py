@@ -141,3 +141,32 @@ def _fused(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
             return False
     weigh_into(values, count, valid_mass, floor, weighed)
     return True
+
+
+@tree_kernels.compile_kernel
+def steps(nodes: np.ndarray, runs: np.ndarray, root_width: int, height: int,
+          total: float, function: int, state: int, u: np.ndarray, batch_size: int,
+          max_length: int, last_id: int, key_base: int, indices: np.ndarray,
+          weighed: np.ndarray) -> bool:
+    """A descent over the whole tree for single steps (``num_steps = 1``: no mass
+    outside the valid range, which is every step held) with batch-normalized weights,
+    and the ids made item ids: :func:`_fused` with the arguments that case fixes
+    (``mass = valid_mass = total``, no segments, the limit and the oldest id held
+    computed here from ``runs``' last running sum and ``last_id``), then
+    ``(key_base + id) * batch_size + row`` (:func:`~replaybuffer.sampling.item_ids.
+    to_item_ids`) into ``indices[0]``. Fewer arguments to unbox than :func:`_fused`
+    and no Python between them: the usual read's draw
+    (:mod:`~replaybuffer.sampling.step_draws`). Returns whether the batch was usual;
+    if not, only ``u`` (scaled by ``total``) is meaningful, as for :func:`_fused`."""
+    oldest = last_id + 1 - max_length if last_id >= max_length else 0
+    last_sum = runs[runs.shape[0] - 1]
+    limit = last_sum if last_sum < total else total  # (Python's min(total, last_sum))
+    if not _fused(nodes, runs, root_width, height, limit, function, state, u, total, 0,
+                  0.0, 0.0, 0.0, batch_size, max_length, oldest, last_id + 1, total,
+                  math.nan, indices, weighed):
+        return False
+    if batch_size > 1 or key_base:
+        for k in range(u.shape[0]):
+            indices[0, k] = ((key_base + indices[0, k]) * batch_size
+                             + indices[1, k] % batch_size)
+    return True

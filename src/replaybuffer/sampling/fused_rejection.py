@@ -82,11 +82,45 @@ def draw_kept_weighted(leaves: np.ndarray, ring: Ring, rng: np.random.Generator,
         lock.release()
     if kept == count:
         return indices[1], indices[0], weighed[0], weighed[1]
+    return continued(leaves, ring, rng, count, lo, span, bound, accept, indices, kept)
+
+
+def continued(leaves: np.ndarray, ring: Ring, rng: np.random.Generator, count: int,
+              lo: int, span: int, bound: float, accept: float, indices: np.ndarray,
+              kept: int) -> Drawn:
+    """A first compiled round that kept ``kept < count`` (its logical ids and positions
+    in ``indices[:, :kept]``) continued by the numpy loop's later rounds, as
+    ``draw_rejecting`` would continue its own first round: ``(positions, ids,
+    values)``, possibly still short of ``count``."""
     positions, ids = indices[1, :kept], indices[0, :kept]
     more = draw_rejecting(leaves, ring, rng, count - kept, lo, span, bound, accept,
                           rounds=ROUNDS - 1)
     return (np.concatenate((positions, more[0])), np.concatenate((ids, more[1])),
             np.concatenate((leaves[positions], more[2])))
+
+
+@tree_kernels.compile_kernel
+def steps(leaves: np.ndarray, function: int, state: int, accept: float, count: int,
+          span: int, bound: float, lo: int, batch_size: int, max_length: int,
+          total: float, key_base: int, indices: np.ndarray, weighed: np.ndarray) -> int:
+    """The first round of a rejection draw of single steps (``num_steps = 1``: the
+    valid starts are every step held, from id ``lo`` on, ``span`` of them, of mass
+    ``total``) with batch-normalized weights: :func:`_kept` with the arguments that
+    case fixes filled in here (the pool drawn inside from ``function`` and ``state``,
+    nonzero), then, for a full batch, the ids made item ids, ``(key_base + id) *
+    batch_size + row`` (:func:`~replaybuffer.sampling.item_ids.to_item_ids`) in
+    ``indices[0]``: the usual read's draw (:mod:`~replaybuffer.sampling.step_draws`).
+    Returns how many were kept; fewer than ``count`` leaves logical ids in
+    ``indices[0, :kept]`` for :func:`continued`."""
+    kept: int = _kept(leaves, function, state, np.empty(0, np.float64), accept, count,
+                      span * (1.0 - 2.0 ** -53), bound, lo, (lo % max_length) * batch_size,
+                      batch_size * max_length, batch_size, max_length, lo, total,
+                      math.nan, indices, weighed)
+    if kept == count and (batch_size > 1 or key_base):
+        for k in range(count):
+            indices[0, k] = ((key_base + indices[0, k]) * batch_size
+                             + indices[1, k] % batch_size)
+    return kept
 
 
 @tree_kernels.compile_kernel

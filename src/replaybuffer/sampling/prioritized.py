@@ -76,6 +76,7 @@ from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices, make_rng
+from replaybuffer.sampling.step_draws import StepDraws, Steps
 from replaybuffer.sampling.trees import MinTree, SumTree
 
 __all__ = ["ACCEPT_MIN", "PrioritizedSampler"]
@@ -83,7 +84,7 @@ __all__ = ["ACCEPT_MIN", "PrioritizedSampler"]
 _FLUSH_AT = 4096  # pending new-step priorities applied in one tree update
 
 
-class PrioritizedSampler(PriorityWrites):
+class PrioritizedSampler(StepDraws, PriorityWrites):
     """Draws window starts in proportion to ``priority ** alpha``.
 
     Args:
@@ -232,16 +233,10 @@ class PrioritizedSampler(PriorityWrites):
         return self._finish(ids, positions,
                             *probabilities_and_ratios(values, valid_mass, floor))
 
-    def sample_steps(self, ring: Ring, count: int
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``sample(ring, count, 1)`` from the sampler's own generator, its ids made item
-        ids (:meth:`item_ids`), flat: ``(item ids, positions, probabilities, weights)``
-        (int64, int64, float32, float32, each ``[count]``), bit for bit the same, for
-        the buffer's usual read (``PrioritizedReplayBuffer.get_next``) without the
-        general result's tuple and dict. Needs a step stored. (A subclass that draws
-        otherwise overrides both: the device sampler's buffers never call this.)"""
-        if self._pending:
-            self._flush()
+    def _general_steps(self, ring: Ring, count: int) -> Steps:
+        """:meth:`sample_steps` by the general draw (:meth:`_draw_in_range`): the
+        reference of its short path (:mod:`~replaybuffer.sampling.step_draws`), and
+        what it takes where that does not apply."""
         floor = math.nan if self._min is None else self._min.min()
         positions, ids, values, valid_mass, weighted = self._draw_in_range(
             ring, count, 1, self._rng, floor)
@@ -265,7 +260,8 @@ class PrioritizedSampler(PriorityWrites):
         """A sample's weight ratios (float32 ``[S]``) raised to ``beta`` in place
         (float32's power, the result being float32 anyway), capped at 1 with
         ``normalize="buffer"``; the sample counted (the schedule's step)."""
-        beta = self.beta
+        # (self.beta, without its call where nothing is annealed)
+        beta = self.beta_start if self.beta_final is None else self.beta
         if self._beta_exponent[0] != beta:  # (annealed: a new one per sample call)
             self._beta_exponent = (beta, exponent(beta, np.float32))
         np.power(weights, self._beta_exponent[1], weights)
@@ -309,8 +305,7 @@ class PrioritizedSampler(PriorityWrites):
             require_mass(valid_mass, num_steps)
         bound = self._bound
         if self._bound_max != self.max_priority or self._bound_floor != self._floor:
-            bound = self._bound = scaled_bound(self.max_priority, self.alpha, self._floor)
-            self._bound_max, self._bound_floor = self.max_priority, self._floor
+            bound = self._refresh_bound()
         accept = valid_mass / (span * bound)
         if not (accept >= self._accept_min and accept > 0.0):  # (0: no finite bound)
             if segments is None and excluded * count < 0.05 * total:
@@ -327,14 +322,31 @@ class PrioritizedSampler(PriorityWrites):
         else:
             drawn = draw_rejecting(tree.leaves, ring, rng, count, lo, span, bound,
                                    min(accept, 1.0))
-        if len(drawn[0]) < count:  # descent for the rest (practically never)
+        drawn = self._descend_rest(ring, drawn, count, rng, first, span, hi, segments,
+                                   excluded, total)
+        return (*drawn, valid_mass, None)
+
+    def _refresh_bound(self) -> float:
+        """The rejection bound made anew for the current ``max_priority`` and floor,
+        and kept with them."""
+        bound = self._bound = scaled_bound(self.max_priority, self.alpha, self._floor)
+        self._bound_max, self._bound_floor = self.max_priority, self._floor
+        return bound
+
+    def _descend_rest(self, ring: Ring, drawn: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      count: int, rng: np.random.Generator, first: int, span: int, hi: int,
+                      segments: Any, excluded: float, total: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A rejection draw's ``(positions, ids, values)`` completed to ``count`` by
+        descent when its rounds kept fewer (practically never), else ``drawn``."""
+        if len(drawn[0]) < count:
             rest = count - len(drawn[0])
             if segments is None and excluded * rest < 0.05 * total:
                 segments = WHOLE
-            more = draw_descending(tree, ring, rest, rng, first, span, hi, segments)
+            more = draw_descending(self._sum, ring, rest, rng, first, span, hi, segments)
             drawn = (np.concatenate((drawn[0], more[0])), np.concatenate((drawn[1], more[1])),
                      np.concatenate((drawn[2], more[2])))
-        return (*drawn, valid_mass, None)
+        return drawn
 
     def spawn_rng(self) -> np.random.Generator:
         """A new generator seeded from this sampler's, advancing its state."""

@@ -12,13 +12,15 @@ in the sum tree (and the min tree with ``normalize="buffer"``) and raises
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import FINITE, exponent, scale
+from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent, scale
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import MinTree, SumTree
 
@@ -88,7 +90,14 @@ class PriorityWrites:
             alpha = self.alpha
             if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
                 self._alpha_exponent = (alpha, exponent(alpha, np.float64))
-            scaled, bound = scale(priorities, alpha, largest, self._alpha_exponent[1], values)
+            if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
+                scaled = np.power(priorities, self._alpha_exponent[1], values)
+                try:
+                    bound = math.pow(largest, alpha) * BOUND_SLACK
+                except OverflowError:
+                    bound = math.inf
+            else:
+                scaled, bound = scale(priorities, alpha, largest)
             target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
             if target is not None:
                 last, L = ring.last_id, ring.max_length

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import operator
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,6 +80,7 @@ class NumpyStorage:
         self.arrays: list[np.ndarray] = [None] * len(self.specs)  # type: ignore[list-item]
         self._records: np.ndarray | None = None
         self._field: dict[int, str] = {}  # packed leaf index -> its record field
+        self._all_fields: Callable[[np.ndarray], tuple[np.ndarray, ...]] | None = None
         if self.packed:
             self._record_dtype = record_dtype([self.specs[i] for i in self.packed])
             self._records = self._allocate("records", (self.capacity,), self._record_dtype)
@@ -87,6 +89,12 @@ class NumpyStorage:
             self._record_bytes = self._records.view(np.dtype((np.void,
                                                               self._record_dtype.itemsize)))
             self._field = {i: f"f{k}" for k, i in enumerate(self.packed)}
+            # The usual gather (every leaf, all of them packed, so two or more): the
+            # record fields in leaf order read off one block by one C call, without
+            # the general loop's lookups.
+            if len(self.packed) == len(self.specs):
+                self._all_fields = operator.itemgetter(
+                    *(self._field[i] for i in range(len(self.specs))))
             for i, name in self._field.items():
                 self.arrays[i] = self._records[name]
         for i, spec in enumerate(self.specs):
@@ -135,6 +143,9 @@ class NumpyStorage:
         # skips the bounds-error bookkeeping of the default mode. Never ``take`` from a
         # packed leaf's strided view: numpy would first copy the whole array to make it
         # contiguous.
+        if which is None and self._all_fields is not None:  # the usual read
+            taken = self._record_bytes.take(positions, 0, mode="wrap")  # (_record_block)
+            return list(self._all_fields(np.ndarray(taken.shape, self._record_dtype, taken)))
         indices = range(len(self.specs)) if which is None else which
         if not self.packed:
             return [self.arrays[i].take(positions, 0, mode="wrap") for i in indices]
@@ -146,10 +157,23 @@ class NumpyStorage:
                 out.append(self.arrays[i].take(positions, 0, mode="wrap"))
                 continue
             if block is None:
-                block = self._record_bytes.take(positions, 0, mode="wrap").view(
-                    self._record_dtype)
+                block = self._record_block(positions)
             out.append(block[name])
         return out
+
+    def _record_block(self, positions: np.ndarray) -> np.ndarray:
+        """The records at ``positions`` (int, any shape ``P``), copied into a fresh
+        structured array ``[*P]`` of the record dtype.
+
+        Taken as plain bytes (a byte copy per item), then typed by building the
+        structured array over the taken block's memory: ``.view(record dtype)`` gives
+        the same array but runs numpy's Python-level check of a view between
+        structured dtypes on every call (about 0.4 us, a fifth of a small gather),
+        which a fresh C-contiguous block of whole records does not need.
+        """
+        taken = self._record_bytes.take(positions, 0, mode="wrap")
+        block: np.ndarray = np.ndarray(taken.shape, self._record_dtype, taken)
+        return block
 
     from_numpy = staticmethod(identity)
 

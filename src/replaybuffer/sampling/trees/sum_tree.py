@@ -81,7 +81,8 @@ class SumTree(SegmentTree):
         sum. The running sums are asked for while searches read them (a search since
         the last write): draws by rejection never do, and would only waste them.
         """
-        if not self.compiled or self._may_overflow(count, largest):
+        # (_may_overflow's test, inline: one call less per priority update)
+        if not self.compiled or self._total + count * largest > 1e307:
             return None
         if self._targets is None:
             start = self._total_lo if tree_kernels.pairwise_matches() else 0
@@ -280,6 +281,16 @@ class SumTree(SegmentTree):
         self._searched = True
         return (self._nodes, self._runs, self.root_width, self._height,
                 min(self._total, float(self._runs[-1])))
+
+    def search_layout(self) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """:meth:`search_arrays` without the limit, for a compiled search that takes
+        it from ``runs`` and :meth:`total` itself
+        (:func:`~replaybuffer.sampling.fused_descent.steps`): ``(nodes, runs,
+        root_width, height)``, every level brought up to date first."""
+        if not self._synced:
+            self.sync()
+        self._searched = True
+        return self._nodes, self._runs, self.root_width, self._height
 
     def _descend(self, t: np.ndarray) -> np.ndarray:
         """Leaf nodes int64 ``[K]`` reached by targets ``t`` (float64 ``[K]`` in
