@@ -186,7 +186,8 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
     """The scenario (module docstring): ``point`` ``None``: a shard's process
     SIGKILLed at a random moment; else that crash point armed for its ``count``-th
     pass (a ``ray.applied.*`` point's pass drawn further on, so that checkpoints come
-    before it)."""
+    before it; a ``ray.start.*`` point's first, in the process that follows a
+    SIGKILL)."""
     from replaybuffer.distributed import RayReplayBuffer
     ensure_cluster()
     gate = tmp / "crashed"
@@ -195,6 +196,7 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
     if point is not None and point.startswith("ray.applied."):
         count += int(rng.integers(0, 16))
     if start:
+        count = 1  # a start passes it once (a pending record each: one writer's here)
         gate.touch()  # held off: the first processes pass it
     tally.scenario = f"ray_fault({point}:{count})" if point else "ray_fault(sigkill)"
     options = None
@@ -231,8 +233,8 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
             if start:
                 dying = marks_at_death(before[victim]["pid"], tmp / "shards", victim)
         tally.faults["ray_sigkill" if point is None or start else "ray_crash_point"] += 1
-        if point is not None:
-            tally.check(wait_until(gate.exists, 60), f"{point}:{count} was never reached")
+        crashed = point is None or wait_until(gate.exists, 60)
+        tally.check(crashed, f"{point}:{count} was never reached")
         for thread in threads:
             thread.join(120)
         buffer.wait_for_shards(60)
@@ -245,7 +247,7 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         tally.check(learner.batches > batches_before,
                     "the learner drew nothing from the fault on")
         double = None
-        if dying is not None:
+        if dying is not None and crashed:
             double = (dying[0], dying[1] if point == "ray.start.forget_held" else 0)
         check_shards(buffer, before, {victim: raw}, double, tally)
 
