@@ -8,7 +8,8 @@ through their ``runtime_env``), then the invariants:
 * every sampled item is one whole write (``payload`` is ``t + w / 8`` throughout, for
   the writer ``w`` and step ``t`` it names), during the fault and after;
 * a shard holds each writer's steps once each, in the order written, and nothing no
-  writer wrote; every step it holds can be drawn;
+  writer wrote; every step it holds can be drawn; a step written and flushed after the
+  faults is held;
 * the steps the buffer reports lost (``losses``) for the shard that died are exactly
   the steps written to it that it does not hold; for a kill during a restart (the
   ``ray.start.*`` points) the documented double count (``docs/fault-tolerance.md``,
@@ -164,8 +165,34 @@ def torn(batch: dict[str, np.ndarray]) -> int:
     return int((batch["payload"] != want[:, None]).any(1).sum())
 
 
+class Pause:
+    """Collectors held at a step boundary with their writes flushed (so that no chunk
+    of theirs is in flight or passes a crash point meanwhile)."""
+
+    def __init__(self) -> None:
+        self.on = threading.Event()
+        self.parked = [threading.Event() for _ in range(SHARDS)]
+
+    def hold(self, threads: list[threading.Thread]) -> None:
+        self.on.set()
+        wait_until(lambda: all(p.is_set() or not t.is_alive()
+                               for p, t in zip(self.parked, threads)), 120)
+
+    def release(self) -> None:
+        for parked in self.parked:
+            parked.clear()
+        self.on.clear()
+
+    def park(self, writer: Any, shard: int) -> None:
+        if self.on.is_set():
+            writer.flush()
+            self.parked[shard].set()
+            while self.on.is_set():
+                time.sleep(0.005)
+
+
 def collect(writer: Any, shard: int, rng: np.random.Generator, progress: list[int],
-            errors: list[str]) -> None:
+            errors: list[str], pause: Pause) -> None:
     """Write steps ``0..STEPS-1`` of writer ``w = shard`` one at a time, paced, with a
     flush now and then and at the end (which waits out a restart)."""
     try:
@@ -176,9 +203,53 @@ def collect(writer: Any, shard: int, rng: np.random.Generator, progress: list[in
                 time.sleep(float(rng.uniform(0, 0.03)))
             if rng.random() < 0.02:
                 writer.flush()
+            pause.park(writer, shard)
         writer.flush()
     except Exception as exc:  # noqa: BLE001 - a finding, reported by the checks
         errors.append(f"collector {shard}: {type(exc).__name__}: {exc}")
+
+
+def back(buffer: Any, shard: int, incarnation: int) -> dict[str, Any]:
+    """The shard's description once a process after ``incarnation`` answers (the
+    client hears its loss)."""
+    info: dict[str, Any] = {}
+
+    def answered() -> bool:
+        described = buffer.describe()[shard]
+        if described is not None:
+            info.update(described)
+        return described is not None and described["incarnation"] != incarnation
+    wait_until(answered, 60)
+    return info
+
+
+def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
+                  pause: Pause, threads: list[threading.Thread], gate: Path,
+                  rng: np.random.Generator) -> bool:
+    """``ray.applied.mark`` for a writer that goes silent: with the collectors held,
+    the raw writer's in-order chunks until one ends its process (its mark stored, its
+    record not); the next process runs (collectors write, the client hears its loss)
+    and is SIGKILLed; only then does the writer report the chunk lost, to the third
+    process, which must know that a process applied it (the second one settled its
+    pending record at its start). Whether the point was reached."""
+    pause.hold(threads)
+    gate.unlink()
+    seq = 0
+    while seq < 200 and raw.call(seq, seq, None):
+        seq += 1
+    if seq == 200:
+        pause.release()
+        return False
+    second = back(buffer, victim, incarnation)
+    pause.release()
+    time.sleep(float(rng.uniform(0, 0.3)))
+    pause.hold(threads)  # the collectors' reports delivered, and heard by the client
+    second = back(buffer, victim, incarnation)
+    os.kill(second["pid"], signal.SIGKILL)
+    back(buffer, victim, second["incarnation"])
+    pause.release()
+    raw.call(seq + 1, seq + 1, [(seq, raw.size)])
+    return True
 
 
 def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None = None,
@@ -195,10 +266,15 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
     held = point is not None and point.startswith("ray.held.")
     if point is not None and point.startswith("ray.applied."):
         count += int(rng.integers(0, 16))
+    # ray.applied.mark: half the time a writer that goes silent across two restarts
+    # (its report reaches the third process: the second one's settle must be whole).
+    silent = point == "ray.applied.mark" and bool(rng.integers(2))
+    if start or silent:
+        gate.touch()  # held off: the first processes pass it
     if start:
         count = 1  # a start passes it once (a pending record each: one writer's here)
-        gate.touch()  # held off: the first processes pass it
-    tally.scenario = f"ray_fault({point}:{count})" if point else "ray_fault(sigkill)"
+    tally.scenario = (f"ray_fault({point}:{count}{', silent writer' if silent else ''})"
+                      if point else "ray_fault(sigkill)")
     options = None
     if point is not None:
         options = {"runtime_env": {"env_vars": {
@@ -211,13 +287,15 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         progress = [0] * SHARDS
         errors: list[str] = []
         writers = [buffer.writer(s, chunk_steps=int(rng.integers(1, 9))) for s in range(SHARDS)]
+        pause = Pause()
         threads = [threading.Thread(target=collect, daemon=True,
                                     args=(writers[s], s, np.random.default_rng(rng.integers(2**31)),
-                                          progress, errors)) for s in range(SHARDS)]
+                                          progress, errors, pause)) for s in range(SHARDS)]
         for thread in threads:
             thread.start()
         learner = Learner(buffer)
-        wait_until(lambda: min(progress) >= 8, 30)
+        wait_until(lambda: all(d is not None and d["size"] > 0 for d in buffer.describe()),
+                   60)  # (every shard empty at once: the learner's draw is refused)
         learner.start()
         victim = int(rng.integers(SHARDS))
         dying = None
@@ -225,7 +303,11 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         at = int(rng.integers(16, STEPS - 32))
         wait_until(lambda: min(progress) >= at, 60)
         batches_before = learner.batches
-        if held:
+        if silent:
+            tally.faults["ray_sigkill"] += 1  # the second process
+            silent_writer(buffer, raw, victim, before[victim]["incarnation"], pause,
+                          threads, gate, rng)
+        elif held:
             raw.pairs(count)
         elif point is None or start:
             gate.unlink(missing_ok=True)  # a start point is armed from now on
@@ -238,6 +320,9 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         for thread in threads:
             thread.join(120)
         buffer.wait_for_shards(60)
+        for s, writer in enumerate(writers):  # a step after every fault: it must be held
+            writer.add_batch({k: v[:, 0] for k, v in items(s, np.array([STEPS])).items()})
+            writer.flush()
         time.sleep(0.2)  # a few more batches with every shard back
         learner.stop.set()
         learner.join(60)
@@ -327,7 +412,7 @@ def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
         held = seen[s]
         tally.check(len(held) == sizes[s], f"shard {s} holds {sizes[s]} steps, "
                                            f"{len(held)} whole ones can be drawn")
-        written = {s: STEPS}
+        written = {s: STEPS + 1}
         if s in raws:
             written[raws[s].w] = raws[s].written
         by_writer: dict[int, list[int]] = {}
@@ -340,8 +425,8 @@ def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
                         f"{[t for t in ts if not 0 <= t < written.get(w, 0)][:4]}")
             tally.check(all(a < b for a, b in zip(ts, ts[1:])),
                         f"shard {s}: writer {w}'s steps not once each in order")
-        tally.check(by_writer.get(s, [-1])[-1] == STEPS - 1,
-                    f"shard {s}: the last step flushed ({STEPS - 1}) is not held")
+        tally.check(by_writer.get(s, [-1])[-1] == STEPS,
+                    f"shard {s}: the step flushed after the faults ({STEPS}) is not held")
         losses = [loss for loss in buffer.losses if loss.shard == s]
         lost = sum(loss.steps_lost for loss in losses)
         expected = sum(written.values()) - sizes[s]
