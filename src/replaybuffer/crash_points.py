@@ -8,6 +8,14 @@ there with :data:`CRASH_EXIT_CODE`, through ``os._exit``: no ``finally``, no ``a
 no flush, as a kill would. The tests start a child process with the variable set and
 then check what survived (``tests/test_crash_points.py`` and the soak).
 
+A process that is started again with the same environment (a Ray shard actor, which
+Ray restarts with its ``runtime_env``) would end at the same point every time. With
+``REPLAYBUFFER_CRASH_ONCE=FILE`` set too, a process ends at the point only if it is
+the first to create ``FILE`` (created as it ends, exclusively); while ``FILE`` exists,
+the point is passed. So one crash happens among all the processes sharing the
+variables, and a test can hold a point off (create ``FILE``) and arm it later
+(remove ``FILE``): for points of a restart, which only a restarted process passes.
+
 Off, a point costs one ``is None`` test: callers write ``if ARMED is not None:
 crash_point("...")`` with ``ARMED`` imported from this module (read once, at import),
 never a call per step. Every point is listed in :data:`POINTS` with what a crash there
@@ -50,6 +58,17 @@ POINTS: dict[str, str] = {
                                         "directory is renamed to the next ckpt-N",
     "checkpoint.prune.renamed": "an old checkpoint renamed aside for pruning, before it "
                                 "is removed",
+    "ray.applied.pending": "a Ray shard's pending record of a writer's applied chunk "
+                           "stored (its number and the mark it brings), before the "
+                           "mark",
+    "ray.applied.mark": "a Ray shard's mark (last_id) stored for a writer's applied "
+                        "chunk, before the writer's record of it",
+    "ray.held.copy": "a Ray shard's new record of the chunks it holds for a writer "
+                     "written into the spare copy, before the selector switches to it",
+    "ray.start.forget_held": "a restarting Ray shard's loss count stored (undelivered), "
+                             "before the held records it counted are forgotten",
+    "ray.start.settle": "a restarting Ray shard's pending record folded into its "
+                        "writer's record, before the pending record is cleared",
 }
 """Every crash point, by name, with the moment it interrupts."""
 
@@ -77,6 +96,10 @@ ARMED = parse(os.environ.get("REPLAYBUFFER_CRASH_AT"))
 """The armed point and how many times it is reached before the process ends, from
 ``REPLAYBUFFER_CRASH_AT`` at import; ``None`` (production): every point is inert."""
 
+ONCE = os.environ.get("REPLAYBUFFER_CRASH_ONCE") or None
+"""The file whose exclusive creation a crash needs (``REPLAYBUFFER_CRASH_ONCE``, see
+the module docstring); ``None``: every process that reaches the point ends there."""
+
 _reached: dict[str, int] = {}
 
 
@@ -87,5 +110,17 @@ def crash_point(name: str) -> None:
     if ARMED is None or ARMED[0] != name:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= ARMED[1]:
+    if _reached[name] >= ARMED[1] and first_to_crash():
         os._exit(CRASH_EXIT_CODE)
+
+
+def first_to_crash() -> bool:
+    """Whether this process may end: no :data:`ONCE` file, or this process created it
+    (exclusively: of processes racing to it, one ends)."""
+    if ONCE is None:
+        return True
+    try:
+        os.close(os.open(ONCE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from soak import frame_workloads, workloads
+from soak import frame_workloads, ray_workloads, workloads
 
 WORKLOADS_SCRIPT = str(Path(workloads.__file__))
 FRAME_WORKLOADS_SCRIPT = str(Path(frame_workloads.__file__))
@@ -455,10 +455,22 @@ def mmap_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
     check_mmap(path, child.last("committed"), tally)
 
 
+# ------------------------------------------------------------------ Ray shards
+def ray_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """A Ray shard's process SIGKILLed while collectors write and a learner samples
+    (:mod:`soak.ray_workloads`)."""
+    ray_workloads.ray_fault(rng, tmp, tally)
+
+
+def ray_crash(name: str, count: int, rng: np.random.Generator, tmp: Path,
+              tally: Tally) -> None:
+    ray_workloads.ray_fault(rng, tmp, tally, name, count)
+
+
 # ------------------------------------------------------------------ crash points
 CRASH_WORKLOADS: dict[str, Callable[[str, int, np.random.Generator, Path, Tally], None]] = {
     "mmap": mmap_crash, "shared": shared_crash, "checkpoint": save_crash,
-    "persist": save_crash}
+    "persist": save_crash, "ray": ray_crash}
 """The scenario that serves each crash-point prefix (the name up to its first dot)."""
 
 
@@ -492,4 +504,4 @@ def crash_point(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
 
 SCENARIOS: dict[str, Callable[[np.random.Generator, Path, Tally], None]] = {
     "shared_kill": shared_kill, "save_kill": save_kill, "mmap_kill": mmap_kill,
-    "crash_point": crash_point}
+    "crash_point": crash_point, "ray_kill": ray_kill}

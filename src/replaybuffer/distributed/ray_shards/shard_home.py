@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from replaybuffer.crash_points import ARMED, crash_point
+
 INCARNATIONS = 0x7FFF
 """Incarnations wrap after this many starts (ids carry them in 15 bits)."""
 
@@ -180,6 +182,8 @@ class ShardHome:
             pending, at = (int(v) for v in self._pending[slot])
             if at <= mark and pending > int(self._writers[slot, 1]):
                 self.store(2 + 2 * slot + 1, pending)
+            if ARMED is not None:
+                crash_point("ray.start.settle")
             self.store(_PENDING_AT + 2 * slot, 0)
 
     def _slot(self, writer: int) -> int | None:
@@ -212,7 +216,11 @@ class ShardHome:
         pending = _PENDING_AT + 2 * slot
         self.store(pending + 1, mark)
         self.store(pending, seq + 1)
+        if ARMED is not None:
+            crash_point("ray.applied.pending")
         self.store(0, mark)
+        if ARMED is not None:
+            crash_point("ray.applied.mark")
         if seq + 1 > int(self._writers[slot, 1]):
             self.store(2 + 2 * slot + 1, seq + 1)
 
@@ -239,6 +247,8 @@ class ShardHome:
         self.store(at, origin)
         self.store(at + 1, mask)
         self.store(at + 2, steps)
+        if ARMED is not None:
+            crash_point("ray.held.copy")
         self.store(_CHOICE_AT + slot, choice)
 
     def _held_at(self, slot: int) -> int:
@@ -258,7 +268,10 @@ class ShardHome:
         return out
 
     def forget_held(self) -> None:
-        """Forget every held record (one store each: its mask)."""
+        """Forget every held record (one store each: its mask). A start calls it once
+        it has stored the loss it counted from them (``undelivered``)."""
+        if ARMED is not None:
+            crash_point("ray.start.forget_held")
         for slot in np.flatnonzero(self._writers[:, 0]):
             at = self._held_at(int(slot))
             if self._words[at + 1]:
