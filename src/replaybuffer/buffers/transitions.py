@@ -99,6 +99,12 @@ class TransitionReplayBuffer(TransitionReads):
             for the device (:mod:`replaybuffer.buffers.device_transition_reads`; the
             next-observation bookkeeping is copied to the device as a sample needs
             it). Off by default (``None``), also on a GPU.
+
+    A checkpoint keeps every argument but ``storage``, ``device`` (saved beside them)
+    and ``rate_limiter`` (a live object: set it on the loaded buffer again);
+    ``sample_on_device`` (and a prioritized buffer's ``device_search``) come back where
+    the buffer is loaded into torch storage, and are dropped where it is loaded into
+    another.
     """
 
     # Whether sample() serves draws made on the device; a subclass whose reads differ
@@ -170,6 +176,13 @@ class TransitionReplayBuffer(TransitionReads):
                                "n_step": n_step, "gamma": gamma, "seed": seed}
         if frame_stack:  # only then: subclasses without these arguments save as before
             self._config_values.update(frame_stack=True, stack_axis=stack_axis)
+        # Saved only where they differ from the default, so a checkpoint of a buffer
+        # built without them reads as before (and one written before they were saved
+        # loads as such a buffer).
+        if on_device:
+            self._config_values["sample_on_device"] = True
+        if memory != "warn":
+            self._config_values["memory"] = memory
         names = self._paths_by_name()
         self._obs_leaves = [i for i, p in enumerate(self._paths) if p.startswith(f"['{OBS}']")]
         self._action_leaves = [i for i, p in enumerate(self._paths)
@@ -398,6 +411,9 @@ class TransitionReplayBuffer(TransitionReads):
         config = dict(config)
         obs, act = decode_spec(config.pop("observation_spec")), \
             decode_spec(config.pop("action_spec"))
+        if storage != "torch":  # loaded into other storage: sampled on the host
+            for on_device_only in ("sample_on_device", "device_search"):
+                config.pop(on_device_only, None)
         return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
@@ -442,6 +458,8 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+        if device_search is not None:  # the default (by capacity) saves nothing
+            self._config_values["device_search"] = device_search
 
     def _device_sampler(self, seed: int | None) -> Any:
         """Prioritized draws on the device, with this buffer's schedule."""
