@@ -253,7 +253,8 @@ class TransitionReplayBuffer(TransitionReads):
         # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
         # sample_on_device: transitions read on the device (None: on the host).
-        self._device_reads = self._device_transition_reads() if on_device else None
+        self._device_reads = self._device_transition_reads(memory == "strict") \
+            if on_device else None
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -269,8 +270,14 @@ class TransitionReplayBuffer(TransitionReads):
 
     @property
     def nbytes(self) -> int:
+        """Bytes the buffer takes: its storage at full capacity, the next-observation
+        bookkeeping (the side store as large as it has grown) and, with
+        ``sample_on_device``, the bookkeeping's copy on the storage's device (8 bytes per
+        position and the side store's rows: ``DeviceSideMirror.nbytes``, counted on
+        that device by the check at construction)."""
+        mirror = 0 if self._device_reads is None else self._device_reads.mirror.nbytes
         return super().nbytes + self._side.nbytes + self._side_ref.nbytes + \
-            sum(a.nbytes for a in self._head_next)
+            sum(a.nbytes for a in self._head_next) + mirror
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> NoReturn:
@@ -327,9 +334,18 @@ class TransitionReplayBuffer(TransitionReads):
 
         return TorchUniformSampler(self.device, seed)
 
-    def _device_transition_reads(self) -> DeviceTransitionReads:
-        """The reads of ``sample_on_device=True`` (a torch storage's)."""
+    def _device_transition_reads(self, strict: bool) -> DeviceTransitionReads:
+        """The reads of ``sample_on_device=True`` (a torch storage's), their device copy
+        of the next-observation bookkeeping checked against the device's free memory
+        first (``strict``: raise where it does not fit, else warn)."""
+        from replaybuffer.buffers.device_side_mirror import (check_device_memory,
+                                                             mirror_nbytes)
         from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
+
+        needed = mirror_nbytes(len(self._side_ref), [h[0] for h in self._head_next],
+                               len(self._side.arrays[0]), self.num_envs)
+        check_device_memory(needed, f"{type(self).__name__}(sample_on_device=True)",
+                            self._storage.device, strict)  # type: ignore[attr-defined]
 
         leaves = {OBS: self._obs_leaves, ACTION: self._action_leaves, REWARD: self._reward,
                   TERMINATED: self._terminated, TRUNCATED: self._truncated}
