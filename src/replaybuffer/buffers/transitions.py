@@ -26,7 +26,8 @@ The class is built of parts, one concept per module, each a base class of the ne
 every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
 the usual step, one env's step without the env axis) and
 :mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
-given steps); this module wires them, samples, and saves. With ``sample_on_device``
+given steps), :mod:`~replaybuffer.buffers.transition_checkpoints` (what a checkpoint
+keeps); this module wires them and samples. With ``sample_on_device``
 the draws made on the device are read there
 (:mod:`~replaybuffer.buffers.device_transition_reads`, the device twin of the reads).
 :meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
@@ -50,16 +51,15 @@ from replaybuffer.buffers.prioritized import PrioritizedMixin
 from replaybuffer.buffers.recent_steps import NextObservations
 from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, rows_differ
 from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
+from replaybuffer.buffers.transition_checkpoints import TransitionCheckpoints
 from replaybuffer.buffers.transition_fields import (ACTION, OBS, REWARD, TERMINATED,
                                                     TRUNCATED, Transitions)
-from replaybuffer.buffers.transition_reads import TransitionReads
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
 from replaybuffer.storage.base import LeafChecker, identity
-from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.numpy_storage import NumpyStorage
 from replaybuffer.storage.side_store import SideStore
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
 
 
-class TransitionReplayBuffer(TransitionReads):
+class TransitionReplayBuffer(TransitionCheckpoints):
     """Uniform replay of transitions, observations stored once.
 
     Args:
@@ -101,10 +101,7 @@ class TransitionReplayBuffer(TransitionReads):
             it). Off by default (``None``), also on a GPU.
 
     A checkpoint keeps every argument but ``storage``, ``device`` (saved beside them)
-    and ``rate_limiter`` (a live object: set it on the loaded buffer again);
-    ``sample_on_device`` (and a prioritized buffer's ``device_search``) come back where
-    the buffer is loaded into torch storage, and are dropped where it is loaded into
-    another.
+    and ``rate_limiter`` (:mod:`~replaybuffer.buffers.transition_checkpoints`).
     """
 
     # Whether sample() serves draws made on the device; a subclass whose reads differ
@@ -409,43 +406,6 @@ class TransitionReplayBuffer(TransitionReads):
                 self._terminated]
         next_obs = NextObservations(self._side, self._side_ref, self._head_next[0])
         return FlatReads(self, storage, self._ring, self._lock, next_obs, read, env_axis)
-
-    # ---------------------------------------------------------------- persistence
-    def constructor_config(self) -> dict[str, Any]:
-        from replaybuffer.persist import encode_spec
-
-        config = dict(self._config_values)
-        config["observation_spec"] = encode_spec(config["observation_spec"])
-        config["action_spec"] = encode_spec(config["action_spec"])
-        return config
-
-    @classmethod
-    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
-                   device: Any, config: dict[str, Any]) -> "TransitionReplayBuffer":
-        from replaybuffer.persist import decode_spec
-
-        config = dict(config)
-        obs, act = decode_spec(config.pop("observation_spec")), \
-            decode_spec(config.pop("action_spec"))
-        if storage != "torch":  # loaded into other storage: sampled on the host
-            for on_device_only in ("sample_on_device", "device_search"):
-                config.pop(on_device_only, None)
-        return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
-
-    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
-        state, arrays = super().snapshot()
-        state.update(self._side_state())  # sized by what is held, not by the capacity
-        return state, arrays
-
-    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        self._check_side_state(state)  # before anything changes
-        super().restore_state(state, arrays)
-
-    def _restore_own_parts(self, state: dict[str, Any]) -> None:
-        super()._restore_own_parts(state)
-        self._restore_side(state, self._check_side_state(state))
-        if self._device_reads is not None:  # the device copy of the side state too
-            self._device_reads.mirror.invalidate()
 
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
