@@ -16,7 +16,8 @@ would make the host wait for the device's queue, so on CUDA the mass is checked 
 device priority updates are (:class:`DrawMassChecks`): queued without waiting, and the
 error raised by a later call of the sampler (the next draw or update that finds it
 arrived, or any call that waits: ``valid_mass``, ``state_dict``, the buffer's
-``max_priority``); the batch of that draw is not valid (its probabilities are not).
+``max_priority``); the batch of that draw is not valid (its probabilities are not
+finite, or not positive).
 :attr:`TorchPrioritizedSampler.draw_checks_on_device` chooses.
 
 The slot values are searched in one of two ways (``search``): ``"prefix"``, their
