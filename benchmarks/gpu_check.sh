@@ -71,7 +71,8 @@ TEST_FILES=(tests/test_uniform_buffer.py tests/test_storage.py tests/test_priori
             tests/test_device_sampling.py tests/test_device_updates.py
             tests/test_device_packing.py tests/test_device_transitions.py
             tests/test_captured_draws.py tests/test_captured_prioritized.py
-            tests/test_transition_device_reads.py)
+            tests/test_transition_device_reads.py tests/test_torch_prioritized_draw_checks.py
+            tests/test_transition_device_memory.py)
 PARALLEL=()
 "$PY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n 6)
 timeout 200 "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" -k cuda --timeout 150 \

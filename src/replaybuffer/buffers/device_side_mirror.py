@@ -34,11 +34,13 @@ the torch storage orders its writes after its gathers.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from replaybuffer.storage.memory import InsufficientMemoryError, check_memory
 from replaybuffer.storage.stream_reads import PendingReads
 from replaybuffer.storage.torch_storage import torch_dtype
 
@@ -90,6 +92,14 @@ class DeviceSideMirror:
         # CUDA: the reads since the last copy (a copy waits for them: it may overwrite
         # rows they read).
         self._reads = PendingReads(self.device) if self._cuda else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the mirror takes on :attr:`device`: :attr:`refs` (8 per position) and
+        :attr:`rows` as the next :meth:`sync` makes them (the side store's slots as they
+        are now, plus ``num_envs``), whether or not a sync has made them yet."""
+        return mirror_nbytes(len(self._side_ref), [h[0] for h in self._head_next],
+                             len(self._side.arrays[0]), self._ring.batch_size)
 
     def invalidate(self) -> None:
         """Copy everything at the next :meth:`sync` (the host state was replaced)."""
@@ -200,3 +210,35 @@ class DeviceSideMirror:
         asynchronous copy ran), on the CPU the array itself (the copy runs at once)."""
         tensor = torch.from_numpy(np.ascontiguousarray(array))
         return tensor.pin_memory() if self._cuda else tensor
+
+
+def mirror_nbytes(positions: int, observation: list[np.ndarray], side_slots: int,
+                  num_envs: int) -> int:
+    """Bytes of a :class:`DeviceSideMirror` of ``positions`` storage positions, a side
+    store of ``side_slots`` slots and ``num_envs`` rows, for observations whose leaves
+    are like ``observation`` (one observation's arrays, ``[*spec.shape]`` each)."""
+    return 8 * positions + (side_slots + num_envs) * sum(a.nbytes for a in observation)
+
+
+def check_device_memory(nbytes: int, what: str, device: torch.device, strict: bool) -> None:
+    """Warn (or, when ``strict``, raise) if ``nbytes`` more on ``device`` exceed what it
+    has free: host memory for the CPU (:func:`~replaybuffer.storage.memory.check_memory`),
+    the device's free memory for CUDA (``torch.cuda.mem_get_info``); unchecked on other
+    devices.
+
+    Raises:
+        InsufficientMemoryError: ``strict`` and they do not fit.
+    """
+    if device.type == "cpu":
+        check_memory(nbytes, what, strict)
+        return
+    if device.type != "cuda":
+        return
+    free = torch.cuda.mem_get_info(device)[0]
+    if nbytes <= free:
+        return
+    message = (f"{what} needs {nbytes / 2**30:.2f} GiB on {device} but only "
+               f"{free / 2**30:.2f} GiB of its memory is free")
+    if strict:
+        raise InsufficientMemoryError(message)
+    warnings.warn(message, ResourceWarning, stacklevel=3)

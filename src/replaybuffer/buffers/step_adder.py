@@ -138,7 +138,9 @@ def build_step_adder(parts: AdderParts) -> Callable[..., Any]:
     the usual step, else what ``fallback`` returns."""
     source, bound = _Source(parts).build()
     exec(compile(source, f"<step_adder {type(parts.buffer).__name__}>", "exec"), bound)
-    adder: Callable[..., Any] = bound["add"]
+    # Out of its own globals: there it would make a reference cycle (the function, its
+    # globals), and the buffer they bind would wait for the garbage collector.
+    adder: Callable[..., Any] = bound.pop("add")
     return adder
 
 

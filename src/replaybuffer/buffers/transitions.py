@@ -26,7 +26,8 @@ The class is built of parts, one concept per module, each a base class of the ne
 every write), :mod:`~replaybuffer.buffers.transition_add` (``add``, its shortcut for
 the usual step, one env's step without the env axis) and
 :mod:`~replaybuffer.buffers.transition_reads` (transitions and ``n``-step returns of
-given steps); this module wires them, samples, and saves. With ``sample_on_device``
+given steps), :mod:`~replaybuffer.buffers.transition_checkpoints` (what a checkpoint
+keeps); this module wires them and samples. With ``sample_on_device``
 the draws made on the device are read there
 (:mod:`~replaybuffer.buffers.device_transition_reads`, the device twin of the reads).
 :meth:`TransitionReplayBuffer.flat_reads` hands adapters lean reads
@@ -50,16 +51,15 @@ from replaybuffer.buffers.prioritized import PrioritizedMixin
 from replaybuffer.buffers.recent_steps import NextObservations
 from replaybuffer.buffers.side_observations import COPY_COMPARE_MAX, rows_differ
 from replaybuffer.buffers.transition_add import SINGLE_FLAGS, single_reward
+from replaybuffer.buffers.transition_checkpoints import TransitionCheckpoints
 from replaybuffer.buffers.transition_fields import (ACTION, OBS, REWARD, TERMINATED,
                                                     TRUNCATED, Transitions)
-from replaybuffer.buffers.transition_reads import TransitionReads
 from replaybuffer.errors import EmptyBufferError, SpecError
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.sampling import Ring, UniformSampler
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.specs import ArraySpec, BoundedArraySpec, as_data_spec, spec_from_space
 from replaybuffer.storage.base import LeafChecker, identity
-from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.storage.memory import check_memory
 from replaybuffer.storage.numpy_storage import NumpyStorage
 from replaybuffer.storage.side_store import SideStore
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
 
 
-class TransitionReplayBuffer(TransitionReads):
+class TransitionReplayBuffer(TransitionCheckpoints):
     """Uniform replay of transitions, observations stored once.
 
     Args:
@@ -99,6 +99,9 @@ class TransitionReplayBuffer(TransitionReads):
             for the device (:mod:`replaybuffer.buffers.device_transition_reads`; the
             next-observation bookkeeping is copied to the device as a sample needs
             it). Off by default (``None``), also on a GPU.
+
+    A checkpoint keeps every argument but ``storage``, ``device`` (saved beside them)
+    and ``rate_limiter`` (:mod:`~replaybuffer.buffers.transition_checkpoints`).
     """
 
     # Whether sample() serves draws made on the device; a subclass whose reads differ
@@ -170,6 +173,13 @@ class TransitionReplayBuffer(TransitionReads):
                                "n_step": n_step, "gamma": gamma, "seed": seed}
         if frame_stack:  # only then: subclasses without these arguments save as before
             self._config_values.update(frame_stack=True, stack_axis=stack_axis)
+        # Saved only where they differ from the default, so a checkpoint of a buffer
+        # built without them reads as before (and one written before they were saved
+        # loads as such a buffer).
+        if on_device:
+            self._config_values["sample_on_device"] = True
+        if memory != "warn":
+            self._config_values["memory"] = memory
         names = self._paths_by_name()
         self._obs_leaves = [i for i, p in enumerate(self._paths) if p.startswith(f"['{OBS}']")]
         self._action_leaves = [i for i, p in enumerate(self._paths)
@@ -240,7 +250,8 @@ class TransitionReplayBuffer(TransitionReads):
         # sampler (and _written where no subclass overrides it: _written_hook).
         self._tracks_adds = type(self._sampler).on_add is not UniformSampler.on_add
         # sample_on_device: transitions read on the device (None: on the host).
-        self._device_reads = self._device_transition_reads() if on_device else None
+        self._device_reads = self._device_transition_reads(memory == "strict") \
+            if on_device else None
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
@@ -256,8 +267,14 @@ class TransitionReplayBuffer(TransitionReads):
 
     @property
     def nbytes(self) -> int:
+        """Bytes the buffer takes: its storage at full capacity, the next-observation
+        bookkeeping (the side store as large as it has grown) and, with
+        ``sample_on_device``, the bookkeeping's copy on the storage's device (8 bytes per
+        position and the side store's rows: ``DeviceSideMirror.nbytes``, counted on
+        that device by the check at construction)."""
+        mirror = 0 if self._device_reads is None else self._device_reads.mirror.nbytes
         return super().nbytes + self._side.nbytes + self._side_ref.nbytes + \
-            sum(a.nbytes for a in self._head_next)
+            sum(a.nbytes for a in self._head_next) + mirror
 
     def add_batch(self, items: Any, *, timeout: float | None = None,
                   block: bool = True) -> NoReturn:
@@ -314,9 +331,18 @@ class TransitionReplayBuffer(TransitionReads):
 
         return TorchUniformSampler(self.device, seed)
 
-    def _device_transition_reads(self) -> DeviceTransitionReads:
-        """The reads of ``sample_on_device=True`` (a torch storage's)."""
+    def _device_transition_reads(self, strict: bool) -> DeviceTransitionReads:
+        """The reads of ``sample_on_device=True`` (a torch storage's), their device copy
+        of the next-observation bookkeeping checked against the device's free memory
+        first (``strict``: raise where it does not fit, else warn)."""
+        from replaybuffer.buffers.device_side_mirror import (check_device_memory,
+                                                             mirror_nbytes)
         from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
+
+        needed = mirror_nbytes(len(self._side_ref), [h[0] for h in self._head_next],
+                               len(self._side.arrays[0]), self.num_envs)
+        check_device_memory(needed, f"{type(self).__name__}(sample_on_device=True)",
+                            self._storage.device, strict)  # type: ignore[attr-defined]
 
         leaves = {OBS: self._obs_leaves, ACTION: self._action_leaves, REWARD: self._reward,
                   TERMINATED: self._terminated, TRUNCATED: self._truncated}
@@ -381,40 +407,6 @@ class TransitionReplayBuffer(TransitionReads):
         next_obs = NextObservations(self._side, self._side_ref, self._head_next[0])
         return FlatReads(self, storage, self._ring, self._lock, next_obs, read, env_axis)
 
-    # ---------------------------------------------------------------- persistence
-    def constructor_config(self) -> dict[str, Any]:
-        from replaybuffer.persist import encode_spec
-
-        config = dict(self._config_values)
-        config["observation_spec"] = encode_spec(config["observation_spec"])
-        config["action_spec"] = encode_spec(config["action_spec"])
-        return config
-
-    @classmethod
-    def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
-                   device: Any, config: dict[str, Any]) -> "TransitionReplayBuffer":
-        from replaybuffer.persist import decode_spec
-
-        config = dict(config)
-        obs, act = decode_spec(config.pop("observation_spec")), \
-            decode_spec(config.pop("action_spec"))
-        return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
-
-    def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:
-        state, arrays = super().snapshot()
-        state.update(self._side_state())  # sized by what is held, not by the capacity
-        return state, arrays
-
-    def restore_state(self, state: dict[str, Any], arrays: list[np.ndarray] | None) -> None:
-        self._check_side_state(state)  # before anything changes
-        super().restore_state(state, arrays)
-
-    def _restore_own_parts(self, state: dict[str, Any]) -> None:
-        super()._restore_own_parts(state)
-        self._restore_side(state, self._check_side_state(state))
-        if self._device_reads is not None:  # the device copy of the side state too
-            self._device_reads.mirror.invalidate()
-
 
 class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer):
     """:class:`TransitionReplayBuffer` sampled by priority; ``update_priorities`` as for
@@ -442,6 +434,8 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
         self._id_step = self.num_envs
         self._config_values.update(alpha=alpha, beta=beta, beta_final=beta_final,
                                    beta_steps=beta_steps, normalize=normalize)
+        if device_search is not None:  # the default (by capacity) saves nothing
+            self._config_values["device_search"] = device_search
 
     def _device_sampler(self, seed: int | None) -> Any:
         """Prioritized draws on the device, with this buffer's schedule."""

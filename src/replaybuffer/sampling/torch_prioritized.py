@@ -9,8 +9,16 @@ the sum tree (and the min tree of ``normalize="buffer"``) live in
 with a scatter and a level-by-level recompute, and a batch is drawn by a batched
 level-by-level descent with a ``torch.Generator`` on the device. Ids, positions,
 probabilities and weights come back as device tensors: sampling needs no host round
-trip (one scalar is read back only when a priority of 0 has been stored, to report
-that no window has mass).
+trip. Where a priority of 0 (or one too small to survive in the running sums) has been
+stored, a range may have no mass, which has no draw: the host sampler raises
+:class:`~replaybuffer.errors.EmptyBufferError`. Reading the mass back at every draw
+would make the host wait for the device's queue, so on CUDA the mass is checked as the
+device priority updates are (:class:`DrawMassChecks`): queued without waiting, and the
+error raised by a later call of the sampler (the next draw or update that finds it
+arrived, or any call that waits: ``valid_mass``, ``state_dict``, the buffer's
+``max_priority``); the batch of that draw is not valid (its probabilities are not
+finite, or not positive).
+:attr:`TorchPrioritizedSampler.draw_checks_on_device` chooses.
 
 The slot values are searched in one of two ways (``search``): ``"prefix"``, their
 running sums recomputed by one ``cumsum`` after a write and searched by one
@@ -40,6 +48,7 @@ import numpy as np
 import torch
 
 from replaybuffer.device_copy import to_device
+from replaybuffer.errors import EmptyBufferError
 from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.prioritized import PrioritizedSampler
@@ -47,6 +56,7 @@ from replaybuffer.sampling.priority_range import require_mass
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
+from replaybuffer.sampling.torch_deferred_checks import DeviceChecks
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
@@ -85,6 +95,9 @@ class TorchPrioritizedSampler(PrioritizedSampler):
 
     device_updates: bool | None = None
 
+    # A draw's no-mass check deferred (DrawMassChecks.deferred): None on CUDA only.
+    draw_checks_on_device: bool | None = None
+
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
                  seed: int | None = None, normalize: str = "batch",
@@ -96,6 +109,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self.search = search
         self.device = torch.device(device)
         self._generator = DeviceGenerator(self.device, seed)
+        self._draw_checks = DrawMassChecks(self.device)
         self._tree: TorchPrefixSums | TorchSegmentTree
         # The smallest positive value (normalize="buffer"): a min tree beside a sum tree;
         # the running sums' own scan of the slots otherwise.
@@ -220,7 +234,9 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def settle(self, wait: bool = True) -> None:
         """Act on the outcomes of device updates that have arrived (every one, with
         ``wait``: waits for the device): note the values they wrote, and raise the
-        ``ValueError`` of the first refused one."""
+        ``ValueError`` of the first refused one; or the ``EmptyBufferError`` of an
+        earlier draw that found no mass (:class:`DrawMassChecks`)."""
+        self._draw_checks.raise_arrived(wait)
         updates = self._device_updates
         if updates is None or not len(updates.checks):
             return
@@ -249,20 +265,6 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
 
     # ---------------------------------------------------------------- sampling
-    def _tree_segments(self, tree: TorchSegmentTree, first: int, span: int
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
-        ``[first, first + span)``: float64 tensors of each segment's prefix sums at its
-        start and end (``[start0, end0, start1, end1]``, the second segment repeating
-        the first's start when the range does not wrap, so that its mass is 0), the
-        segments' masses and their total."""
-        cap = tree.capacity
-        ends = [first, min(first + span, cap)]
-        ends += [0, first + span - cap] if first + span > cap else [first, first]
-        bounds = tree.prefix_sums(to_device(np.array(ends, np.int64), self.device))
-        masses = bounds[1::2] - bounds[0::2]
-        return bounds, masses, masses.sum()
-
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
         self.settle()
         if self._pending:
@@ -274,7 +276,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             return float(self._tree.range_mass(first, span))
         if span == ring.capacity:
             return float(self._tree.root())
-        return float(self._tree_segments(self._tree, first, span)[2])
+        return float(_tree_segments(self._tree, first, span)[2])
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
@@ -295,7 +297,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             mass = tree.root()
             positions = tree.find(u * mass)
         else:
-            bounds, masses, mass = self._tree_segments(tree, first, span)
+            bounds, masses, mass = _tree_segments(tree, first, span)
             u = u * mass
             # The second segment only where it has mass (rounding may carry u past the
             # first's share when the second is empty).
@@ -307,8 +309,11 @@ class TorchPrioritizedSampler(PrioritizedSampler):
             outside = (positions - first) % ring.capacity >= span
             middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
             positions = torch.where(outside, tree.find(middle), positions)
-        if self._zeros:  # one scalar back to the host, only where a range may be empty
-            require_mass(float(mass), num_steps)
+        if self._zeros:  # only where a range may be empty
+            if self._draw_checks.deferred(self.draw_checks_on_device):
+                self._draw_checks.push(mass, num_steps)
+            else:  # one scalar back to the host
+                require_mass(float(mass), num_steps)
         values = self._tree.leaves[positions]
         ids = _ids_on_device(ring, positions)
         probabilities = (values / mass).to(torch.float32)
@@ -390,6 +395,7 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         if self._device_updates is not None:  # the restored state replaces theirs
             self._device_updates.checks.clear()
             self._device_updates.forget()
+        self._draw_checks.clear()  # draws from the state replaced
         leaves = torch.from_numpy(np.array(state["priorities"], np.float64)).to(self.device)
         self._tree.load(leaves)
         if self._mins is not None:
@@ -401,6 +407,85 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._forget_values()
         self._note_values(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
+
+
+class DrawMassChecks:
+    """The no-mass checks of draws made on ``device``, read on the host at a later call.
+
+    A draw whose range has no mass (every valid window's priority 0) draws nothing
+    meaningful; the host sampler raises :class:`~replaybuffer.errors.EmptyBufferError`.
+    On a GPU, reading the mass back would make the host wait for the device's queue, so
+    the draw queues it instead (a float64 ``[1]`` summary copied to pinned memory
+    without waiting: :class:`~replaybuffer.sampling.torch_deferred_checks.DeviceChecks`)
+    and :meth:`raise_arrived`, called by the sampler's next calls, raises that error
+    once the mass has arrived on the host and is not positive.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        # Made at the first push: its pinned memory's allocation synchronizes, once.
+        self._checks: DeviceChecks | None = None
+
+    def deferred(self, chosen: bool | None) -> bool:
+        """Whether draws defer their check: ``chosen``
+        (``TorchPrioritizedSampler.draw_checks_on_device``) where it is a bool, else
+        (``None``) on CUDA only.
+
+        Raises:
+            ValueError: ``chosen`` is not True, False or None.
+        """
+        if chosen is not None and not isinstance(chosen, bool):
+            raise ValueError(f"draw_checks_on_device must be True, False or None (on a "
+                             f"CUDA device), got {chosen!r}")
+        return self.device.type == "cuda" if chosen is None else chosen
+
+    def push(self, mass: torch.Tensor, num_steps: int) -> None:
+        """Queue the range's ``mass`` (a 0-d float64 tensor on the device) of a draw of
+        windows of ``num_steps``. :meth:`raise_arrived` (with ``wait`` where the queue
+        is full) must have run since the last push."""
+        if self._checks is None:
+            self._checks = DeviceChecks(self.device, 1)
+        self._checks.push(mass.reshape(1), num_steps)
+
+    def raise_arrived(self, wait: bool) -> None:
+        """Act on the checks that have arrived (all of them with ``wait``, or where
+        the queue is full: waits for the device).
+
+        Raises:
+            EmptyBufferError: a draw found no mass (the first such; the checks taken
+                with it are dropped).
+        """
+        checks = self._checks
+        if checks is None or not len(checks):
+            return
+        for summary, num_steps in checks.take(wait or checks.full):
+            if not summary[0] > 0.0:
+                try:
+                    require_mass(float(summary[0]), num_steps)
+                except EmptyBufferError as exc:
+                    raise EmptyBufferError(
+                        f"{exc} (found by an earlier draw on {self.device}, reported at "
+                        "this call: that draw's batch is not valid)") from None
+
+    def clear(self) -> None:
+        """Forget the checks queued (the state they were drawn from is gone)."""
+        if self._checks is not None:
+            self._checks.clear()
+
+
+def _tree_segments(tree: TorchSegmentTree, first: int, span: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
+    ``[first, first + span)``: float64 tensors of each segment's prefix sums at its
+    start and end (``[start0, end0, start1, end1]``, the second segment repeating the
+    first's start when the range does not wrap, so that its mass is 0), the segments'
+    masses and their total."""
+    cap = tree.capacity
+    ends = [first, min(first + span, cap)]
+    ends += [0, first + span - cap] if first + span > cap else [first, first]
+    bounds = tree.prefix_sums(to_device(np.array(ends, np.int64), tree.device))
+    masses = bounds[1::2] - bounds[0::2]
+    return bounds, masses, masses.sum()
 
 
 def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:

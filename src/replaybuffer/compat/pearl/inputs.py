@@ -22,6 +22,7 @@ converts the rest. A subclass that defines its own
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,7 +65,13 @@ class PearlInputs:
         if not vars(owner).get("_compiled_add", False):
             return None
         method = vars(owner)["add_trajectory"]
-        fallback = method.__get__(self, type(self))
+        # The adder stands in for add_trajectory on this adapter, so it must not hold
+        # the adapter itself: that would be a reference cycle, and a deleted adapter
+        # (and its core's memory) would wait for the garbage collector.
+        adapter = weakref.ref(self)
+
+        def fallback(*args: Any) -> Any:
+            return method(adapter(), *args)
         names = tuple(inspect.signature(method).parameters)[1:]
         adder = self.core.step_adder(fallback, env_axis=self.vector, names=names)
         if adder is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -103,7 +104,9 @@ class FastPaths:
         return None if reads is None else cls(buffer, reads)
 
     def __init__(self, buffer: PearlOutputs, reads: FlatReads):
-        self.buffer, self.reads = buffer, reads
+        # The adapter holds these paths: a weak reference back, so that a deleted
+        # adapter is freed at once, not by the garbage collector (a cycle).
+        self.buffer, self.reads = weakref.ref(buffer), reads
         self.vector = buffer.vector
         self.B = buffer.core.num_envs
         self.recent = reads.recent  # the cache of recent steps behind run()
@@ -170,7 +173,9 @@ class FastPaths:
         if torch is None:
             import torch
 
-            device = self.buffer.device
+            adapter = self.buffer()
+            assert adapter is not None  # it is the caller
+            device = adapter.device
             self.torch, self.device = torch, None if device.type == "cpu" else device
         tensor, device = torch.from_numpy, self.device
         if device is None:
