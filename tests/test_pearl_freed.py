@@ -117,3 +117,27 @@ def test_a_buffer_whose_step_adder_was_built_is_freed_once_the_adder_is(collecto
                         12, num_envs=envs)}
     owner["obj"].step_adder(owner["obj"].add, env_axis=True)  # built, then dropped
     assert_freed_on_del(owner)
+
+
+
+def used_transition_buffer():
+    """A transition buffer that has written steps (through its storage's one-call
+    writer) and sampled."""
+    buffer = rb.TransitionReplayBuffer(OBS_SPACE, ACT_SPACE, 64)
+    obs = np.zeros((1, 3), np.float32)
+    for _ in range(5):
+        buffer.add(obs, np.zeros((1, 2), np.float32), np.ones(1), obs + 1,
+                   np.zeros(1, bool), np.zeros(1, bool))
+        obs = obs + 1
+    buffer.sample(8)
+    return buffer
+
+
+def test_a_used_transition_buffer_leaves_nothing_for_the_collector(collector_off):
+    """Its storage's one-call writer (``storage/exact_writer.py``) sat in its own
+    globals: a cycle that held the storage arrays until the collector ran."""
+    used_transition_buffer()
+    gc.collect()  # what a first use caches module-wide is not the buffer's
+    buffer = used_transition_buffer()
+    del buffer
+    assert gc.collect() == 0

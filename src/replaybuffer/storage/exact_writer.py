@@ -174,7 +174,9 @@ def exact_writer(arrays: Sequence[np.ndarray], checker: LeafChecker,
         "    return True",
     ])
     exec(compile(source, f"<exact_writer {len(checks)} leaves>", "exec"), bound)
-    write: ExactWriter = bound["write"]
+    # Popped, not read: a function in its own globals is a reference cycle that kept
+    # the storage arrays it writes alive until the garbage collector ran.
+    write: ExactWriter = bound.pop("write")
     _LAYOUTS[write] = (arrays, checker, outer_shape)
     return write
 
