@@ -28,6 +28,7 @@ from typing import Any
 from replaybuffer import nest
 from replaybuffer.buffers.checkpoints import Checkpoints
 from replaybuffer.buffers.datasets import Datasets
+from replaybuffer.buffers.device_sampling import for_storage
 from replaybuffer.buffers.episodes import EpisodeRecording
 from replaybuffer.buffers.files import FileLifeCycle
 from replaybuffer.buffers.reads import ReadPath, package
@@ -264,8 +265,10 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
     def rebuild(cls, data_spec: Any, batch_size: int, max_length: int, storage: str,
                 device: Any, config: dict[str, Any]) -> "ReplayBuffer":
         """Build an empty buffer of this class for a restore (``config``: its
-        :meth:`constructor_config`)."""
-        return cls(data_spec, batch_size, max_length, storage=storage, device=device, **config)
+        :meth:`constructor_config`; its device keywords dropped where ``storage`` is
+        not torch: such a restore samples on the host)."""
+        return cls(data_spec, batch_size, max_length, storage=storage, device=device,
+                   **for_storage(config, storage))
 
 
 TRANSITION_BUFFER = ("replaybuffer.buffers.transitions", "TransitionReplayBuffer")

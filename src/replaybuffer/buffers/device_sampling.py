@@ -11,6 +11,28 @@ from __future__ import annotations
 
 from typing import Any
 
+ON_DEVICE_ONLY = ("sample_on_device", "device_search", "capture_samples")
+"""Constructor keywords that only apply to a buffer on torch storage: a checkpoint
+keeps them, and a restore into other storage drops them (it samples on the host)."""
+
+
+def device_choices(sample_on_device: bool | None, capture_samples: bool | None = None,
+                   device_search: str | None = None) -> dict[str, Any]:
+    """The device keywords a buffer was given, for its checkpoint's config: only those
+    not left to their default (``None``), so that a buffer built without them saves
+    what it saved before they were kept, and an older checkpoint loads as such."""
+    given = {"sample_on_device": sample_on_device, "capture_samples": capture_samples,
+             "device_search": device_search}
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def for_storage(config: dict[str, Any], storage: str) -> dict[str, Any]:
+    """``config`` (constructor keywords from a checkpoint) for a buffer rebuilt on
+    ``storage``: the :data:`ON_DEVICE_ONLY` keywords dropped unless it is torch."""
+    if storage == "torch":
+        return config
+    return {key: value for key, value in config.items() if key not in ON_DEVICE_ONLY}
+
 
 def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,
                       track_episodes: bool) -> bool:

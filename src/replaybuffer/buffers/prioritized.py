@@ -9,7 +9,7 @@ import numpy as np
 
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.captured_reads import CapturedReads
-from replaybuffer.buffers.device_sampling import (captures_samples,
+from replaybuffer.buffers.device_sampling import (captures_samples, device_choices,
                                                   device_prioritized_sampler,
                                                   device_search_for, samples_on_device)
 from replaybuffer.protocols import BufferInfo
@@ -219,7 +219,9 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         self._config_values = {"alpha": alpha, "beta": beta, "beta_final": beta_final,
                                "beta_steps": beta_steps, "seed": seed,
                                "track_episodes": track_episodes, "frame_stack": frame_stack,
-                               "stack_axis": stack_axis, "normalize": normalize}
+                               "stack_axis": stack_axis, "normalize": normalize,
+                               **device_choices(sample_on_device, capture_samples,
+                                                device_search)}
         self._files_ready()
 
     def constructor_config(self) -> dict[str, Any]:

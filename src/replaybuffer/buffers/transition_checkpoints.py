@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from replaybuffer.buffers.device_sampling import for_storage
 from replaybuffer.buffers.transition_reads import TransitionReads
 
 if TYPE_CHECKING:
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
 
     from replaybuffer.buffers.device_transition_reads import DeviceTransitionReads
     from replaybuffer.storage.frozen import FrozenRows
-
-# Keys of constructor_config that only apply to sampling on a torch storage's device.
-ON_DEVICE_ONLY = ("sample_on_device", "device_search")
 
 
 class TransitionCheckpoints(TransitionReads):
@@ -56,12 +54,9 @@ class TransitionCheckpoints(TransitionReads):
                 device: Any, config: dict[str, Any]) -> Self:
         from replaybuffer.persist import decode_spec
 
-        config = dict(config)
+        config = for_storage(dict(config), storage)  # other storage: on the host
         obs, act = decode_spec(config.pop("observation_spec")), \
             decode_spec(config.pop("action_spec"))
-        if storage != "torch":  # loaded into other storage: sampled on the host
-            for key in ON_DEVICE_ONLY:
-                config.pop(key, None)
         return cls(obs, act, config.pop("capacity"), storage=storage, device=device, **config)
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, FrozenRows]]:

@@ -7,7 +7,8 @@ from typing import Any
 
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.captured_reads import CapturedReads
-from replaybuffer.buffers.device_sampling import captures_samples, samples_on_device
+from replaybuffer.buffers.device_sampling import (captures_samples, device_choices,
+                                                  samples_on_device)
 from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import UniformSampler
 from replaybuffer.storage.base import Storage
@@ -79,9 +80,10 @@ class UniformReplayBuffer(CapturedReads, ReplayBuffer):
         if captures_samples(capture_samples, on_device, self.device):
             self.record_samples(capture_samples is True)
         self._seed = seed
-        self._frame_config = {"frame_stack": frame_stack, "stack_axis": stack_axis}
+        self._saved_choices = {"frame_stack": frame_stack, "stack_axis": stack_axis,
+                               **device_choices(sample_on_device, capture_samples)}
         self._files_ready()
 
     def constructor_config(self) -> dict[str, Any]:
         return {"seed": self._seed, "track_episodes": self._episodes is not None,
-                **self._frame_config}
+                **self._saved_choices}
