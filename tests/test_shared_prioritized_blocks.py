@@ -17,7 +17,8 @@ from test_shared_prioritized_batches import block_of, counted, drawn_steps
 
 from replaybuffer.distributed import SharedReplayBuffer
 from replaybuffer.distributed.shared import leaf_walks
-from replaybuffer.distributed.shared.rewrite_runs import rewrite_runs
+from replaybuffer.distributed.shared.rewrite_runs import (rewrite_runs, rewrite_runs_numpy,
+                                                         rewrite_runs_python)
 from replaybuffer.sampling import flat_tree
 
 
@@ -118,7 +119,8 @@ def test_a_failed_block_restores_the_old_priorities_a_draw_hid():
 @given(num_rows=st.integers(1, 4), max_length=st.integers(1, 40), data=st.data())
 def test_rewrite_runs_are_each_rows_odd_versions_from_its_head(num_rows, max_length, data):
     """Against a loop over each row's ids from its head, with runs longer than the
-    first window."""
+    first window: compiled (where numba is), numpy's windows, and the Python loop with
+    an output too short (it counts them all)."""
     heads = np.array(data.draw(st.lists(st.integers(0, 3 * max_length), min_size=num_rows,
                                         max_size=num_rows)), np.int64)
     version = 2 * np.array(data.draw(st.lists(st.integers(0, 100), min_size=num_rows *
@@ -137,9 +139,16 @@ def test_rewrite_runs_are_each_rows_odd_versions_from_its_head(num_rows, max_len
             if version[position] % 2 == 0:
                 break
             expected.add(position)
-    got = rewrite_runs(version, heads, np.arange(num_rows), max_length)
-    assert len(got) == len(set(got.tolist()))
-    assert set(got.tolist()) == expected
+    row_numbers = np.arange(num_rows)
+    got = rewrite_runs(version, heads, row_numbers, max_length)
+    assert sorted(got.tolist()) == sorted(expected)  # each position once
+    numpy = rewrite_runs_numpy(version, heads, row_numbers, max_length)
+    assert sorted(numpy.tolist()) == sorted(expected)
+    out = np.empty(data.draw(st.integers(0, len(version))), np.int64)  # maybe too short
+    found = rewrite_runs_python(version, heads, max_length, out)
+    assert found == len(expected)
+    assert out[:found].tolist() == sorted(expected, key=lambda p: (p % num_rows, (
+        p // num_rows - heads[p % num_rows]) % max_length))[:len(out)]
 
 
 # --------------------------------------------------------- reference model

@@ -20,13 +20,18 @@ positions being rewritten are a run of odd versions from its head's position:
 - the next claim of a killed writer's rows moves each head past the steps published
   (:mod:`.row_claims`), to the first odd position of the run that is left.
 
-A row whose head's position is not odd costs one version load; a run is read in
-windows that double (16 positions, then 32, ...), at most ``max_length`` positions.
+A row whose head's position is not odd costs one version load. With numba (the
+``fast`` extra) the rows and runs are walked in one compiled loop (about 1 us for 64
+rows, where the numpy path below costs 3-4 us with no run and 25-60 us with one);
+without it, a run is read in windows that double (16 positions, then 32, ...), at most
+``max_length`` positions.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from replaybuffer.sampling import tree_kernels
 
 FIRST_WINDOW = 16
 """Positions of a run read at once first (an ``extend`` of up to 16 steps: one pass)."""
@@ -42,6 +47,21 @@ def rewrite_runs(version: np.ndarray, heads: np.ndarray, row_numbers: np.ndarray
         row_numbers: int64 ``[num_rows]``, ``0 .. num_rows - 1``.
         max_length: the ring's length.
     """
+    if tree_kernels.AVAILABLE:
+        out = np.empty(min(len(version), len(heads) * FIRST_WINDOW), np.int64)
+        found = _compiled_runs(version, heads, max_length, out)
+        if found > len(out):  # longer runs than the first guess: room for them all
+            out = np.empty(found, np.int64)
+            _compiled_runs(version, heads, max_length, out)
+        runs: np.ndarray = out[:found]
+        return runs
+    return rewrite_runs_numpy(version, heads, row_numbers, max_length)
+
+
+def rewrite_runs_numpy(version: np.ndarray, heads: np.ndarray, row_numbers: np.ndarray,
+                       max_length: int) -> np.ndarray:
+    """:func:`rewrite_runs` without numba: the heads' versions in one pass, then the
+    runs of the rows whose head's is odd in windows that double."""
     num_rows = len(heads)
     positions = (heads % max_length) * num_rows + row_numbers
     rows = np.flatnonzero(version.take(positions) & 1)
@@ -65,3 +85,25 @@ def rewrite_runs(version: np.ndarray, heads: np.ndarray, row_numbers: np.ndarray
         width *= 2
     hidden: np.ndarray = np.concatenate(found)
     return hidden
+
+
+def rewrite_runs_python(version: np.ndarray, heads: np.ndarray, max_length: int,
+                        out: np.ndarray) -> int:
+    """:func:`rewrite_runs` as one loop (compiled where numba is): the runs' positions
+    written to ``out`` (int64, as many as fit) and their count returned (more than
+    ``len(out)``: call again with room for them)."""
+    num_rows = len(heads)
+    found = 0
+    for row in range(num_rows):
+        head = heads[row]
+        for k in range(max_length):
+            position = ((head + k) % max_length) * num_rows + row
+            if version[position] & 1 == 0:
+                break
+            if found < len(out):
+                out[found] = position
+            found += 1
+    return found
+
+
+_compiled_runs = tree_kernels.compile_kernel(rewrite_runs_python)
