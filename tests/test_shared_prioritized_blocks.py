@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from priority_model import PriorityModel
-from test_shared_faults import SPEC, assert_tree_whole, items_for
+from test_shared_faults import SPAWN, SPEC, assert_tree_whole, items_for
 from test_shared_prioritized_batches import block_of, counted, drawn_steps
 
 from replaybuffer.distributed import SharedReplayBuffer
@@ -232,3 +232,49 @@ def test_a_walk_of_each_leaf_gives_the_nodes_of_flat_tree_update_bit_for_bit(cap
         leaf_walks.walk_up_each(tree, positions, values)
         np.testing.assert_array_equal(python, expected)
         np.testing.assert_array_equal(tree, expected)
+
+
+# ------------------------------------------------- compiled loops, loaded first
+def _kernels_at_first_lock(buffer: SharedReplayBuffer, call: str, out: Any) -> None:
+    """In a fresh process: how many compiled signatures each loop of the tree's lock
+    sections had when ``call`` (a draw, or an extend after its claim) first took the
+    buffer's lock."""
+    from replaybuffer.distributed.shared import rewrite_runs as runs
+
+    lock = buffer._lock
+    enter = type(lock).__enter__
+    seen: list[list[int]] = []
+
+    class Recording(type(lock)):  # type: ignore[misc]
+        def __enter__(self) -> None:
+            seen.append([len(kernel.signatures) for kernel in (
+                leaf_walks._compiled, leaf_walks._compiled_each, runs._compiled_runs)])
+            enter(self)
+
+    first = buffer.claim_rows(1)[0] if call == "extend" else 0  # (a claim: no tree)
+    lock.__class__ = Recording
+    if call == "draw":
+        buffer.get_next(4)
+    else:
+        buffer.extend(block_of(np.array([first]), int(buffer.steps_written()[first]), 2))
+    out.put(seen)
+
+
+@pytest.mark.parametrize("call", ["draw", "extend"])
+def test_a_process_loads_the_compiled_loops_before_it_first_takes_the_lock(call):
+    """Loading them (and starting numba's runtime, up to a second on a loaded machine)
+    inside the lock would hold every writer and sampler back meanwhile."""
+    from replaybuffer.sampling import tree_kernels
+
+    if not tree_kernels.AVAILABLE:
+        pytest.skip("numba is not installed: no compiled loops to load")
+    with SharedReplayBuffer(SPEC, 3, 4, prioritized=True, seed=0) as buffer:
+        buffer.claim_rows(2)
+        buffer.extend(block_of(np.arange(2), 0, 3))
+        buffer._writer.release_rows()
+        out = SPAWN.Queue()
+        child = SPAWN.Process(target=_kernels_at_first_lock, args=(buffer, call, out))
+        child.start()
+        seen = out.get(timeout=120)
+        child.join(60)
+        assert seen and all(count > 0 for count in seen[0]), seen

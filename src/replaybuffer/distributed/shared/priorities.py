@@ -46,7 +46,7 @@ from replaybuffer.distributed.shared.leaf_walks import walk_up, walk_up_each
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.rewrite_runs import rewrite_runs
 from replaybuffer.errors import EmptyBufferError
-from replaybuffer.sampling import flat_tree
+from replaybuffer.sampling import flat_tree, tree_kernels
 
 
 class SharedPriorities:
@@ -73,6 +73,10 @@ class SharedPriorities:
         self._leaf_base = len(layout.tree) // 2
         self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
+        # The compiled loops are loaded (and numba's runtime started: 0.1-1.5 s) before
+        # this process first takes the lock, never inside it, where every writer and
+        # sampler would wait on it (:meth:`_load_kernels`).
+        self._kernels_loaded = not tree_kernels.AVAILABLE
         self.floor: np.ndarray | None = None
         """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
         wires them: an id below its row's floor was cleared and is not updated."""
@@ -89,6 +93,8 @@ class SharedPriorities:
         positions of ``steps`` consecutive steps of ``count`` rows, the first at
         ``start``: :func:`span_positions`): repair first what a killed holder left, mark
         the change in ``tree_intent``, unmark it after."""
+        if not self._kernels_loaded:
+            self._load_kernels()
         with self._lock:
             intent = self._intent
             if intent[TREE_DIRTY]:
@@ -98,6 +104,15 @@ class SharedPriorities:
             intent[TREE_DIRTY] = 1
             yield
             intent[TREE_DIRTY] = 0
+
+    def _load_kernels(self) -> None:
+        """Call each compiled loop the lock sections use once, on arrays of their
+        types that no other process sees (with no lock)."""
+        tree, one = np.zeros(4), np.ones(1, np.int64)
+        walk_up(tree, 2, 1, 1.0)
+        walk_up_each(tree, one, np.ones(1))
+        rewrite_runs(one, one.copy(), np.zeros(1, np.int64), 1)
+        self._kernels_loaded = True
 
     def repair(self) -> None:
         """Make the tree whole after a holder of the lock died changing it (the lock
@@ -162,6 +177,8 @@ class SharedPriorities:
         Raises:
             EmptyBufferError: no step has a positive priority.
         """
+        if not self._kernels_loaded:
+            self._load_kernels()
         with self._lock:
             if self._intent[TREE_DIRTY]:
                 self.repair()
