@@ -22,9 +22,9 @@ uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up o
 writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
 ``inf`` when nothing is serialized), and ``cpu_us_per_insert``: the writers' thread CPU
 time per insert (the one-process row's too), a measure that a loaded machine slows less
-than the rates. ``--prioritized`` runs the shared rows on a
-prioritized buffer (whose ``add_batch`` takes the tree's lock once a step, its
-``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
+than the rates. ``--prioritized`` runs the shared rows on a prioritized buffer (whose
+``add_batch`` takes the tree's lock once a step, its ``extend`` once a block of up to
+``max_length`` steps). ``--extend STEPS`` makes each writer call ``extend`` with
 ``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one.
 ``--frame-dedup`` stores the frames workload's stacked observation (uint8
 ``[84, 84, 4]``) deduplicated (``frame_stack="observation", stack_axis=-1``): one frame
