@@ -267,7 +267,7 @@ def test_a_process_loads_the_compiled_loops_before_it_first_takes_the_lock(call)
     from replaybuffer.sampling import tree_kernels
 
     if not tree_kernels.AVAILABLE:
-        pytest.skip("numba is not installed: no compiled loops to load")
+        pytest.skip("numba is not installed or is switched off: no compiled loops to load")
     with SharedReplayBuffer(SPEC, 3, 4, prioritized=True, seed=0) as buffer:
         buffer.claim_rows(2)
         buffer.extend(block_of(np.arange(2), 0, 3))
