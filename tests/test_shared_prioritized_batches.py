@@ -1,5 +1,5 @@
 """A prioritized SharedReplayBuffer's ``extend`` (issue 24, item 1): a block of up to
-``max_length`` steps hidden in one lock section and published in one, with the
+``max_length`` steps written with no lock and published in one lock section, with the
 guarantees of one step at a time: against a reference model, after a write that raises,
 and after a writer killed at each moment of a block."""
 
@@ -85,19 +85,33 @@ def test_held_steps_counts_the_whole_steps_after_the_run_of_torn_oldest(num_rows
 
 
 # ----------------------------------------------------------- lock sections
-def test_an_extend_takes_two_lock_sections_per_block_of_max_length_steps():
+def test_an_extend_takes_one_lock_section_per_block_of_max_length_steps():
+    """1/T lock acquisitions per inserted step for a block of T steps (after the data,
+    never before it), and one per step for ``add_batch``."""
     length = 4
     with SharedReplayBuffer(SPEC, 3, length, prioritized=True, seed=0) as buffer:
         rows = np.arange(2)
         buffer.claim_rows(2)
         lock = buffer._lock
+        writer = buffer._writer
+        write = writer._write_exact
+        before_data: list[int] = []
         written = 0
-        for steps, sections in ((1, 2), (3, 2), (4, 2), (5, 4), (9, 6), (2, 2)):
+        # sections: one per block of up to max_length steps, ceil(steps / length)
+        for steps, sections in ((1, 1), (3, 1), (4, 1), (5, 2), (9, 3), (2, 1), (8, 2)):
             before = lock.acquisitions
+            writer._write_exact = lambda *args, since=before: (
+                before_data.append(lock.acquisitions - since) or write(*args))
             buffer.extend(block_of(rows, written, steps))
+            writer._write_exact = write
             written += steps
             assert lock.acquisitions - before == sections, steps
             assert len(buffer) == 2 * min(written, length)
+            # the data of a block's first step is written before any section; a later
+            # block's after the sections of the blocks before it
+            assert before_data[-steps] == 0
+            assert before_data[-1] == (steps - 1) // length
+            assert drawn_steps(buffer) == set(range(max(0, written - length), written))
         for step in range(written, written + 3):  # add_batch: one section a step
             before = lock.acquisitions
             buffer.add_batch(items_for(rows, np.full(2, step)))
@@ -228,11 +242,13 @@ def _extend_then_crash(buffer: SharedReplayBuffer, rows: int, block: int) -> Non
 
 # Rows 3, max_length 4, blocks of 3 steps: block 2 writes steps 6, 7, 8 over 2, 3, 4.
 @pytest.mark.parametrize("point, before, head, after", [
-    # hiding block 2: its leaves 0, their ancestors not yet
-    ("shared.priorities.update:5", {5}, 6, {5}),
-    # publishing block 2: leaves at the entering priority, versions still odd
-    ("shared.priorities.update:6", {5}, 6, {5}),
-    # block 2 with step 6 written, step 7 half: every position hidden
+    # publishing block 2 (one section a block): leaves at the entering priority,
+    # their ancestors not yet, versions still odd
+    ("shared.priorities.update:3", {5}, 6, {5}),
+    # block 1 (steps 3, 4, 5 over slots 3, 0, 1) with step 3 written: the odd run from
+    # the heads spans a fresh slot and two old steps, hidden by the draw
+    ("shared.write.data:4", {2}, 3, {2}),
+    # block 2 with step 6 written, step 7 half: every position hidden by the draw
     ("shared.write.data:7", {5}, 6, {5}),
     # block 2's versions published, its row heads not moved: the claim moves them
     ("shared.write.publish:3", {5}, 9, {5, 6, 7, 8}),
@@ -241,7 +257,8 @@ def _extend_then_crash(buffer: SharedReplayBuffer, rows: int, block: int) -> Non
 ])
 def test_a_writer_killed_inside_a_block_leaves_a_whole_tree(monkeypatch, point, before,
                                                             head, after):
-    """The next holder of the lock repairs the tree over the block's span; the claim
+    """A draw hides the odd run a block left from the heads; the next holder of the
+    lock repairs the tree over the span of a section killed midway; the claim
     moves the heads past published steps; every committed step stays drawable with the
     true probabilities, and the steps held whole are counted exactly."""
     rows, length = 3, 4

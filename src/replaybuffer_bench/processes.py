@@ -22,9 +22,11 @@ uniform buffer, whose steps take no lock), and ``scaling_bound``, the speed-up o
 writer that this serial section allows (Amdahl: ``1 / (serial / per-insert time)``;
 ``inf`` when nothing is serialized), and ``cpu_us_per_insert``: the writers' thread CPU
 time per insert (the one-process row's too), a measure that a loaded machine slows less
-than the rates. ``--prioritized`` runs the shared rows on a
-prioritized buffer (whose ``add_batch`` takes the tree's lock once a step, its
-``extend`` twice a call). ``--extend STEPS`` makes each writer call ``extend`` with
+than the rates, and ``sampler_cpu_us_per_draw``: the sampler's thread CPU time per
+``get_next(256)`` (``--writers 0``: the sampler alone on the shared buffer; beside
+writers, what their stores cost its reads, apart from the cores they share). ``--prioritized`` runs the shared rows on a prioritized buffer (whose
+``add_batch`` takes the tree's lock once a step, its ``extend`` once a block of up to
+``max_length`` steps). ``--extend STEPS`` makes each writer call ``extend`` with
 ``STEPS`` steps of its row (leaves ``[1, STEPS]``) instead of ``add_batch`` of one.
 ``--frame-dedup`` stores the frames workload's stacked observation (uint8
 ``[84, 84, 4]``) deduplicated (``frame_stack="observation", stack_axis=-1``): one frame
@@ -128,11 +130,12 @@ def _sampler(buffer: SharedReplayBuffer, ready: Any, go: Any, seconds: float,
     buffer.get_next(SAMPLE)
     ready.put(1)
     go.wait()
+    cpu = time.thread_time()
     done, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         buffer.get_next(SAMPLE)
         done += SAMPLE
-    out.put(("samples", done, 0, 0, 0.0))
+    out.put(("samples", done, 0, 0, time.thread_time() - cpu))
 
 
 def run_shared(workload: str, writers: int, seconds: float,
@@ -162,11 +165,12 @@ def run_shared(workload: str, writers: int, seconds: float,
         go.set()
         totals = {"inserts": 0, "samples": 0}
         locks = held_ns = 0
-        cpu = 0.0
+        cpu = {"inserts": 0.0, "samples": 0.0}  # the writers', the sampler's
         for _ in procs:
             kind, count, acquired, held, spent = out.get(timeout=seconds + 60)
             totals[kind] += count
-            locks, held_ns, cpu = locks + acquired, held_ns + held, cpu + spent
+            locks, held_ns = locks + acquired, held_ns + held
+            cpu[kind] += spent
         for p in procs:
             p.join(30)
             if p.is_alive():
@@ -180,7 +184,8 @@ def run_shared(workload: str, writers: int, seconds: float,
             "inserts_per_s": totals["inserts"] / seconds,
             "samples_per_s": totals["samples"] / seconds, "seconds": seconds,
             "locks_per_insert": locks / inserts, "serial_us_per_insert": serial_us,
-            "us_per_insert": per_insert_us, "cpu_us_per_insert": 1e6 * cpu / inserts,
+            "us_per_insert": per_insert_us, "cpu_us_per_insert": 1e6 * cpu["inserts"] / inserts,
+            "sampler_cpu_us_per_draw": 1e6 * cpu["samples"] * SAMPLE / max(1, totals["samples"]),
             "scaling_bound": per_insert_us / serial_us if serial_us else float("inf"),
             "bytes_per_step": size / (rows * (capacity // rows)), "cpus": os.cpu_count()}
 
@@ -192,7 +197,7 @@ def run_single(workload: str, seconds: float) -> dict[str, Any]:
     buffer = UniformReplayBuffer(spec, 1, capacity, seed=0)
     buffer.extend(random_items(spec, (1, PREFILL), np.random.default_rng(0)))
     batches = _batches(spec, 1)
-    rates, cpu = [], time.thread_time()
+    rates, cpus, cpu = [], [], time.thread_time()
     for op in ("insert", "sample"):
         done, deadline = 0, time.perf_counter() + seconds / 2
         while time.perf_counter() < deadline:
@@ -203,12 +208,12 @@ def run_single(workload: str, seconds: float) -> dict[str, Any]:
             else:
                 buffer.get_next(SAMPLE)
                 done += SAMPLE
-        if op == "insert":
-            cpu = 1e6 * (time.thread_time() - cpu) / max(1, done)
+        spent, cpu = time.thread_time() - cpu, time.thread_time()
+        cpus.append(1e6 * spent / max(1, done))
         rates.append(done / (seconds / 2))
     return {"peer": "replaybuffer[one process]", "workload": workload, "writers": 0,
             "inserts_per_s": rates[0], "samples_per_s": rates[1], "seconds": seconds,
-            "cpu_us_per_insert": cpu}
+            "cpu_us_per_insert": cpus[0], "sampler_cpu_us_per_draw": cpus[1] * SAMPLE}
 
 
 def run_reverb(workloads: list[str], writers: list[int], seconds: float
@@ -241,24 +246,28 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     workload's one-process row, what serializes its writers, and a writer's CPU time
     per insert (its thread's, whatever else the machine runs)."""
     lines = ["| workload | peer | writers | inserts/s | x one process | samples/s | "
-             "locks/insert | serial us/insert | writer CPU us/insert |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "locks/insert | serial us/insert | writer CPU us/insert | sampler CPU us/draw |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     alone = {r["workload"]: r["inserts_per_s"] for r in rows
              if r.get("peer") == "replaybuffer[one process]"}
     for r in rows:
         if "unsupported" in r:
             lines.append(f"| {r['workload']} | {r['peer']} | | {r['unsupported']} "
-                         "| | | | | |")
+                         "| | | | | | |")
             continue
-        writers = "one process" if not r["writers"] else r["writers"]
+        writers = r["writers"] if r["writers"] else "one process" \
+            if r.get("peer") == "replaybuffer[one process]" else "0 (sampler alone)"
         ratio = f"{r['inserts_per_s'] / alone[r['workload']]:.2f}x" \
             if r["workload"] in alone and r["writers"] else ""
         locks = f"{r['locks_per_insert']:.2f}" if "locks_per_insert" in r else ""
         serial = f"{r['serial_us_per_insert']:.2f}" if "serial_us_per_insert" in r else ""
-        cpu = f"{r['cpu_us_per_insert']:.2f}" if "cpu_us_per_insert" in r else ""
+        inserted = r["writers"] or r.get("peer") == "replaybuffer[one process]"
+        cpu = f"{r['cpu_us_per_insert']:.2f}" if "cpu_us_per_insert" in r and inserted \
+            else ""
+        draw = f"{r['sampler_cpu_us_per_draw']:.1f}" if "sampler_cpu_us_per_draw" in r else ""
         lines.append(f"| {r['workload']} | {r['peer']} | {writers} | "
                      f"{r['inserts_per_s']:,.0f} | {ratio} | {r['samples_per_s']:,.0f} | "
-                     f"{locks} | {serial} | {cpu} |")
+                     f"{locks} | {serial} | {cpu} | {draw} |")
     return "\n".join(lines)
 
 

@@ -5,10 +5,11 @@ priority updates, on the flat sum tree every process maps
 A position's priority is 0 while it is rewritten, so it is not drawn; then the largest
 priority seen. An ``add_batch`` step makes its versions odd with no lock and publishes
 its leaves in one section (:meth:`SharedPriorities.enter`); the zero in between is set
-by the next draw, which under the lock zeroes the leaves of odd versions at the rows'
-heads before it draws (:meth:`SharedPriorities.draw`: one pass over the heads, as the
-draw reads them anyway). A block of an ``extend`` sets both in sections of its own
-(:mod:`.step_blocks`).
+by the next draw, which under the lock zeroes the leaves of the runs of odd versions
+from the rows' heads before it draws (:meth:`SharedPriorities.draw`: one pass over the
+heads, as the draw reads them anyway, and a run's versions where a head's is odd:
+:mod:`.rewrite_runs`). A block of an ``extend`` marks its ``T`` steps odd and
+publishes them in one section the same way (:mod:`.step_blocks`).
 ``update`` ignores ids whose step was overwritten since they were drawn.
 
 A holder killed midway. Changing the tree takes several stores (leaves, then each level
@@ -41,10 +42,11 @@ from replaybuffer.buffers.prioritized import checked_priorities
 from replaybuffer.crash_points import ARMED, crash_point
 from replaybuffer.distributed.shared.layout import (TREE_COUNT, TREE_DIRTY, TREE_START,
                                                     TREE_STEP, SharedLayout)
-from replaybuffer.distributed.shared.leaf_walks import walk_up
+from replaybuffer.distributed.shared.leaf_walks import walk_up, walk_up_each
 from replaybuffer.distributed.shared.process_lock import ProcessLock
+from replaybuffer.distributed.shared.rewrite_runs import rewrite_runs
 from replaybuffer.errors import EmptyBufferError
-from replaybuffer.sampling import flat_tree
+from replaybuffer.sampling import flat_tree, tree_kernels
 
 
 class SharedPriorities:
@@ -71,6 +73,10 @@ class SharedPriorities:
         self._leaf_base = len(layout.tree) // 2
         self._row_numbers = np.arange(num_rows, dtype=np.int64)
         self.repairs = 0
+        # The compiled loops are loaded (and numba's runtime started: 0.1-1.5 s) before
+        # this process first takes the lock, never inside it, where every writer and
+        # sampler would wait on it (:meth:`_load_kernels`).
+        self._kernels_loaded = not tree_kernels.AVAILABLE
         self.floor: np.ndarray | None = None
         """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
         wires them: an id below its row's floor was cleared and is not updated."""
@@ -87,6 +93,8 @@ class SharedPriorities:
         positions of ``steps`` consecutive steps of ``count`` rows, the first at
         ``start``: :func:`span_positions`): repair first what a killed holder left, mark
         the change in ``tree_intent``, unmark it after."""
+        if not self._kernels_loaded:
+            self._load_kernels()
         with self._lock:
             intent = self._intent
             if intent[TREE_DIRTY]:
@@ -96,6 +104,15 @@ class SharedPriorities:
             intent[TREE_DIRTY] = 1
             yield
             intent[TREE_DIRTY] = 0
+
+    def _load_kernels(self) -> None:
+        """Call each compiled loop the lock sections use once, on arrays of their
+        types that no other process sees (with no lock)."""
+        tree, one = np.zeros(4), np.ones(1, np.int64)
+        walk_up(tree, 2, 1, 1.0)
+        walk_up_each(tree, one, np.ones(1))
+        rewrite_runs(one, one.copy(), np.zeros(1, np.int64), 1)
+        self._kernels_loaded = True
 
     def repair(self) -> None:
         """Make the tree whole after a holder of the lock died changing it (the lock
@@ -119,6 +136,15 @@ class SharedPriorities:
         if ARMED is not None:
             crash_point("shared.priorities.update")
         flat_tree.propagate(self._tree, positions)
+
+    def set_each(self, positions: np.ndarray, values: np.ndarray) -> None:
+        """:meth:`set` of a few leaves (a block's publish, a draw's hiding), their paths
+        walked to the root one by one (:func:`~.leaf_walks.walk_up_each`: compiled where
+        numba is, the same nodes as :meth:`set`'s); inside :meth:`changing`."""
+        if ARMED is not None:  # a kill between the leaves and their ancestors
+            flat_tree.set_leaves(self._tree, positions, values)
+            crash_point("shared.priorities.update")
+        walk_up_each(self._tree, positions, values)
 
     def enter(self, start: int, count: int) -> None:
         """Set the leaves of positions ``start .. start + count - 1`` (a step of
@@ -151,6 +177,8 @@ class SharedPriorities:
         Raises:
             EmptyBufferError: no step has a positive priority.
         """
+        if not self._kernels_loaded:
+            self._load_kernels()
         with self._lock:
             if self._intent[TREE_DIRTY]:
                 self.repair()
@@ -173,14 +201,15 @@ class SharedPriorities:
         return rows, starts, p
 
     def _hide_rewrites(self, heads: np.ndarray) -> None:
-        """Zero the leaves of the steps being written at the rows' heads ``heads`` (int64
-        ``[num_rows]``, read under the lock): a prioritized ``add_batch`` makes its
-        positions' versions odd with no lock and keeps the old step's leaf until its
-        one lock section publishes the new one, so the draw hides them, as the writer's
-        own section would have (a writer killed mid-step leaves its leaf hidden too).
-        Bracketed in ``tree_intent`` (no span: a repair rebuilds the interior)."""
-        positions = (heads % self._length) * self._rows_total + self._row_numbers
-        odd = positions[self._version.take(positions) % 2 == 1]
+        """Zero the leaves of the steps being written from the rows' heads ``heads``
+        (int64 ``[num_rows]``, read under the lock): a prioritized ``add_batch`` step,
+        or an ``extend`` block, makes its positions' versions odd with no lock and keeps
+        the old steps' leaves until its one lock section publishes the new ones, so the
+        draw hides them (each row's run of odd versions from its head:
+        :mod:`.rewrite_runs`), as the writer's own section would have (a writer killed
+        mid-write leaves its leaves hidden too). Bracketed in ``tree_intent`` (no span:
+        a repair rebuilds the interior)."""
+        odd = rewrite_runs(self._version, heads, self._row_numbers, self._length)
         if not len(odd):
             return
         odd = odd[flat_tree.leaves_of(self._tree, odd) != 0]
@@ -189,7 +218,7 @@ class SharedPriorities:
         intent = self._intent
         intent[TREE_START] = intent[TREE_COUNT] = 0
         intent[TREE_DIRTY] = 1
-        self.set(odd, np.zeros(len(odd)))
+        self.set_each(odd, np.zeros(len(odd)))
         intent[TREE_DIRTY] = 0
 
     def update(self, ids: Any, priorities: Any) -> int:

@@ -1,28 +1,34 @@
-"""A block of consecutive steps written to a prioritized shared buffer with two lock
-sections in all (an ``add_batch`` step takes one: :mod:`.writer`).
+"""A block of consecutive steps written to a prioritized shared buffer with one lock
+section in all, as an ``add_batch`` step (:mod:`.writer`).
 
 ``extend`` of ``T`` steps (``T <= max_length``; a longer call is cut into blocks of
-``max_length``) to rows ``first .. first + count - 1`` from head ``s0``:
+``max_length``) to rows ``first .. first + count - 1`` from head ``s0``, whose positions
+are :func:`~.priorities.span_positions`:
 
-1. hide, one section (:meth:`~.priorities.SharedPriorities.changing` over the ``T``
-   steps' positions, :func:`~.priorities.span_positions`): ``held`` down to the steps
-   the block leaves whole (it overwrites the oldest ``s0 + T - max_length`` of them),
-   the old versions and leaves kept aside, every version odd (``2 * id + 1``), every
-   leaf 0;
-2. order fence, then each step's data, then an order fence (no lock: the positions
-   are hidden from draws, and a read that copied any of them sees an odd or later
-   version: :mod:`.writer`'s seqlock argument, per position);
-3. publish, one section: leaves to the entering priority, versions even, in step order
-   (so a kill among these stores leaves rows at most one step apart, as one step
-   does), then the heads to ``s0 + T`` and ``held``.
+1. no lock: ``held`` down to the steps the block leaves whole (it overwrites the oldest
+   ``s0 + T - max_length`` of them); the old versions and leaves kept aside; every
+   version odd (``2 * id + 1``), in step order, so that the positions being rewritten
+   are a run from each row's head (:mod:`.rewrite_runs`);
+2. order fence, then each step's data, then an order fence (no lock: a draw hides the
+   run of odd versions from each row's head before it reads the tree, and a read that
+   copied any of them sees an odd or later version: :mod:`.writer`'s seqlock argument,
+   per position);
+3. publish, one section: leaves to the entering priority (their paths walked to the
+   root: :meth:`~.priorities.SharedPriorities.set_each`), versions even, in step order
+   (so a kill among these stores leaves rows at most one step apart, as one step does),
+   then the heads to ``s0 + T`` and ``held``.
 
-A kill at any moment leaves what one step's protocol leaves, ``T`` steps wide: the
-next lock holder repairs the tree from the recorded span (leaves of odd versions to 0);
-the next claim of the rows moves each head past the steps it finds published
+A kill at any moment leaves what one step's protocol leaves, ``T`` steps wide: outside
+the section, a run of odd versions from the heads, which every draw hides; inside it,
+the next lock holder repairs the tree from the recorded span (leaves of odd versions to
+0); the next claim of the rows moves each head past the steps it finds published
 (:meth:`~.writer.SharedWriter.claim_rows`); the steps no longer whole are a run at the
 rows' oldest end (:mod:`.held_steps`). A data write that raises publishes the steps
 written before it and restores the versions and leaves of the others, whose old steps
-it never touched: the row is as if the call had written those steps only.
+it never touched: the row is as if the call had written those steps only. (A leaf a
+draw hid is restored from the copy kept before step 1, read with no lock: an
+``update_priorities`` of such a step that lands between that read and the odd versions,
+and whose leaf a draw then hides, is lost, only on this failure path.)
 """
 
 from __future__ import annotations
@@ -89,18 +95,16 @@ class StepBlocks:
             # step the block overwrites (at or below the newest of them): wait
             self._pins.wait_for_readers(first, count, last - length)
         priorities, version = self._priorities, self._version
-        with priorities.changing(start, count, n):  # 1.
-            if last >= length:  # the oldest steps go: uncounted right before they tear
-                if torn is None:
-                    held.fill(max(0, s0 - max(0, s0 - length, last + 1 - length)))
-                else:  # those of the torn run were uncounted already
-                    held[:] = np.maximum(0, s0 - np.maximum(
-                        max(0, last + 1 - length), s0 - length + torn))
-                if ARMED is not None:
-                    crash_point("shared.write.uncount")
-            kept = version[flat], priorities.leaves(flat)  # (fancy reads: copies)
-            version[flat] = np.repeat(2 * ids + 1, count)
-            priorities.set(flat, np.zeros(len(flat)))
+        if last >= length:  # 1. the oldest steps go: uncounted right before they tear
+            if torn is None:
+                held.fill(max(0, s0 - max(0, s0 - length, last + 1 - length)))
+            else:  # those of the torn run were uncounted already
+                held[:] = np.maximum(0, s0 - np.maximum(
+                    max(0, last + 1 - length), s0 - length + torn))
+            if ARMED is not None:
+                crash_point("shared.write.uncount")
+        kept = version[flat], priorities.leaves(flat)  # (fancy reads: copies)
+        version[flat] = np.repeat(2 * ids + 1, count)  # in step order: runs from heads
         order_fence()  # 2.
         written = 0
         try:
@@ -124,15 +128,21 @@ class StepBlocks:
         n, length = len(ids), self._length
         done = written * count
         flat = positions.ravel()
-        values = np.full(len(flat), priorities.entering_value())
-        values[done:] = kept[1][done:]
-        floor = priorities.floor
-        if done < len(flat) and floor is not None:  # a clear since the hide: its old
-            # steps are gone, not restored to draws
-            old_ids = kept[0][done:] // 2 - 1
-            values[done:][old_ids < floor[flat[done:] % self._rows_total]] = 0.0
         with priorities.changing(int(positions[0, 0]), count, n):
-            priorities.set(flat, values)
+            values = np.full(len(flat), priorities.entering_value())
+            if done < len(flat):  # the steps not written: their old leaves, unless a
+                # draw hid them (0) since the copy; none for a torn step (odd)
+                restored = priorities.leaves(flat[done:])
+                hidden = restored == 0
+                restored[hidden] = kept[1][done:][hidden]
+                restored[kept[0][done:] % 2 == 1] = 0.0
+                floor = priorities.floor
+                if floor is not None:  # a clear since the copy: its old steps are
+                    # gone, not restored to draws
+                    old_ids = kept[0][done:] // 2 - 1
+                    restored[old_ids < floor[flat[done:] % self._rows_total]] = 0.0
+                values[done:] = restored
+            priorities.set_each(flat, values)
             versions = np.repeat(2 * ids + 2, count)
             versions[done:] = kept[0][done:]
             version[flat] = versions  # in step order: rows end at most a step apart

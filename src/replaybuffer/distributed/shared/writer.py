@@ -42,8 +42,9 @@ draw, under the lock, zeroes the leaves of odd versions at the rows' heads befor
 draws (:meth:`~.priorities.SharedPriorities.draw`), so it never draws the step being
 rewritten and its probabilities are over the steps drawable; a draw that read a version
 just before the odd store copies a step the seqlock check then rejects, as for a uniform
-step. A whole ``extend`` of up to ``max_length`` steps takes two sections, hidden
-together and published together (:mod:`.step_blocks`).
+step. A whole ``extend`` of up to ``max_length`` steps takes one section too: its
+odd versions are a run from the rows' heads, which a draw hides whole
+(:mod:`.rewrite_runs`), and it is published together (:mod:`.step_blocks`).
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
@@ -283,7 +284,7 @@ class SharedWriter:
                     for arrays in steps:
                         self._write_step(first, count, arrays)
                         written += 1
-                else:  # prioritized: two lock sections a block (more than max_length
+                else:  # prioritized: one lock section a block (more than max_length
                     # steps: blocks of max_length, the last max_length steps survive)
                     for at in range(0, len(steps), self._length):
                         try:
