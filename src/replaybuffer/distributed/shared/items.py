@@ -98,7 +98,8 @@ class ItemChecker:
             "    return None",
         ])
         exec(compile(source, f"<shared batch check {len(checks)} leaves>", "exec"), bound)
-        shortcut: BatchShortcut = bound["batch_leaves"]
+        # Popped: a function in its own globals is a cycle, freed only by the collector.
+        shortcut: BatchShortcut = bound.pop("batch_leaves")
         return shortcut
 
     def arrays(self, items: Any, method: str, axes: int
