@@ -296,15 +296,17 @@ class ShardActor:
             self.buffer.add_batch(structure.unflatten([leaf[:, t] for leaf in leaves]),
                                   **kwargs)
 
-    def draw(self, call: DrawCall) -> DrawReply:
-        """``call``: ``(method, batches, num_steps, timeout, within_episodes)`` (one
-        argument: see :data:`DrawCall`). The batches drawn and packed into one answer
-        (:func:`~.shard_draws.draw_batches`): ``(payload, drawn, error, mass,
-        status)``."""
-        payload, drawn, error = draw_batches(self.buffer, self.draw_packing, call,
-                                             self.files.round_robin)
-        return (payload, drawn, error, self.buffer.window_mass(call[2] or 1),
-                self.heard_status())
+    def draw(self, call: DrawCall) -> DrawReply | tuple[DrawReply, ...]:
+        """``call``: ``(method, batches, num_steps, timeout, within_episodes, runs)``
+        (one argument: see :data:`DrawCall`). The batches drawn and packed into one
+        answer (:func:`~.shard_draws.draw_batches`): ``(payload, drawn, error, mass,
+        status)``, or one such answer per return value when ``runs`` asks for several
+        (the caller's ``num_returns``)."""
+        replies = draw_batches(self.buffer, self.draw_packing, call, self.files.round_robin)
+        mass, status = self.buffer.window_mass(call[2] or 1), self.heard_status()
+        answers = [(payload, drawn, error, mass, status)
+                   for payload, drawn, error in replies]
+        return answers[0] if len(answers) == 1 else tuple(answers)
 
     @ray.method(concurrency_group="priorities")
     def update_priorities(self, call: UpdateCall

@@ -23,10 +23,13 @@ if TYPE_CHECKING:
     from replaybuffer.buffers.base import ReplayBuffer
     from replaybuffer.buffers.transitions import TransitionReplayBuffer
 
-DrawCall = tuple[str, list[tuple[int, int | None]], int | None, float, bool]
+DrawCall = tuple[str, list[tuple[int, int | None]], int | None, float, bool,
+                 "list[int] | None"]
 """The one argument of a shard's ``draw``: ``(method, batches, num_steps, timeout,
-within_episodes)``, ``batches`` a ``(count, seed)`` per batch (one argument: Ray
-serialises each argument of a call on its own)."""
+within_episodes, runs)``, ``batches`` a ``(count, seed)`` per batch, ``runs`` the
+batches of each return value when the caller asked for several (``None``, or left
+out: one; :func:`~.draw_answers.inline_runs`). One argument: Ray serialises each
+argument of a call on its own."""
 DrawnBatches = tuple[Any, int, "BaseException | None"]
 """``(payload, drawn, error)``: the answer's batches (packed, or a list of ``(items,
 ids, probabilities)`` when they do not fit the spec's layout), how many of the call's
@@ -49,18 +52,22 @@ def seeded(seed: int) -> np.random.Generator:
 
 
 def draw_batches(buffer: "ReplayBuffer", packing: ChunkPacking, call: DrawCall,
-                 round_robin: bool) -> DrawnBatches:
+                 round_robin: bool) -> list[DrawnBatches]:
     """Draw the batches of ``call`` from ``buffer``: for each ``(count, seed)``,
     ``count`` samples by ``method`` (``get_next``, drawn with a generator seeded by
-    ``seed``, or a transition buffer's ``sample``). ``packing``: the draw answers'
-    layout of the buffer's spec; ``round_robin``: the shard took round-robin writes.
+    ``seed``, or a transition buffer's ``sample``), answered in one
+    :data:`DrawnBatches` per return value the call's ``runs`` ask for (one without):
+    those after the error that stopped the call hold none and carry it. ``packing``:
+    the draw answers' layout of the buffer's spec; ``round_robin``: the shard took
+    round-robin writes.
 
     Raises:
         NotSupportedError: windows of more than one step over round-robin writes.
         EmptyBufferError, RateLimitedError: the first batch could not be drawn (a
             later one stops the call there and is answered in band).
     """
-    method, batches, num_steps, timeout, within_episodes = call
+    method, batches, num_steps, timeout, within_episodes = call[:5]
+    runs = call[5] if len(call) > 5 else None
     if method == "get_next" and round_robin and (num_steps or 1) > 1:
         raise NotSupportedError(
             f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
@@ -82,13 +89,21 @@ def draw_batches(buffer: "ReplayBuffer", packing: ChunkPacking, call: DrawCall,
             break
         drawn.append(one)
         structures.append(structure)
-    payload: Any = None
-    if method == "get_next":
-        payload = pack_draws(packing, buffer.data_spec, drawn, num_steps)
-    if payload is None:  # not the spec's layout: as they came
-        payload = [(structure.unflatten(leaves), ids, probabilities)
-                   for (leaves, ids, probabilities), structure in zip(drawn, structures)]
-    return payload, len(drawn), error
+    replies: list[DrawnBatches] = []
+    start = 0
+    for size in runs or [len(batches)]:
+        # the run's batches drawn: those before the error that stopped the call
+        first, end = min(start, len(drawn)), min(start + size, len(drawn))
+        payload: Any = None
+        if method == "get_next":
+            payload = pack_draws(packing, buffer.data_spec, drawn[first:end], num_steps)
+        if payload is None:  # not the spec's layout: as they came
+            payload = [(structure.unflatten(leaves), ids, probabilities)
+                       for (leaves, ids, probabilities), structure
+                       in zip(drawn[first:end], structures[first:end])]
+        replies.append((payload, end - first, None if end == start + size else error))
+        start += size
+    return replies
 
 
 def draw_one(buffer: "ReplayBuffer", method: str, count: int, num_steps: int | None,
