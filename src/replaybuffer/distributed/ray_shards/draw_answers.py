@@ -78,6 +78,12 @@ def inline_runs(packing: ChunkPacking, counts: list[int], num_steps: int | None
     ``None``: one return value, as the whole answer fits inline already, a batch
     alone does not, or it would take more than :data:`MAX_INLINE_RETURNS`."""
     steps = num_steps or 1
+    whole = packing.nbytes(sum(counts), steps)
+    # Runs pad each leaf to its alignment, so they never hold less than the whole
+    # answer: one that fits needs no split, one over the most runs' bytes cannot be
+    # split (checked first: the groups of one shard, a few hundred us a call saved).
+    if whole <= INLINE_BYTES or whole > MAX_INLINE_RETURNS * INLINE_BYTES:
+        return None
     runs: list[int] = []
     rows = 0
     for n in counts:
@@ -150,7 +156,8 @@ class DrawAnswer:
         if self._reply is None:
             answers = self._siblings or [self]
             try:
-                replies = ray.get([answer.ref for answer in answers])
+                replies = ray.get([answer.ref for answer in answers]) \
+                    if self._siblings else [ray.get(self.ref)]
             except BaseException as exc:  # a call's error is every return value's
                 for answer in answers:
                     answer.take(None, exc)
