@@ -91,6 +91,10 @@ class ChunkPacking:
             start = end
         return packed
 
+    def nbytes(self, rows: int, steps: int) -> int:
+        """The bytes of a buffer of ``rows`` x ``steps`` steps of this layout."""
+        return self._offsets(rows, steps)[1]
+
     def unpack_leaves(self, packed: np.ndarray, rows: int, steps: int) -> list[np.ndarray]:
         """Every leaf of ``packed`` (the spec's, then the extra ones): views of
         ``packed``, read-only where ``packed`` is.

@@ -42,7 +42,7 @@ from ray.exceptions import RayError, RayTaskError
 from replaybuffer.distributed.errors import ShardsUnavailableError
 from replaybuffer.distributed.ray_shards.batches import Part, combine
 from replaybuffer.distributed.ray_shards.draw_answers import (DRAWN_ERRORS, DrawAnswer,
-                                                              draw_packing)
+                                                              draw_packing, inline_runs)
 from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
@@ -270,13 +270,25 @@ class ShardSampler:
                 per_shard.setdefault(i, []).append((batch, n, seed))
         for i in sorted(per_shard):  # each batch's parts in the order of its shards
             parts_of_shard = per_shard[i]
-            ref = self._actors[i].draw.remote(
-                (method, [(n, seed) for _, n, seed in parts_of_shard], num_steps,
-                 SHARD_WAIT_S, within_episodes))
-            answer = DrawAnswer(ref, self._packing, [n for _, n, _ in parts_of_shard],
-                                num_steps)
-            for index, (batch, n, _) in enumerate(parts_of_shard):
-                batch.calls.append((i, answer, n, index))
+            counts = [n for _, n, _ in parts_of_shard]
+            runs = inline_runs(self._packing, counts, num_steps) \
+                if method == "get_next" else None
+            call = (method, [(n, seed) for _, n, seed in parts_of_shard], num_steps,
+                    SHARD_WAIT_S, within_episodes, runs)
+            if runs is None:
+                refs = [self._actors[i].draw.remote(call)]
+                runs = [len(counts)]
+            else:  # answers that stay inside Ray's reply (see INLINE_BYTES)
+                refs = self._actors[i].draw.options(num_returns=len(runs)).remote(call)
+            start = 0
+            siblings: list[DrawAnswer] = []  # one reply carries them all: one ray.get
+            for ref, size in zip(refs, runs):
+                answer = DrawAnswer(ref, self._packing, counts[start:start + size],
+                                    num_steps, siblings if len(runs) > 1 else None)
+                siblings.append(answer)
+                for index, (batch, n, _) in enumerate(parts_of_shard[start:start + size]):
+                    batch.calls.append((i, answer, n, index))
+                start += size
 
     # ------------------------------------------------------------------- masses
     def _current_mass(self, key: int | None) -> np.ndarray:

@@ -26,19 +26,16 @@ import ray
 from replaybuffer import nest
 from replaybuffer.buffers.base import ReplayBuffer
 from replaybuffer.buffers.queue import FIFOReplayBuffer
-from replaybuffer.distributed.errors import NotSupportedError
-from replaybuffer.distributed.ray_shards.draw_answers import (DRAWN_ERRORS, DrawReply,
-                                                              Drawn, draw_packing,
-                                                              pack_draws)
+from replaybuffer.distributed.ray_shards.draw_answers import DrawReply, draw_packing
 from replaybuffer.distributed.ray_shards.ordering import GAP_S, WriteOrder
 from replaybuffer.distributed.ray_shards.packing import ChunkPacking
+from replaybuffer.distributed.ray_shards.shard_draws import DrawCall, draw_batches
 from replaybuffer.distributed.ray_shards.shard_home import ShardHome, writer_key
 from replaybuffer.persist import checkpoints, load
 from replaybuffer.rate_limiter import RateLimiterStats
 
 if TYPE_CHECKING:
     from replaybuffer.buffers.prioritized import PrioritizedMixin
-    from replaybuffer.buffers.transitions import TransitionReplayBuffer
 
 INCARNATION_SHIFT = 48
 """Ids carry the shard's incarnation from this bit up."""
@@ -73,26 +70,6 @@ each than seven arguments (measured on a shared 2-core machine)."""
 UpdateCall = tuple[np.ndarray, np.ndarray, int, list[int | None], str, int, int]
 """The one argument of :meth:`ShardActor.update_priorities`: ``(ids, priorities,
 incarnation, keys, client, seq, base)`` (one argument, as :data:`WriteCall`)."""
-DrawCall = tuple[str, list[tuple[int, int | None]], int | None, float, bool]
-"""The one argument of :meth:`ShardActor.draw`: ``(method, batches, num_steps,
-timeout, within_episodes)``, ``batches`` a ``(count, seed)`` per batch (one argument,
-as :data:`WriteCall`)."""
-
-_GENERATORS = threading.local()
-
-
-def seeded(seed: int) -> np.random.Generator:
-    """This thread's generator, its state set from ``seed`` (a 63-bit number the
-    client drew at random): about 1 us where a new seeded generator costs 20-30 us,
-    on every draw of every shard. One per thread: a shard draws in several."""
-    generator = getattr(_GENERATORS, "generator", None)
-    if generator is None:
-        generator = _GENERATORS.generator = np.random.Generator(np.random.PCG64(0))
-    generator.bit_generator.state = {"bit_generator": "PCG64",
-                                     "state": {"state": int(seed), "inc": 0xDA3E39CB94B95BDB},
-                                     "has_uint32": 0, "uinteger": 0}
-    return generator
-
 
 def chunk_steps(ops: list[Op]) -> int:
     """The steps a chunk's writes append (``add_batch`` and ``add``: one each)."""
@@ -319,59 +296,17 @@ class ShardActor:
             self.buffer.add_batch(structure.unflatten([leaf[:, t] for leaf in leaves]),
                                   **kwargs)
 
-    def draw(self, call: DrawCall) -> DrawReply:
-        """``call``: ``(method, batches, num_steps, timeout, within_episodes)`` (one
-        argument: see :data:`DrawCall`). For each ``(count, seed)`` of ``batches``,
-        ``count`` samples by ``method`` (``get_next``, drawn with a generator seeded by
-        ``seed``, or a transition buffer's ``sample``), packed into one answer
-        (:mod:`.draw_answers`): ``(payload, drawn, error, mass, status)``."""
-        method, batches, num_steps, timeout, within_episodes = call
-        if method == "get_next" and self.files.round_robin and (num_steps or 1) > 1:
-            raise NotSupportedError(
-                f"RayReplayBuffer does not support windows (num_steps={num_steps}) "
-                "over round-robin writes: each row's consecutive steps went to different shards, so a "
-                "shard's window would skip steps. Write sequences through shard= or "
-                "writer(i), one writer per shard's rows (clear() forgets the "
-                "round-robin writes)")
-        drawn: list[Drawn] = []
-        structures: list[Any] = []
-        error: BaseException | None = None
-        for count, seed in batches:
-            try:
-                one, structure = self.draw_one(method, count, num_steps, timeout, seed,
-                                               within_episodes)
-            except DRAWN_ERRORS as exc:
-                if not drawn:
-                    raise  # the call's error, as one batch's always was
-                error = exc  # the batches drawn so far are kept: a limiter counted them
-                break
-            drawn.append(one)
-            structures.append(structure)
-        payload: Any = None
-        if method == "get_next":
-            payload = pack_draws(self.draw_packing, self.buffer.data_spec, drawn, num_steps)
-        if payload is None:  # not the spec's layout: as they came
-            payload = [(structure.unflatten(leaves), ids, probabilities)
-                       for (leaves, ids, probabilities), structure in zip(drawn, structures)]
-        return (payload, len(drawn), error, self.buffer.window_mass(num_steps or 1),
-                self.heard_status())
-
-    def draw_one(self, method: str, count: int, num_steps: int | None,
-                 timeout: float | None, seed: int | None, within_episodes: bool
-                 ) -> tuple[Drawn, Any]:
-        """One batch: its flattened leaves, ids and probabilities; its structure."""
-        if method == "get_next":
-            rng = None if seed is None else seeded(seed)
-            items, info = self.buffer.draw(count, num_steps, True, rng, within_episodes,
-                                           timeout)
-        else:  # asked of transition buffers only
-            items, info = cast("TransitionReplayBuffer", self.buffer).sample(count,
-                                                                             timeout=timeout)
-        leaves, structure = nest.flatten(items)
-        # Contiguous leaves (sent unpacked) go out of band into Ray's store and the
-        # client maps them; a strided view (a packed leaf) would be pickled in band.
-        return ([np.ascontiguousarray(leaf) for leaf in leaves], np.asarray(info.ids),
-                np.asarray(info.probabilities, np.float32)), structure
+    def draw(self, call: DrawCall) -> DrawReply | tuple[DrawReply, ...]:
+        """``call``: ``(method, batches, num_steps, timeout, within_episodes, runs)``
+        (one argument: see :data:`DrawCall`). The batches drawn and packed into one
+        answer (:func:`~.shard_draws.draw_batches`): ``(payload, drawn, error, mass,
+        status)``, or one such answer per return value when ``runs`` asks for several
+        (the caller's ``num_returns``)."""
+        replies = draw_batches(self.buffer, self.draw_packing, call, self.files.round_robin)
+        mass, status = self.buffer.window_mass(call[2] or 1), self.heard_status()
+        answers = [(payload, drawn, error, mass, status)
+                   for payload, drawn, error in replies]
+        return answers[0] if len(answers) == 1 else tuple(answers)
 
     @ray.method(concurrency_group="priorities")
     def update_priorities(self, call: UpdateCall
