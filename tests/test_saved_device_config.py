@@ -120,3 +120,23 @@ def test_a_gpu_default_checkpoint_loads_onto_the_cpu(tmp_path, monkeypatch, cls,
     loaded = rb.load(tmp_path, storage="torch", device="cpu")
     assert loaded.constructor_config() == buf.constructor_config()
     assert isinstance(loaded.get_next(4)[1].ids, torch.Tensor)
+
+
+@pytest.mark.parametrize("cls", [rb.UniformReplayBuffer, rb.PrioritizedReplayBuffer])
+def test_a_gpu_recording_checkpoint_loads_onto_the_cpu_layout_eagerly(tmp_path,
+                                                                      monkeypatch, cls):
+    """A CUDA buffer with ``capture_samples=True`` (its config as saved there: the
+    device's default sampling on it) loaded with ``device="cpu"`` into torch storage's
+    CPU layout, which cannot serve recordings: it loads, samples on the device eagerly,
+    and does not claim recordings."""
+    with monkeypatch.context() as m:
+        m.setattr(TorchStorage, "numpy_views", False)  # the layout CUDA storage has
+        buf = filled(cls(SPEC, 2, 16, storage="torch", sample_on_device=True,
+                         capture_samples=True, seed=1))
+    buf.save(tmp_path)
+    assert TorchStorage.numpy_views  # the load gets the CPU layout
+    loaded = rb.load(tmp_path, storage="torch", device="cpu")
+    assert "capture_samples" not in loaded.constructor_config()
+    assert loaded.constructor_config()["sample_on_device"] is True
+    _, info = loaded.get_next(4)
+    assert isinstance(info.ids, torch.Tensor)

@@ -36,12 +36,29 @@ def device_choices(sample_on_device: bool | None, on_device: bool,
     return {key: value for key, value in given.items() if value is not None}
 
 
-def for_storage(config: dict[str, Any], storage: str) -> dict[str, Any]:
+def for_storage(config: dict[str, Any], storage: str, device: Any = None) -> dict[str, Any]:
     """``config`` (constructor keywords from a checkpoint) for a buffer rebuilt on
-    ``storage``: the :data:`ON_DEVICE_ONLY` keywords dropped unless it is torch."""
-    if storage == "torch":
-        return config
-    return {key: value for key, value in config.items() if key not in ON_DEVICE_ONLY}
+    ``storage`` and ``device``: the :data:`ON_DEVICE_ONLY` keywords dropped unless it is
+    torch, and ``capture_samples`` dropped where that torch storage cannot record draws
+    (the CPU with the storage's CPU layout of numpy records: a checkpoint of a CUDA
+    buffer loaded with ``device="cpu"``), so that such a load samples eagerly rather
+    than refusing the recordings it was saved with."""
+    if storage != "torch":
+        return {key: value for key, value in config.items() if key not in ON_DEVICE_ONLY}
+    if config.get("capture_samples") and not _records_draws(device):
+        return {key: value for key, value in config.items() if key != "capture_samples"}
+    return config
+
+
+def _records_draws(device: Any) -> bool:
+    """Whether torch storage on ``device`` can serve recorded draws: they gather its
+    packed blocks, which it keeps on every device but the CPU, where it keeps numpy
+    records unless ``TorchStorage.numpy_views`` is switched off (tests)."""
+    if _device_type(device) != "cpu":
+        return True
+    from replaybuffer.storage.torch_storage import TorchStorage
+
+    return not TorchStorage.numpy_views
 
 
 def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,
