@@ -141,3 +141,14 @@ def test_a_used_transition_buffer_leaves_nothing_for_the_collector(collector_off
     buffer = used_transition_buffer()
     del buffer
     assert gc.collect() == 0
+
+
+def test_add_trajectory_held_past_its_adapter_refuses_clearly(collector_off):
+    """The one-call adder does not hold its adapter (that would be a cycle), so one held
+    on its own outlives it: a step it hands to the fallback must say so, not fail on
+    ``None`` inside the adapter's method."""
+    add = ReplayBuffer(observation_space=OBS_SPACE, action_space=ACT_SPACE,
+                       buffer_size=16, device="cpu").add_trajectory
+    obs = np.zeros(3, np.float32)
+    with pytest.raises(ReferenceError, match="the adapter it belongs to was deleted"):
+        add(torch.as_tensor(obs), torch.zeros(2), 1.0, torch.as_tensor(obs + 1), False)

@@ -92,3 +92,51 @@ def test_a_device_sampled_checkpoint_loads_into_numpy_storage(tmp_path, cls, hos
     loaded = rb.load(tmp_path, storage="numpy")
     assert type(loaded.sampler) is host_sampler
     assert isinstance(loaded.get_next(4)[1].ids, np.ndarray)
+
+
+@pytest.mark.parametrize("cls, keywords", [
+    (rb.UniformReplayBuffer, {"capture_samples": True}),
+    (rb.PrioritizedReplayBuffer, {"capture_samples": True}),
+    (rb.PrioritizedReplayBuffer, {"device_search": "tree"})])
+def test_a_gpu_default_checkpoint_loads_onto_the_cpu(tmp_path, monkeypatch, cls, keywords,
+                                                     packed_on_cpu):
+    """On a GPU, ``sample_on_device`` left to ``None`` samples on the device, and the
+    device keywords given with it are saved; a load onto the CPU
+    (``device="cpu"``) must not resolve the default there (off) and refuse them."""
+    module = __import__(cls.__module__, fromlist=["samples_on_device"])
+    real = module.samples_on_device
+
+    def as_on_a_gpu(storage, device, sample_on_device, track_episodes):
+        # What torch storage on "cuda" decides for sample_on_device=None.
+        if sample_on_device is None and storage == "torch" and not track_episodes:
+            return True
+        return real(storage, device, sample_on_device, track_episodes)
+
+    monkeypatch.setattr(module, "samples_on_device", as_on_a_gpu)
+    buf = filled(cls(SPEC, 2, 16, storage="torch", seed=1, **keywords))
+    monkeypatch.setattr(module, "samples_on_device", real)
+    buf.save(tmp_path)
+    assert saved_config(tmp_path)["sample_on_device"] is True
+    loaded = rb.load(tmp_path, storage="torch", device="cpu")
+    assert loaded.constructor_config() == buf.constructor_config()
+    assert isinstance(loaded.get_next(4)[1].ids, torch.Tensor)
+
+
+@pytest.mark.parametrize("cls", [rb.UniformReplayBuffer, rb.PrioritizedReplayBuffer])
+def test_a_gpu_recording_checkpoint_loads_onto_the_cpu_layout_eagerly(tmp_path,
+                                                                      monkeypatch, cls):
+    """A CUDA buffer with ``capture_samples=True`` (its config as saved there: the
+    device's default sampling on it) loaded with ``device="cpu"`` into torch storage's
+    CPU layout, which cannot serve recordings: it loads, samples on the device eagerly,
+    and does not claim recordings."""
+    with monkeypatch.context() as m:
+        m.setattr(TorchStorage, "numpy_views", False)  # the layout CUDA storage has
+        buf = filled(cls(SPEC, 2, 16, storage="torch", sample_on_device=True,
+                         capture_samples=True, seed=1))
+    buf.save(tmp_path)
+    assert TorchStorage.numpy_views  # the load gets the CPU layout
+    loaded = rb.load(tmp_path, storage="torch", device="cpu")
+    assert "capture_samples" not in loaded.constructor_config()
+    assert loaded.constructor_config()["sample_on_device"] is True
+    _, info = loaded.get_next(4)
+    assert isinstance(info.ids, torch.Tensor)

@@ -8,6 +8,9 @@ round and the descent's odd targets."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -195,3 +198,22 @@ def test_other_generators_and_buffer_normalization_take_the_general_path(monkeyp
         assert fused._step_source is None or normalize == "buffer"
         assert_same_steps(want, got)
         assert reference._rng.bit_generator.state == fused._rng.bit_generator.state
+
+
+@pytest.mark.parametrize("clone", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("accept_min", [2.0, 0.0])
+def test_a_sampler_that_drew_still_copies_and_its_copy_draws_its_own(monkeypatch, clone,
+                                                                     accept_min):
+    """A sampler keeps its generator's C source (its lock and state's address) after
+    the first draw: a pickle or deepcopy of it must still work, and the copy must draw
+    from its own generator (the same draws as the original from the same state),
+    never advancing the original's."""
+    ring, _, sampler = filled(monkeypatch, 2, 30, 70, accept_min, 2.0, 0.2, 5, False)
+    sampler.sample_steps(ring, 64)
+    copied = pickle.loads(pickle.dumps(sampler)) if clone == "pickle" \
+        else copy.deepcopy(sampler)
+    before = sampler._rng.bit_generator.state
+    got = copied.sample_steps(ring, 64)
+    assert sampler._rng.bit_generator.state == before  # the original's untouched
+    assert_same_steps(sampler.sample_steps(ring, 64), got)
+    assert copied._rng.bit_generator.state == sampler._rng.bit_generator.state

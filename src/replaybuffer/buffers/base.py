@@ -266,9 +266,10 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
                 device: Any, config: dict[str, Any]) -> "ReplayBuffer":
         """Build an empty buffer of this class for a restore (``config``: its
         :meth:`constructor_config`; its device keywords dropped where ``storage`` is
-        not torch: such a restore samples on the host)."""
+        not torch: such a restore samples on the host; ``capture_samples`` dropped
+        where the torch storage cannot record: ``device_sampling.for_storage``)."""
         return cls(data_spec, batch_size, max_length, storage=storage, device=device,
-                   **for_storage(config, storage))
+                   **for_storage(config, storage, device))
 
 
 TRANSITION_BUFFER = ("replaybuffer.buffers.transitions", "TransitionReplayBuffer")

@@ -16,22 +16,49 @@ ON_DEVICE_ONLY = ("sample_on_device", "device_search", "capture_samples")
 keeps them, and a restore into other storage drops them (it samples on the host)."""
 
 
-def device_choices(sample_on_device: bool | None, capture_samples: bool | None = None,
+def device_choices(sample_on_device: bool | None, on_device: bool,
+                   capture_samples: bool | None = None,
                    device_search: str | None = None) -> dict[str, Any]:
     """The device keywords a buffer was given, for its checkpoint's config: only those
     not left to their default (``None``), so that a buffer built without them saves
-    what it saved before they were kept, and an older checkpoint loads as such."""
+    what it saved before they were kept, and an older checkpoint loads as such.
+
+    ``on_device`` is the buffer's resolved choice (:func:`samples_on_device`). Where
+    ``capture_samples`` or ``device_search`` is given but ``sample_on_device`` was left
+    to the device's default (on a GPU: on), that choice is saved too: those keywords
+    need it, and a load onto another device (``rb.load(path, device="cpu")``) would
+    otherwise resolve the default there (off) and refuse them."""
+    if sample_on_device is None and on_device and \
+            (capture_samples is not None or device_search is not None):
+        sample_on_device = True
     given = {"sample_on_device": sample_on_device, "capture_samples": capture_samples,
              "device_search": device_search}
     return {key: value for key, value in given.items() if value is not None}
 
 
-def for_storage(config: dict[str, Any], storage: str) -> dict[str, Any]:
+def for_storage(config: dict[str, Any], storage: str, device: Any = None) -> dict[str, Any]:
     """``config`` (constructor keywords from a checkpoint) for a buffer rebuilt on
-    ``storage``: the :data:`ON_DEVICE_ONLY` keywords dropped unless it is torch."""
-    if storage == "torch":
-        return config
-    return {key: value for key, value in config.items() if key not in ON_DEVICE_ONLY}
+    ``storage`` and ``device``: the :data:`ON_DEVICE_ONLY` keywords dropped unless it is
+    torch, and ``capture_samples`` dropped where that torch storage cannot record draws
+    (the CPU with the storage's CPU layout of numpy records: a checkpoint of a CUDA
+    buffer loaded with ``device="cpu"``), so that such a load samples eagerly rather
+    than refusing the recordings it was saved with."""
+    if storage != "torch":
+        return {key: value for key, value in config.items() if key not in ON_DEVICE_ONLY}
+    if config.get("capture_samples") and not _records_draws(device):
+        return {key: value for key, value in config.items() if key != "capture_samples"}
+    return config
+
+
+def _records_draws(device: Any) -> bool:
+    """Whether torch storage on ``device`` can serve recorded draws: they gather its
+    packed blocks, which it keeps on every device but the CPU, where it keeps numpy
+    records unless ``TorchStorage.numpy_views`` is switched off (tests)."""
+    if _device_type(device) != "cpu":
+        return True
+    from replaybuffer.storage.torch_storage import TorchStorage
+
+    return not TorchStorage.numpy_views
 
 
 def samples_on_device(storage: str, device: Any, sample_on_device: bool | None,

@@ -220,7 +220,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
                                "beta_steps": beta_steps, "seed": seed,
                                "track_episodes": track_episodes, "frame_stack": frame_stack,
                                "stack_axis": stack_axis, "normalize": normalize,
-                               **device_choices(sample_on_device, capture_samples,
+                               **device_choices(sample_on_device, on_device, capture_samples,
                                                 device_search)}
         self._files_ready()
 

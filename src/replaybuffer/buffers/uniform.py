@@ -81,7 +81,8 @@ class UniformReplayBuffer(CapturedReads, ReplayBuffer):
             self.record_samples(capture_samples is True)
         self._seed = seed
         self._saved_choices = {"frame_stack": frame_stack, "stack_axis": stack_axis,
-                               **device_choices(sample_on_device, capture_samples)}
+                               **device_choices(sample_on_device, on_device,
+                                                capture_samples)}
         self._files_ready()
 
     def constructor_config(self) -> dict[str, Any]:

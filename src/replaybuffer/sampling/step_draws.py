@@ -71,6 +71,16 @@ class StepDraws:
     _step_source: tuple[int, int, Any] | None = None
     _step_targets: np.ndarray | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The sampler's attributes but the kept source, for pickling and
+        ``copy.deepcopy``: the source holds the generator's lock (which cannot be
+        pickled) and the addresses of its C state, which a copy must never draw from
+        (its own generator is another); the copy reads its own at its first draw."""
+        state = dict(self.__dict__)
+        for name in ("_step_rng", "_step_source", "_step_targets"):
+            state.pop(name, None)
+        return state
+
     def _flush(self) -> None:
         raise NotImplementedError  # (the sampler's: pending new steps applied)
 

@@ -71,7 +71,14 @@ class PearlInputs:
         adapter = weakref.ref(self)
 
         def fallback(*args: Any) -> Any:
-            return method(adapter(), *args)
+            owner = adapter()
+            if owner is None:  # held on its own, it outlived the adapter it stands for
+                raise ReferenceError(
+                    f"{method.__qualname__}: the adapter it belongs to was deleted; "
+                    "keep the adapter alive while its add_trajectory is in use (this "
+                    "add_trajectory does not hold it, so that a deleted adapter and its "
+                    "memory are freed at once)")
+            return method(owner, *args)
         names = tuple(inspect.signature(method).parameters)[1:]
         adder = self.core.step_adder(fallback, env_axis=self.vector, names=names)
         if adder is not None:
