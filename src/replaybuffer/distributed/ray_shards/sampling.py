@@ -109,8 +109,14 @@ class ShardSampler:
         self._mass: dict[int | None, np.ndarray] = {}
         # Per key, when each shard's mass last came (with any answer, or asked).
         self._heard: dict[int | None, np.ndarray] = {}
-        # Per key, the mass questions not yet answered: each one's ref, its shard.
-        self._asking: dict[int | None, dict[Any, int]] = {}
+        # Per key, the mass questions not yet answered: each one's ref, its shard and
+        # the clock when it was sent.
+        self._asking: dict[int | None, dict[Any, tuple[int, int]]] = {}
+        # A count of masses set and questions sent, and per key the count when each
+        # shard's mass was last set: an answer to a question sent before a fresher
+        # mass came (with an update's or a draw's answer) is dropped, not applied.
+        self._clock = 0
+        self._set_at: dict[int | None, np.ndarray] = {}
 
     def mass_keys(self) -> list[int | None]:
         """The window lengths whose masses are kept (a write's answer reports them)."""
@@ -121,6 +127,7 @@ class ShardSampler:
         self._mass.clear()
         self._heard.clear()
         self._asking.clear()
+        self._set_at.clear()
 
     # ------------------------------------------------------------------ drawing
     def draw(self, method: str, count: int, num_steps: int | None,
@@ -294,7 +301,9 @@ class ShardSampler:
     def _current_mass(self, key: int | None) -> np.ndarray:
         """The kept masses for windows of ``key`` steps (asked and waited for the first
         time), after taking in answers to earlier questions and asking again, without
-        waiting, when they are older than :data:`MASS_REFRESH_S`."""
+        waiting, when they are older than :data:`MASS_REFRESH_S`. An answer to a
+        question sent before a fresher mass of its shard came (with a draw's or an
+        update's answer) is dropped: applied, it would put back the mass from before."""
         if key not in self._mass:
             self.refresh(key)
             return self._mass[key]
@@ -302,14 +311,15 @@ class ShardSampler:
         if asking:
             ready = ray.wait(list(asking), num_returns=len(asking), timeout=0)[0]
             for ref in ready:
-                i = asking.pop(ref)
+                i, sent = asking.pop(ref)
                 try:
                     mass, status = ray.get(ref)
                 except RayError:
                     self._health.down(i)
                     continue
                 self._health.observe(i, status)
-                self._set_mass(key, i, mass)
+                if self._set_at[key][i] <= sent:  # else a fresher mass came meanwhile
+                    self._set_mass(key, i, mass)
         heard = self._heard[key]
         stale = heard < time.monotonic() - MASS_REFRESH_S
         if stale.any():
@@ -317,10 +327,11 @@ class ShardSampler:
             # and does not keep the others from being asked.
             if asking is None:
                 asking = self._asking[key] = {}
-            waiting = set(asking.values())
+            waiting = {shard for shard, _ in asking.values()}
             for shard in np.flatnonzero(stale).tolist():
                 if self._up[shard] and shard not in waiting:
-                    asking[self._actors[shard].mass_status.remote(key)] = shard
+                    asking[self._actors[shard].mass_status.remote(key)] = (shard,
+                                                                           self._clock)
             heard[stale] = time.monotonic()  # asked: not again until then
         return self._mass[key]
 
@@ -330,6 +341,8 @@ class ShardSampler:
         if cached is not None:
             cached[shard] = mass
             self._heard[key][shard] = time.monotonic()
+            self._clock += 1
+            self._set_at[key][shard] = self._clock
 
     def refresh(self, key: int | None) -> None:
         """Ask every shard that is up for its mass for windows of ``key`` steps, and
@@ -346,6 +359,8 @@ class ShardSampler:
             self._health.observe(i, status)
         self._mass[key] = mass
         self._heard[key] = np.full(self._num_shards, time.monotonic())
+        self._clock += 1
+        self._set_at[key] = np.full(self._num_shards, self._clock, np.int64)
         self._asking.pop(key, None)
 
     def set_masses(self, shard: int, masses: dict[int | None, float]) -> None:
