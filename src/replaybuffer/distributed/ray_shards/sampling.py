@@ -22,6 +22,13 @@ their own writers change it where the client does not see the answers); a shard 
 answers draws is never asked, so a learner drawing from every shard sends no call but
 its draws (each question costs a shard about what a draw's call does).
 
+A dataset's group of ``g`` batches (``as_dataset(..., batches_per_call=g,
+group_from_one_shard=True)``) can come from one shard: the group's first batch draws
+a shard by mass and all ``g`` batches are drawn whole from it, in one call. Each
+batch's items keep the marginal above (shard by mass, item as the shard draws); ``g``
+consecutive batches share one shard's contents, and the calls per batch are ``1/g``
+at any shard count.
+
 A batch is started (its calls sent, :meth:`ShardSampler.start`) and finished (its
 parts gathered, :meth:`ShardSampler.finish`) separately, so a dataset keeps several in
 flight. Each batch draws everything (its shards, the seeds the shards sample with, the
@@ -79,6 +86,7 @@ class PendingBatch:
     within_episodes: bool
     deadline: float | None
     timeout: float | None
+    one_shard: bool = False  # its group's shard, chosen for the group (start_many)
     # shard, the call's answer, n, the batch's index in the call
     calls: list[tuple[int, DrawAnswer, int, int]] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
@@ -154,17 +162,21 @@ class ShardSampler:
 
     def start_many(self, method: str, count: int, num_steps: int | None,
                    rngs: list[np.random.Generator], timeout: float | None = None,
-                   within_episodes: bool = False) -> list[PendingBatch]:
+                   within_episodes: bool = False, one_shard: bool = False
+                   ) -> list[PendingBatch]:
         """Plan one batch per generator of ``rngs`` (each draws its shards and seeds
         from a generator seeded by its own, as :meth:`start` does) and send them with
         one call per shard: a shard that several of them go to draws them all in one
-        call. The batches are the same as separate :meth:`start` calls give."""
+        call. The batches are the same as separate :meth:`start` calls give, except
+        with ``one_shard``: then the group's first batch draws one shard by mass and
+        every batch of the group is drawn whole from it (one call for the group)."""
         batches, planned = [], []
+        group_shard: int | None = None
         for rng in rngs:
             batch = PendingBatch(method, count, num_steps,
                                  make_rng(int(rng.integers(0, 2**63 - 1))), within_episodes,
                                  None if timeout is None else time.monotonic() + timeout,
-                                 timeout)
+                                 timeout, one_shard)
             batches.append(batch)
             try:
                 mass = self._current_mass(num_steps)
@@ -176,7 +188,19 @@ class ShardSampler:
                     mass = self._mass[num_steps]
                     if not (mass * self._up).sum() > 0:
                         raise self._empty(batch)
-                planned.append((batch, self._plan(batch, count, mass * self._up, True)))
+                if not one_shard:
+                    planned.append((batch, self._plan(batch, count, mass * self._up,
+                                                      True)))
+                    continue
+                # The group's shard, drawn by mass by its first batch (drawn again if
+                # masses that came meanwhile left it none): each batch's marginal is
+                # still shard by mass, then item as that shard draws.
+                available = mass * self._up
+                if group_shard is None or not available[group_shard] > 0:
+                    group_shard = int(pick_shards(batch.rng, available / available.sum(),
+                                                  1)[0])
+                planned.append((batch, [(group_shard, count,
+                                         int(batch.rng.integers(0, 2**63 - 1)))]))
             except Exception as exc:  # noqa: BLE001 - raised by finish, in the batch's turn
                 batch.error = exc
         self._post(method, num_steps, within_episodes, planned)
@@ -245,7 +269,7 @@ class ShardSampler:
         # Batches of every shard stay writable, as they always were (one part is
         # copied); the modes of k shards hand one part over as Ray maps it.
         return combine(batch.parts, available, self._num_shards, self._beta, batch.rng,
-                       zero_copy=self.shards_per_batch is not None)
+                       zero_copy=self.shards_per_batch is not None or batch.one_shard)
 
     def _empty(self, batch: PendingBatch) -> EmptyBufferError:
         return EmptyBufferError(f"{batch.method}: no shard holds a sample of "
