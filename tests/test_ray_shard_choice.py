@@ -204,3 +204,25 @@ def test_group_from_one_shard_must_be_a_bool_and_nothing_changes():
         batch, _ = next(iter(buffer.as_dataset(4, prefetch=2, batches_per_call=2,
                                                group_from_one_shard=True)))
         assert batch["x"].shape == (4,)
+
+
+def test_a_group_whose_shard_cannot_draw_is_drawn_from_the_others(monkeypatch):
+    """The group's shard answers empty (its kept mass was stale: here the choice is
+    forced onto an empty shard): every batch of the group is drawn again from the
+    shards that hold items, by mass, with the whole buffer's probabilities."""
+    from replaybuffer.distributed.ray_shards import sampling
+
+    with RayReplayBuffer(uniform, 3, seed=4) as buffer:
+        fill_shards(buffer, [0, 10, 30])
+        buffer.get_next(4)  # masses known: 0, 10, 30
+        monkeypatch.setattr(sampling, "pick_shards",
+                            lambda rng, p, size: np.zeros(size, np.int64))
+        pending = buffer.start_batches(400, None, [np.random.default_rng(1)] * 3,
+                                       one_shard=True)
+        got = [buffer.finish_batch(batch) for batch in pending]
+        for items, info in got:
+            assert items["x"].shape == (400,) and (items["x"] >= 100).all()
+            np.testing.assert_allclose(info.probabilities, 1 / 40, rtol=1e-6)
+        drawn = np.concatenate([items["x"] for items, _ in got]) // 100
+        assert chi_square_passes(np.bincount(drawn, minlength=3)[1:],
+                                 np.array([300.0, 900.0]))
