@@ -10,7 +10,8 @@ through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
 learner iterates ``as_dataset(256, prefetch=--prefetch, batches_per_call=
 --batches-per-call)`` (defaults: :data:`BATCHES_PER_CALL`, and as many in flight,
-at least 4). Inserts/s sum the
+at least 4; ``--group-from-one-shard``: each group from one shard chosen by mass,
+shown as ``1 per group of G`` in the table's shard choice). Inserts/s sum the
 collectors' steps; samples/s count sampled items. The idle latency of one
 ``get_next(256)`` (median of 50) is taken first, on the prefilled shards, before the
 collectors start.
@@ -134,10 +135,11 @@ def cpu_per_batch(meter: CpuMeter, learner: int, shards: list[int],
 
 def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             shards_per_batch: int | None = 1, prefetch: int = 4,
-            chunk_steps: int = 256, batches_per_call: int = 2) -> dict[str, Any]:
+            chunk_steps: int = 256, batches_per_call: int = 2,
+            group_from_one_shard: bool = False) -> dict[str, Any]:
     """One row: ``shards`` shards, ``collectors`` writers, the learner through a
     dataset with ``prefetch`` batches in flight, started ``batches_per_call`` at a
-    time."""
+    time (each group from one shard with ``group_from_one_shard``)."""
     import ray
 
     from replaybuffer.distributed import RayReplayBuffer
@@ -177,7 +179,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
                 for k in range(collectors)]
         sampled = 0
         stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch,
-                                        batches_per_call=batches_per_call))
+                                        batches_per_call=batches_per_call,
+                                        group_from_one_shard=group_from_one_shard))
         while time.perf_counter() - start < seconds:
             next(stream)
             sampled += SAMPLE
@@ -193,6 +196,7 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
             "chunk_steps": chunk_steps, "batches_per_call": batches_per_call,
+            "group_from_one_shard": group_from_one_shard,
             "episode_steps": EPISODE_STEPS, "idle_get_next_ms": float(np.median(idle)) * 1e3,
             "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
@@ -201,7 +205,8 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
 
 
 def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
-             seconds: float = 2.0, batches_per_call: int = 1) -> dict[str, Any]:
+             seconds: float = 2.0, batches_per_call: int = 1,
+             group_from_one_shard: bool = False) -> dict[str, Any]:
     """The learner alone (no collectors): the median of 100 ``get_next(256)`` over
     ``shards`` control shards of 1000 items, the shards' CPU while nothing calls them
     (1 s), then items/s and CPU per batch from a dataset with ``prefetch`` batches in
@@ -228,7 +233,8 @@ def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
         learner = os.getpid()
         meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
         stream = iter(b.as_dataset(SAMPLE, prefetch=prefetch,
-                                   batches_per_call=batches_per_call))
+                                   batches_per_call=batches_per_call,
+                                   group_from_one_shard=group_from_one_shard))
         meter.start()
         sampled, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
@@ -241,6 +247,7 @@ def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
     return {"peer": "replaybuffer[ray] idle", "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
             "batches_per_call": batches_per_call,
+            "group_from_one_shard": group_from_one_shard,
             "get_next_ms": float(np.median(latencies)) * 1e3, "dataset_items_per_s": rate,
             "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms}
 
@@ -255,19 +262,27 @@ def format_cpu(row: dict[str, Any]) -> str:
     return text + ("" if idle is None else f" (idle shard {idle:.1f} ms/s)")
 
 
+def shard_choice(row: dict[str, Any]) -> str:
+    """Where a row's dataset batches came from: ``1 per group of G`` (a group of G
+    batches from one shard, ``group_from_one_shard``) or the shards per batch."""
+    if row.get("group_from_one_shard"):
+        return f"1 per group of {row['batches_per_call']}"
+    return f"{row['shards_per_batch']} per batch"
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | buffer | shards | shards per batch | inserts/s | samples/s | "
+    lines = ["| workload | buffer | shards | shard choice | inserts/s | samples/s | "
              "idle get_next(256) | batch bytes (mapped by ray.get) | CPU us per batch: "
              "learner / shards / collectors / Ray's |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["peer"] == "replaybuffer[ray] idle":
-            lines.append(f"| idle | {r['peer']} | {r['shards']} | {r['shards_per_batch']} "
+            lines.append(f"| idle | {r['peer']} | {r['shards']} | {shard_choice(r)} "
                          f"| | {r['dataset_items_per_s']:,.0f} | {r['get_next_ms']:.2f} ms "
                          f"| | {format_cpu(r)} |")
         elif r["peer"] == "replaybuffer[ray]":
             lines.append(f"| {r['workload']} | {r['peer']} | {r['shards']} | "
-                         f"{r['shards_per_batch']} | {r['inserts_per_s']:,.0f} | "
+                         f"{shard_choice(r)} | {r['inserts_per_s']:,.0f} | "
                          f"{r['samples_per_s']:,.0f} | {r['idle_get_next_ms']:.2f} ms | "
                          f"{r['batch_bytes']:,} ({r['zero_copy_share']:.1%}) | "
                          f"{format_cpu(r)} |")
@@ -292,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches-per-call", type=int, default=None,
                         help="batches the learner's dataset starts together (default: "
                              "32 for control, 2 for frames)")
+    parser.add_argument("--group-from-one-shard", action="store_true",
+                        help="each group of --batches-per-call batches from one shard "
+                             "chosen by mass (as_dataset's group_from_one_shard)")
     parser.add_argument("--idle", action="store_true",
                         help="only the learner alone: get_next latency and dataset items/s")
     parser.add_argument("--no-single", action="store_true",
@@ -320,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             for shards in [int(s) for s in args.shards.split(",") if s]:
                 per_call, prefetch = group("control")
                 rows.append(run_idle(shards, None if mode == "all" else int(mode),
-                                     prefetch, args.seconds or 2.0, per_call))
+                                     prefetch, args.seconds or 2.0, per_call,
+                                     args.group_from_one_shard))
                 print(json.dumps(rows[-1]), flush=True)
         for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
             if not args.no_single:
@@ -332,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(run_ray(workload, shards, args.collectors,
                                         args.seconds or 5.0,
                                         None if mode == "all" else int(mode),
-                                        prefetch, args.chunk_steps, per_call))
+                                        prefetch, args.chunk_steps, per_call,
+                                        args.group_from_one_shard))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()

@@ -5,6 +5,7 @@ contiguous in the shard are views of Ray's object store, read-only, not copied."
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -75,3 +76,21 @@ def combine(parts: list[Part], mass: np.ndarray, num_shards: int, beta: float | 
         p = probabilities.astype(np.float64)
         weights = np.power(p.min() / p, beta).astype(np.float32)
     return items, BufferInfo(id_array, probabilities, weights)
+
+
+def shaped(items: Any, info: BufferInfo, sample_batch_size: int | None,
+           num_steps: int | None, time_stacked: bool = True) -> tuple[Any, BufferInfo]:
+    """A drawn batch (leaves ``[B, ...]`` or ``[B, T, ...]``) in the shape a caller of
+    ``get_next(sample_batch_size, num_steps, time_stacked)`` asked for: without the
+    batch axis when ``sample_batch_size`` is ``None`` (``B`` is 1; ids, probabilities
+    and weights become scalars), and a ``T``-tuple of steps when ``time_stacked`` is
+    false."""
+    if sample_batch_size is None:
+        items = map_leaves(lambda a: a[0], items)
+        info = BufferInfo(info.ids[0], info.probabilities[0],
+                          None if info.weights is None else info.weights[0])
+    if not time_stacked and num_steps is not None:  # a T-tuple of steps
+        axis = 0 if sample_batch_size is None else 1
+        items = tuple(map_leaves(functools.partial(np.take, indices=t, axis=axis), items)
+                      for t in range(num_steps))
+    return items, info

@@ -43,7 +43,6 @@ cleared; write sequences through ``shard=`` or :meth:`RayReplayBuffer.writer`.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from pathlib import Path
@@ -57,7 +56,7 @@ from replaybuffer import nest
 from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.distributed.errors import (ShardsUnavailableError,
                                              ShardStartError, not_supported)
-from replaybuffer.distributed.ray_shards.batches import map_leaves
+from replaybuffer.distributed.ray_shards.batches import shaped
 from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
 from replaybuffer.distributed.ray_shards.outbox import Outbox
 from replaybuffer.distributed.ray_shards.pipeline import ShardStream
@@ -256,27 +255,21 @@ class RayReplayBuffer(ShardWrites):
         items, info = self.finish_batch(self.start_batches(
             sample_batch_size or 1, num_steps, [rng or self._rng], within_episodes,
             timeout)[0])
-        if sample_batch_size is None:
-            items = map_leaves(lambda a: a[0], items)
-            info = BufferInfo(info.ids[0], info.probabilities[0],
-                              None if info.weights is None else info.weights[0])
-        if not time_stacked and num_steps is not None:  # a T-tuple of steps
-            axis = 0 if sample_batch_size is None else 1
-            items = tuple(map_leaves(functools.partial(np.take, indices=t, axis=axis),
-                                     items) for t in range(num_steps))
-        return items, info
+        return shaped(items, info, sample_batch_size, num_steps, time_stacked)
 
     def start_batches(self, count: int, num_steps: int | None,
                       rngs: list[np.random.Generator], within_episodes: bool = False,
-                      timeout: float | None = None) -> list[PendingBatch]:
+                      timeout: float | None = None, one_shard: bool = False
+                      ) -> list[PendingBatch]:
         """Send the calls for one batch of ``count`` per generator of ``rngs`` (see
-        :meth:`finish_batch`), those that go to one shard in one call."""
+        :meth:`finish_batch`), those that go to one shard in one call; ``one_shard``:
+        all of them from one shard, chosen by mass (:mod:`.sampling`)."""
         self._outbox.raise_error()
         self._updates.collect()
         self._updates.raise_error()
         self._probe()
         return self._sampler.start_many("get_next", count, num_steps, rngs, timeout,
-                                        within_episodes)
+                                        within_episodes, one_shard)
 
     def finish_batch(self, batch: PendingBatch) -> tuple[Any, BufferInfo]:
         """A batch :meth:`start_batches` sent for, once its parts are in."""
@@ -345,16 +338,18 @@ class RayReplayBuffer(ShardWrites):
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                    num_parallel_calls: int | None = None, prefetch: int | None = None,
-                   within_episodes: bool = False, batches_per_call: int = 1) -> ShardStream:
+                   within_episodes: bool = False, batches_per_call: int = 1,
+                   group_from_one_shard: bool = False) -> ShardStream:
         """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches with
         ``prefetch`` batches in flight to the shards while the learner works on the
         last one (:class:`~.pipeline.ShardStream`; default :data:`DEFAULT_PREFETCH`, or
-        ``num_parallel_calls`` when larger), started ``batches_per_call`` at a time.
+        ``num_parallel_calls`` when larger), started ``batches_per_call`` at a time;
+        ``group_from_one_shard``: each such group drawn from one shard chosen by mass.
         FIFO shards (which consume what they give) are read on pull: no prefetch.
 
         Raises:
-            ValueError: ``prefetch`` or ``batches_per_call`` below 1 (or not an int), a
-                bad size.
+            ValueError: ``prefetch`` or ``batches_per_call`` below 1 (or not an int),
+                ``group_from_one_shard`` not a bool, a bad size.
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
@@ -369,7 +364,7 @@ class RayReplayBuffer(ShardWrites):
             return ShardStream(self, sample_batch_size, num_steps, 0, within_episodes)
         depth = prefetch or max(DEFAULT_PREFETCH, num_parallel_calls or 0)
         return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes,
-                           batches_per_call)
+                           batches_per_call, group_from_one_shard)
 
     def stats(self) -> RateLimiterStats | None:
         """The shards' rate-limiter counters, summed over the shards that answer

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from replaybuffer.distributed.ray_shards.batches import map_leaves
+from replaybuffer.distributed.ray_shards.batches import shaped
 from replaybuffer.protocols import BufferInfo
 
 if TYPE_CHECKING:
@@ -43,15 +43,18 @@ class ShardStream:
     :class:`~replaybuffer.distributed.RayReplayBuffer`, ``prefetch`` in flight. Each
     ``iter()`` starts an iterator with a generator of its own, spawned from the
     buffer's; ``group``: batches started together (``as_dataset``'s
-    ``batches_per_call``; at most ``prefetch`` are; 1: one at a time).
+    ``batches_per_call``; at most ``prefetch`` are; 1: one at a time);
+    ``group_from_one_shard``: each group's batches all drawn from one shard, chosen
+    by sampling mass (see :mod:`.sampling`).
 
     Raises:
-        ValueError: ``group`` is not a positive int (the buffer unchanged).
+        ValueError: ``group`` is not a positive int, ``group_from_one_shard`` not a
+            bool (the buffer unchanged).
     """
 
     def __init__(self, buffer: "RayReplayBuffer", sample_batch_size: int | None,
                  num_steps: int | None, prefetch: int, within_episodes: bool = False,
-                 group: int = 1):
+                 group: int = 1, group_from_one_shard: bool = False):
         self.buffer = buffer
         self.sample_batch_size = sample_batch_size
         self.num_steps = num_steps
@@ -60,6 +63,10 @@ class ShardStream:
         if type(group) is not int or group < 1:
             raise ValueError(f"batches_per_call must be a positive int, got {group!r}")
         self.group = max(1, min(group, prefetch))
+        if type(group_from_one_shard) is not bool:
+            raise ValueError(f"group_from_one_shard must be a bool, got "
+                             f"{group_from_one_shard!r}")
+        self.group_from_one_shard = group_from_one_shard
 
     def __iter__(self) -> "ShardIterator":
         return ShardIterator(self)
@@ -86,17 +93,14 @@ class ShardIterator:
             for group in range(0, wanted, s.group):  # groups of s.group (the first fill: several)
                 self._pending.extend(s.buffer.start_batches(
                     s.sample_batch_size or 1, s.num_steps,
-                    [self._rng] * min(s.group, wanted - group), s.within_episodes))
+                    [self._rng] * min(s.group, wanted - group), s.within_episodes,
+                    one_shard=s.group_from_one_shard))
         try:
             items, info = s.buffer.finish_batch(self._pending.popleft())
         except BaseException:
             self._pending.clear()  # drawn from the shards as they were: start afresh
             raise
-        if s.sample_batch_size is None:
-            items = map_leaves(lambda a: a[0], items)
-            info = BufferInfo(info.ids[0], info.probabilities[0],
-                              None if info.weights is None else info.weights[0])
-        return items, info
+        return shaped(items, info, s.sample_batch_size, s.num_steps)
 
     def in_flight(self) -> int:
         """Batches requested and not yet handed out."""

@@ -22,6 +22,13 @@ their own writers change it where the client does not see the answers); a shard 
 answers draws is never asked, so a learner drawing from every shard sends no call but
 its draws (each question costs a shard about what a draw's call does).
 
+A dataset's group of ``g`` batches (``as_dataset(..., batches_per_call=g,
+group_from_one_shard=True)``) can come from one shard: the group's first batch draws
+a shard by mass and all ``g`` batches are drawn whole from it, in one call. Each
+batch's items keep the marginal above (shard by mass, item as the shard draws); ``g``
+consecutive batches share one shard's contents, and the calls per batch are ``1/g``
+at any shard count.
+
 A batch is started (its calls sent, :meth:`ShardSampler.start`) and finished (its
 parts gathered, :meth:`ShardSampler.finish`) separately, so a dataset keeps several in
 flight. Each batch draws everything (its shards, the seeds the shards sample with, the
@@ -79,6 +86,7 @@ class PendingBatch:
     within_episodes: bool
     deadline: float | None
     timeout: float | None
+    one_shard: bool = False  # its group's shard, chosen for the group (start_many)
     # shard, the call's answer, n, the batch's index in the call
     calls: list[tuple[int, DrawAnswer, int, int]] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
@@ -109,8 +117,14 @@ class ShardSampler:
         self._mass: dict[int | None, np.ndarray] = {}
         # Per key, when each shard's mass last came (with any answer, or asked).
         self._heard: dict[int | None, np.ndarray] = {}
-        # Per key, the mass questions not yet answered: each one's ref, its shard.
-        self._asking: dict[int | None, dict[Any, int]] = {}
+        # Per key, the mass questions not yet answered: each one's ref, its shard and
+        # the clock when it was sent.
+        self._asking: dict[int | None, dict[Any, tuple[int, int]]] = {}
+        # A count of masses set and questions sent, and per key the count when each
+        # shard's mass was last set: an answer to a question sent before a fresher
+        # mass came (with an update's or a draw's answer) is dropped, not applied.
+        self._clock = 0
+        self._set_at: dict[int | None, np.ndarray] = {}
 
     def mass_keys(self) -> list[int | None]:
         """The window lengths whose masses are kept (a write's answer reports them)."""
@@ -121,6 +135,7 @@ class ShardSampler:
         self._mass.clear()
         self._heard.clear()
         self._asking.clear()
+        self._set_at.clear()
 
     # ------------------------------------------------------------------ drawing
     def draw(self, method: str, count: int, num_steps: int | None,
@@ -147,17 +162,21 @@ class ShardSampler:
 
     def start_many(self, method: str, count: int, num_steps: int | None,
                    rngs: list[np.random.Generator], timeout: float | None = None,
-                   within_episodes: bool = False) -> list[PendingBatch]:
+                   within_episodes: bool = False, one_shard: bool = False
+                   ) -> list[PendingBatch]:
         """Plan one batch per generator of ``rngs`` (each draws its shards and seeds
         from a generator seeded by its own, as :meth:`start` does) and send them with
         one call per shard: a shard that several of them go to draws them all in one
-        call. The batches are the same as separate :meth:`start` calls give."""
+        call. The batches are the same as separate :meth:`start` calls give, except
+        with ``one_shard``: then the group's first batch draws one shard by mass and
+        every batch of the group is drawn whole from it (one call for the group)."""
         batches, planned = [], []
+        group_shard: int | None = None
         for rng in rngs:
             batch = PendingBatch(method, count, num_steps,
                                  make_rng(int(rng.integers(0, 2**63 - 1))), within_episodes,
                                  None if timeout is None else time.monotonic() + timeout,
-                                 timeout)
+                                 timeout, one_shard)
             batches.append(batch)
             try:
                 mass = self._current_mass(num_steps)
@@ -169,7 +188,19 @@ class ShardSampler:
                     mass = self._mass[num_steps]
                     if not (mass * self._up).sum() > 0:
                         raise self._empty(batch)
-                planned.append((batch, self._plan(batch, count, mass * self._up, True)))
+                if not one_shard:
+                    planned.append((batch, self._plan(batch, count, mass * self._up,
+                                                      True)))
+                    continue
+                # The group's shard, drawn by mass by its first batch (drawn again if
+                # masses that came meanwhile left it none): each batch's marginal is
+                # still shard by mass, then item as that shard draws.
+                available = mass * self._up
+                if group_shard is None or not available[group_shard] > 0:
+                    group_shard = int(pick_shards(batch.rng, available / available.sum(),
+                                                  1)[0])
+                planned.append((batch, [(group_shard, count,
+                                         int(batch.rng.integers(0, 2**63 - 1)))]))
             except Exception as exc:  # noqa: BLE001 - raised by finish, in the batch's turn
                 batch.error = exc
         self._post(method, num_steps, within_episodes, planned)
@@ -238,7 +269,7 @@ class ShardSampler:
         # Batches of every shard stay writable, as they always were (one part is
         # copied); the modes of k shards hand one part over as Ray maps it.
         return combine(batch.parts, available, self._num_shards, self._beta, batch.rng,
-                       zero_copy=self.shards_per_batch is not None)
+                       zero_copy=self.shards_per_batch is not None or batch.one_shard)
 
     def _empty(self, batch: PendingBatch) -> EmptyBufferError:
         return EmptyBufferError(f"{batch.method}: no shard holds a sample of "
@@ -294,7 +325,9 @@ class ShardSampler:
     def _current_mass(self, key: int | None) -> np.ndarray:
         """The kept masses for windows of ``key`` steps (asked and waited for the first
         time), after taking in answers to earlier questions and asking again, without
-        waiting, when they are older than :data:`MASS_REFRESH_S`."""
+        waiting, when they are older than :data:`MASS_REFRESH_S`. An answer to a
+        question sent before a fresher mass of its shard came (with a draw's or an
+        update's answer) is dropped: applied, it would put back the mass from before."""
         if key not in self._mass:
             self.refresh(key)
             return self._mass[key]
@@ -302,14 +335,15 @@ class ShardSampler:
         if asking:
             ready = ray.wait(list(asking), num_returns=len(asking), timeout=0)[0]
             for ref in ready:
-                i = asking.pop(ref)
+                i, sent = asking.pop(ref)
                 try:
                     mass, status = ray.get(ref)
                 except RayError:
                     self._health.down(i)
                     continue
                 self._health.observe(i, status)
-                self._set_mass(key, i, mass)
+                if self._set_at[key][i] <= sent:  # else a fresher mass came meanwhile
+                    self._set_mass(key, i, mass)
         heard = self._heard[key]
         stale = heard < time.monotonic() - MASS_REFRESH_S
         if stale.any():
@@ -317,10 +351,11 @@ class ShardSampler:
             # and does not keep the others from being asked.
             if asking is None:
                 asking = self._asking[key] = {}
-            waiting = set(asking.values())
+            waiting = {shard for shard, _ in asking.values()}
             for shard in np.flatnonzero(stale).tolist():
                 if self._up[shard] and shard not in waiting:
-                    asking[self._actors[shard].mass_status.remote(key)] = shard
+                    asking[self._actors[shard].mass_status.remote(key)] = (shard,
+                                                                           self._clock)
             heard[stale] = time.monotonic()  # asked: not again until then
         return self._mass[key]
 
@@ -330,6 +365,8 @@ class ShardSampler:
         if cached is not None:
             cached[shard] = mass
             self._heard[key][shard] = time.monotonic()
+            self._clock += 1
+            self._set_at[key][shard] = self._clock
 
     def refresh(self, key: int | None) -> None:
         """Ask every shard that is up for its mass for windows of ``key`` steps, and
@@ -346,6 +383,8 @@ class ShardSampler:
             self._health.observe(i, status)
         self._mass[key] = mass
         self._heard[key] = np.full(self._num_shards, time.monotonic())
+        self._clock += 1
+        self._set_at[key] = np.full(self._num_shards, self._clock, np.int64)
         self._asking.pop(key, None)
 
     def set_masses(self, shard: int, masses: dict[int | None, float]) -> None:
