@@ -342,6 +342,8 @@ def test_fresh_pulls_start_from_an_empty_queue():
      ["--shards", "1,8"]),
     (["bench", "--ray", "--workloads", "control"], "replaybuffer_bench.ray_bench",
      ["--workloads", "control"]),
+    (["bench", "--ray", "--group-from-one-shard"], "replaybuffer_bench.ray_bench",
+     ["--group-from-one-shard"]),
     (["bench", "--processes", "--workloads", "frames"], "replaybuffer_bench.processes",
      ["--workloads", "frames"]),
     (["bench", "--gpu", "--profile"], "replaybuffer_bench.gpu", ["--profile"]),

@@ -174,6 +174,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                 "--workloads", args.workloads]
         if args.shards or args.quick:
             argv += ["--shards", args.shards or "1,2"]
+        argv += ["--group-from-one-shard"] if args.group_from_one_shard else []
         return int(harness("replaybuffer_bench.ray_bench").main(argv + json_argv))
     if args.processes:  # writer and sampler processes on one shared buffer, and Reverb
         argv = ["--seconds", str(1.0 if args.quick else args.seconds),
@@ -441,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --processes: the writer counts (default: 1,2,4)")
     bench.add_argument("--shards", type=count_list, default=None, metavar="N,N,...",
                        help="with --ray: the shard counts (default: 1,2,4,8)")
+    bench.add_argument("--group-from-one-shard", action="store_true",
+                       help="with --ray: each group of batches drawn from one shard "
+                            "chosen by mass (as_dataset(group_from_one_shard=True))")
     bench.add_argument("--prioritized", action="store_true",
                        help="with --processes: a prioritized shared buffer")
     bench.add_argument("--profile", action="store_true",
