@@ -137,7 +137,7 @@ def test_answers_split_to_stay_inline_are_the_seeds_batches(buffer, monkeypatch,
         batches = [next(stream) for _ in range(18)]
         answers = {id(a): a for pending in stream._pending for _, a, _, _ in pending.calls}
         stream.close()
-        split = sum(a._siblings is not None for a in answers.values())
+        split = sum(a._split is not None for a in answers.values())
         # small batches fit one return value; under a small limit a call of several
         # batches answers in several
         assert (split > 0) == bool(runs)
@@ -147,3 +147,28 @@ def test_answers_split_to_stay_inline_are_the_seeds_batches(buffer, monkeypatch,
             np.testing.assert_array_equal(a[name], b[name])
         np.testing.assert_array_equal(info_a.ids, info_b.ids)
         np.testing.assert_array_equal(info_a.probabilities, info_b.probabilities)
+
+
+@ray.remote(num_returns=2)
+def two_replies():
+    return (b"x" * 1000, 0, None, 1.0, (0, -1, 0, 1)), (b"y" * 1000, 0, None, 1.0, (0, -1, 0, 1))
+
+
+def test_a_split_calls_answers_are_freed_by_reference_counting(buffer):
+    """The answers of one split call share what they fetched without holding one
+    another (a list of them in each was a cycle, freed only by the collector)."""
+    import gc
+    import weakref
+
+    refs = two_replies.remote()
+    split = draw_answers.SplitReplies(refs)
+    answers = [draw_answers.DrawAnswer(ref, PACKING, [1], None, split, n)
+               for n, ref in enumerate(refs)]
+    assert answers[1].reply()[0] == b"y" * 1000 and answers[0].reply()[0] == b"x" * 1000
+    probes = [weakref.ref(answer) for answer in answers] + [weakref.ref(split)]
+    gc.disable()
+    try:
+        del answers, split, refs
+        assert all(probe() is None for probe in probes)
+    finally:
+        gc.enable()

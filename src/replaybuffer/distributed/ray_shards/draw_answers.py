@@ -124,27 +124,55 @@ def pack_draws(packing: ChunkPacking, data_spec: Any, drawn: list[Drawn],
     return packing.pack_rows(parts, steps)
 
 
+class SplitReplies:
+    """The return values of one draw call split by :func:`inline_runs`: they come in
+    one reply, so they are fetched with one ``ray.get``, at the first asked for.
+
+    Held by each of the call's answers, and holding none of them: the answers are
+    freed by reference counting once their batches are (a list of the answers that
+    each answer held was a reference cycle, left to the garbage collector).
+    """
+
+    def __init__(self, refs: list[Any]):
+        self.refs = refs
+        self._replies: list[DrawReply] | None = None
+        self._raised: BaseException | None = None
+
+    def get(self, index: int) -> DrawReply:
+        """Return value ``index`` (waits for the call; raises its error, each time)."""
+        if self._raised is not None:
+            raise self._raised
+        if self._replies is None:
+            try:
+                self._replies = ray.get(self.refs)
+            except BaseException as exc:  # a call's error is every return value's
+                self._raised = exc
+                raise
+        return self._replies[index]
+
+
 class DrawAnswer:
-    """The client's side of one draw call, shared by the batches it serves: fetched
-    and unpacked once, at the first :meth:`part` asked for.
+    """The client's side of one draw call (or one return value of a split call),
+    shared by the batches it serves: fetched and unpacked once, at the first
+    :meth:`part` asked for.
 
     Args:
-        ref: the call's object ref.
+        ref: the call's object ref (of this return value, for a split call).
         packing: :func:`draw_packing` of the buffer's spec.
-        counts: the rows of each batch of the call, in order.
+        counts: the rows of each batch of the answer, in order.
         num_steps: the call's window length (``None``: single steps).
-        siblings: the answers to the other return values of the same call
-            (:func:`inline_runs`), this one among them: fetched with one ``ray.get``,
-            as they come in one reply.
+        split: the call's return values where :func:`inline_runs` split it, this one
+            number ``index`` among them.
     """
 
     def __init__(self, ref: Any, packing: ChunkPacking, counts: list[int],
-                 num_steps: int | None, siblings: "list[DrawAnswer] | None" = None):
+                 num_steps: int | None, split: SplitReplies | None = None,
+                 index: int = 0):
         self.ref = ref
         self._packing = packing
         self._counts = counts
         self._num_steps = num_steps
-        self._siblings = siblings
+        self._split, self._index = split, index
         self._reply: DrawReply | None = None
         self._raised: BaseException | None = None
         self._leaves: list[np.ndarray] | None = None
@@ -154,22 +182,13 @@ class DrawAnswer:
         if self._raised is not None:
             raise self._raised
         if self._reply is None:
-            answers = self._siblings or [self]
             try:
-                replies = ray.get([answer.ref for answer in answers]) \
-                    if self._siblings else [ray.get(self.ref)]
-            except BaseException as exc:  # a call's error is every return value's
-                for answer in answers:
-                    answer.take(None, exc)
+                self._reply = ray.get(self.ref) if self._split is None \
+                    else self._split.get(self._index)
+            except BaseException as exc:
+                self._raised = exc
                 raise
-            for answer, got in zip(answers, replies):
-                answer.take(got, None)
-        assert self._reply is not None
         return self._reply
-
-    def take(self, reply: DrawReply | None, raised: BaseException | None) -> None:
-        """Keep the reply (or the error) fetched for this answer with its siblings'."""
-        self._reply, self._raised = reply, raised
 
     def part(self, index: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """Batch ``index`` of the call: ``(items, ids, probabilities)``, views of the

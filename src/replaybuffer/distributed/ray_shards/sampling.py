@@ -49,7 +49,8 @@ from ray.exceptions import RayError, RayTaskError
 from replaybuffer.distributed.errors import ShardsUnavailableError
 from replaybuffer.distributed.ray_shards.batches import Part, combine
 from replaybuffer.distributed.ray_shards.draw_answers import (DRAWN_ERRORS, DrawAnswer,
-                                                              draw_packing, inline_runs)
+                                                              SplitReplies, draw_packing,
+                                                              inline_runs)
 from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.errors import EmptyBufferError
 from replaybuffer.protocols import BufferInfo
@@ -312,11 +313,10 @@ class ShardSampler:
             else:  # answers that stay inside Ray's reply (see INLINE_BYTES)
                 refs = self._actors[i].draw.options(num_returns=len(runs)).remote(call)
             start = 0
-            siblings: list[DrawAnswer] = []  # one reply carries them all: one ray.get
-            for ref, size in zip(refs, runs):
+            split = SplitReplies(refs) if len(runs) > 1 else None  # one reply: one get
+            for number, (ref, size) in enumerate(zip(refs, runs)):
                 answer = DrawAnswer(ref, self._packing, counts[start:start + size],
-                                    num_steps, siblings if len(runs) > 1 else None)
-                siblings.append(answer)
+                                    num_steps, split, number)
                 for index, (batch, n, _) in enumerate(parts_of_shard[start:start + size]):
                     batch.calls.append((i, answer, n, index))
                 start += size
