@@ -67,6 +67,7 @@ from replaybuffer.distributed.shared.admission import SharedAdmission
 from replaybuffer.distributed.shared.frame_ring import SharedFrameRing
 from replaybuffer.distributed.shared.layout import SharedLayout
 from replaybuffer.distributed.shared.memory_fences import order_fence
+from replaybuffer.distributed.shared.prioritized_steps import PrioritizedSteps
 from replaybuffer.distributed.shared.priorities import SharedPriorities
 from replaybuffer.distributed.shared.process_lock import ProcessLock
 from replaybuffer.distributed.shared.read_pins import ReadPins
@@ -122,6 +123,10 @@ class SharedWriter:
         self._version_at = layout.version.data
         self._blocks = None if priorities is None else StepBlocks(
             layout, storage, priorities, num_rows, max_length, pins, self._commits)
+        # A prioritized step without frames or a Queue: :mod:`.prioritized_steps`.
+        self._quick = None if priorities is None or pins is not None or frames is not None \
+            else PrioritizedSteps(layout, storage, priorities, lock, num_rows, max_length,
+                                  self._commits)
         self._forget_rows()
         self._threads = threading.Lock()  # this process's writing threads, one at a time
         mine = weakref.ref(self)
@@ -217,14 +222,24 @@ class SharedWriter:
         protocol: ``arrays``, the storage's converted leaves ``[count, *shape]``."""
         if self._admission is None:  # no give-back to arm: the cheaper context
             with self._threads:
-                if self._plain and self._torn is None:
+                if self._torn is not None:
+                    self._write_step(first, count, arrays)
+                elif self._plain:
                     self._write_plain_step(first, count, arrays)
+                elif self._quick is not None:
+                    self._quick.write(first, count, arrays, self._write_exact,
+                                      self._my_heads, self._my_held)
                 else:
                     self._write_step(first, count, arrays)
             return
         with self._threads, self._given_back(count):
-            if self._plain and self._torn is None:
+            if self._torn is not None:
+                self._write_step(first, count, arrays)
+            elif self._plain:
                 self._write_plain_step(first, count, arrays)
+            elif self._quick is not None:
+                self._quick.write(first, count, arrays, self._write_exact,
+                                  self._my_heads, self._my_held)
             else:
                 self._write_step(first, count, arrays)
 
