@@ -10,7 +10,10 @@ and then checks, in this process, what survived:
   name), every committed step drawable and nothing else,
   ``len()`` equal to what can be drawn; prioritized: every interior node of the sum
   tree the sum of its children, every drawable step a positive leaf, each sample's
-  probability its leaf over the total;
+  probability its leaf over the total, every position being rewritten (an odd
+  version) a zero leaf after a draw; with prioritized ``extend`` blocks killed
+  mid-block (``shared_block_kill``), the steps a killed block tore are a run at each
+  row's oldest end, and a sampler drawing through the kills never gets a torn item;
 * checkpoint series: ``load`` gives the newest complete checkpoint (the last one the
   saver reported, or the one after it), whole and consistent, and the next save in
   another process removes what the dead one left;

@@ -44,7 +44,10 @@ rewritten and its probabilities are over the steps drawable; a draw that read a 
 just before the odd store copies a step the seqlock check then rejects, as for a uniform
 step. A whole ``extend`` of up to ``max_length`` steps takes one section too: its
 odd versions are a run from the rows' heads, which a draw hides whole
-(:mod:`.rewrite_runs`), and it is published together (:mod:`.step_blocks`).
+(:mod:`.rewrite_runs`), and it is published together (:mod:`.step_blocks`). A
+prioritized ``add_batch`` step without frames or a ``Queue`` is written by
+:class:`~.prioritized_steps.PrioritizedSteps`: the same stores and section, with fewer
+Python operations.
 
 Threads. The rows belong to a process, so every thread of it writes the same rows: a
 per-process thread lock spans a claim, and a step from reading its id off the row head
