@@ -158,3 +158,33 @@ def test_a_one_row_prioritized_writer_killed_in_the_shortcut_leaves_a_whole_tree
             buffer.add_batch(items_for(np.arange(1), np.full(1, step)))
         assert_tree_whole(buffer)
         assert len(buffer) == length
+
+
+def test_a_child_forked_while_the_lock_is_held_takes_its_own_lock(tmp_path):
+    """The lock is reopened in a forked child (found by the fork counter, not a pid
+    read per acquisition): a child forked while its parent holds the lock waits for the
+    parent to release it (its own ``flock``, its own thread lock), then takes it."""
+    import os
+    import select
+    import time
+
+    from replaybuffer.distributed.shared.process_lock import ProcessLock
+    lock = ProcessLock(tmp_path / "lock")
+    read_end, write_end = os.pipe()
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: take the lock, say so
+            try:
+                with lock:
+                    os.write(write_end, b"x")
+            finally:
+                os._exit(0)
+        time.sleep(0.3)
+        took_while_held = select.select([read_end], [], [], 0)[0]
+    ready = select.select([read_end], [], [], 30)[0]
+    said = os.read(read_end, 1) if ready else b""
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert not took_while_held, "the child took the lock its parent held"
+    assert said == b"x", "the child never took the lock once its parent let it go"
