@@ -278,3 +278,44 @@ def test_a_process_loads_the_compiled_loops_before_it_first_takes_the_lock(call)
         seen = out.get(timeout=120)
         child.join(60)
         assert seen and all(count > 0 for count in seen[0]), seen
+
+
+def test_the_block_kill_soak_scenario_holds_its_invariants(tmp_path):
+    """The soak's ``shared_block_kill`` (block writers SIGKILLed mid-block while a
+    sampler draws and checks each item) a few times, with a fixed seed: no failure, and
+    its kills and checks made."""
+    from soak import scenarios
+    tally = scenarios.Tally()
+    rng = np.random.default_rng(5)
+    for run in range(2):
+        work = tmp_path / f"run{run}"
+        work.mkdir()
+        scenarios.shared_block_kill(rng, work, tally)
+    assert not tally.failures, tally.failures
+    assert tally.faults["sigkill_shared_block"] == 6 and tally.checks >= 2 * 12
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_block_kill_checks_catch_draws_that_hide_only_the_heads(monkeypatch, planted):
+    """A killed block's run (steps 8..10 of a row of 8 marked odd over steps 0..2, the
+    head not moved, ``held`` counted down): the soak's checks pass, and fail when draws
+    hide only each head's position (a planted bug) instead of the run."""
+    from soak import scenarios, workloads
+    from replaybuffer.distributed.shared import priorities as priorities_module
+    if planted:
+        def heads_only(version, heads, row_numbers, max_length):
+            at = (heads % max_length) * len(heads) + row_numbers
+            return at[version[at] % 2 == 1]
+        monkeypatch.setattr(priorities_module, "rewrite_runs", heads_only)
+    with SharedReplayBuffer(workloads.shared_spec(), 1, 8, prioritized=True,
+                            seed=0) as buffer:
+        for step in range(8):
+            buffer.add_batch(workloads.shared_items(np.zeros(1), np.full(1, step)))
+        layout = buffer.layout
+        layout.held[0] = 5  # steps 3..7 whole
+        layout.version[:3] = 2 * np.arange(8, 11) + 1  # the block's run from the head
+        tally = scenarios.Tally(scenario="planted" if planted else "whole")
+        scenarios.check_shared(buffer, tally, draws=8, blocks=True)
+        odd_leaves = [f for f in tally.failures if "keep a positive leaf" in f]
+        assert bool(odd_leaves) == planted, tally.failures
+        assert planted or not tally.failures, tally.failures

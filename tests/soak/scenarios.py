@@ -10,7 +10,10 @@ and then checks, in this process, what survived:
   name), every committed step drawable and nothing else,
   ``len()`` equal to what can be drawn; prioritized: every interior node of the sum
   tree the sum of its children, every drawable step a positive leaf, each sample's
-  probability its leaf over the total;
+  probability its leaf over the total, every position being rewritten (an odd
+  version) a zero leaf after a draw; with prioritized ``extend`` blocks killed
+  mid-block (``shared_block_kill``), the steps a killed block tore are a run at each
+  row's oldest end, and a sampler drawing through the kills never gets a torn item;
 * checkpoint series: ``load`` gives the newest complete checkpoint (the last one the
   saver reported, or the one after it), whole and consistent, and the next save in
   another process removes what the dead one left;
@@ -133,8 +136,11 @@ def handle_file(buffer: Any, tmp: Path) -> str:
     return str(path)
 
 
-def check_shared(buffer: Any, tally: Tally, draws: int = 48) -> None:
-    """The shared buffer's invariants (module docstring), no process writing."""
+def check_shared(buffer: Any, tally: Tally, draws: int = 48, blocks: bool = False) -> None:
+    """The shared buffer's invariants (module docstring), no process writing. ``blocks``:
+    a killed writer may have left a run of steps torn (a prioritized ``extend`` block's,
+    odd versions from its rows' heads): the committed steps are then those whose version
+    names them, and each row's others a run at its window's oldest end."""
     rows_total, length = buffer.num_rows, buffer.max_length
     heads = buffer.steps_written()
     if heads.max() == 0:
@@ -164,6 +170,17 @@ def check_shared(buffer: Any, tally: Tally, draws: int = 48) -> None:
     tally.check(outside == 0, f"{outside} sampled items outside their row's window")
     certain = {(r, s) for r in range(rows_total)
                for s in range(max(0, int(heads[r]) - length + 1), int(heads[r]))}
+    if blocks:
+        version = buffer.layout.version
+        whole = {(r, s) for r, s in certain
+                 if version[(s % length) * rows_total + r] == 2 * s + 2}
+        for r in range(rows_total):  # a row's torn steps: its oldest ones, in a run
+            lost = sorted(s for q, s in certain - whole if q == r)
+            tally.check(lost == list(range(int(heads[r]) - length + 1,
+                                           int(heads[r]) - length + 1 + len(lost))),
+                        f"row {r}: steps {lost[:6]} torn, not a run at the oldest end "
+                        f"(head {int(heads[r])})")
+        certain = whole
     missing = certain - drawn
     tally.check(not missing, f"{len(missing)} committed steps never drawn in "
                              f"{draws * 256} draws, e.g. {sorted(missing)[:4]}")
@@ -179,6 +196,12 @@ def check_shared(buffer: Any, tally: Tally, draws: int = 48) -> None:
                                      f"{tree[half:].sum()})")
         held = np.array([(s % length) * rows_total + r for r, s in drawn], np.int64)
         tally.check((tree[half + held] > 0).all(), "a drawable step has priority 0")
+        # A position being rewritten (odd version: a step marked, or a killed writer's
+        # run) is hidden by the draw before it: its leaf 0, out of the total.
+        odd = np.flatnonzero(buffer.layout.version % 2 == 1)
+        tally.check((tree[half + odd] == 0).all(),
+                    f"{int((tree[half + odd] != 0).sum())} of {len(odd)} positions being "
+                    "rewritten (odd versions) keep a positive leaf after a draw")
         tally.check(bad_probability == 0, f"{bad_probability} sample probabilities are "
                                           "not their leaf over the total")
 
@@ -208,6 +231,38 @@ def shared_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
             tally.check(child.wait() == -signal.SIGKILL, "a child ended before its kill")
             tally.faults["sigkill_shared"] += 1
         check_shared(buffer, tally)
+
+
+def shared_block_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
+    """Writers of prioritized ``extend`` blocks SIGKILLed at random (mid-block: a run of
+    odd versions from their rows' heads) while a sampler draws, checks each item and
+    sets priorities; the sampler draws on after the kills, then is killed too."""
+    tally.scenario = "shared_block_kill"
+    with make_shared(True, int(rng.integers(2**31))) as buffer:
+        handle = handle_file(buffer, tmp)
+        writers = [Child("shared_block_writer",
+                         {"handle": handle, "rows": 2, "seed": int(rng.integers(2**31)),
+                          "ready_after": int(rng.integers(1, 6))}) for _ in range(2)]
+        for child in writers:
+            if not child.wait_ready():
+                tally.check(False, f"a block writer never got ready: {child.ended()}")
+        sampler = Child("shared_checking_sampler",
+                        {"handle": handle, "seed": int(rng.integers(2**31))})
+        if not sampler.wait_ready():
+            tally.check(False, f"the sampler never got ready: {sampler.ended()}")
+        time.sleep(float(rng.uniform(0, 0.03)))
+        for child in rng.permutation(len(writers)):
+            writers[child].kill()
+            time.sleep(float(rng.uniform(0, 0.005)))
+        time.sleep(0.05)  # the sampler draws over what the kills left
+        sampler.kill()
+        for child in writers + [sampler]:
+            tally.check(child.wait() == -signal.SIGKILL, "a child ended before its kill")
+            tally.faults["sigkill_shared_block"] += 1
+        torn = [line for line in sampler.lines if line.startswith("torn")]
+        tally.check(not torn, f"the sampler drew torn items while blocks were written: "
+                              f"{torn[:3]}")
+        check_shared(buffer, tally, blocks=True)
 
 
 def check_shared_reads(buffer: Any, tally: Tally, draws: int = 16) -> None:
@@ -503,5 +558,6 @@ def crash_point(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
 
 
 SCENARIOS: dict[str, Callable[[np.random.Generator, Path, Tally], None]] = {
-    "shared_kill": shared_kill, "save_kill": save_kill, "mmap_kill": mmap_kill,
+    "shared_kill": shared_kill, "shared_block_kill": shared_block_kill,
+    "save_kill": save_kill, "mmap_kill": mmap_kill,
     "crash_point": crash_point, "ray_kill": ray_kill}

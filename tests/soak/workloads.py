@@ -80,6 +80,54 @@ def shared_sampler(args: dict[str, Any]) -> None:
             said = True
 
 
+def shared_block_writer(args: dict[str, Any]) -> None:
+    """Claim ``rows`` rows of a prioritized buffer and ``extend`` them without end, in
+    blocks of 2 to ``max_length`` steps (each one lock section: the block's positions
+    odd from the rows' heads while its data is written)."""
+    with open(args["handle"], "rb") as fh:
+        buffer = pickle.load(fh)
+    rng = np.random.default_rng(args["seed"])
+    first, count = buffer.claim_rows(args["rows"])
+    rows = np.arange(first, first + count)
+    step = int(buffer.steps_written()[first])
+    blocks = 0
+    while True:
+        length = int(rng.integers(2, buffer.max_length + 1))
+        steps = step + np.arange(length)
+        items = shared_items(np.repeat(rows, length), np.tile(steps, count))
+        buffer.extend({k: v.reshape(count, length, *v.shape[1:]) for k, v in items.items()})
+        step += length
+        blocks += 1
+        if blocks == int(args.get("ready_after", 1)):
+            say("ready")
+
+
+def shared_checking_sampler(args: dict[str, Any]) -> None:
+    """Draw from a prioritized buffer without end, checking every sampled item against
+    the row and step its id names (``torn N``, flushed, when ``N`` of a draw are not),
+    and set new priorities in [0.5, 2); ``draws N`` every 64 draws."""
+    with open(args["handle"], "rb") as fh:
+        buffer = pickle.load(fh)
+    rng = np.random.default_rng(args["seed"])
+    rows_total = buffer.num_rows
+    draws = 0
+    while True:
+        items, info = buffer.get_next(32)
+        ids = np.asarray(info.ids)
+        rows, steps = ids % rows_total, ids // rows_total
+        want = steps.astype(np.float32) + rows.astype(np.float32) / 8
+        torn = int(((items["payload"] != want[:, None]).any(1) | (items["row"] != rows)
+                    | (items["step"] != steps)).sum())
+        if torn:
+            say("torn", torn)
+        buffer.update_priorities(info.ids, 0.5 + 1.5 * rng.random(len(info.ids)))
+        draws += 1
+        if draws == 1:
+            say("ready")
+        if draws % 64 == 0:
+            say("draws", draws)
+
+
 def add_one_step(buffer: Any, rows: np.ndarray, step: int,
                  rng: np.random.Generator) -> int:
     """:func:`shared_everything`'s write: one step of :func:`shared_items` to ``rows``
@@ -164,6 +212,8 @@ def saver(args: dict[str, Any]) -> None:
 
 
 WORKLOADS = {"shared_writer": shared_writer, "shared_sampler": shared_sampler,
+             "shared_block_writer": shared_block_writer,
+             "shared_checking_sampler": shared_checking_sampler,
              "shared_everything": shared_everything, "mmap_writer": mmap_writer,
              "saver": saver, "shared_clear_save": shared_clear_save}
 

@@ -75,11 +75,16 @@ class SharedPriorities:
         self.repairs = 0
         # The compiled loops are loaded (and numba's runtime started: 0.1-1.5 s) before
         # this process first takes the lock, never inside it, where every writer and
-        # sampler would wait on it (:meth:`_load_kernels`).
+        # sampler would wait on it (:meth:`load_kernels`).
         self._kernels_loaded = not tree_kernels.AVAILABLE
         self.floor: np.ndarray | None = None
         """The rows' floors (int64 ``[num_rows]``, :mod:`.row_marks`), once the buffer
         wires them: an id below its row's floor was cleared and is not updated."""
+
+    @property
+    def alpha(self) -> float:
+        """The prioritization exponent: a leaf is ``priority ** alpha``."""
+        return self._alpha
 
     @property
     def max_priority(self) -> float:
@@ -94,7 +99,7 @@ class SharedPriorities:
         ``start``: :func:`span_positions`): repair first what a killed holder left, mark
         the change in ``tree_intent``, unmark it after."""
         if not self._kernels_loaded:
-            self._load_kernels()
+            self.load_kernels()
         with self._lock:
             intent = self._intent
             if intent[TREE_DIRTY]:
@@ -105,9 +110,11 @@ class SharedPriorities:
             yield
             intent[TREE_DIRTY] = 0
 
-    def _load_kernels(self) -> None:
+    def load_kernels(self) -> None:
         """Call each compiled loop the lock sections use once, on arrays of their
-        types that no other process sees (with no lock)."""
+        types that no other process sees (with no lock; a no-op once done)."""
+        if self._kernels_loaded:
+            return
         tree, one = np.zeros(4), np.ones(1, np.int64)
         walk_up(tree, 2, 1, 1.0)
         walk_up_each(tree, one, np.ones(1))
@@ -178,7 +185,7 @@ class SharedPriorities:
             EmptyBufferError: no step has a positive priority.
         """
         if not self._kernels_loaded:
-            self._load_kernels()
+            self.load_kernels()
         with self._lock:
             if self._intent[TREE_DIRTY]:
                 self.repair()
