@@ -282,17 +282,13 @@ def test_a_process_loads_the_compiled_loops_before_it_first_takes_the_lock(call)
 
 def test_the_block_kill_soak_scenario_holds_its_invariants(tmp_path):
     """The soak's ``shared_block_kill`` (block writers SIGKILLed mid-block while a
-    sampler draws and checks each item) a few times, with a fixed seed: no failure, and
-    its kills and checks made."""
+    sampler draws and checks each item), with a fixed seed: no failure, and
+    its kills and checks made (once here: the soak draws it at random for longer)."""
     from soak import scenarios
     tally = scenarios.Tally()
-    rng = np.random.default_rng(5)
-    for run in range(2):
-        work = tmp_path / f"run{run}"
-        work.mkdir()
-        scenarios.shared_block_kill(rng, work, tally)
+    scenarios.shared_block_kill(np.random.default_rng(5), tmp_path, tally)
     assert not tally.failures, tally.failures
-    assert tally.faults["sigkill_shared_block"] == 6 and tally.checks >= 2 * 12
+    assert tally.faults["sigkill_shared_block"] == 3 and tally.checks >= 12
 
 
 @pytest.mark.parametrize("planted", [False, True])
