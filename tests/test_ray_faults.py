@@ -550,3 +550,64 @@ def test_losses_of_a_process_no_client_heard_are_carried_by_the_next(tmp_path):
     sixth.write((extend_op([10]), [], writer, 6, 6, [(5, 2)], False))
     sixth.clear()  # a clear starts afresh: nothing carried
     assert ShardActor(uniform, 0, str(tmp_path), None).steps_lost == 0
+
+
+START_STORES = 8
+"""The stores the start below makes: its record (3), undelivered, the held record
+forgotten, the pending record settled, the mark, the record cleared."""
+
+
+def start_stores(tmp_path) -> None:
+    """A shard home left by a process that held chunk 1 (3 steps) of one writer and
+    applied 2 steps of another past its (absent) checkpoint (its pending record
+    left to settle)."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    writer, other = os.urandom(8).hex(), os.urandom(8).hex()
+    first = ShardActor(uniform, 0, str(tmp_path), None)
+    assert first.write((extend_op([1, 2, 3]), [], writer, 1, 0, None, False))[2] == 1
+    first.write((extend_op([7, 8]), [], other, 0, 0, None, False))
+
+
+@pytest.mark.parametrize("stores_before_kill", range(START_STORES + 1))
+def test_a_start_killed_at_any_store_leaves_its_count_to_the_next_once(
+        tmp_path, monkeypatch, stores_before_kill):
+    """A process held chunk 1 (3 steps) of one writer and applied 2 steps of another
+    past its checkpoint: its next start counts 5 steps lost, and is killed after each
+    store it makes in turn (its redo record, undelivered, the held record forgotten,
+    the pending records settled, the mark, the record cleared). The start after it
+    counts exactly 5, whatever store the kill followed (the steps past the checkpoint,
+    and the held ones, counted twice before the fix: 7 or 10), and once a client was
+    shown them they are not carried further."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    start_stores(tmp_path)
+    made = kill_at_store(monkeypatch, stores_before_kill)
+    try:
+        killed = ShardActor(uniform, 0, str(tmp_path), None)
+    except Killed:
+        killed = None
+    monkeypatch.undo()
+    if killed is not None:  # every store made: nothing left to kill
+        assert len(made) == stores_before_kill == START_STORES
+        assert killed.steps_lost == 5
+    else:
+        assert len(made) == stores_before_kill
+    after = ShardActor(uniform, 0, str(tmp_path), None)
+    assert after.steps_lost == 5
+    assert after.files.start_record is None
+    assert after.files.mark == after.restored_last_id == -1
+    assert after.files.held() == {}
+    assert after.describe()["status"][2] == 5  # the client is shown them
+    assert ShardActor(uniform, 0, str(tmp_path), None).steps_lost == 0
+
+
+def test_the_start_kill_test_reaches_every_store_of_a_start(tmp_path, monkeypatch):
+    """The parametrised kills above cover every store of the start (a start that
+    made more would leave its last stores untested)."""
+    from replaybuffer.distributed.ray_shards.shard import ShardActor
+
+    start_stores(tmp_path)
+    made = kill_at_store(monkeypatch, 10**6)
+    ShardActor(uniform, 0, str(tmp_path), None)
+    assert len(made) == START_STORES, made

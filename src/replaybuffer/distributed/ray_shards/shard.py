@@ -136,23 +136,24 @@ class ShardActor:
         # chunks it held (so a writer that never calls again is counted), and what
         # processes before lost that no client was shown. Chunks applied or held are
         # not counted again when a writer reports them (applied_before, held_before).
-        mark_lost = max(0, self.files.mark - self.restored_last_id)
-        self.applied_before = self.files.applied()
+        # A start killed midway left its count in its record: completed first, so its
+        # count is carried, not counted again (ShardHome's docstring).
         held = self.files.held()
         self.held_before = {key: seqs for key, (seqs, _) in held.items()}
+        if self.files.start_record is not None:
+            self.files.finish_start()
+            held = {}
+        mark_lost = max(0, self.files.mark - self.restored_last_id)
+        self.applied_before = self.files.applied()
         self.steps_lost = self.files.undelivered + mark_lost + sum(
             steps for _, steps in held.values())
-        # Durable before the held records are forgotten and the mark moves.
-        self.files.undelivered = self.steps_lost
         self.unheard = self.steps_lost > 0
         self.loss_lock = threading.Lock()  # steps_lost and undelivered move together
-        self.files.forget_held()
-        self.files.settle_pending()
+        self.files.begin_start(self.steps_lost, buffer.last_id)
         self.holding: set[str] = set()  # writers whose held chunks the home records
         self.buffer = buffer
         self.packing = ChunkPacking(buffer.data_spec)
         self.draw_packing = draw_packing(buffer.data_spec)
-        self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
         self.order: WriteOrder[list[Op]] = WriteOrder()
         self.priority_order: WriteOrder[PriorityUpdate] = WriteOrder()
