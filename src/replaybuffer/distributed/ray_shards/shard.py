@@ -147,7 +147,8 @@ class ShardActor:
         self.applied_before = self.files.applied()
         self.steps_lost = self.files.undelivered + mark_lost + sum(
             steps for _, steps in held.values())
-        self.unheard = self.steps_lost > 0
+        self.shown = 0  # the most steps lost an answer to the client showed
+        self.acknowledged = 0  # of which the client acknowledged holding this many
         self.loss_lock = threading.Lock()  # steps_lost and undelivered move together
         self.files.begin_start(self.steps_lost, buffer.last_id)
         self.holding: set[str] = set()  # writers whose held chunks the home records
@@ -164,14 +165,26 @@ class ShardActor:
                 self.buffer.last_id)
 
     def heard_status(self) -> Status:
-        """:meth:`status` for an answer only the client gets (not a write's): the steps
-        lost it shows are no longer carried to the next process."""
-        if not self.unheard:
-            return self.status()
+        """:meth:`status` for an answer only the client gets (not a write's). The steps
+        lost it shows stay carried to the next process until the client acknowledges
+        them (:meth:`acknowledge`): the answer may die with the process."""
+        status = self.status()
+        if status[2] > self.shown:
+            with self.loss_lock:  # the draw and priority threads answer too
+                self.shown = max(self.shown, status[2])
+        return status
+
+    def acknowledge(self, incarnation: int, steps_lost: int) -> None:
+        """The client holds ``steps_lost`` steps of ``incarnation``'s loss (in its
+        ``losses``; -1: as many as answers to it showed): they are no longer carried
+        to the next process. An acknowledgement of another incarnation (one before a
+        restart or a clear) changes nothing."""
         with self.loss_lock:
-            self.unheard = False
-            self.files.undelivered = 0
-            return self.status()
+            steps = self.shown if steps_lost < 0 else int(steps_lost)
+            if incarnation != self.incarnation or steps <= self.acknowledged:
+                return
+            self.acknowledged = min(steps, self.steps_lost)
+            self.files.undelivered = self.steps_lost - self.acknowledged
 
     def describe(self, num_steps: int = 1) -> dict[str, Any]:
         """The shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``capacity``,
@@ -243,7 +256,7 @@ class ShardActor:
             added = sum(steps for seq, steps in lost if seq > applied and seq not in counted)
             if added:
                 with self.loss_lock:  # a client may be shown the count meanwhile
-                    self.steps_lost, self.unheard = self.steps_lost + added, True
+                    self.steps_lost += added
                     self.files.undelivered = self.files.undelivered + added
 
     def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
@@ -367,7 +380,7 @@ class ShardActor:
         self.restored_last_id = -1
         with self.loss_lock:  # the client starts the shard afresh: no loss to carry
             self.steps_lost = self.files.undelivered = 0
-            self.unheard = False
+            self.shown = self.acknowledged = 0
         self.files.forget_applied()
         self.files.round_robin = False
         self.applied_before = {}

@@ -22,9 +22,11 @@ can say what it lost and resume where it stood.
   any two of these stores leaves a chunk either counted by the mark and known applied
   (its pending mark is at most the mark), or in neither (the writer's report counts
   it): never counted twice, never missed.
-- ``undelivered``: the steps lost that no client has yet been shown (a process's
-  count lives in its memory and reaches the client in answers), carried by the next
-  process if this one dies unheard.
+- ``undelivered``: the steps lost that the client has not yet acknowledged holding
+  (a process's count lives in its memory and reaches the client in answers, which
+  may die with it; the client acknowledges what it recorded, see
+  :meth:`~.shard.ShardActor.acknowledge`), carried by the next process if this one
+  dies first.
 - A start is one redo record (:meth:`ShardHome.begin_start`): it counts its loss
   (``undelivered`` + the mark past its checkpoint + the held steps), stores that count
   and the ``last_id`` it restored in a record of its own, then the record's valid flag;
@@ -137,7 +139,7 @@ class ShardHome:
 
     @property
     def undelivered(self) -> int:
-        """Steps lost that no client has been shown yet (see the module docstring)."""
+        """Steps lost the client has not acknowledged yet (see the module docstring)."""
         return int(self._words[_MARK_WORDS + _HELD_WORDS])
 
     @undelivered.setter
