@@ -276,7 +276,8 @@ def test_chunks_held_by_a_process_that_died_count_lost_with_no_report(tmp_path):
     assert second.steps_lost == 5 + 2  # writer's held chunks; other's applied, by the mark
     second.write((extend_op([8]), [], writer, 3, 3, [(1, 3), (2, 2)], False))
     assert second.steps_lost == 7  # the writer's report of the same chunks: not again
-    second.describe()  # a client is shown them: the next process does not carry them
+    second.describe()  # a client is shown them and acknowledges them: the next
+    second.acknowledge(second.incarnation, 7)  # process does not carry them
     third = ShardActor(uniform, 0, str(tmp_path), None)
     assert third.steps_lost == 1  # chunk 3 by the mark; nothing held any more
 

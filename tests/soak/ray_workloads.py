@@ -245,6 +245,7 @@ def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
     time.sleep(float(rng.uniform(0, 0.3)))
     pause.hold(threads)  # the collectors' reports delivered, and heard by the client
     second = back(buffer, victim, incarnation)
+    buffer.describe()  # after the client's acknowledgement of what it heard (one order)
     os.kill(second["pid"], signal.SIGKILL)
     back(buffer, victim, second["incarnation"])
     pause.release()
