@@ -65,10 +65,14 @@ POINTS: dict[str, str] = {
                         "chunk, before the writer's record of it",
     "ray.held.copy": "a Ray shard's new record of the chunks it holds for a writer "
                      "written into the spare copy, before the selector switches to it",
+    "ray.start.record": "a restarting Ray shard's redo record (its loss count and "
+                        "restored last_id) stored, before its valid flag",
     "ray.start.forget_held": "a restarting Ray shard's loss count stored (undelivered), "
                              "before the held records it counted are forgotten",
     "ray.start.settle": "a restarting Ray shard's pending record folded into its "
                         "writer's record, before the pending record is cleared",
+    "ray.start.mark": "a restarting Ray shard's mark moved to its restored last_id, "
+                      "before its redo record is cleared",
 }
 """Every crash point, by name, with the moment it interrupts."""
 

@@ -11,9 +11,9 @@ through their ``runtime_env``), then the invariants:
   writer wrote; every step it holds can be drawn; a step written and flushed after the
   faults is held;
 * the steps the buffer reports lost (``losses``) for the shard that died are exactly
-  the steps written to it that it does not hold; for a kill during a restart (the
-  ``ray.start.*`` points) the documented double count (``docs/fault-tolerance.md``,
-  known gaps) is allowed, never more than the steps that start counted, and tallied;
+  the steps written to it that it does not hold, also for a kill during a restart
+  (the ``ray.start.*`` points: the next start completes the killed one's record, so
+  nothing is counted twice);
 * ``stats()`` is the sum of the shards' counters, and each shard's limiter counts as
   many inserts as it holds steps (a restarted shard's counters were restored with its
   checkpoint, then counted on);
@@ -245,6 +245,7 @@ def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
     time.sleep(float(rng.uniform(0, 0.3)))
     pause.hold(threads)  # the collectors' reports delivered, and heard by the client
     second = back(buffer, victim, incarnation)
+    buffer.describe()  # after the client's acknowledgement of what it heard (one order)
     os.kill(second["pid"], signal.SIGKILL)
     back(buffer, victim, second["incarnation"])
     pause.release()
@@ -298,7 +299,6 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
                    60)  # (every shard empty at once: the learner's draw is refused)
         learner.start()
         victim = int(rng.integers(SHARDS))
-        dying = None
         raw = RawWriter(buffer.actors[victim], victim, int(rng.integers(1, 4)))
         at = int(rng.integers(16, STEPS - 32))
         wait_until(lambda: min(progress) >= at, 60)
@@ -312,8 +312,6 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         elif point is None or start:
             gate.unlink(missing_ok=True)  # a start point is armed from now on
             os.kill(before[victim]["pid"], signal.SIGKILL)
-            if start:
-                dying = marks_at_death(before[victim]["pid"], tmp / "shards", victim)
         tally.faults["ray_sigkill" if point is None or start else "ray_crash_point"] += 1
         crashed = point is None or wait_until(gate.exists, 60)
         tally.check(crashed, f"{point}:{count} was never reached")
@@ -331,20 +329,7 @@ def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None
         tally.check(learner.torn == 0, f"{learner.torn} items sampled torn")
         tally.check(learner.batches > batches_before,
                     "the learner drew nothing from the fault on")
-        double = None
-        if dying is not None and crashed:
-            double = (dying[0], dying[1] if point == "ray.start.forget_held" else 0)
-        check_shards(buffer, before, {victim: raw}, double, tally)
-
-
-def marks_at_death(pid: int, root: Path, shard: int) -> tuple[int, int]:
-    """Once the shard's process ``pid`` is gone (before Ray's restart of it has
-    started its next one, which takes far longer): the mark it left and the steps of
-    the chunks its home records held, as ``(mark, held steps)``."""
-    from replaybuffer.distributed.ray_shards.shard_home import ShardHome
-    wait_until(lambda: not alive(pid), 10)
-    home = ShardHome(root / f"shard-{shard:03d}", temporary=False)
-    return home.mark, sum(steps for _, steps in home.held().values())
+        check_shards(buffer, before, {victim: raw}, tally)
 
 
 def alive(pid: int) -> bool:
@@ -388,11 +373,8 @@ def drawn_items(buffer: Any, total: int) -> dict[int, dict[int, tuple[int, int]]
 
 
 def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
-                 double: tuple[int, int] | None, tally: Any) -> None:
-    """The invariants after the fault (module docstring). ``double``: for a process
-    killed during its start, ``(mark, held steps)`` the process before it left, whose
-    steps past the checkpoint (and, killed before forgetting them, held steps) the
-    next start counts a second time: the documented double count, exactly."""
+                 tally: Any) -> None:
+    """The invariants after the fault (module docstring)."""
     import ray
     after = buffer.describe()
     deadline = time.monotonic() + 60
@@ -435,13 +417,9 @@ def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
                         f"shard {s}, which kept its process, lost {lost} (missing "
                         f"{expected})")
             continue
-        again = 0
-        if double is not None and losses:
-            again = max(0, double[0] - losses[-1].restored_last_id) + double[1]
-            tally.faults["ray_documented_double_count"] += again > 0
-        tally.check(lost == expected + again,
+        tally.check(lost == expected,
                     f"shard {s} reports {lost} steps lost; {expected} written are not "
-                    f"held" + (f" (+{again} counted again by design)" if again else ""))
+                    f"held")
     stats = [ray.get(actor.stats.remote(), timeout=30) for actor in buffer.actors]
     total = buffer.stats()
     tally.check(total is not None and tuple(total[:3]) == tuple(

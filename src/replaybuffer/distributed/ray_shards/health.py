@@ -9,6 +9,12 @@ two calls, and records a :class:`ShardLoss`: the steps the shard had applied tha
 checkpoint lacks (the shard keeps a mark of its ``last_id`` that outlives its process,
 so steps from every writer count), plus the steps of writes lost on their way to it
 (each writer reports its own to the shard; the loss grows as reports come).
+
+Once a loss is in :attr:`ShardHealth.losses` (or, for the incarnations the client
+first described, once it was shown), the client acknowledges it to the shard
+(``acknowledge``, an answer not waited for): only then does the shard stop carrying it
+to its next process, so a process killed before its answer left leaves its loss to the
+next one rather than unreported.
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ class ShardHealth:
         self._lock = threading.Lock()
         self._latest: dict[int, ShardLoss] = {}
         self._seen: dict[int, set[int]] = {}  # incarnations each shard has had
+        self._acked: dict[int, tuple[int, int]] = {}  # per shard (incarnation, steps)
+        for actor, incarnation in zip(actors, incarnations):  # what describe showed
+            actor.acknowledge.remote(incarnation, -1)
 
     def observe(self, shard: int, status: Sequence[int]) -> None:
         """A shard's status from one of its answers: ``(incarnation,
@@ -94,12 +103,18 @@ class ShardHealth:
                 steps_lost > loss.steps_lost:
             loss.steps_lost = steps_lost
         self.last_id[shard] = max(self.last_id[shard], last_id)
+        acked = self._acked.get(shard, (incarnation, 0))
+        if incarnation == self.incarnation[shard] and shard < len(self._actors) and \
+                (acked[0] != incarnation or acked[1] < steps_lost):
+            self._acked[shard] = (incarnation, steps_lost)  # the loss is held above
+            self._actors[shard].acknowledge.remote(incarnation, steps_lost)
 
     def renamed(self, shard: int, incarnation: int, last_id: int) -> None:
         """The shard became a new incarnation on purpose (``clear``): no loss."""
         self.incarnation[shard] = incarnation
         self.last_id[shard] = last_id
         self._latest.pop(shard, None)
+        self._acked.pop(shard, None)
         self._seen.setdefault(shard, set()).add(incarnation)
 
     def down(self, shard: int) -> None:

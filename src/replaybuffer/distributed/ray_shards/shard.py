@@ -136,23 +136,25 @@ class ShardActor:
         # chunks it held (so a writer that never calls again is counted), and what
         # processes before lost that no client was shown. Chunks applied or held are
         # not counted again when a writer reports them (applied_before, held_before).
-        mark_lost = max(0, self.files.mark - self.restored_last_id)
-        self.applied_before = self.files.applied()
+        # A start killed midway left its count in its record: completed first, so its
+        # count is carried, not counted again (ShardHome's docstring).
         held = self.files.held()
         self.held_before = {key: seqs for key, (seqs, _) in held.items()}
+        if self.files.start_record is not None:
+            self.files.finish_start()
+            held = {}
+        mark_lost = max(0, self.files.mark - self.restored_last_id)
+        self.applied_before = self.files.applied()
         self.steps_lost = self.files.undelivered + mark_lost + sum(
             steps for _, steps in held.values())
-        # Durable before the held records are forgotten and the mark moves.
-        self.files.undelivered = self.steps_lost
-        self.unheard = self.steps_lost > 0
+        self.shown = 0  # the most steps lost an answer to the client showed
+        self.acknowledged = 0  # of which the client acknowledged holding this many
         self.loss_lock = threading.Lock()  # steps_lost and undelivered move together
-        self.files.forget_held()
-        self.files.settle_pending()
+        self.files.begin_start(self.steps_lost, buffer.last_id)
         self.holding: set[str] = set()  # writers whose held chunks the home records
         self.buffer = buffer
         self.packing = ChunkPacking(buffer.data_spec)
         self.draw_packing = draw_packing(buffer.data_spec)
-        self.files.mark = buffer.last_id
         self.saved_last_id = buffer.last_id
         self.order: WriteOrder[list[Op]] = WriteOrder()
         self.priority_order: WriteOrder[PriorityUpdate] = WriteOrder()
@@ -163,14 +165,26 @@ class ShardActor:
                 self.buffer.last_id)
 
     def heard_status(self) -> Status:
-        """:meth:`status` for an answer only the client gets (not a write's): the steps
-        lost it shows are no longer carried to the next process."""
-        if not self.unheard:
-            return self.status()
+        """:meth:`status` for an answer only the client gets (not a write's). The steps
+        lost it shows stay carried to the next process until the client acknowledges
+        them (:meth:`acknowledge`): the answer may die with the process."""
+        status = self.status()
+        if status[2] > self.shown:
+            with self.loss_lock:  # the draw and priority threads answer too
+                self.shown = max(self.shown, status[2])
+        return status
+
+    def acknowledge(self, incarnation: int, steps_lost: int) -> None:
+        """The client holds ``steps_lost`` steps of ``incarnation``'s loss (in its
+        ``losses``; -1: as many as answers to it showed): they are no longer carried
+        to the next process. An acknowledgement of another incarnation (one before a
+        restart or a clear) changes nothing."""
         with self.loss_lock:
-            self.unheard = False
-            self.files.undelivered = 0
-            return self.status()
+            steps = self.shown if steps_lost < 0 else int(steps_lost)
+            if incarnation != self.incarnation or steps <= self.acknowledged:
+                return
+            self.acknowledged = min(steps, self.steps_lost)
+            self.files.undelivered = self.steps_lost - self.acknowledged
 
     def describe(self, num_steps: int = 1) -> dict[str, Any]:
         """The shard's ``index``, ``incarnation``, ``last_id``, ``size``, ``capacity``,
@@ -242,7 +256,7 @@ class ShardActor:
             added = sum(steps for seq, steps in lost if seq > applied and seq not in counted)
             if added:
                 with self.loss_lock:  # a client may be shown the count meanwhile
-                    self.steps_lost, self.unheard = self.steps_lost + added, True
+                    self.steps_lost += added
                     self.files.undelivered = self.files.undelivered + added
 
     def apply(self, chunks: list[list[Op]], writer: str | None = None) -> None:
@@ -366,7 +380,7 @@ class ShardActor:
         self.restored_last_id = -1
         with self.loss_lock:  # the client starts the shard afresh: no loss to carry
             self.steps_lost = self.files.undelivered = 0
-            self.unheard = False
+            self.shown = self.acknowledged = 0
         self.files.forget_applied()
         self.files.round_robin = False
         self.applied_before = {}

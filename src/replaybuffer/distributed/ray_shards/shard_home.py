@@ -22,10 +22,23 @@ can say what it lost and resume where it stood.
   any two of these stores leaves a chunk either counted by the mark and known applied
   (its pending mark is at most the mark), or in neither (the writer's report counts
   it): never counted twice, never missed.
-- ``undelivered``: the steps lost that no client has yet been shown (a process's
-  count lives in its memory and reaches the client in answers): stored before a
-  start forgets the held record and moves the mark, carried by the next process if
-  this one dies unheard.
+- ``undelivered``: the steps lost that the client has not yet acknowledged holding
+  (a process's count lives in its memory and reaches the client in answers, which
+  may die with it; the client acknowledges what it recorded, see
+  :meth:`~.shard.ShardActor.acknowledge`), carried by the next process if this one
+  dies first.
+- A start is one redo record (:meth:`ShardHome.begin_start`): it counts its loss
+  (``undelivered`` + the mark past its checkpoint + the held steps), stores that count
+  and the ``last_id`` it restored in a record of its own, then the record's valid flag;
+  only then does it store ``undelivered``, forget the held records, settle the pending
+  ones and move the mark, and last clears the flag. Each of those stores is
+  idempotent given the record (it stores a value the record fixes, or clears
+  something), so a start that finds the flag set first makes them all again from the
+  record (:meth:`ShardHome.finish_start`) and only then counts: a kill before the flag
+  leaves the files as they were (the next start counts from scratch, once); a kill at
+  or after it leaves a record the next start completes, so the killed start's count
+  is carried, never counted again. A kill inside the record, before its flag, tears
+  nothing either: the flag is stored last.
 - ``limiter/<last_id>.json``: the rate limiter's counters saved with each checkpoint
   (checkpoints save the buffer, not its limiter), restored with it.
 
@@ -71,10 +84,16 @@ _COPY_WORDS = 4 * WRITER_SLOTS
 per slot which copy holds the record (0: the first). A new record is written whole
 into the copy not in use, then one store switches to it, so a kill never leaves a
 torn record. Files of an earlier layout grow with zeros: the first copy."""
+_START_WORDS = 3
+"""int64 words after those: the record of a start in progress (its redo record): the
+``undelivered`` it counted, the ``last_id`` it restored, then ``1`` while it is valid
+(stored last, cleared once the start's stores are all made). Files of an earlier
+layout grow with zeros: no start in progress."""
 _PENDING_AT = _MARK_WORDS + _HELD_WORDS + 1
 _COPY_AT = _MARK_WORDS + _HELD_WORDS + _PENDING_WORDS
 _CHOICE_AT = _COPY_AT + 3 * WRITER_SLOTS
-_WORDS = _COPY_AT + _COPY_WORDS
+_START_AT = _COPY_AT + _COPY_WORDS
+_WORDS = _START_AT + _START_WORDS
 HELD_SPAN = 63
 """Held chunks recorded per writer: those within this many numbers of its first held
 one (a writer's chunks in flight are far fewer); one further out is left to the
@@ -120,7 +139,7 @@ class ShardHome:
 
     @property
     def undelivered(self) -> int:
-        """Steps lost that no client has been shown yet (see the module docstring)."""
+        """Steps lost the client has not acknowledged yet (see the module docstring)."""
         return int(self._words[_MARK_WORDS + _HELD_WORDS])
 
     @undelivered.setter
@@ -267,9 +286,45 @@ class ShardHome:
                 out[int(self._writers[slot, 0])] = (seqs, steps)
         return out
 
+    @property
+    def start_record(self) -> tuple[int, int] | None:
+        """``(undelivered, last_id)`` of a start killed before it cleared its record
+        (``None``: none is in progress)."""
+        if not self._words[_START_AT + 2]:
+            return None
+        return int(self._words[_START_AT]), int(self._words[_START_AT + 1])
+
+    def begin_start(self, undelivered: int, last_id: int) -> None:
+        """Store a start's outcome (the loss it counted, the ``last_id`` it restored)
+        as its redo record, the valid flag last, then make the start's stores
+        (:meth:`finish_start`). See the module docstring."""
+        self.store(_START_AT, undelivered)
+        self.store(_START_AT + 1, last_id)
+        if ARMED is not None:
+            crash_point("ray.start.record")
+        self.store(_START_AT + 2, 1)
+        self.finish_start()
+
+    def finish_start(self) -> None:
+        """Make the stores of the start whose record is valid, each idempotent given
+        it: ``undelivered``, the held records forgotten, the pending ones settled, the
+        mark moved to the restored ``last_id``; then clear the record (nothing if none
+        is valid). A start that finds a record calls it before it counts."""
+        record = self.start_record
+        if record is None:
+            return
+        undelivered, last_id = record
+        self.undelivered = undelivered
+        self.forget_held()
+        self.settle_pending()
+        self.mark = last_id
+        if ARMED is not None:
+            crash_point("ray.start.mark")
+        self.store(_START_AT + 2, 0)
+
     def forget_held(self) -> None:
         """Forget every held record (one store each: its mask). A start calls it once
-        it has stored the loss it counted from them (``undelivered``)."""
+        its record holds the loss it counted from them (:meth:`finish_start`)."""
         if ARMED is not None:
             crash_point("ray.start.forget_held")
         for slot in np.flatnonzero(self._writers[:, 0]):
