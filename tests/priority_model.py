@@ -1,11 +1,33 @@
 """A plain model of a shared prioritized buffer's tree for the reference-model tests
-(``test_shared_prioritized_batches.py``, ``test_shared_prioritized_steps.py``): the
-priority of every (row, step) the buffer holds, with alpha 1 (a leaf is the priority),
-new steps at the largest priority seen."""
+(``test_shared_prioritized_batches.py``, ``_steps.py``, ``_blocks.py``): the priority
+of every (row, step) the buffer holds, with alpha 1 (a leaf is the priority), new steps
+at the largest priority seen; and the buffer those tests check against it."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Any, Iterator
+
 import numpy as np
+
+from replaybuffer.distributed import SharedReplayBuffer
+
+ROWS_TOTAL = 3
+"""Rows of the modelled buffer."""
+
+
+@contextmanager
+def modelled_buffer(spec: Any, count: int, max_length: int, seed: int) -> Iterator[
+        tuple[SharedReplayBuffer, np.ndarray, "PriorityModel", np.random.Generator]]:
+    """A prioritized shared buffer of :data:`ROWS_TOTAL` rows (alpha 1, ``seed``) with
+    ``count`` of them claimed: ``(buffer, those rows, its PriorityModel, a generator
+    seeded with seed)``."""
+    with SharedReplayBuffer(spec, ROWS_TOTAL, max_length, prioritized=True, alpha=1.0,
+                            seed=seed) as buffer:
+        first, _ = buffer.claim_rows(count)
+        yield (buffer, np.arange(first, first + count),
+               PriorityModel(ROWS_TOTAL, max_length, buffer.capacity),
+               np.random.default_rng(seed))
 
 
 class PriorityModel:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from priority_model import PriorityModel
+from priority_model import modelled_buffer
 from test_shared_faults import SPAWN, SPEC, assert_tree_whole, items_for
 
 from replaybuffer.crash_points import CRASH_EXIT_CODE
@@ -130,13 +130,7 @@ def test_extend_and_add_batch_keep_the_tree_of_a_reference_model(count, max_leng
     """Every leaf is the priority of the step its position holds (new steps at the
     largest priority seen, updated ones at theirs, alpha 1), 0 elsewhere; len() and
     what a sample can return are the retained steps."""
-    rows_total = 3
-    rng = np.random.default_rng(seed)
-    with SharedReplayBuffer(SPEC, rows_total, max_length, prioritized=True, alpha=1.0,
-                            seed=seed) as buffer:
-        first, _ = buffer.claim_rows(count)
-        rows = np.arange(first, first + count)
-        model = PriorityModel(rows_total, max_length, buffer.capacity)
+    with modelled_buffer(SPEC, count, max_length, seed) as (buffer, rows, model, rng):
         written = 0
         for kind, size in calls:
             if kind == "update":

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from priority_model import PriorityModel
+from priority_model import modelled_buffer
 from test_shared_faults import SPAWN, SPEC, assert_tree_whole, items_for
 from test_shared_prioritized_batches import block_of, counted, drawn_steps
 
@@ -165,13 +165,7 @@ def test_extends_wraps_updates_and_draws_mid_block_keep_the_tree_of_a_model(
     position holds (alpha 1), 0 elsewhere; a mid-block draw saw the model's leaves of
     the steps the block does not overwrite, 0 at every position of its block, and
     sampled none of the steps being overwritten; one lock section per block."""
-    rows_total = 3
-    rng = np.random.default_rng(seed)
-    with SharedReplayBuffer(SPEC, rows_total, max_length, prioritized=True, alpha=1.0,
-                            seed=seed) as buffer:
-        first, _ = buffer.claim_rows(count)
-        rows = np.arange(first, first + count)
-        model = PriorityModel(rows_total, max_length, buffer.capacity)
+    with modelled_buffer(SPEC, count, max_length, seed) as (buffer, rows, model, rng):
         lock = buffer._lock
         written = 0
         for kind, size, at in calls:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from priority_model import PriorityModel
+from priority_model import modelled_buffer
 from test_shared_faults import SPEC, assert_tree_whole, items_for
 from test_shared_prioritized_batches import counted
 
@@ -120,14 +120,8 @@ def test_adds_wraps_updates_and_draws_mid_write_keep_the_tree_of_a_model(
     steps at the largest seen, updated ones at theirs, alpha 1), 0 elsewhere; the
     interior sums the leaves; a mid-write draw saw the model's leaves with the
     rewritten positions at 0."""
-    rows_total = 3
-    rng = np.random.default_rng(seed)
-    with SharedReplayBuffer(SPEC, rows_total, max_length, prioritized=True, alpha=1.0,
-                            seed=seed) as buffer:
-        first, _ = buffer.claim_rows(count)
-        rows = np.arange(first, first + count)
+    with modelled_buffer(SPEC, count, max_length, seed) as (buffer, rows, model, rng):
         mid = DrawsMidWrite(buffer, 64)
-        model = PriorityModel(rows_total, max_length, buffer.capacity)
         written = 0
         for kind, size in calls:
             if kind == "update":
