@@ -206,6 +206,15 @@ def check_shared(buffer: Any, tally: Tally, draws: int = 48, blocks: bool = Fals
                                           "not their leaf over the total")
 
 
+def kill_in_random_order(rng: np.random.Generator, children: list[Child]) -> None:
+    """SIGKILL ``children`` after a random moment (up to 30 ms), in a random order,
+    a few milliseconds apart."""
+    time.sleep(float(rng.uniform(0, 0.03)))
+    for child in rng.permutation(len(children)):
+        children[child].kill()
+        time.sleep(float(rng.uniform(0, 0.005)))
+
+
 def shared_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
     """Writers (and, prioritized, a sampler setting priorities) SIGKILLed at random."""
     prioritized = bool(rng.integers(2))
@@ -223,10 +232,7 @@ def shared_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None:
         for child in children:
             if not child.wait_ready():
                 tally.check(False, f"a child never got ready: {child.ended()}")
-        time.sleep(float(rng.uniform(0, 0.03)))
-        for child in rng.permutation(len(children)):
-            children[child].kill()
-            time.sleep(float(rng.uniform(0, 0.005)))
+        kill_in_random_order(rng, children)
         for child in children:
             tally.check(child.wait() == -signal.SIGKILL, "a child ended before its kill")
             tally.faults["sigkill_shared"] += 1
@@ -250,10 +256,7 @@ def shared_block_kill(rng: np.random.Generator, tmp: Path, tally: Tally) -> None
                         {"handle": handle, "seed": int(rng.integers(2**31))})
         if not sampler.wait_ready():
             tally.check(False, f"the sampler never got ready: {sampler.ended()}")
-        time.sleep(float(rng.uniform(0, 0.03)))
-        for child in rng.permutation(len(writers)):
-            writers[child].kill()
-            time.sleep(float(rng.uniform(0, 0.005)))
+        kill_in_random_order(rng, writers)
         time.sleep(0.05)  # the sampler draws over what the kills left
         sampler.kill()
         for child in writers + [sampler]:
