@@ -151,11 +151,7 @@ class StepDraws:
                 ring, continued(leaves, ring, rng, count, lo, span, bound, accept, indices,
                                 kept),
                 count, rng, (lo % L) * B, span, last + 1, None, 0.0, total)
-            probabilities, weights = probabilities_and_ratios(values, total)
-            self._raise_to_beta(weights)
-            if B > 1 or self.key_base:
-                ids = to_item_ids(ring, self.key_base, ids, positions)
-            return ids, positions, probabilities, weights
+            return self._weighed(ring, ids, positions, values, total)
         u = self._step_targets
         if u is None or len(u) != count:
             u = self._step_targets = np.empty(count)
@@ -172,8 +168,15 @@ class StepDraws:
         # Odd (rare): the numpy path from the same scaled targets, as draw_weighted.
         positions, ids, values = draw_descending(tree, ring, count, rng, (lo % L) * B,
                                                  span, last + 1, WHOLE, u)
-        probabilities, weights = probabilities_and_ratios(values, total, math.nan)
+        return self._weighed(ring, ids, positions, values, total, math.nan)
+
+    def _weighed(self, ring: Ring, ids: np.ndarray, positions: np.ndarray,
+                 values: np.ndarray, *total: float) -> Steps:
+        """A draw the numpy path completed, as :meth:`sample_steps` returns it: its
+        probabilities and weights from the leaf ``values`` (``total`` as
+        ``probabilities_and_ratios`` takes it), ids made item ids."""
+        probabilities, weights = probabilities_and_ratios(values, *total)
         self._raise_to_beta(weights)
-        if B > 1 or self.key_base:
+        if ring.batch_size > 1 or self.key_base:
             ids = to_item_ids(ring, self.key_base, ids, positions)
         return ids, positions, probabilities, weights
