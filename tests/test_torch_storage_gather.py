@@ -26,7 +26,7 @@ from replaybuffer.storage.torch_storage import TorchStorage  # noqa: E402
 
 DTYPES = [np.bool_, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32,
           np.float64]
-shapes = st.lists(st.integers(1, 3), max_size=2).map(tuple)
+shapes = st.lists(st.integers(0, 3), max_size=2).map(tuple)
 specs_strategy = st.lists(st.tuples(st.sampled_from(DTYPES), shapes), min_size=1,
                           max_size=5).map(lambda s: [ArraySpec(sh, d) for d, sh in s])
 

@@ -80,7 +80,7 @@ class RecordTensors:
             item = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
             if arr.base is not root or arr.shape[0] != capacity or arr.strides[0] != size \
                     or not 0 <= offset <= size - item or offset % arr.dtype.itemsize \
-                    or arr.strides[1:] != _c_strides(arr):
+                    or (item and arr.strides[1:] != _c_strides(arr)):  # none if empty
                 return None
             names.append(f"leaf{k}")
             formats.append((arr.dtype, arr.shape[1:]) if arr.ndim > 1 else arr.dtype)
