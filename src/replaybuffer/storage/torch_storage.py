@@ -14,6 +14,7 @@ from replaybuffer.storage.base import checked_leaves, leaf_nbytes, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 from replaybuffer.storage.leaf_checker import LeafChecker
 from replaybuffer.storage.numpy_storage import NumpyStorage
+from replaybuffer.storage.record_tensors import RecordTensors
 from replaybuffer.storage.stream_reads import PendingReads
 from replaybuffer.storage.torch_packing import PackedLeaves
 
@@ -78,9 +79,13 @@ class TorchStorage:
         # The record layout of numpy storage, with tensor views of it (CPU only).
         self._records: NumpyStorage | None = None
         self._packed: PackedLeaves | None = None
+        # The usual CPU read (every leaf, all packed in records): one take, a tensor
+        # per leaf, nothing else (storage/record_tensors.py says why this is the floor).
+        self._usual: RecordTensors | None = None
         if requested.type == "cpu" and self.numpy_views:
             self._records = NumpyStorage(self.specs, self.capacity)
             self.arrays = [torch.from_numpy(a) for a in self._records.arrays]
+            self._usual = RecordTensors.of(self._records.arrays, self.capacity)
         else:
             try:
                 self._packed = PackedLeaves([s.shape for s in self.specs], self._dtypes,
@@ -178,6 +183,8 @@ class TorchStorage:
 
     def gather(self, positions: np.ndarray | torch.Tensor, which: Sequence[int] | None = None
                ) -> list[torch.Tensor]:
+        if which is None and self._usual is not None and type(positions) is np.ndarray:
+            return self._usual.gather(positions)
         indices = self._all if which is None else which
         if isinstance(positions, torch.Tensor):  # drawn on the device (device sampling)
             if self._records is None:
@@ -185,12 +192,14 @@ class TorchStorage:
             positions = positions.numpy()
         if self._records is not None:  # one take of the records, tensor views of it
             gathered = self._records.gather(positions, which)
-            # One torch.from_numpy per leaf (0.5-0.8 us each, the floor of any tensor
-            # construction: torch views of one gathered block cost more, see README).
+            # One torch.from_numpy per leaf (about 0.5 us each, the floor of any tensor
+            # construction: see storage/record_tensors.py).
             if type(positions) is np.ndarray and positions.ndim:
                 return list(map(torch.from_numpy, gathered))
-            # take() gives numpy scalars for 0-d reads
-            return [torch.from_numpy(np.asarray(a)) for a in gathered]
+            # take() gives numpy scalars for 0-d reads, read-only as arrays (and fields
+            # typed over them likewise): copied, so that no tensor wraps read-only memory
+            return [torch.from_numpy(a if type(a) is np.ndarray and a.flags.writeable
+                                     else np.array(a)) for a in gathered]
         flat = torch.from_numpy(np.remainder(positions, self.capacity, dtype=np.int64)
                                 .reshape(-1))
         return self._gather_on_device(flat.to(self.device, non_blocking=True), indices,
@@ -234,7 +243,14 @@ class TorchStorage:
 
     def from_numpy(self, array: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A numpy array (or scalar) as a tensor on the device; a tensor (ids and
-        probabilities drawn on the device) is returned as it is."""
+        probabilities drawn on the device) is returned as it is. On the CPU a
+        C-contiguous, writeable array is wrapped without a copy (it shares memory with
+        the tensor); any other is copied first."""
+        # The usual case first, with nothing else before it: ids and probabilities of
+        # every CPU get_next come here, fresh C-contiguous arrays.
+        # ``carray``: C-contiguous, aligned and writeable, in one flag lookup.
+        if type(array) is np.ndarray and array.flags.carray and self._records is not None:
+            return torch.from_numpy(array)
         if isinstance(array, torch.Tensor):
             return array
         array = np.asarray(array)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
