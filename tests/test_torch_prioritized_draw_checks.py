@@ -127,10 +127,15 @@ def test_the_default_on_the_cpu_raises_at_the_draw(search):
 
 
 def test_a_bad_choice_is_refused_by_name(search):
-    buf = buffer(search, defer="yes")
-    buf.update_priorities(np.arange(10), np.zeros(10))
+    """Refused where it is set (``device_check_choice``), not at a later draw."""
+    buf = buffer(search, defer=True)
     with pytest.raises(ValueError, match="draw_checks_on_device must be True, False or "
                                          "None .* got 'yes'"):
+        buf.sampler.draw_checks_on_device = "yes"
+    assert buf.sampler.draw_checks_on_device is True  # the choice before stands
+    buf.update_priorities(np.arange(10), np.zeros(10))
+    buf.sampler.sample(buf._ring, 4, 1)  # deferred, as chosen before
+    with pytest.raises(EmptyBufferError, match="earlier draw"):
         buf.get_next(4)
 
 
