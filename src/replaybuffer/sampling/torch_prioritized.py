@@ -385,10 +385,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
     def state_dict(self) -> dict[str, Any]:
         """The host sampler's state, its priorities read from the device, and the
         device generator's state (uint8 ``[n]``)."""
-        # max_priority as the device's updates left it (a refused one raises: it
-        # must not be saved as applied). A draw that found no mass changed nothing
-        # saved: its error is left to the sampler's next draw.
-        self.settle(draws=False)
+        # A refused device update raises; a no-mass draw's error waits for a draw.
+        self.settle(draws=False)  # max_priority as the device's updates left it
         state = super().state_dict()  # the host trees are unused: priorities from ours
         # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
         state["priorities"] = self._tree.leaves.cpu().numpy().copy()
