@@ -29,10 +29,15 @@ def buffer(adds=10, search="prefix"):
     return buf
 
 
+def default(name, cls=TorchPrioritizedSampler):
+    """The class's default: what a new sampler of ``cls`` reads."""
+    return getattr(cls(10, device="cpu"), name)
+
+
 @pytest.fixture
 def class_defaults():
     """Puts the class's defaults back after a test that changes them."""
-    before = {name: getattr(TorchPrioritizedSampler, name) for name in CHOICES}
+    before = {name: default(name) for name in CHOICES}
     yield
     for name, value in before.items():
         setattr(TorchPrioritizedSampler, name, value)
@@ -47,7 +52,7 @@ def test_a_bad_value_on_a_sampler_is_refused_at_once_and_leaves_it(name, bad):
                                          rf"CUDA device\), got .* it was not changed"):
         setattr(buf.sampler, name, bad)
     assert getattr(buf.sampler, name) is True
-    assert getattr(TorchPrioritizedSampler, name) is None  # the class's default untouched
+    assert default(name) is None  # the class's default untouched
 
 
 @pytest.mark.parametrize("name", CHOICES)
@@ -55,7 +60,7 @@ def test_a_bad_class_default_is_refused_and_a_good_one_is_every_samplers(name,
                                                                         class_defaults):
     with pytest.raises(ValueError, match=f"{name} must be True, False or None"):
         setattr(TorchPrioritizedSampler, name, "yes")
-    assert getattr(TorchPrioritizedSampler, name) is None
+    assert default(name) is None
     setattr(TorchPrioritizedSampler, name, False)
     first, second = buffer(), buffer()
     assert getattr(first.sampler, name) is False
@@ -75,12 +80,12 @@ def test_a_subclass_choosing_a_bad_default_is_refused_at_its_definition(name):
     chooser = type("Chooser", (TorchPrioritizedSampler,), {name: True})
     sampler = chooser(10, device="cpu")
     assert getattr(sampler, name) is True
-    assert getattr(TorchPrioritizedSampler, name) is None
+    assert default(name) is None
     with pytest.raises(ValueError, match=name):  # its samplers still checked
         setattr(sampler, name, 2)
     with pytest.raises(ValueError, match=name):  # and so is its class
         setattr(chooser, name, 2)
-    assert getattr(chooser, name) is True
+    assert default(name, chooser) is True
 
 
 def test_a_refused_choice_changes_nothing_the_buffer_does():

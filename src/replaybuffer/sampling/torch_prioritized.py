@@ -96,9 +96,9 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
     fused_updates = False  # its priorities live in the device tree (_set), not the host's
 
     # Each refused at assignment unless True, False or None (device_check_choice).
-    device_updates = CheckChoice()
+    device_updates = CheckChoice("device_updates")
     # A draw's no-mass check deferred (DrawMassChecks.deferred): None on CUDA only.
-    draw_checks_on_device = CheckChoice()
+    draw_checks_on_device = CheckChoice("draw_checks_on_device")
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
