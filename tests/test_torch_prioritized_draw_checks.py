@@ -148,3 +148,18 @@ def test_on_cuda_a_draw_with_no_mass_is_reported_at_a_later_call(search):
     torch.cuda.synchronize()
     with pytest.raises(EmptyBufferError, match="earlier draw on cuda"):
         buf.get_next(4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_save_after_a_no_mass_draw_saves_and_the_next_draw_raises(search,
+                                                                           tmp_path):
+    """The CUDA default defers the draw's check; a checkpoint between that draw and the
+    next saves the state (``tests/test_device_check_choice.py`` on the CPU)."""
+    buf = buffer(search, device="cuda", defer=None)
+    buf.update_priorities(np.arange(10), np.zeros(10))
+    buf.get_next(4)  # no host wait: nothing raised yet
+    torch.cuda.synchronize()
+    path = buf.save(tmp_path)
+    assert (path / "manifest.json").exists()
+    with pytest.raises(EmptyBufferError, match="earlier draw on cuda"):
+        buf.get_next(4)
