@@ -127,10 +127,15 @@ def test_the_default_on_the_cpu_raises_at_the_draw(search):
 
 
 def test_a_bad_choice_is_refused_by_name(search):
-    buf = buffer(search, defer="yes")
-    buf.update_priorities(np.arange(10), np.zeros(10))
+    """Refused where it is set (``device_check_choice``), not at a later draw."""
+    buf = buffer(search, defer=True)
     with pytest.raises(ValueError, match="draw_checks_on_device must be True, False or "
                                          "None .* got 'yes'"):
+        buf.sampler.draw_checks_on_device = "yes"
+    assert buf.sampler.draw_checks_on_device is True  # the choice before stands
+    buf.update_priorities(np.arange(10), np.zeros(10))
+    buf.sampler.sample(buf._ring, 4, 1)  # deferred, as chosen before
+    with pytest.raises(EmptyBufferError, match="earlier draw"):
         buf.get_next(4)
 
 
@@ -141,5 +146,20 @@ def test_on_cuda_a_draw_with_no_mass_is_reported_at_a_later_call(search):
     _, info = buf.get_next(4)  # no host wait: nothing raised yet
     assert torch.isnan(info.probabilities).all()
     torch.cuda.synchronize()
+    with pytest.raises(EmptyBufferError, match="earlier draw on cuda"):
+        buf.get_next(4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_save_after_a_no_mass_draw_saves_and_the_next_draw_raises(search,
+                                                                           tmp_path):
+    """The CUDA default defers the draw's check; a checkpoint between that draw and the
+    next saves the state (``tests/test_device_check_choice.py`` on the CPU)."""
+    buf = buffer(search, device="cuda", defer=None)
+    buf.update_priorities(np.arange(10), np.zeros(10))
+    buf.get_next(4)  # no host wait: nothing raised yet
+    torch.cuda.synchronize()
+    path = buf.save(tmp_path)
+    assert (path / "manifest.json").exists()
     with pytest.raises(EmptyBufferError, match="earlier draw on cuda"):
         buf.get_next(4)

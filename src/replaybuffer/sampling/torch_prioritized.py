@@ -15,10 +15,11 @@ stored, a range may have no mass, which has no draw: the host sampler raises
 would make the host wait for the device's queue, so on CUDA the mass is checked as the
 device priority updates are (:class:`DrawMassChecks`): queued without waiting, and the
 error raised by a later call of the sampler (the next draw or update that finds it
-arrived, or any call that waits: ``valid_mass``, ``state_dict``, the buffer's
-``max_priority``); the batch of that draw is not valid (its probabilities are not
-finite, or not positive).
-:attr:`TorchPrioritizedSampler.draw_checks_on_device` chooses.
+arrived, or a call that waits for it: ``valid_mass``, the buffer's ``max_priority``);
+the batch of that draw is not valid (its probabilities are not finite, or not
+positive). ``state_dict`` (and so a checkpoint) leaves that error queued: the draw
+changed nothing it saves. :attr:`TorchPrioritizedSampler.draw_checks_on_device`
+chooses (``True``, ``False`` or ``None``; anything else is refused where it is set).
 
 The slot values are searched in one of two ways (``search``): ``"prefix"``, their
 running sums recomputed by one ``cumsum`` after a write and searched by one
@@ -56,6 +57,7 @@ from replaybuffer.sampling.priority_range import require_mass
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
+from replaybuffer.sampling.device_check_choice import CheckChoice, ChoosesChecks
 from replaybuffer.sampling.torch_deferred_checks import DeviceChecks
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
@@ -65,7 +67,7 @@ from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
 
 
-class TorchPrioritizedSampler(PrioritizedSampler):
+class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
     """Draws window starts in proportion to ``priority ** alpha`` on ``device``.
 
     Args:
@@ -93,10 +95,10 @@ class TorchPrioritizedSampler(PrioritizedSampler):
 
     fused_updates = False  # its priorities live in the device tree (_set), not the host's
 
-    device_updates: bool | None = None
-
+    # Each refused at assignment unless True, False or None (device_check_choice).
+    device_updates = CheckChoice("device_updates")
     # A draw's no-mass check deferred (DrawMassChecks.deferred): None on CUDA only.
-    draw_checks_on_device: bool | None = None
+    draw_checks_on_device = CheckChoice("draw_checks_on_device")
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
                  beta_final: float | None = None, beta_steps: int = 0,
@@ -231,12 +233,14 @@ class TorchPrioritizedSampler(PrioritizedSampler):
         self._tree.may_hold_empty = True  # type: ignore[union-attr]
         return int(item_ids.shape[0])
 
-    def settle(self, wait: bool = True) -> None:
+    def settle(self, wait: bool = True, draws: bool = True) -> None:
         """Act on the outcomes of device updates that have arrived (every one, with
         ``wait``: waits for the device): note the values they wrote, and raise the
-        ``ValueError`` of the first refused one; or the ``EmptyBufferError`` of an
-        earlier draw that found no mass (:class:`DrawMassChecks`)."""
-        self._draw_checks.raise_arrived(wait)
+        ``ValueError`` of the first refused one; or (with ``draws``) the
+        ``EmptyBufferError`` of an earlier draw that found no mass
+        (:class:`DrawMassChecks`)."""
+        if draws:
+            self._draw_checks.raise_arrived(wait)
         updates = self._device_updates
         if updates is None or not len(updates.checks):
             return
@@ -381,7 +385,8 @@ class TorchPrioritizedSampler(PrioritizedSampler):
     def state_dict(self) -> dict[str, Any]:
         """The host sampler's state, its priorities read from the device, and the
         device generator's state (uint8 ``[n]``)."""
-        self.settle()  # max_priority as the device's updates left it
+        # A refused device update raises; a no-mass draw's error waits for a draw.
+        self.settle(draws=False)  # max_priority as the device's updates left it
         state = super().state_dict()  # the host trees are unused: priorities from ours
         # A copy: on the CPU, .cpu().numpy() would be the live tensor's memory.
         state["priorities"] = self._tree.leaves.cpu().numpy().copy()
@@ -429,14 +434,7 @@ class DrawMassChecks:
     def deferred(self, chosen: bool | None) -> bool:
         """Whether draws defer their check: ``chosen``
         (``TorchPrioritizedSampler.draw_checks_on_device``) where it is a bool, else
-        (``None``) on CUDA only.
-
-        Raises:
-            ValueError: ``chosen`` is not True, False or None.
-        """
-        if chosen is not None and not isinstance(chosen, bool):
-            raise ValueError(f"draw_checks_on_device must be True, False or None (on a "
-                             f"CUDA device), got {chosen!r}")
+        (``None``) on CUDA only (checked where it was set: :class:`CheckChoice`)."""
         return self.device.type == "cuda" if chosen is None else chosen
 
     def push(self, mass: torch.Tensor, num_steps: int) -> None:

@@ -36,11 +36,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from replaybuffer.sampling import kernel_cache
+
 numba: Any
+function_cache: Any  # numba's FunctionCache: our kernels' entries (kernel_cache)
 try:  # optional: pip install 'replaybuffer[fast]'
     import numba
+    from numba.core.caching import FunctionCache as function_cache
 except ImportError:  # pragma: no cover - depends on the installed extras
-    numba = None
+    numba = function_cache = None
 
 #: Whether the compiled loops can be used (numba imports and is not switched off).
 AVAILABLE: bool = numba is not None and os.environ.get("REPLAYBUFFER_NUMBA", "1") != "0"
@@ -51,8 +55,10 @@ def compile_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
     callers then do not use: they take their numpy paths)."""
     if not AVAILABLE:
         return fn
-    # cache: compiled once per machine, not per process (a few hundred ms each);
-    # nogil: a sampling thread does not hold up a collecting one.
+    # cache: compiled once per machine, not per process (a few hundred ms each), and
+    # discarded when a kernel module it may call changed (numba checks only fn's own
+    # file: kernel_cache); nogil: a sampling thread does not hold up a collecting one.
+    kernel_cache.check(fn, function_cache)
     compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
     return compiled
 

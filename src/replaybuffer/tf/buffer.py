@@ -11,8 +11,9 @@ thread, function or dataset runs it.
 
 The buffer wires parts, each in its own module: the state and its graph functions
 (:mod:`replaybuffer.tf.state`), the ``tf.data`` pipelines
-(:mod:`replaybuffer.tf.pipelines`, wrapped by :mod:`replaybuffer.tf.dataset`) and
-checkpoints (:mod:`replaybuffer.tf.checkpoint`); this class checks arguments and
+(:mod:`replaybuffer.tf.pipelines`, wrapped by :mod:`replaybuffer.tf.dataset`),
+checkpoints (:mod:`replaybuffer.tf.checkpoint`) and TF-Agents' constructor options
+(:mod:`replaybuffer.tf.agents_options`); this class checks arguments and
 turns flat tensors into nests.
 
 Build one by name: ``replaybuffer.tf.TFUniformReplayBuffer(data_spec, batch_size,
@@ -40,6 +41,7 @@ from replaybuffer.sampling.ring import Ring
 from replaybuffer.specs import as_data_spec
 from replaybuffer.storage.frozen import FrozenRows
 from replaybuffer.tf import pipelines, ring
+from replaybuffer.tf.agents_options import TFAgentsOptions, refuse_unsupported
 from replaybuffer.tf.checkpoint import TFCheckpoint
 from replaybuffer.tf.compiled import plain_errors
 from replaybuffer.tf.dataset import ReplayDataset, translate_error
@@ -50,25 +52,6 @@ from replaybuffer.tf.storage import TFStorage, is_tensor
 from replaybuffer.tf.trackable import CheckpointedContents
 
 
-def refuse_unsupported(name: str, storage: str, table_fn: Any, frame_stack: str | None,
-                       track_episodes: bool) -> None:
-    """Raise ``ValueError`` for the constructor options the buffer ``name`` cannot
-    honour: another storage, TF-Agents' ``table_fn``, frame stacks, episode tracking."""
-    if storage != "tensorflow":
-        raise ValueError(f"{name} keeps its data in TensorFlow variables: "
-                         f"storage must be 'tensorflow', got {storage!r}")
-    if table_fn is not None:
-        raise ValueError("table_fn is not supported: the buffer keeps one tf.Variable "
-                         "per leaf (see replaybuffer.tf.TFStorage)")
-    if frame_stack is not None:
-        raise ValueError(f"frame_stack needs storage='numpy', got {storage!r}")
-    if track_episodes:
-        raise ValueError("track_episodes keeps episode starts in Python, which "
-                         f"{name} cannot; use UniformReplayBuffer(..., "
-                         "storage='tensorflow', track_episodes=True) for an eager "
-                         "buffer with tensorflow storage")
-
-
 def leaf_dims(leaf: Any) -> tuple[int | None, ...]:
     """The shape of an item leaf as a tuple (``None`` for a tensor's unknown dimension;
     ``(None, None)`` for a tensor of unknown rank)."""
@@ -77,7 +60,8 @@ def leaf_dims(leaf: Any) -> tuple[int | None, ...]:
     return tuple(np.shape(leaf))
 
 
-class TFUniformReplayBuffer(StampedGeneration, UniformReplayBuffer, CheckpointedContents):
+class TFUniformReplayBuffer(StampedGeneration, UniformReplayBuffer, TFAgentsOptions,
+                            CheckpointedContents):
     """A uniform replay buffer whose state is TensorFlow variables.
 
     The layout, the reads and every error are those of
@@ -177,18 +161,6 @@ class TFUniformReplayBuffer(StampedGeneration, UniformReplayBuffer, Checkpointed
     @property
     def max_length(self) -> int:
         return self._L
-
-    @property
-    def scope(self) -> str:
-        return self._scope
-
-    @property
-    def table_fn(self) -> None:
-        return None
-
-    @property
-    def stateful_dataset(self) -> bool:
-        return self._stateful_dataset
 
     @property
     def last_id(self) -> Any:
@@ -315,10 +287,6 @@ class TFUniformReplayBuffer(StampedGeneration, UniformReplayBuffer, Checkpointed
                 only unlinked).
         """
         self._state.clear_function(zero_storage)()
-
-    def _clear(self, clear_all_variables: bool = False) -> None:
-        """TF-Agents' name: :meth:`clear` with ``zero_storage=clear_all_variables``."""
-        self.clear(zero_storage=clear_all_variables)
 
     # ------------------------------------------------------------------- datasets
     @plain_errors

@@ -14,18 +14,22 @@ Once a loss is in :attr:`ShardHealth.losses` (or, for the incarnations the clien
 first described, once it was shown), the client acknowledges it to the shard
 (``acknowledge``, an answer not waited for): only then does the shard stop carrying it
 to its next process, so a process killed before its answer left leaves its loss to the
-next one rather than unreported.
+next one rather than unreported. The acknowledgements' outcomes are read without
+waiting (:class:`Acknowledgements`), at the client's later answers: one that reached a
+shard that died or is restarting is dropped (its next process carries the loss, counted
+twice, never missed); one that failed in the shard is a ``RuntimeWarning``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import ray
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 
 @dataclass
@@ -79,14 +83,17 @@ class ShardHealth:
         self._latest: dict[int, ShardLoss] = {}
         self._seen: dict[int, set[int]] = {}  # incarnations each shard has had
         self._acked: dict[int, tuple[int, int]] = {}  # per shard (incarnation, steps)
+        self.acknowledgements = Acknowledgements()
         for actor, incarnation in zip(actors, incarnations):  # what describe showed
-            actor.acknowledge.remote(incarnation, -1)
+            self.acknowledgements.sent(actor.acknowledge.remote(incarnation, -1))
 
     def observe(self, shard: int, status: Sequence[int]) -> None:
         """A shard's status from one of its answers: ``(incarnation,
         restored_last_id, steps_lost, last_id)``. A new incarnation is a restart the
         client had not seen (a :class:`ShardLoss` is recorded); more steps lost in the
         same one are writers' reports (the loss grows)."""
+        if self.acknowledgements.in_flight:  # earlier ones' outcomes, not waited for
+            self.acknowledgements.collect()
         incarnation, restored, steps_lost, last_id = (int(v) for v in status)
         loss = self._latest.get(shard)
         seen = self._seen.setdefault(shard, {self.incarnation[shard]})
@@ -107,7 +114,8 @@ class ShardHealth:
         if incarnation == self.incarnation[shard] and shard < len(self._actors) and \
                 (acked[0] != incarnation or acked[1] < steps_lost):
             self._acked[shard] = (incarnation, steps_lost)  # the loss is held above
-            self._actors[shard].acknowledge.remote(incarnation, steps_lost)
+            self.acknowledgements.sent(
+                self._actors[shard].acknowledge.remote(incarnation, steps_lost))
 
     def renamed(self, shard: int, incarnation: int, last_id: int) -> None:
         """The shard became a new incarnation on purpose (``clear``): no loss."""
@@ -166,6 +174,56 @@ class ShardHealth:
             self.up[i] = True
             self._on_back()
             self.observe(i, info["status"])
+
+
+class Acknowledgements:
+    """The ``acknowledge`` calls sent to shards and not yet read back.
+
+    The client does not wait for an acknowledgement (a round trip per loss on the
+    learner's path), but its outcome must be read: an error nobody reads is logged by
+    Ray as unhandled when its reference goes. :meth:`collect` reads those that have
+    arrived without waiting (``ray.wait(timeout=0)``); the health calls it at its next
+    answers while any is in flight.
+    """
+
+    def __init__(self) -> None:
+        self._refs: list[Any] = []
+        self._lock = threading.Lock()  # answers are observed from prefetch threads too
+
+    @property
+    def in_flight(self) -> int:
+        """How many were sent and not yet read back."""
+        return len(self._refs)
+
+    def sent(self, ref: Any) -> None:
+        """Keep ``ref`` (an ``acknowledge`` call's ``ObjectRef``) until it is read."""
+        with self._lock:
+            self._refs.append(ref)
+
+    def collect(self) -> None:
+        """Read the outcomes that have arrived, without waiting. One that reached a
+        shard that died or is restarting is dropped: its next process carries the loss
+        (counted twice, never missed). One that failed in the shard is a
+        ``RuntimeWarning`` naming the cause (the same double count follows)."""
+        with self._lock:
+            if not self._refs:
+                return
+            ready, self._refs = ray.wait(self._refs, num_returns=len(self._refs),
+                                         timeout=0, fetch_local=False)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                pass  # the shard died or restarts: its next start settles the loss
+            except RayError as exc:
+                # The shard's own exception where there is one (a task error's text is
+                # its whole remote traceback).
+                cause = exc.cause if isinstance(exc, RayTaskError) and \
+                    exc.cause is not None else exc
+                warnings.warn(f"a shard could not take the client's acknowledgement of "
+                              f"its loss ({type(cause).__name__}: {cause}); its next "
+                              f"process will count that loss again", RuntimeWarning,
+                              stacklevel=2)
 
 
 def failure_cause(exc: BaseException) -> str:

@@ -1,0 +1,88 @@
+"""A compiled kernel's numba cache entry is discarded when a kernel it calls, in another
+module, changes (``sampling/kernel_cache.py``, used by ``tree_kernels.compile_kernel``):
+numba keys an entry on its own file's stamp only. Each step runs in a fresh process
+over a temporary two-module package, as a working tree's edits are seen."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+CALLEE = """
+from replaybuffer.sampling.tree_kernels import compile_kernel
+
+@compile_kernel
+def step(x):
+    return x + {increment}
+"""
+
+CALLER = """
+from replaybuffer.sampling.tree_kernels import compile_kernel
+from kernels.callee import step
+
+@compile_kernel
+def twice(x):
+    return step(step(x))
+"""
+
+OTHER = """
+import numba
+
+@numba.njit(cache=True)
+def triple(x):  # a user's own cached function, not ours
+    return x * 3
+"""
+
+RUN = """
+import kernels.caller, kernels.other
+from replaybuffer.sampling import tree_kernels
+assert tree_kernels.AVAILABLE
+value, other = kernels.caller.twice(1), kernels.other.triple(2)
+hits = sum(kernels.caller.twice.stats.cache_hits.values())
+print(value, other, hits)
+"""
+
+
+def run(root: Path) -> tuple[int, int, int]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "REPLAYBUFFER_NUMBA")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(SRC)])
+    done = subprocess.run([sys.executable, "-c", RUN], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    value, other, hits = (int(v) for v in done.stdout.split())
+    return value, other, hits
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(textwrap.dedent(text))
+
+
+def test_a_changed_callee_in_another_module_is_not_run_from_a_stale_cache(tmp_path):
+    package = tmp_path / "kernels"
+    package.mkdir()
+    write(package / "__init__.py", "")
+    write(package / "callee.py", CALLEE.format(increment=1))
+    write(package / "caller.py", CALLER)
+    write(package / "other.py", OTHER)
+    assert run(tmp_path) == (3, 6, 0)  # compiled, and saved
+    assert run(tmp_path) == (3, 6, 1)  # loaded from the cache: it is still used
+    cache = package / "__pycache__"
+    others = {p.name: (p.stat().st_mtime_ns, p.read_bytes())
+              for p in cache.iterdir() if p.name.startswith("other.")}
+    assert any(name.endswith(".nbi") for name in others)
+
+    write(package / "callee.py", CALLEE.format(increment=10))  # caller.py unchanged
+    assert run(tmp_path) == (21, 6, 0)  # recompiled against the new callee
+    assert run(tmp_path) == (21, 6, 1)  # and cached again
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes())
+            for p in cache.iterdir() if p.name.startswith("other.")} == others
