@@ -15,7 +15,6 @@ from replaybuffer.buffers.device_sampling import (captures_samples, device_choic
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import Ring, tree_kernels
-from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.storage.base import identity, to_numpy
 
@@ -118,17 +117,17 @@ class PrioritizedMixin:
                 return int(applied)
         if (type(ids) is np.ndarray and type(priorities) is np.ndarray
                 and ids.dtype is _INT64 and ids.ndim == 1 and priorities.shape == ids.shape
-                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE):
-            # The usual update (BufferInfo.ids, float64 or float32 priorities), checked
-            # in one compiled call; anything it refuses takes the general path below,
-            # which raises its error there, before anything is written.
-            values = priorities if priorities.dtype is _FLOAT64 else \
-                priorities.astype(np.float64)
-            largest = checked_largest(values)
-            if largest >= 0.0:
-                with self._lock:
-                    return self._sampler.update_priorities(self._ring, ids, values,
-                                                           largest)
+                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE and ids.size):
+            # The usual update (BufferInfo.ids, float64 or float32 priorities): checked
+            # and written by the sampler in two compiled calls; anything it refuses
+            # (-1: nothing changed) takes the general path below, which raises its
+            # error there, before anything is written.
+            with self._lock:
+                applied = self._sampler.checked_update(
+                    self._ring, ids, priorities if priorities.dtype is _FLOAT64
+                    else priorities.astype(np.float64))
+            if applied >= 0:
+                return applied
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
@@ -223,9 +222,37 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
                                **device_choices(sample_on_device, on_device, capture_samples,
                                                 device_search)}
         self._files_ready()
+        self._refresh_direct_reads()
 
     def constructor_config(self) -> dict[str, Any]:
         return dict(self._config_values)
+
+    _direct_reads = False
+    """Whether :meth:`get_next`'s short path may serve a read as far as the buffer's
+    parts go: numpy storage (its ``from_numpy`` is ``identity``), no frame codec, no
+    device sampling. Made by :meth:`_refresh_direct_reads`, the one place that decides
+    it, at the end of construction and wherever a part it reads is replaced (a save's
+    snapshot wraps the storage, :meth:`snapshot`, and unwraps it,
+    :meth:`release_snapshot`): a read then tests one attribute instead of four.
+    ``tests/test_prioritized_direct_reads.py`` fails if a new assignment of one of
+    those parts does not refresh it."""
+
+    def _refresh_direct_reads(self) -> None:
+        """Decide :attr:`_direct_reads` anew from the parts as they are now."""
+        self._direct_reads = (self._codec is None and self._device_update is None
+                              and self._storage.from_numpy is identity)
+
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        try:
+            return super().snapshot()
+        finally:  # (the storage is wrapped: whatever it is now)
+            self._refresh_direct_reads()
+
+    def release_snapshot(self) -> None:
+        try:
+            super().release_snapshot()
+        finally:
+            self._refresh_direct_reads()
 
     def get_next(self, sample_batch_size: int | None = None,  # type: ignore[override]
                  num_steps: int | None = None, time_stacked: bool = True, *,
@@ -240,19 +267,21 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         items as the general read path (``ReadPath.draw``) gives, without its layers.
         """
         if (type(sample_batch_size) is int and sample_batch_size > 0 and num_steps is None
-                and not within_episodes and timeout is None and self._codec is None
-                and self._device_update is None and self._storage.from_numpy is identity):
-            with self._lock:
+                and not within_episodes and timeout is None and self._direct_reads):
+            with self._lock:  # (a limiter is attached under the lock: asked under it)
                 if self._limiter is None and self._ring.last_id >= 0:
                     ids, positions, probabilities, weights = self._sampler.sample_steps(
                         self._ring, sample_batch_size)
                     return self._structure.unflatten(self._storage.gather(positions)), \
-                        BufferInfo(ids, probabilities, weights)
+                        _new_tuple(BufferInfo, (ids, probabilities, weights))
         return super().get_next(sample_batch_size, num_steps, time_stacked,
                                 within_episodes=within_episodes, timeout=timeout,
                                 block=block)
 
 
+# BufferInfo made from a tuple without the named tuple's Python-level __new__ (as its
+# _make does, less the length check: three fields given), on every short read.
+_new_tuple = tuple.__new__
 _INF_BITS = np.float64(np.inf).view(np.uint64)
 _INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
 _FLOATS = (_FLOAT64, np.dtype(np.float32))

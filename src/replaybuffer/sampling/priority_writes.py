@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.fused_update import write_live
+from replaybuffer.sampling.fused_update import checked_largest, write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
 from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent, scale
@@ -68,6 +68,68 @@ class PriorityWrites:
         if self._outside is not None:
             self._outside.touch(positions)
 
+    def checked_update(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray
+                       ) -> int:
+        """The usual update, checked and written with no Python between its calls but
+        what numpy's power needs: ``item_ids`` int64 ``[S]`` and ``priorities`` float64
+        ``[S]``, ``S >= 1``, unchecked (numpy arrays; the buffer's
+        ``update_priorities`` tests that much). One compiled call checks the
+        priorities and finds the largest (:func:`~replaybuffer.sampling.fused_update.
+        checked_largest`), numpy raises them to ``alpha`` (before: a negative one would
+        warn), one compiled call maps the ids and writes the tree
+        (:meth:`_write_live`); stale ids, overflow and samplers that keep their
+        priorities elsewhere go through :meth:`update_priorities`, with the largest.
+
+        Returns how many were applied, or -1 (nothing changed) for a NaN, infinite or
+        negative priority: the caller's general path then raises its error.
+        """
+        largest = checked_largest(priorities)
+        if not largest >= 0.0:
+            return -1
+        if self._pending or not self.fused_updates or not tree_kernels.AVAILABLE:
+            return self.update_priorities(ring, item_ids, priorities, largest)
+        written = self._write_live(ring, item_ids, priorities, largest)
+        return written if written >= 0 else self.update_priorities(ring, item_ids,
+                                                                   priorities, largest)
+
+    def _write_live(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
+                    largest: float) -> int:
+        """Write checked ``priorities`` (float64 ``[S]``, ``S >= 1``, the largest
+        ``largest``) of live ``item_ids`` (int64 ``[S]``) in one compiled call
+        (:mod:`~replaybuffer.sampling.fused_update`), nothing pending; returns ``S``,
+        or -1 with nothing changed (a stale id, or a sum that might overflow: the
+        general update's to make)."""
+        values, positions = self._scratch
+        if len(values) != len(priorities):
+            values, positions = self._scratch = (np.empty(len(priorities)),
+                                                 np.empty(len(priorities), np.int64))
+        alpha = self.alpha
+        if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
+            self._alpha_exponent = (alpha, exponent(alpha, np.float64))
+        if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
+            scaled = np.power(priorities, self._alpha_exponent[1], values)
+            try:
+                bound = math.pow(largest, alpha) * BOUND_SLACK
+            except OverflowError:
+                return -1
+        else:
+            scaled, bound = scale(priorities, alpha, largest)
+        target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
+        if target is None:
+            return -1
+        last, L = ring.last_id, ring.max_length
+        total = write_live(item_ids, scaled, self.key_base, ring.batch_size,
+                           last + 1 - L if last >= L else 0,  # (oldest_id)
+                           last, L, *target, positions)
+        if total < 0.0:  # a stale id: nothing was written
+            return -1
+        self._sum.written(total)
+        if self._min is not None or self._outside is not None:
+            self._written(positions, scaled)
+        if largest > self.max_priority:
+            self.max_priority = largest
+        return len(priorities)
+
     def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
                           largest: float | None = None) -> int:
         """Set priorities of the steps behind ``item_ids`` (int64 ``[S]``) to
@@ -78,39 +140,13 @@ class PriorityWrites:
         """
         if self._pending:
             self._flush()
-        B = ring.batch_size
         if self.fused_updates and tree_kernels.AVAILABLE and item_ids.size:
             # all live, the usual case, in one call
             if largest is None:
                 largest = float(np.maximum.reduce(priorities))
-            values, positions = self._scratch
-            if len(values) != len(priorities):
-                values, positions = self._scratch = (np.empty(len(priorities)),
-                                                     np.empty(len(priorities), np.int64))
-            alpha = self.alpha
-            if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
-                self._alpha_exponent = (alpha, exponent(alpha, np.float64))
-            if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
-                scaled = np.power(priorities, self._alpha_exponent[1], values)
-                try:
-                    bound = math.pow(largest, alpha) * BOUND_SLACK
-                except OverflowError:
-                    bound = math.inf
-            else:
-                scaled, bound = scale(priorities, alpha, largest)
-            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
-            if target is not None:
-                last, L = ring.last_id, ring.max_length
-                total = write_live(item_ids, scaled, self.key_base, B,
-                                   last + 1 - L if last >= L else 0,  # (oldest_id)
-                                   last, L, *target, positions)
-                if total >= 0.0:  # written (else a stale id: nothing was)
-                    self._sum.written(total)
-                    if self._min is not None or self._outside is not None:
-                        self._written(positions, scaled)
-                    if largest > self.max_priority:
-                        self.max_priority = largest
-                    return len(priorities)
+            if self._write_live(ring, item_ids, priorities, largest) >= 0:
+                return len(priorities)
+        B = ring.batch_size
         if B == 1:
             ids = item_ids - self.key_base if self.key_base else item_ids
         else:

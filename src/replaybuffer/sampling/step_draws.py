@@ -64,12 +64,17 @@ class StepDraws:
     _bound: float
     _bound_max: float
     _bound_floor: float
+    beta_start: float
+    beta_final: float | None
+    sample_calls: int
+    # (beta, beta as np.power's kept float32 exponent: made by _raise_to_beta)
+    _beta_exponent: tuple[float, np.ndarray]
     # The generator whose C source (bit_source's pair and its lock, None for a bit
     # generator a kernel cannot call) is kept, and the descent's targets (float64
     # [count], scratch: never handed out).
     _step_rng: np.random.Generator | None = None
     _step_source: tuple[int, int, Any] | None = None
-    _step_targets: np.ndarray | None = None
+    _step_targets: np.ndarray = np.empty(0)  # (replaced, never written: the first draw's)
 
     def __getstate__(self) -> dict[str, Any]:
         """The sampler's attributes but the kept source, for pickling and
@@ -136,16 +141,11 @@ class StepDraws:
         if accept >= self._accept_min and accept > 0.0:  # by rejection
             accept = min(accept, 1.0)
             leaves = tree.leaves
-            lock.acquire()  # (the generator's, as rng.random takes it: fused_rejection)
-            try:
+            with lock:  # (the generator's, as rng.random takes it: fused_rejection)
                 kept = rejection_steps(leaves, function, state, accept, count, span, bound,
                                        lo, B, L, total, self.key_base, indices, weighed)
-            finally:
-                lock.release()
             if kept == count:
-                weights = weighed[1]
-                self._raise_to_beta(weights)
-                return indices[0], indices[1], weighed[0], weights
+                return self._steps_weighed(indices, weighed)
             # A short first round (about 1 in 100), completed as the general path does.
             positions, ids, values = self._descend_rest(
                 ring, continued(leaves, ring, rng, count, lo, span, bound, accept, indices,
@@ -153,22 +153,33 @@ class StepDraws:
                 count, rng, (lo % L) * B, span, last + 1, None, 0.0, total)
             return self._weighed(ring, ids, positions, values, total)
         u = self._step_targets
-        if u is None or len(u) != count:
+        if len(u) != count:
             u = self._step_targets = np.empty(count)
-        lock.acquire()  # (the generator's, as rng.random takes it: fused_descent)
-        try:
-            usual = descent_steps(*tree.search_layout(), total, function, state, u, B, L,
-                                  last, self.key_base, indices, weighed)
-        finally:
-            lock.release()
+        nodes, runs, root_width, height = tree.search_layout()
+        with lock:  # (the generator's, as rng.random takes it: fused_descent)
+            usual = descent_steps(nodes, runs, root_width, height, total, function, state,
+                                  u, B, L, last, self.key_base, indices, weighed)
         if usual:
-            weights = weighed[1]
-            self._raise_to_beta(weights)
-            return indices[0], indices[1], weighed[0], weights
+            return self._steps_weighed(indices, weighed)
         # Odd (rare): the numpy path from the same scaled targets, as draw_weighted.
         positions, ids, values = draw_descending(tree, ring, count, rng, (lo % L) * B,
                                                  span, last + 1, WHOLE, u)
         return self._weighed(ring, ids, positions, values, total, math.nan)
+
+    def _steps_weighed(self, indices: np.ndarray, weighed: np.ndarray) -> Steps:
+        """A kernel's whole batch as :meth:`sample_steps` returns it: ``indices`` (int64
+        ``[2, S]``: item ids, positions) and ``weighed`` (float32 ``[2, S]``:
+        probabilities, weight ratios), the ratios raised to ``beta`` in place."""
+        weights = weighed[1]
+        kept = self._beta_exponent
+        if self.beta_final is None and kept[0] == self.beta_start:
+            # _raise_to_beta's work where nothing is annealed and no min tree caps the
+            # weights (this path has none), without its call and tests
+            np.power(weights, kept[1], weights)
+            self.sample_calls += 1
+        else:
+            self._raise_to_beta(weights)
+        return indices[0], indices[1], weighed[0], weights
 
     def _weighed(self, ring: Ring, ids: np.ndarray, positions: np.ndarray,
                  values: np.ndarray, *total: float) -> Steps:
