@@ -15,6 +15,7 @@ from replaybuffer.buffers.device_sampling import (captures_samples, device_choic
 from replaybuffer.protocols import BufferInfo
 from replaybuffer.rate_limiter import RateLimiter
 from replaybuffer.sampling import Ring, tree_kernels
+from replaybuffer.sampling.fused_update import checked_largest
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.storage.base import identity, to_numpy
 
@@ -117,17 +118,17 @@ class PrioritizedMixin:
                 return int(applied)
         if (type(ids) is np.ndarray and type(priorities) is np.ndarray
                 and ids.dtype is _INT64 and ids.ndim == 1 and priorities.shape == ids.shape
-                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE and ids.size):
-            # The usual update (BufferInfo.ids, float64 or float32 priorities): checked
-            # and written by the sampler in two compiled calls; anything it refuses
-            # (-1: nothing changed) takes the general path below, which raises its
-            # error there, before anything is written.
-            with self._lock:
-                applied = self._sampler.checked_update(
-                    self._ring, ids, priorities if priorities.dtype is _FLOAT64
-                    else priorities.astype(np.float64))
-            if applied >= 0:
-                return applied
+                and priorities.dtype in _FLOATS and tree_kernels.AVAILABLE):
+            # The usual update (BufferInfo.ids, float64 or float32 priorities), checked
+            # in one compiled call; anything it refuses takes the general path below,
+            # which raises its error there, before anything is written.
+            values = priorities if priorities.dtype is _FLOAT64 else \
+                priorities.astype(np.float64)
+            largest = checked_largest(values)
+            if largest >= 0.0:
+                with self._lock:
+                    return self._sampler.update_priorities(self._ring, ids, values,
+                                                           largest)
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)

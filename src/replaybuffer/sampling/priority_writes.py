@@ -13,15 +13,17 @@ in the sum tree (and the min tree with ``normalize="buffer"``) and raises
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
-from replaybuffer.sampling.fused_update import checked_largest, write_live
+from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent, scale
+from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent_row, scale
 from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.tree_kernels import direct_entry
 from replaybuffer.sampling.trees import MinTree, SumTree
 
 
@@ -41,8 +43,14 @@ class PriorityWrites:
     _min: MinTree | None
     _outside: OutsideMass | None
     _pending: list[tuple[np.ndarray, float]]
-    # (alpha, alpha as np.power's kept exponent: priority_scale.exponent)
-    _alpha_exponent: tuple[float, np.ndarray]
+    # (alpha, the batch size S, alpha as np.power's kept exponent for S priorities:
+    # priority_scale.exponent_row)
+    _alpha_row: tuple[float, int, np.ndarray]
+    # The fused write's entry point (tree_kernels.direct_entry) and the sum tree it was
+    # made for: int64 item ids (C-contiguous, aligned), this scratch, that tree's arrays,
+    # ints; made at the first such write to each tree.
+    _write_entry: Callable[..., Any] = write_live
+    _write_tree: SumTree | None = None
     # An update's scaled values and positions (float64, int64 ``[S]``) for the last
     # batch size S: never handed out, so reused.
     _scratch: tuple[np.ndarray, np.ndarray]
@@ -68,68 +76,6 @@ class PriorityWrites:
         if self._outside is not None:
             self._outside.touch(positions)
 
-    def checked_update(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray
-                       ) -> int:
-        """The usual update, checked and written with no Python between its calls but
-        what numpy's power needs: ``item_ids`` int64 ``[S]`` and ``priorities`` float64
-        ``[S]``, ``S >= 1``, unchecked (numpy arrays; the buffer's
-        ``update_priorities`` tests that much). One compiled call checks the
-        priorities and finds the largest (:func:`~replaybuffer.sampling.fused_update.
-        checked_largest`), numpy raises them to ``alpha`` (before: a negative one would
-        warn), one compiled call maps the ids and writes the tree
-        (:meth:`_write_live`); stale ids, overflow and samplers that keep their
-        priorities elsewhere go through :meth:`update_priorities`, with the largest.
-
-        Returns how many were applied, or -1 (nothing changed) for a NaN, infinite or
-        negative priority: the caller's general path then raises its error.
-        """
-        largest = checked_largest(priorities)
-        if not largest >= 0.0:
-            return -1
-        if self._pending or not self.fused_updates or not tree_kernels.AVAILABLE:
-            return self.update_priorities(ring, item_ids, priorities, largest)
-        written = self._write_live(ring, item_ids, priorities, largest)
-        return written if written >= 0 else self.update_priorities(ring, item_ids,
-                                                                   priorities, largest)
-
-    def _write_live(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
-                    largest: float) -> int:
-        """Write checked ``priorities`` (float64 ``[S]``, ``S >= 1``, the largest
-        ``largest``) of live ``item_ids`` (int64 ``[S]``) in one compiled call
-        (:mod:`~replaybuffer.sampling.fused_update`), nothing pending; returns ``S``,
-        or -1 with nothing changed (a stale id, or a sum that might overflow: the
-        general update's to make)."""
-        values, positions = self._scratch
-        if len(values) != len(priorities):
-            values, positions = self._scratch = (np.empty(len(priorities)),
-                                                 np.empty(len(priorities), np.int64))
-        alpha = self.alpha
-        if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
-            self._alpha_exponent = (alpha, exponent(alpha, np.float64))
-        if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
-            scaled = np.power(priorities, self._alpha_exponent[1], values)
-            try:
-                bound = math.pow(largest, alpha) * BOUND_SLACK
-            except OverflowError:
-                return -1
-        else:
-            scaled, bound = scale(priorities, alpha, largest)
-        target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
-        if target is None:
-            return -1
-        last, L = ring.last_id, ring.max_length
-        total = write_live(item_ids, scaled, self.key_base, ring.batch_size,
-                           last + 1 - L if last >= L else 0,  # (oldest_id)
-                           last, L, *target, positions)
-        if total < 0.0:  # a stale id: nothing was written
-            return -1
-        self._sum.written(total)
-        if self._min is not None or self._outside is not None:
-            self._written(positions, scaled)
-        if largest > self.max_priority:
-            self.max_priority = largest
-        return len(priorities)
-
     def update_priorities(self, ring: Ring, item_ids: np.ndarray, priorities: np.ndarray,
                           largest: float | None = None) -> int:
         """Set priorities of the steps behind ``item_ids`` (int64 ``[S]``) to
@@ -140,13 +86,55 @@ class PriorityWrites:
         """
         if self._pending:
             self._flush()
+        B = ring.batch_size
         if self.fused_updates and tree_kernels.AVAILABLE and item_ids.size:
             # all live, the usual case, in one call
             if largest is None:
                 largest = float(np.maximum.reduce(priorities))
-            if self._write_live(ring, item_ids, priorities, largest) >= 0:
-                return len(priorities)
-        B = ring.batch_size
+            count = len(priorities)
+            values, positions = self._scratch
+            if len(values) != count:
+                values, positions = self._scratch = (np.empty(count),
+                                                     np.empty(count, np.int64))
+            alpha = self.alpha
+            kept = self._alpha_row
+            if kept[0] != alpha or kept[1] != count:  # (alpha is a plain attribute)
+                kept = self._alpha_row = (alpha, count, exponent_row(alpha, np.float64,
+                                                                      count))
+            direct = False
+            if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
+                scaled = np.power(priorities, kept[2], values)
+                try:
+                    bound = math.pow(largest, alpha) * BOUND_SLACK
+                except OverflowError:
+                    bound = math.inf
+                flags = item_ids.flags
+                # every argument then of the types the entry is made for (below): the
+                # scaled values and positions in this scratch, the tree's arrays
+                direct = flags.c_contiguous and flags.aligned
+            else:
+                scaled, bound = scale(priorities, alpha, largest)
+            target = self._sum.write_target(count, bound) if bound < FINITE else None
+            if target is not None:
+                last, L = ring.last_id, ring.max_length
+                oldest = last + 1 - L if last >= L else 0
+                write = write_live
+                if direct:
+                    if self._write_tree is not self._sum:
+                        self._write_tree = self._sum
+                        self._write_entry = direct_entry(
+                            write_live, item_ids, scaled, self.key_base, B, oldest, last,
+                            L, *target, positions)
+                    write = self._write_entry
+                total = write(item_ids, scaled, self.key_base, B, oldest, last, L, *target,
+                              positions)
+                if total >= 0.0:  # written (else a stale id: nothing was)
+                    self._sum.written(total)
+                    if self._min is not None or self._outside is not None:
+                        self._written(positions, scaled)
+                    if largest > self.max_priority:
+                        self.max_priority = largest
+                    return len(priorities)
         if B == 1:
             ids = item_ids - self.key_base if self.key_base else item_ids
         else:
