@@ -92,8 +92,10 @@ class StepDraws:
         picklable) are made for the original's tree. The copy makes its own at its
         first draw."""
         state = dict(self.__dict__)
+        # (with the update's write entry, priority_writes.PriorityWrites': the sampler's
+        # one __getstate__ is this)
         for name in ("_step_rng", "_step_source", "_step_targets", "_descent_entry",
-                     "_rejection_entry"):
+                     "_rejection_entry", "_write_entry", "_write_tree"):
             state.pop(name, None)
         return state
 
