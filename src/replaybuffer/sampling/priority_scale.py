@@ -56,9 +56,9 @@ def _row_matches(value: float, char: str) -> bool:
     :data:`_PROBE` (as ``char``, a float dtype's character)."""
     bases = _PROBE.astype(char)
     with np.errstate(all="ignore"):
-        scalar = np.power(bases, exponent(value, np.dtype(char).type))
-        row = np.power(bases, np.full(len(bases), value, char))
-    return scalar.tobytes() == row.tobytes()
+        scalar: np.ndarray = np.power(bases, exponent(value, np.dtype(char).type))
+        row: np.ndarray = np.power(bases, np.full(len(bases), value, char))
+    return bool(scalar.tobytes() == row.tobytes())
 
 
 # Bases from tiny to huge (overflowing float32), zeros and ones, both signs of zero.
