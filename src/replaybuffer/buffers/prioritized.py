@@ -126,9 +126,13 @@ class PrioritizedMixin:
                 priorities.astype(np.float64)
             largest = checked_largest(values)
             if largest >= 0.0:
-                with self._lock:
+                lock = self._lock
+                lock.acquire()  # (not `with`: its exit costs 0.09 us more a call)
+                try:
                     return self._sampler.update_priorities(self._ring, ids, values,
                                                            largest)
+                finally:
+                    lock.release()
         ids_arr, values, largest = checked_priorities(ids, priorities)
         with self._lock:
             return self._sampler.update_priorities(self._ring, ids_arr, values, largest)
@@ -269,12 +273,16 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         """
         if (type(sample_batch_size) is int and sample_batch_size > 0 and num_steps is None
                 and not within_episodes and timeout is None and self._direct_reads):
-            with self._lock:  # (a limiter is attached under the lock: asked under it)
+            lock = self._lock
+            lock.acquire()  # (not `with`: its exit costs 0.09 us more a call)
+            try:  # (a limiter is attached under the lock: asked under it)
                 if self._limiter is None and self._ring.last_id >= 0:
                     ids, positions, probabilities, weights = self._sampler.sample_steps(
                         self._ring, sample_batch_size)
                     return self._structure.unflatten(self._storage.gather(positions)), \
                         _new_tuple(BufferInfo, (ids, probabilities, weights))
+            finally:
+                lock.release()
         return super().get_next(sample_batch_size, num_steps, time_stacked,
                                 within_episodes=within_episodes, timeout=timeout,
                                 block=block)
