@@ -13,6 +13,7 @@ in the sum tree (and the min tree with ``normalize="buffer"``) and raises
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,8 +21,9 @@ from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent, scale
+from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent_row, scale
 from replaybuffer.sampling.ring import Ring
+from replaybuffer.sampling.tree_kernels import direct_entry
 from replaybuffer.sampling.trees import MinTree, SumTree
 
 
@@ -41,8 +43,14 @@ class PriorityWrites:
     _min: MinTree | None
     _outside: OutsideMass | None
     _pending: list[tuple[np.ndarray, float]]
-    # (alpha, alpha as np.power's kept exponent: priority_scale.exponent)
-    _alpha_exponent: tuple[float, np.ndarray]
+    # (alpha, the batch size S, alpha as np.power's kept exponent for S priorities:
+    # priority_scale.exponent_row)
+    _alpha_row: tuple[float, int, np.ndarray]
+    # The fused write's entry point (tree_kernels.direct_entry) and the sum tree it was
+    # made for: int64 item ids (C-contiguous, aligned), this scratch, that tree's arrays,
+    # ints; made at the first such write to each tree.
+    _write_entry: Callable[..., Any] = write_live
+    _write_tree: SumTree | None = None
     # An update's scaled values and positions (float64, int64 ``[S]``) for the last
     # batch size S: never handed out, so reused.
     _scratch: tuple[np.ndarray, np.ndarray]
@@ -83,27 +91,43 @@ class PriorityWrites:
             # all live, the usual case, in one call
             if largest is None:
                 largest = float(np.maximum.reduce(priorities))
+            count = len(priorities)
             values, positions = self._scratch
-            if len(values) != len(priorities):
-                values, positions = self._scratch = (np.empty(len(priorities)),
-                                                     np.empty(len(priorities), np.int64))
+            if len(values) != count:
+                values, positions = self._scratch = (np.empty(count),
+                                                     np.empty(count, np.int64))
             alpha = self.alpha
-            if self._alpha_exponent[0] != alpha:  # (made once; alpha is a plain attribute)
-                self._alpha_exponent = (alpha, exponent(alpha, np.float64))
+            kept = self._alpha_row
+            if kept[0] != alpha or kept[1] != count:  # (alpha is a plain attribute)
+                kept = self._alpha_row = (alpha, count, exponent_row(alpha, np.float64,
+                                                                      count))
+            direct = False
             if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
-                scaled = np.power(priorities, self._alpha_exponent[1], values)
+                scaled = np.power(priorities, kept[2], values)
                 try:
                     bound = math.pow(largest, alpha) * BOUND_SLACK
                 except OverflowError:
                     bound = math.inf
+                flags = item_ids.flags
+                # every argument then of the types the entry is made for (below): the
+                # scaled values and positions in this scratch, the tree's arrays
+                direct = flags.c_contiguous and flags.aligned
             else:
                 scaled, bound = scale(priorities, alpha, largest)
-            target = self._sum.write_target(len(scaled), bound) if bound < FINITE else None
+            target = self._sum.write_target(count, bound) if bound < FINITE else None
             if target is not None:
                 last, L = ring.last_id, ring.max_length
-                total = write_live(item_ids, scaled, self.key_base, B,
-                                   last + 1 - L if last >= L else 0,  # (oldest_id)
-                                   last, L, *target, positions)
+                oldest = last + 1 - L if last >= L else 0
+                write = write_live
+                if direct:
+                    if self._write_tree is not self._sum:
+                        self._write_tree = self._sum
+                        self._write_entry = direct_entry(
+                            write_live, item_ids, scaled, self.key_base, B, oldest, last,
+                            L, *target, positions)
+                    write = self._write_entry
+                total = write(item_ids, scaled, self.key_base, B, oldest, last, L, *target,
+                              positions)
                 if total >= 0.0:  # written (else a stale id: nothing was)
                     self._sum.written(total)
                     if self._min is not None or self._outside is not None:

@@ -29,17 +29,19 @@ path's bit for bit (``tests/test_step_draws.py``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from replaybuffer.sampling import tree_kernels
+from replaybuffer.sampling.tree_kernels import direct_entry
 from replaybuffer.sampling.fused_descent import steps as descent_steps
 from replaybuffer.sampling.fused_rejection import continued
 from replaybuffer.sampling.fused_rejection import steps as rejection_steps
 from replaybuffer.sampling.generator_draws import bit_source
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling.item_ids import to_item_ids
+from replaybuffer.sampling.priority_scale import exponent_row
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import MinTree, SumTree
@@ -64,20 +66,36 @@ class StepDraws:
     _bound: float
     _bound_max: float
     _bound_floor: float
+    beta_start: float
+    beta_final: float | None
+    sample_calls: int
+    # (beta, the batch size S, beta as np.power's kept float32 exponent for S weights:
+    # priority_scale.exponent_row)
+    _beta_row: tuple[float, int, np.ndarray]
     # The generator whose C source (bit_source's pair and its lock, None for a bit
     # generator a kernel cannot call) is kept, and the descent's targets (float64
     # [count], scratch: never handed out).
     _step_rng: np.random.Generator | None = None
     _step_source: tuple[int, int, Any] | None = None
-    _step_targets: np.ndarray | None = None
+    _step_targets: np.ndarray = np.empty(0)  # (replaced, never written: the first draw's)
+    # The compiled draws' entry points (tree_kernels.direct_entry), made at the first
+    # draw from each sum tree, for that tree's arrays and the types passed beside them
+    # (ints, floats, fresh C-contiguous outputs: the same every call): (tree, entry).
+    _descent_entry: tuple[SumTree | None, Callable[..., Any]] = (None, descent_steps)
+    _rejection_entry: tuple[SumTree | None, Callable[..., Any]] = (None, rejection_steps)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The sampler's attributes but the kept source, for pickling and
-        ``copy.deepcopy``: the source holds the generator's lock (which cannot be
+        """The sampler's attributes but the kept source and entry points, for pickling
+        and ``copy.deepcopy``: the source holds the generator's lock (which cannot be
         pickled) and the addresses of its C state, which a copy must never draw from
-        (its own generator is another); the copy reads its own at its first draw."""
+        (its own generator is another); the entry points (compiled functions, not
+        picklable) are made for the original's tree. The copy makes its own at its
+        first draw."""
         state = dict(self.__dict__)
-        for name in ("_step_rng", "_step_source", "_step_targets"):
+        # (with the update's write entry, priority_writes.PriorityWrites': the sampler's
+        # one __getstate__ is this)
+        for name in ("_step_rng", "_step_source", "_step_targets", "_descent_entry",
+                     "_rejection_entry", "_write_entry", "_write_tree"):
             state.pop(name, None)
         return state
 
@@ -136,16 +154,19 @@ class StepDraws:
         if accept >= self._accept_min and accept > 0.0:  # by rejection
             accept = min(accept, 1.0)
             leaves = tree.leaves
-            lock.acquire()  # (the generator's, as rng.random takes it: fused_rejection)
-            try:
-                kept = rejection_steps(leaves, function, state, accept, count, span, bound,
-                                       lo, B, L, total, self.key_base, indices, weighed)
+            entry = self._rejection_entry
+            if entry[0] is not tree:  # (the first draw from this tree: types as below)
+                entry = self._rejection_entry = (tree, direct_entry(
+                    rejection_steps, leaves, function, state, accept, count, span, bound,
+                    lo, B, L, total, self.key_base, indices, weighed))
+            lock.acquire()  # (the generator's, as rng.random takes it: fused_rejection;
+            try:            # an RLock, whose `with` costs 0.09 us more)
+                kept = entry[1](leaves, function, state, accept, count, span, bound, lo, B,
+                                L, total, self.key_base, indices, weighed)
             finally:
                 lock.release()
             if kept == count:
-                weights = weighed[1]
-                self._raise_to_beta(weights)
-                return indices[0], indices[1], weighed[0], weights
+                return self._steps_weighed(indices, weighed)
             # A short first round (about 1 in 100), completed as the general path does.
             positions, ids, values = self._descend_rest(
                 ring, continued(leaves, ring, rng, count, lo, span, bound, accept, indices,
@@ -153,22 +174,45 @@ class StepDraws:
                 count, rng, (lo % L) * B, span, last + 1, None, 0.0, total)
             return self._weighed(ring, ids, positions, values, total)
         u = self._step_targets
-        if u is None or len(u) != count:
+        if len(u) != count:
             u = self._step_targets = np.empty(count)
+        nodes, runs, root_width, height = tree.search_layout()
+        entry = self._descent_entry
+        if entry[0] is not tree:  # (the first draw from this tree: types as below)
+            entry = self._descent_entry = (tree, direct_entry(
+                descent_steps, nodes, runs, root_width, height, total, function, state, u,
+                B, L, last, self.key_base, indices, weighed))
         lock.acquire()  # (the generator's, as rng.random takes it: fused_descent)
         try:
-            usual = descent_steps(*tree.search_layout(), total, function, state, u, B, L,
-                                  last, self.key_base, indices, weighed)
+            usual = entry[1](nodes, runs, root_width, height, total, function, state, u, B,
+                             L, last, self.key_base, indices, weighed)
         finally:
             lock.release()
         if usual:
-            weights = weighed[1]
-            self._raise_to_beta(weights)
-            return indices[0], indices[1], weighed[0], weights
+            return self._steps_weighed(indices, weighed)
         # Odd (rare): the numpy path from the same scaled targets, as draw_weighted.
         positions, ids, values = draw_descending(tree, ring, count, rng, (lo % L) * B,
                                                  span, last + 1, WHOLE, u)
         return self._weighed(ring, ids, positions, values, total, math.nan)
+
+    def _steps_weighed(self, indices: np.ndarray, weighed: np.ndarray) -> Steps:
+        """A kernel's whole batch as :meth:`sample_steps` returns it: ``indices`` (int64
+        ``[2, S]``: item ids, positions) and ``weighed`` (float32 ``[2, S]``:
+        probabilities, weight ratios), the ratios raised to ``beta`` in place."""
+        weights = weighed[1]
+        if self.beta_final is None:
+            # _raise_to_beta's work where nothing is annealed and no min tree caps the
+            # weights (this path has none), without its call and tests, and with the
+            # exponent kept as a row where numpy's power gives the same bits with it
+            beta, count = self.beta_start, len(weights)
+            kept = self._beta_row
+            if kept[0] != beta or kept[1] != count:
+                kept = self._beta_row = (beta, count, exponent_row(beta, np.float32, count))
+            np.power(weights, kept[2], weights)
+            self.sample_calls += 1
+        else:
+            self._raise_to_beta(weights)
+        return indices[0], indices[1], weighed[0], weights
 
     def _weighed(self, ring: Ring, ids: np.ndarray, positions: np.ndarray,
                  values: np.ndarray, *total: float) -> Steps:
