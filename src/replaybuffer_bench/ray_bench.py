@@ -70,9 +70,9 @@ mass (``as_dataset(..., group_from_one_shard=True)``: one call per group at any 
 count, each item's marginal exact, ``g`` consecutive batches from one shard) unless
 ``--group-from-one-shard`` / ``--no-group-from-one-shard`` says. Control: a group of
 32 split over 8 shards by each batch's own choice takes about 7.8 calls (0.25 a
-batch against 1/32 with one shard), and that difference is what made samples/s fall
-from 1 shard to 8. Frames: a group is 2 batches, which one shard per batch already
-serves in 1-2 calls."""
+batch against 1/32 with one shard); from one shard, the learner's CPU per batch is the
+same at any shard count (docs/distributed/ray.md, "The sliding look-ahead"). Frames: a
+group is 2 batches, which one shard per batch already serves in 1-2 calls."""
 
 
 def shard_buffer(spec: Any, max_length: int) -> Any:

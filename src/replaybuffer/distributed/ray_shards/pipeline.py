@@ -4,10 +4,11 @@ trains (:class:`ShardStream`).
 Iterating keeps ``prefetch`` batches requested ahead of the one handed out: their
 calls run in the shards while the learner works on the last one, so a learner that
 trains longer than a batch's round trip never waits for one. No thread is needed (Ray
-runs the calls); the bound is the number of batches, so memory stays
-``prefetch + 1`` batches. The order is the seed's: each batch draws from a generator
-spawned, in order, from the stream's (see :mod:`.sampling`), so a seeded buffer gives
-the same batches with any ``prefetch`` (with the shards' contents unchanged).
+runs the calls); the bound is the number of batches, so memory stays ``prefetch + 1``
+batches (``prefetch + g`` with groups of ``g``, below). The order is the seed's: each
+batch draws from a generator spawned, in order, from the stream's (see
+:mod:`.sampling`), so a seeded buffer gives the same batches with any ``prefetch``
+(with the shards' contents unchanged).
 
 With ``batches_per_call`` ``g`` above 1 (``as_dataset``'s), batches are started ``g`` at
 a time, as a sliding look-ahead: a pull that would leave fewer than ``prefetch``
