@@ -385,3 +385,21 @@ def test_picked_shards_are_what_generator_choice_draws(mass, size, seed):
     got = pick_shards(np.random.default_rng(seed), p, size)
     np.testing.assert_array_equal(got, expected)
     assert (p[got] > 0).all()
+
+
+def test_a_dataset_over_fifo_shards_reads_on_pull_in_order(buffers):
+    """FIFO shards consume what they give: the dataset requests nothing ahead (prefetch
+    0 under the look-ahead rule: one batch started at each pull), so each pull reads
+    the next items in order and nothing is in flight between pulls."""
+    def fifo():
+        return rb.FIFOReplayBuffer(SPEC, 1, 100)
+
+    with RayReplayBuffer(fifo, 1, seed=0) as buffer:
+        buffer.extend(items(np.arange(12)[None]), shard=0)
+        buffer.flush()
+        stream = iter(buffer.as_dataset(4))
+        for start in (0, 4, 8):
+            batch, _ = next(stream)
+            np.testing.assert_array_equal(batch["x"], np.arange(start, start + 4))
+            assert stream.in_flight() == 0
+        stream.close()
