@@ -136,8 +136,8 @@ def test_batches_drawn_several_per_call_are_the_seeds_batches(make, shards_per_b
         fill_shards(buffer, [10, 20, 30])
         stream = iter(buffer.as_dataset(16, num_steps, prefetch=5, batches_per_call=group))
         batches = [next(stream) for _ in range(24)]
-        # 5 - 3 + 1 .. 5 in flight while the learner trains
-        assert 5 - group + 1 <= stream.in_flight() <= 5
+        # 5 .. 5 + 3 - 1 in flight while the learner trains (never below prefetch)
+        assert 5 <= stream.in_flight() <= 5 + group - 1
         calls = [answer for pending in stream._pending for _, answer, _, _ in pending.calls]
         if group > 1:  # batches of a group that go to one shard share its call
             assert len({id(a) for a in calls}) < len(calls)
@@ -185,11 +185,11 @@ def test_a_draw_answer_hands_out_its_batches_and_the_error_of_the_rest():
     assert pack_draws(packing, SPEC, [(drawn[0][0][::-1], *drawn[0][1:])], None) is None
 
 
-@pytest.mark.parametrize("group, prefetch", [(4, 4), (4, 8)])
-def test_a_group_up_to_prefetch_keeps_the_seeds_batches_and_its_depth(make, group,
-                                                                     prefetch):
-    # docs/distributed/ray.md: prefetch=g lets the batches in flight fall to 1 at a
-    # group's turn; prefetch=2g keeps g + 1 in flight. The batches are the seed's.
+@pytest.mark.parametrize("group, prefetch", [(4, 4), (4, 8), (4, 2)])
+def test_a_group_keeps_the_seeds_batches_and_prefetch_in_flight(make, group, prefetch):
+    # docs/distributed/ray.md: the next group starts when the batches requested ahead
+    # would fall below prefetch, so prefetch to prefetch + g - 1 stay in flight at any
+    # g (the depth never drains at a group's turn). The batches are the seed's.
     runs = []
     for per_call in (1, group):
         buffer = make(seed=14, shards_per_batch=1)
@@ -202,13 +202,41 @@ def test_a_group_up_to_prefetch_keeps_the_seeds_batches_and_its_depth(make, grou
         stream.close()
         runs.append(batches)
         if per_call == group:
-            assert min(depths) == prefetch - group + 1
-            assert max(depths) == prefetch
+            assert min(depths) == prefetch
+            assert max(depths) == prefetch + group - 1
         else:
             assert set(depths) == {prefetch}
     for (a, info_a), (b, info_b) in zip(*runs):
         np.testing.assert_array_equal(a["x"], b["x"])
         np.testing.assert_array_equal(info_a.probabilities, info_b.probabilities)
+
+
+def test_the_next_group_is_started_while_prefetch_batches_of_this_one_are_left(
+        make, monkeypatch):
+    """The sliding look-ahead: with groups of 4 and prefetch 2, the pull that hands out
+    a group's third batch (two of it left) first starts the next group, in one
+    ``start_batches``; the depth after each pull is 3, 2, 5, 4, 3, 2, 5, ..."""
+    buffer = make(seed=15, shards_per_batch=1)
+    fill_shards(buffer, [10, 20, 30])
+    started: list[int] = []  # per group started, the pulls made before it
+    pulls = 0
+    real = buffer.start_batches
+
+    def counting(count, num_steps, rngs, *args, **kwargs):
+        started.append(pulls)
+        assert len(rngs) == 4  # whole groups, the first fill too
+        return real(count, num_steps, rngs, *args, **kwargs)
+
+    monkeypatch.setattr(buffer, "start_batches", counting)
+    stream = iter(buffer.as_dataset(8, prefetch=2, batches_per_call=4))
+    depths = []
+    for pulls in range(10):
+        next(stream)
+        depths.append(stream.in_flight())
+    stream.close()
+    assert depths == [3, 2, 5, 4, 3, 2, 5, 4, 3, 2]
+    # group k + 1 is started at the pull of group k's third batch (pull 4k + 2)
+    assert started == [0, 2, 6]
 
 
 def test_batches_per_call_below_one_is_refused_and_nothing_changes(make):
@@ -219,8 +247,9 @@ def test_batches_per_call_below_one_is_refused_and_nothing_changes(make):
                                              f"got {bad!r}"):
             buffer.as_dataset(4, prefetch=2, batches_per_call=bad)
     assert len(buffer) == 12
-    batch, _ = next(iter(buffer.as_dataset(4, prefetch=2, batches_per_call=8)))  # capped
-    assert batch["x"].shape == (4,)
+    stream = iter(buffer.as_dataset(4, prefetch=2, batches_per_call=8))  # above prefetch
+    batch, _ = next(stream)
+    assert batch["x"].shape == (4,) and stream.in_flight() == 7  # a whole group of 8
 
 
 def test_prefetch_below_one_and_bad_shard_counts_are_refused(make):
@@ -356,3 +385,21 @@ def test_picked_shards_are_what_generator_choice_draws(mass, size, seed):
     got = pick_shards(np.random.default_rng(seed), p, size)
     np.testing.assert_array_equal(got, expected)
     assert (p[got] > 0).all()
+
+
+def test_a_dataset_over_fifo_shards_reads_on_pull_in_order(buffers):
+    """FIFO shards consume what they give: the dataset requests nothing ahead (prefetch
+    0 under the look-ahead rule: one batch started at each pull), so each pull reads
+    the next items in order and nothing is in flight between pulls."""
+    def fifo():
+        return rb.FIFOReplayBuffer(SPEC, 1, 100)
+
+    with RayReplayBuffer(fifo, 1, seed=0) as buffer:
+        buffer.extend(items(np.arange(12)[None]), shard=0)
+        buffer.flush()
+        stream = iter(buffer.as_dataset(4))
+        for start in (0, 4, 8):
+            batch, _ = next(stream)
+            np.testing.assert_array_equal(batch["x"], np.arange(start, start + 4))
+            assert stream.in_flight() == 0
+        stream.close()

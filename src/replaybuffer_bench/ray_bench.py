@@ -9,9 +9,10 @@ uniform shards holding 100k control (20k frames) items between them, prefilled w
 through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
 learner iterates ``as_dataset(256, prefetch=--prefetch, batches_per_call=
---batches-per-call)`` (defaults: :data:`BATCHES_PER_CALL`, and as many in flight,
-at least 4; ``--group-from-one-shard``: each group from one shard chosen by mass,
-shown as ``1 per group of G`` in the table's shard choice). Inserts/s sum the
+--batches-per-call, group_from_one_shard=...)`` (defaults: :data:`BATCHES_PER_CALL`,
+and as many in flight, at least 4; each group from one shard chosen by mass per
+:data:`GROUP_FROM_ONE_SHARD`, or as ``--[no-]group-from-one-shard`` says, shown as ``1
+per group of G`` in the table's shard choice). Inserts/s sum the
 collectors' steps; samples/s count sampled items. The idle latency of one
 ``get_next(256)`` (median of 50) is taken first, on the prefilled shards, before the
 collectors start.
@@ -58,12 +59,20 @@ FIRST, MID, LAST = 0, 1, 2
 BATCHES_PER_CALL = {"control": 32, "frames": 2}
 """Per workload, the batches the learner's dataset starts together unless
 ``--batches-per-call`` says (and keeps as many in flight, at least 4, unless
-``--prefetch`` says). With one shard per batch a shard draws all of a group's batches
-that go to it in one call: a group of 32 takes about 7.8 calls over 8 shards of equal
-mass, 0.25 a batch, where groups of 2 take 0.94. Frame batches (7.2 MB) stay in groups
-of 2: calls carrying 32 of them cost the shards and Ray's object store more than the
-calls saved (a sixth of the samples/s from 1 shard, 0.6x from 8; docs/distributed/
-ray.md, "Larger groups")."""
+``--prefetch`` says: the next group starts when the batches requested ahead would fall
+below that, so a whole group is in flight while the learner takes the current one).
+Frame batches (7.2 MB) stay in groups of 2: calls carrying 32 of them cost the shards
+and Ray's object store more than the calls saved (a sixth of the samples/s from 1
+shard, 0.6x from 8; docs/distributed/ray.md, "Larger groups")."""
+GROUP_FROM_ONE_SHARD = {"control": True, "frames": False}
+"""Per workload, whether each group of batches comes whole from one shard chosen by
+mass (``as_dataset(..., group_from_one_shard=True)``: one call per group at any shard
+count, each item's marginal exact, ``g`` consecutive batches from one shard) unless
+``--group-from-one-shard`` / ``--no-group-from-one-shard`` says. Control: a group of
+32 split over 8 shards by each batch's own choice takes about 7.8 calls (0.25 a
+batch against 1/32 with one shard); from one shard, the learner's CPU per batch is the
+same at any shard count (docs/distributed/ray.md, "The sliding look-ahead"). Frames: a
+group is 2 batches, which one shard per batch already serves in 1-2 calls."""
 
 
 def shard_buffer(spec: Any, max_length: int) -> Any:
@@ -307,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches-per-call", type=int, default=None,
                         help="batches the learner's dataset starts together (default: "
                              "32 for control, 2 for frames)")
-    parser.add_argument("--group-from-one-shard", action="store_true",
+    parser.add_argument("--group-from-one-shard", action=argparse.BooleanOptionalAction,
+                        default=None,
                         help="each group of --batches-per-call batches from one shard "
-                             "chosen by mass (as_dataset's group_from_one_shard)")
+                             "chosen by mass (as_dataset's group_from_one_shard; "
+                             "default: control yes, frames no)")
     parser.add_argument("--idle", action="store_true",
                         help="only the learner alone: get_next latency and dataset items/s")
     parser.add_argument("--no-single", action="store_true",
@@ -326,12 +337,18 @@ def main(argv: list[str] | None = None) -> int:
                     else args.batches_per_call)
         return per_call, max(4, per_call) if args.prefetch is None else args.prefetch
 
+    def one_shard(workload: str) -> bool:
+        """Whether ``workload``'s groups come from one shard each."""
+        return (GROUP_FROM_ONE_SHARD[workload] if args.group_from_one_shard is None
+                else args.group_from_one_shard)
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"# collectors write episodes of {EPISODE_STEPS} steps (FIRST, MID..., LAST) "
           f"in extends of {CHUNK}; chunks of {args.chunk_steps} steps; learner: "
-          f"as_dataset({SAMPLE}, prefetch=P, batches_per_call=G), (G, P) per workload: "
-          f"{ {w: group(w) for w in BATCHES_PER_CALL} }", flush=True)
+          f"as_dataset({SAMPLE}, prefetch=P, batches_per_call=G, "
+          f"group_from_one_shard=O), (G, P, O) per workload: "
+          f"{ {w: (*group(w), one_shard(w)) for w in BATCHES_PER_CALL} }", flush=True)
     rows = []
     try:
         for mode in [m for m in args.shards_per_batch.split(",") if m] if args.idle else []:
@@ -339,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 per_call, prefetch = group("control")
                 rows.append(run_idle(shards, None if mode == "all" else int(mode),
                                      prefetch, args.seconds or 2.0, per_call,
-                                     args.group_from_one_shard))
+                                     one_shard("control")))
                 print(json.dumps(rows[-1]), flush=True)
         for workload in [w for w in args.workloads.split(",") if w and not args.idle]:
             if not args.no_single:
@@ -352,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                                         args.seconds or 5.0,
                                         None if mode == "all" else int(mode),
                                         prefetch, args.chunk_steps, per_call,
-                                        args.group_from_one_shard))
+                                        one_shard(workload)))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()

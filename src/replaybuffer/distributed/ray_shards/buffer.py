@@ -343,8 +343,10 @@ class RayReplayBuffer(ShardWrites):
         """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches with
         ``prefetch`` batches in flight to the shards while the learner works on the
         last one (:class:`~.pipeline.ShardStream`; default :data:`DEFAULT_PREFETCH`, or
-        ``num_parallel_calls`` when larger), started ``batches_per_call`` at a time;
-        ``group_from_one_shard``: each such group drawn from one shard chosen by mass.
+        ``num_parallel_calls`` when larger), started ``batches_per_call`` at a time (the
+        next group when fewer than ``prefetch`` would stay requested ahead: ``prefetch``
+        to ``prefetch + batches_per_call - 1`` in flight); ``group_from_one_shard``:
+        each such group drawn from one shard chosen by mass.
         FIFO shards (which consume what they give) are read on pull: no prefetch.
 
         Raises:

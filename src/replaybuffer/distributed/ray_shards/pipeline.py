@@ -4,18 +4,24 @@ trains (:class:`ShardStream`).
 Iterating keeps ``prefetch`` batches requested ahead of the one handed out: their
 calls run in the shards while the learner works on the last one, so a learner that
 trains longer than a batch's round trip never waits for one. No thread is needed (Ray
-runs the calls); the bound is the number of batches, so memory stays
-``prefetch + 1`` batches. The order is the seed's: each batch draws from a generator
-spawned, in order, from the stream's (see :mod:`.sampling`), so a seeded buffer gives
-the same batches with any ``prefetch`` (with the shards' contents unchanged).
+runs the calls); the bound is the number of batches, so memory stays ``prefetch + 1``
+batches (``prefetch + g`` with groups of ``g``, below). The order is the seed's: each
+batch draws from a generator spawned, in order, from the stream's (see
+:mod:`.sampling`), so a seeded buffer gives the same batches with any ``prefetch``
+(with the shards' contents unchanged).
 
-With ``batches_per_call`` ``g`` above 1 (``as_dataset``'s), batches are started ``g`` (or
-more) at a time, when the batches requested fall to ``prefetch + 1 - g``: the ones of
-a group that go to the same shard are drawn by one call (:mod:`.draw_answers`), so
-with few shards, or one shard per batch, a call serves several batches. It trades
-depth for calls: while the learner trains, ``prefetch - g + 1`` to ``prefetch``
-batches are in flight (``g`` is at most ``prefetch``). The batches are the same with
-any ``g``.
+With ``batches_per_call`` ``g`` above 1 (``as_dataset``'s), batches are started ``g`` at
+a time, as a sliding look-ahead: a pull that would leave fewer than ``prefetch``
+batches requested ahead starts the next group first, so the next group's calls run
+while the learner still has ``prefetch`` batches of the current one (or of earlier
+groups) to take. The ones of a group that go to the same shard are drawn by one call
+(:mod:`.draw_answers`), so with few shards, or one shard per batch, a call serves
+several batches. ``prefetch`` keeps its meaning at any ``g``: while the learner
+trains, ``prefetch`` to ``prefetch + g - 1`` batches are in flight, never fewer (the
+depth does not drain at a group's turn), and ``prefetch + g`` batches are held at
+most. Groups are always whole (``g`` batches, the first at the stream's start), so
+the batches are the same with any ``prefetch``; without ``group_from_one_shard`` they
+are also the same with any ``g``.
 
 A batch that fails (every shard empty, every one down, rate limited past the timeout)
 raises in its turn; the batches requested after it are dropped, and the next pull
@@ -43,7 +49,8 @@ class ShardStream:
     :class:`~replaybuffer.distributed.RayReplayBuffer`, ``prefetch`` in flight. Each
     ``iter()`` starts an iterator with a generator of its own, spawned from the
     buffer's; ``group``: batches started together (``as_dataset``'s
-    ``batches_per_call``; at most ``prefetch`` are; 1: one at a time);
+    ``batches_per_call``; 1: one at a time), the next group started when the batches
+    requested ahead would fall below ``prefetch`` (see the module docstring);
     ``group_from_one_shard``: each group's batches all drawn from one shard, chosen
     by sampling mass (see :mod:`.sampling`).
 
@@ -62,7 +69,7 @@ class ShardStream:
         self.within_episodes = within_episodes
         if type(group) is not int or group < 1:
             raise ValueError(f"batches_per_call must be a positive int, got {group!r}")
-        self.group = max(1, min(group, prefetch))
+        self.group = group
         if type(group_from_one_shard) is not bool:
             raise ValueError(f"group_from_one_shard must be a bool, got "
                              f"{group_from_one_shard!r}")
@@ -88,13 +95,12 @@ class ShardIterator:
         if self._closed:
             raise StopIteration
         s = self._stream
-        if len(self._pending) <= s.prefetch + 1 - s.group:
-            wanted = s.prefetch + 1 - len(self._pending)
-            for group in range(0, wanted, s.group):  # groups of s.group (the first fill: several)
-                self._pending.extend(s.buffer.start_batches(
-                    s.sample_batch_size or 1, s.num_steps,
-                    [self._rng] * min(s.group, wanted - group), s.within_episodes,
-                    one_shard=s.group_from_one_shard))
+        # Before this pull hands one out: start groups until ``prefetch`` stay requested
+        # after it (FIFO shards, prefetch 0: one batch at the pull).
+        while len(self._pending) <= s.prefetch:
+            self._pending.extend(s.buffer.start_batches(
+                s.sample_batch_size or 1, s.num_steps, [self._rng] * s.group,
+                s.within_episodes, one_shard=s.group_from_one_shard))
         try:
             items, info = s.buffer.finish_batch(self._pending.popleft())
         except BaseException:
