@@ -16,6 +16,15 @@ the point is passed. So one crash happens among all the processes sharing the
 variables, and a test can hold a point off (create ``FILE``) and arm it later
 (remove ``FILE``): for points of a restart, which only a restarted process passes.
 
+A process whose points are armed and re-armed while it runs (a Ray shard reused across
+several faults, whose environment is fixed when it starts) sets
+``REPLAYBUFFER_CRASH_ARMING=FILE`` instead of ``REPLAYBUFFER_CRASH_AT``: the point is
+then read from ``FILE`` (``NAME`` or ``NAME:N`` on its first line; no file or an empty
+one: nothing armed) at every pass, and its N passes are counted from the moment the
+process first sees the file as it is now. :func:`arm` writes such a file atomically,
+with a fresh second line, so that arming the same point again starts its count afresh.
+``REPLAYBUFFER_CRASH_ONCE`` works with it as with the variable.
+
 Off, a point costs one ``is None`` test: callers write ``if ARMED is not None:
 crash_point("...")`` with ``ARMED`` imported from this module (read once, at import),
 never a call per step. Every point is listed in :data:`POINTS` with what a crash there
@@ -96,9 +105,38 @@ def parse(value: str | None) -> tuple[str, int] | None:
     return name, int(count) if sep else 1
 
 
-ARMED = parse(os.environ.get("REPLAYBUFFER_CRASH_AT"))
+ARMING = os.environ.get("REPLAYBUFFER_CRASH_ARMING") or None
+"""The file that names the armed point at each pass (``REPLAYBUFFER_CRASH_ARMING``, see
+the module docstring); ``None``: the point is ``REPLAYBUFFER_CRASH_AT``'s, fixed at
+import."""
+
+BY_FILE = ("", 0)
+""":data:`ARMED` of a process whose point is read from :data:`ARMING` (no point has an
+empty name or a count of 0)."""
+
+
+def armed_at_import(at: str | None, arming: str | None) -> tuple[str, int] | None:
+    """:data:`ARMED` from the two variables' values: ``at`` parsed, :data:`BY_FILE`
+    where only ``arming`` is set, ``None`` where neither is.
+
+    Raises:
+        ValueError: both are set (which one arms the process would be a guess), or
+            ``at`` is refused by :func:`parse`.
+    """
+    if at and arming:
+        raise ValueError(f"REPLAYBUFFER_CRASH_AT={at!r} and REPLAYBUFFER_CRASH_ARMING="
+                         f"{arming!r} are both set: set one (the variable arms a point "
+                         "for the process's life, the file arms one while it runs)")
+    if arming:
+        return BY_FILE
+    return parse(at)
+
+
+ARMED = armed_at_import(os.environ.get("REPLAYBUFFER_CRASH_AT"), ARMING)
 """The armed point and how many times it is reached before the process ends, from
-``REPLAYBUFFER_CRASH_AT`` at import; ``None`` (production): every point is inert."""
+``REPLAYBUFFER_CRASH_AT`` at import; :data:`BY_FILE` with ``REPLAYBUFFER_CRASH_ARMING``
+(the point read from that file at each pass); ``None`` (production): every point is
+inert."""
 
 ONCE = os.environ.get("REPLAYBUFFER_CRASH_ONCE") or None
 """The file whose exclusive creation a crash needs (``REPLAYBUFFER_CRASH_ONCE``, see
@@ -107,15 +145,65 @@ the module docstring); ``None``: every process that reaches the point ends there
 _reached: dict[str, int] = {}
 
 
+class ArmingSeen:
+    """What this process last read from :data:`ARMING`: its text and the point it
+    names."""
+
+    text: str | None = None
+    point: tuple[str, int] | None = None
+
+
+_seen = ArmingSeen()
+
+
 def crash_point(name: str) -> None:
-    """End the process at once (``os._exit(CRASH_EXIT_CODE)``) when :data:`ARMED` names
-    ``name`` and this is its N-th time here; otherwise return. Callers test ``ARMED is
-    not None`` first so that an unarmed process pays no call."""
-    if ARMED is None or ARMED[0] != name:
+    """End the process at once (``os._exit(CRASH_EXIT_CODE)``) when the armed point
+    (:data:`ARMED`, or :data:`ARMING`'s now) is ``name`` and this is its N-th time here;
+    otherwise return. Callers test ``ARMED is not None`` first so that an unarmed
+    process pays no call.
+
+    Raises:
+        ValueError: :data:`ARMING` names no crash point (a typo must not pass as a
+            point never reached).
+    """
+    armed = ARMED if ARMED is not BY_FILE else armed_by_file()
+    if armed is None or armed[0] != name:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= ARMED[1] and first_to_crash():
+    if _reached[name] >= armed[1] and first_to_crash():
         os._exit(CRASH_EXIT_CODE)
+
+
+def armed_by_file() -> tuple[str, int] | None:
+    """The point :data:`ARMING` names now (its first line, as :func:`parse` reads it);
+    when its text changed since the last pass, the passes counted so far are
+    forgotten (a new arming counts from here)."""
+    assert ARMING is not None
+    try:
+        with open(ARMING, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        text = ""
+    if text != _seen.text:
+        _seen.point = parse(text.partition("\n")[0].strip())
+        _seen.text = text
+        _reached.clear()
+    return _seen.point
+
+
+def arm(path: str | os.PathLike[str], value: str | None) -> None:
+    """Arm ``value`` (``NAME`` or ``NAME:N``; ``None``: nothing) for the processes
+    whose ``REPLAYBUFFER_CRASH_ARMING`` is ``path``: written whole (a temporary file
+    renamed over it), with a fresh second line so that their counts start afresh.
+
+    Raises:
+        ValueError: ``value`` is refused by :func:`parse` (nothing is written).
+    """
+    parse(value)
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(f"{value or ''}\n{os.urandom(8).hex()}\n")
+    os.replace(tmp, path)
 
 
 def first_to_crash() -> bool:
