@@ -1,8 +1,10 @@
 """Crash points armed by a file (``REPLAYBUFFER_CRASH_ARMING``) while a process runs:
 nothing armed without the file, the point read at each pass, its N passes counted from
 the arming a process sees, re-arming (the same point too) starting the count afresh,
-the once file honoured, and bad values refused by name (by :func:`arm` before anything
-is written; by the point when the file was written by hand)."""
+a sequence of points ending one process each in order (the line taken by the process
+that ends there), the once file honoured, and bad values refused by name (by
+:func:`arm` before anything is written; by the point when the file was written by
+hand)."""
 
 import os
 import subprocess
@@ -90,36 +92,59 @@ def test_disarming_and_another_point_leave_the_process_running(tmp_path):
     crash_points.arm(arming, f"{POINT}:2")
     child = Child(arming)
     assert child.passes(1)
-    crash_points.arm(arming, None)
+    crash_points.arm(arming)
     assert child.passes(3)
     crash_points.arm(arming, "shared.claim")  # armed, but not this point
     assert child.passes(3)
     assert child.end()[0] == 0
 
 
+def test_a_sequence_ends_one_process_per_point_in_order(tmp_path):
+    """A shard's process, then its restart, then the next: each ends at the next
+    point, and the processes after them run on."""
+    arming = tmp_path / "armed"
+    crash_points.arm(arming, f"{POINT}:2", POINT)
+    first, other = Child(arming), Child(arming)
+    assert first.passes(1) and not first.passes(1)
+    assert first.end()[0] == crash_points.CRASH_EXIT_CODE
+    assert crash_points.still_armed(arming) == [POINT]
+    restart = Child(arming)
+    assert not restart.passes(1)  # the second point, counted afresh: its first pass
+    assert restart.end()[0] == crash_points.CRASH_EXIT_CODE
+    assert crash_points.still_armed(arming) == []
+    assert other.passes(3)  # it passed the point before: taken by the others, not it
+    assert Child(arming).passes(3)
+    assert other.end()[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["armed"]
+
+
 def test_the_once_file_lets_one_process_end_and_holds_the_next_off(tmp_path):
     arming, once = tmp_path / "armed", tmp_path / "crashed"
-    crash_points.arm(arming, POINT)
+    crash_points.arm(arming, POINT, POINT)
     first = Child(arming, once)
     assert not first.passes(1)
     assert first.end()[0] == crash_points.CRASH_EXIT_CODE and once.exists()
     again = Child(arming, once)  # a restart with the same environment runs on
     assert again.passes(3)
+    assert crash_points.still_armed(arming) == [POINT]  # held off, not taken
     once.unlink()  # armed again: the next pass ends it
     assert not again.passes(1)
     assert again.end()[0] == crash_points.CRASH_EXIT_CODE
+    assert crash_points.still_armed(arming) == []
 
 
 @pytest.mark.parametrize("value, message", [
     ("mmap.journal.recreat", "not a crash point; known: .*mmap.journal.recreate"),
     (f"{POINT}:0", "positive integer, got '0'"),
+    ("", "each point must be one NAME or NAME:N, got ''"),
+    (f"{POINT}\n{POINT}", "each point must be one NAME or NAME:N, got"),
 ])
 def test_arm_refuses_a_bad_value_and_leaves_the_file_as_it_was(tmp_path, value, message):
     arming = tmp_path / "armed"
     crash_points.arm(arming, f"{POINT}:2")
     before = arming.read_text()
     with pytest.raises(ValueError, match=message):
-        crash_points.arm(arming, value)
+        crash_points.arm(arming, POINT, value)
     assert arming.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["armed"]
 

@@ -18,12 +18,16 @@ variables, and a test can hold a point off (create ``FILE``) and arm it later
 
 A process whose points are armed and re-armed while it runs (a Ray shard reused across
 several faults, whose environment is fixed when it starts) sets
-``REPLAYBUFFER_CRASH_ARMING=FILE`` instead of ``REPLAYBUFFER_CRASH_AT``: the point is
-then read from ``FILE`` (``NAME`` or ``NAME:N`` on its first line; no file or an empty
-one: nothing armed) at every pass, and its N passes are counted from the moment the
-process first sees the file as it is now. :func:`arm` writes such a file atomically,
-with a fresh second line, so that arming the same point again starts its count afresh.
-``REPLAYBUFFER_CRASH_ONCE`` works with it as with the variable.
+``REPLAYBUFFER_CRASH_ARMING=FILE`` instead of ``REPLAYBUFFER_CRASH_AT``: the points
+are then read from ``FILE`` at every pass, one ``NAME`` or ``NAME:N`` a line (blank
+lines and ``#`` lines aside; no file or no such line: nothing armed). The first line
+is armed, its N passes counted from the moment the process first sees the file as it
+is now; the process that ends there first takes the line out (of processes racing to
+it, one does), so the next line is armed from then on: a sequence of points ends one
+process each, in order (a shard's process, then its restart, then the next...).
+:func:`arm` writes such a file whole, with a fresh ``#`` line so that arming the same
+points again starts their counts afresh; :func:`still_armed` reads what is left.
+``REPLAYBUFFER_CRASH_ONCE`` works with it as with the variable (one crash in all).
 
 Off, a point costs one ``is None`` test: callers write ``if ARMED is not None:
 crash_point("...")`` with ``ARMED`` imported from this module (read once, at import),
@@ -170,40 +174,83 @@ def crash_point(name: str) -> None:
     if armed is None or armed[0] != name:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= armed[1] and first_to_crash():
+    if _reached[name] >= armed[1] and first_to_crash() and (
+            ARMED is not BY_FILE or took_armed_line()):
         os._exit(CRASH_EXIT_CODE)
 
 
 def armed_by_file() -> tuple[str, int] | None:
-    """The point :data:`ARMING` names now (its first line, as :func:`parse` reads it);
-    when its text changed since the last pass, the passes counted so far are
-    forgotten (a new arming counts from here)."""
+    """The point :data:`ARMING` arms now (its first point line, as :func:`parse`
+    reads it); when its text changed since the last pass, the passes counted so far
+    are forgotten (a new arming counts from here)."""
     assert ARMING is not None
-    try:
-        with open(ARMING, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        text = ""
+    text = read_arming(ARMING)
     if text != _seen.text:
-        _seen.point = parse(text.partition("\n")[0].strip())
+        lines = point_lines(text)
+        _seen.point = parse(lines[0]) if lines else None
         _seen.text = text
         _reached.clear()
     return _seen.point
 
 
-def arm(path: str | os.PathLike[str], value: str | None) -> None:
-    """Arm ``value`` (``NAME`` or ``NAME:N``; ``None``: nothing) for the processes
-    whose ``REPLAYBUFFER_CRASH_ARMING`` is ``path``: written whole (a temporary file
-    renamed over it), with a fresh second line so that their counts start afresh.
+def read_arming(path: str | os.PathLike[str]) -> str:
+    """The text of an arming file (``""`` where there is none)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def point_lines(text: str) -> list[str]:
+    """The point lines of an arming file's ``text``, in order (blank and ``#`` lines
+    left out)."""
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def took_armed_line() -> bool:
+    """Whether this process took :data:`ARMING`'s first point line (the one it saw):
+    the file renamed to a name of this process's own (of processes racing, one
+    succeeds), then written back without that line. A file armed anew meanwhile is
+    put back untouched."""
+    assert ARMING is not None
+    mine = f"{ARMING}.{os.getpid()}.taken"
+    try:
+        os.replace(ARMING, mine)
+    except FileNotFoundError:
+        return False
+    text = read_arming(mine)
+    if text != _seen.text:
+        os.replace(mine, ARMING)
+        return False
+    arm(ARMING, *point_lines(text)[1:])
+    os.unlink(mine)
+    return True
+
+
+def arm(path: str | os.PathLike[str], *points: str) -> None:
+    """Arm ``points`` (each ``NAME`` or ``NAME:N``, in order; none: nothing) for the
+    processes whose ``REPLAYBUFFER_CRASH_ARMING`` is ``path``: written whole (a
+    temporary file renamed over it), with a fresh ``#`` line so that their counts
+    start afresh.
 
     Raises:
-        ValueError: ``value`` is refused by :func:`parse` (nothing is written).
+        ValueError: a point is refused by :func:`parse`, or is not one line (nothing
+            is written).
     """
-    parse(value)
+    for point in points:
+        if "\n" in point or parse(point) is None:
+            raise ValueError(f"arm: each point must be one NAME or NAME:N, got {point!r}")
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(f"{value or ''}\n{os.urandom(8).hex()}\n")
+        fh.write("".join(f"{point}\n" for point in points) + f"# {os.urandom(8).hex()}\n")
     os.replace(tmp, path)
+
+
+def still_armed(path: str | os.PathLike[str]) -> list[str]:
+    """The points of the arming file ``path`` that no process has ended at yet."""
+    return point_lines(read_arming(path))
 
 
 def first_to_crash() -> bool:
