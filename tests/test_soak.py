@@ -64,6 +64,9 @@ def test_randomized_soak(request, tmp_path):
     # Each crash point once first (in a random order), so that a bounded run injects
     # every point there is; then scenarios at random until the time is up.
     queue = first_queue(rng)
+    # The Ray faults come last in that queue: their cluster and first buffer start
+    # meanwhile (processes starting: mostly waiting, as the other scenarios do).
+    ray_workloads.prepare(int(rng.integers(2**31)), tmp_path / "ray")
     try:
         runs = run_until(queue, deadline, names, rng, tally, tmp_path)
     finally:
@@ -78,16 +81,17 @@ def test_randomized_soak(request, tmp_path):
 
 
 def first_queue(rng: np.random.Generator) -> list[tuple[str, tuple[str, ...]]]:
-    """Every crash point once, in a random order (popped from the end): the Ray start
-    points as one fault, a shard SIGKILLed and its restarts ended at each in turn
-    (each restart costs seconds; a fault of their own each would add a kill and its
-    restart per point); the others one fault each."""
+    """Every crash point once, in a random order (popped from the end), the Ray ones
+    after the others (their cluster starts meanwhile): the Ray start points as one
+    fault, a shard SIGKILLed and its restarts ended at each in turn (each restart
+    costs seconds; a fault of their own each would add a kill and its restart per
+    point); the others one fault each."""
     points = [str(name) for name in rng.permutation(sorted(POINTS))]
     starts = tuple(ray_workloads.start_chain([p for p in points if p.startswith("ray.start.")]))
-    queue = [("crash_point", (p,)) for p in points if p not in starts]
+    ray = [("crash_point", (p,)) for p in points if p.startswith("ray.") and p not in starts]
     if starts:
-        queue.insert(int(rng.integers(len(queue) + 1)), ("ray_start_chain", starts))
-    return queue
+        ray.insert(int(rng.integers(len(ray) + 1)), ("ray_start_chain", starts))
+    return ray + [("crash_point", (p,)) for p in points if not p.startswith("ray.")]
 
 
 def test_the_first_queue_has_every_point_once_and_one_chain_of_starts():
@@ -97,6 +101,8 @@ def test_the_first_queue_has_every_point_once_and_one_chain_of_starts():
     chains = [names for kind, names in queue if kind == "ray_start_chain"]
     assert chains == [tuple(ray_workloads.START_ORDER)]
     assert all(len(names) == 1 for kind, names in queue if kind == "crash_point")
+    ray = [names[0].startswith("ray.") for _, names in queue]
+    assert ray == sorted(ray, reverse=True)  # popped from the end: the Ray ones last
 
 
 def test_a_start_point_without_a_place_in_the_order_is_refused_by_name():

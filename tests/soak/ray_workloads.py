@@ -66,6 +66,12 @@ def start_chain(points: list[str]) -> list[str]:
     return [p for p in START_ORDER if p in points]
 
 
+def prepare(seed: int, home: Path) -> None:
+    """Start the cluster and the first shared buffer while the soak goes on
+    (:meth:`~soak.reused_shards.Soak.prepare`)."""
+    SOAK.prepare(seed, home)
+
+
 def shutdown() -> None:
     """Close the soak's shared buffer; shut the cluster down if the soak started it."""
     SOAK.shutdown()

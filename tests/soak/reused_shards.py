@@ -4,14 +4,16 @@ what each shard was written and lost so far (:class:`ReusedShards`).
 Starting shard processes is most of what a Ray fault costs (seconds each on a shared
 machine), so the faults of a soak take turns on one buffer instead of building one each:
 a fault's collectors and raw writer get writer numbers of their own
-(:meth:`ReusedShards.next_fault`), nothing is cleared, and the invariants are counted
-from the ledger (every writer's steps on each shard since the buffer was built, the
-losses the client heard), so that each one is what it would be on a fresh buffer:
+(:meth:`ReusedShards.next_fault`), nothing is cleared (a shard's ``clear`` keeps its
+limiter's counters), and the invariants are counted from the ledger (every writer's
+steps on each shard since the buffer was built, the losses the client heard), so that
+each one is what it would be on a fresh buffer:
 steps held once each in order, the losses of a shard exactly what was written to it and
 is not held, its limiter counting every step it holds. A buffer serves at most
 :data:`FAULTS_PER_BUFFER` faults and never one that could fill a shard (nothing may be
 evicted); after a fault whose checks failed, the next fault gets a new buffer (a broken
-ledger must not fail the faults after it).
+ledger must not fail the faults after it). The cluster and the first buffer start in a
+thread while the soak runs its other scenarios (:meth:`Soak.prepare`).
 
 Crash points are armed while the shards run, in order, through the file of
 ``REPLAYBUFFER_CRASH_ARMING`` (:func:`replaybuffer.crash_points.arm`: a sequence ends
@@ -25,11 +27,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
 
-from soak.ray_items import RAW, SHARDS, STEPS, shard_buffer, worker_path
+from soak.ray_items import SHARDS, STEPS, shard_buffer, worker_path
 
 FAULTS_PER_BUFFER = 8
 """Faults one buffer serves before the next is built, so that a long soak draws other
@@ -157,10 +160,35 @@ class Soak:
     def __init__(self) -> None:
         self.cluster = SoakCluster()
         self.shards: ReusedShards | None = None
+        self.starting: threading.Thread | None = None
+        self.start_error: BaseException | None = None
+
+    def prepare(self, seed: int, home: Path) -> None:
+        """Start the cluster and build the first buffer (seeded by ``seed``, in
+        ``home``) in a thread of its own, while the soak runs its other scenarios: both
+        mostly wait for processes to start. The first Ray fault waits for it."""
+        def start() -> None:
+            try:
+                self.cluster.ensure()
+                self.shards = ReusedShards(self.cluster, np.random.default_rng(seed), home)
+            except BaseException as exc:  # noqa: BLE001 - raised to the first Ray fault
+                self.start_error = exc
+        self.starting = threading.Thread(target=start, name="soak-ray-start", daemon=True)
+        self.starting.start()
+
+    def started(self) -> None:
+        """Wait for :meth:`prepare`'s start, if one is under way; raise its error."""
+        if self.starting is not None:
+            self.starting.join()
+            self.starting = None
+        error, self.start_error = self.start_error, None
+        if error is not None:
+            raise error
 
     def shards_for_a_fault(self, rng: np.random.Generator, home: Path) -> ReusedShards:
         """The buffer the next fault uses: the current one if it serves another, else
         a new one (in ``home``)."""
+        self.started()
         self.cluster.ensure()
         if self.shards is not None and not self.shards.serves_another():
             self.shards.close()
@@ -170,6 +198,9 @@ class Soak:
         return self.shards
 
     def shutdown(self) -> None:
+        if self.starting is not None:
+            self.starting.join()
+            self.starting = None
         if self.shards is not None:
             self.shards.close()
             self.shards = None
@@ -179,4 +210,4 @@ class Soak:
 SOAK = Soak()
 """The running soak's Ray side."""
 
-__all__ = ["SOAK", "ReusedShards", "SoakCluster", "RAW", "WRITER_BLOCK"]
+__all__ = ["SOAK", "Soak", "ReusedShards", "SoakCluster"]
