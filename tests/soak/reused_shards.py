@@ -161,26 +161,31 @@ class Soak:
         self.cluster = SoakCluster()
         self.shards: ReusedShards | None = None
         self.starting: threading.Thread | None = None
+        self.start_done = threading.Event()
+        self.soak_over = threading.Event()
         self.start_error: BaseException | None = None
 
     def prepare(self, seed: int, home: Path) -> None:
         """Start the cluster and build the first buffer (seeded by ``seed``, in
         ``home``) in a thread of its own, while the soak runs its other scenarios: both
-        mostly wait for processes to start. The first Ray fault waits for it."""
+        mostly wait for processes to start. The first Ray fault waits for it. The
+        thread lives until :meth:`shutdown`: the processes ``ray.init`` starts end with
+        the thread that started them (Linux's parent-death signal is a thread's)."""
         def start() -> None:
             try:
                 self.cluster.ensure()
                 self.shards = ReusedShards(self.cluster, np.random.default_rng(seed), home)
             except BaseException as exc:  # noqa: BLE001 - raised to the first Ray fault
                 self.start_error = exc
+            self.start_done.set()
+            self.soak_over.wait()
         self.starting = threading.Thread(target=start, name="soak-ray-start", daemon=True)
         self.starting.start()
 
     def started(self) -> None:
         """Wait for :meth:`prepare`'s start, if one is under way; raise its error."""
         if self.starting is not None:
-            self.starting.join()
-            self.starting = None
+            self.start_done.wait()
         error, self.start_error = self.start_error, None
         if error is not None:
             raise error
@@ -199,12 +204,17 @@ class Soak:
 
     def shutdown(self) -> None:
         if self.starting is not None:
-            self.starting.join()
-            self.starting = None
+            self.start_done.wait()
         if self.shards is not None:
             self.shards.close()
             self.shards = None
         self.cluster.shutdown()
+        if self.starting is not None:
+            self.soak_over.set()
+            self.starting.join()
+            self.starting = None
+            self.start_done.clear()
+            self.soak_over.clear()
 
 
 SOAK = Soak()
