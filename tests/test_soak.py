@@ -78,6 +78,9 @@ def test_randomized_soak(request, tmp_path):
     assert runs >= 1 and tally.checks > 0
     assert not tally.failures, (f"soak seed {seed}: {len(tally.failures)} failures: "
                                 f"{tally.failures[:5]}")
+    # Every run, the bounded one too, kills a Ray shard and ends one at a crash point.
+    assert tally.faults["ray_sigkill"] >= 1 and tally.faults["ray_crash_point"] >= 1, \
+        tally.faults
 
 
 def first_queue(rng: np.random.Generator) -> list[tuple[str, tuple[str, ...]]]:
