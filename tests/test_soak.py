@@ -4,7 +4,8 @@ SIGKILLed, an mmap writer SIGKILLed, a Ray shard's process SIGKILLed while colle
 write and a learner samples, a crash point of ``replaybuffer.crash_points`` armed in a
 child or in Ray shards' processes), each followed by its invariant checks
 (``tests/soak/scenarios.py``, ``tests/soak/ray_workloads.py``; the Ray scenarios share
-one local cluster, started at the first of them and shut down at the end).
+one local cluster, started at the first of them and shut down at the end, and take
+turns on a 2-shard buffer, ``tests/soak/reused_shards.py``).
 
 Bounded to about 20 s by default (in ``make test``); longer with ``pytest --soak
 SECONDS`` or ``REPLAYBUFFER_SOAK_SECONDS``. ``REPLAYBUFFER_SOAK_SEED`` repeats a run's
@@ -62,7 +63,10 @@ def test_randomized_soak(request, tmp_path):
     deadline = time.monotonic() + seconds
     # Each crash point once first (in a random order), so that a bounded run injects
     # every point there is; then scenarios at random until the time is up.
-    queue = [("crash_point", name) for name in rng.permutation(sorted(POINTS))]
+    queue = first_queue(rng)
+    # The Ray faults come last in that queue: their cluster and first buffer start
+    # meanwhile (processes starting: mostly waiting, as the other scenarios do).
+    ray_workloads.prepare(int(rng.integers(2**31)), tmp_path / "ray")
     try:
         runs = run_until(queue, deadline, names, rng, tally, tmp_path)
     finally:
@@ -74,6 +78,41 @@ def test_randomized_soak(request, tmp_path):
     assert runs >= 1 and tally.checks > 0
     assert not tally.failures, (f"soak seed {seed}: {len(tally.failures)} failures: "
                                 f"{tally.failures[:5]}")
+    # Every run, the bounded one too, kills a Ray shard and ends one at a crash point.
+    assert tally.faults["ray_sigkill"] >= 1 and tally.faults["ray_crash_point"] >= 1, \
+        tally.faults
+
+
+def first_queue(rng: np.random.Generator) -> list[tuple[str, tuple[str, ...]]]:
+    """Every crash point once, in a random order (popped from the end), the Ray ones
+    after the others (their cluster starts meanwhile): the Ray start points as one
+    fault, a shard SIGKILLed and its restarts ended at each in turn (each restart
+    costs seconds; a fault of their own each would add a kill and its restart per
+    point); the others one fault each."""
+    points = [str(name) for name in rng.permutation(sorted(POINTS))]
+    starts = tuple(ray_workloads.start_chain([p for p in points if p.startswith("ray.start.")]))
+    ray = [("crash_point", (p,)) for p in points if p.startswith("ray.") and p not in starts]
+    if starts:
+        ray.insert(int(rng.integers(len(ray) + 1)), ("ray_start_chain", starts))
+    return ray + [("crash_point", (p,)) for p in points if not p.startswith("ray.")]
+
+
+def test_the_first_queue_has_every_point_once_and_one_chain_of_starts():
+    queue = first_queue(np.random.default_rng(0))
+    points = [p for _, names in queue for p in names]
+    assert sorted(points) == sorted(POINTS)
+    chains = [names for kind, names in queue if kind == "ray_start_chain"]
+    assert chains == [tuple(ray_workloads.START_ORDER)]
+    assert all(len(names) == 1 for kind, names in queue if kind == "crash_point")
+    ray = [names[0].startswith("ray.") for _, names in queue]
+    assert ray == sorted(ray, reverse=True)  # popped from the end: the Ray ones last
+
+
+def test_a_start_point_without_a_place_in_the_order_is_refused_by_name():
+    with pytest.raises(KeyError, match=r"\['ray.start.new'\] have no place in START_ORDER"):
+        ray_workloads.start_chain(["ray.start.mark", "ray.start.new"])
+    assert ray_workloads.start_chain(["ray.start.mark", "ray.start.record"]) == [
+        "ray.start.record", "ray.start.mark"]
 
 
 def run_until(queue, deadline, names, rng, tally, tmp_path) -> int:
@@ -82,10 +121,14 @@ def run_until(queue, deadline, names, rng, tally, tmp_path) -> int:
     runs = 0
     while queue or time.monotonic() < deadline:
         if queue:
-            _, point = queue.pop()
-            pick = lambda r, t, y, p=point: scenarios.crash_workload(p)(  # noqa: E731
-                p, int(r.integers(1, 4)), r, t, y)
-            tally.scenario = name = f"crash_point({point})"
+            kind, points = queue.pop()
+            if kind == "ray_start_chain":
+                pick = lambda r, t, y, c=points: ray_workloads.ray_fault(  # noqa: E731
+                    r, t, y, chain=c)
+            else:
+                pick = lambda r, t, y, p=points[0]: scenarios.crash_workload(p)(  # noqa: E731
+                    p, int(r.integers(1, 4)), r, t, y)
+            tally.scenario = name = f"crash_point({', '.join(points)})"
         else:
             name = str(rng.choice(names))
             pick = scenarios.SCENARIOS[name]

@@ -16,6 +16,19 @@ the point is passed. So one crash happens among all the processes sharing the
 variables, and a test can hold a point off (create ``FILE``) and arm it later
 (remove ``FILE``): for points of a restart, which only a restarted process passes.
 
+A process whose points are armed and re-armed while it runs (a Ray shard reused across
+several faults, whose environment is fixed when it starts) sets
+``REPLAYBUFFER_CRASH_ARMING=FILE`` instead of ``REPLAYBUFFER_CRASH_AT``: the points
+are then read from ``FILE`` at every pass, one ``NAME`` or ``NAME:N`` a line (blank
+lines and ``#`` lines aside; no file or no such line: nothing armed). The first line
+is armed, its N passes counted from the moment the process first sees the file as it
+is now; the process that ends there first takes the line out (of processes racing to
+it, one does), so the next line is armed from then on: a sequence of points ends one
+process each, in order (a shard's process, then its restart, then the next...).
+:func:`arm` writes such a file whole, with a fresh ``#`` line so that arming the same
+points again starts their counts afresh; :func:`still_armed` reads what is left.
+``REPLAYBUFFER_CRASH_ONCE`` works with it as with the variable (one crash in all).
+
 Off, a point costs one ``is None`` test: callers write ``if ARMED is not None:
 crash_point("...")`` with ``ARMED`` imported from this module (read once, at import),
 never a call per step. Every point is listed in :data:`POINTS` with what a crash there
@@ -96,9 +109,38 @@ def parse(value: str | None) -> tuple[str, int] | None:
     return name, int(count) if sep else 1
 
 
-ARMED = parse(os.environ.get("REPLAYBUFFER_CRASH_AT"))
+ARMING = os.environ.get("REPLAYBUFFER_CRASH_ARMING") or None
+"""The file that names the armed point at each pass (``REPLAYBUFFER_CRASH_ARMING``, see
+the module docstring); ``None``: the point is ``REPLAYBUFFER_CRASH_AT``'s, fixed at
+import."""
+
+BY_FILE = ("", 0)
+""":data:`ARMED` of a process whose point is read from :data:`ARMING` (no point has an
+empty name or a count of 0)."""
+
+
+def armed_at_import(at: str | None, arming: str | None) -> tuple[str, int] | None:
+    """:data:`ARMED` from the two variables' values: ``at`` parsed, :data:`BY_FILE`
+    where only ``arming`` is set, ``None`` where neither is.
+
+    Raises:
+        ValueError: both are set (which one arms the process would be a guess), or
+            ``at`` is refused by :func:`parse`.
+    """
+    if at and arming:
+        raise ValueError(f"REPLAYBUFFER_CRASH_AT={at!r} and REPLAYBUFFER_CRASH_ARMING="
+                         f"{arming!r} are both set: set one (the variable arms a point "
+                         "for the process's life, the file arms one while it runs)")
+    if arming:
+        return BY_FILE
+    return parse(at)
+
+
+ARMED = armed_at_import(os.environ.get("REPLAYBUFFER_CRASH_AT"), ARMING)
 """The armed point and how many times it is reached before the process ends, from
-``REPLAYBUFFER_CRASH_AT`` at import; ``None`` (production): every point is inert."""
+``REPLAYBUFFER_CRASH_AT`` at import; :data:`BY_FILE` with ``REPLAYBUFFER_CRASH_ARMING``
+(the point read from that file at each pass); ``None`` (production): every point is
+inert."""
 
 ONCE = os.environ.get("REPLAYBUFFER_CRASH_ONCE") or None
 """The file whose exclusive creation a crash needs (``REPLAYBUFFER_CRASH_ONCE``, see
@@ -107,15 +149,108 @@ the module docstring); ``None``: every process that reaches the point ends there
 _reached: dict[str, int] = {}
 
 
+class ArmingSeen:
+    """What this process last read from :data:`ARMING`: its text and the point it
+    names."""
+
+    text: str | None = None
+    point: tuple[str, int] | None = None
+
+
+_seen = ArmingSeen()
+
+
 def crash_point(name: str) -> None:
-    """End the process at once (``os._exit(CRASH_EXIT_CODE)``) when :data:`ARMED` names
-    ``name`` and this is its N-th time here; otherwise return. Callers test ``ARMED is
-    not None`` first so that an unarmed process pays no call."""
-    if ARMED is None or ARMED[0] != name:
+    """End the process at once (``os._exit(CRASH_EXIT_CODE)``) when the armed point
+    (:data:`ARMED`, or :data:`ARMING`'s now) is ``name`` and this is its N-th time here;
+    otherwise return. Callers test ``ARMED is not None`` first so that an unarmed
+    process pays no call.
+
+    Raises:
+        ValueError: :data:`ARMING` names no crash point (a typo must not pass as a
+            point never reached).
+    """
+    armed = ARMED if ARMED is not BY_FILE else armed_by_file()
+    if armed is None or armed[0] != name:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= ARMED[1] and first_to_crash():
+    if _reached[name] >= armed[1] and first_to_crash() and (
+            ARMED is not BY_FILE or took_armed_line()):
         os._exit(CRASH_EXIT_CODE)
+
+
+def armed_by_file() -> tuple[str, int] | None:
+    """The point :data:`ARMING` arms now (its first point line, as :func:`parse`
+    reads it); when its text changed since the last pass, the passes counted so far
+    are forgotten (a new arming counts from here)."""
+    assert ARMING is not None
+    text = read_arming(ARMING)
+    if text != _seen.text:
+        lines = point_lines(text)
+        _seen.point = parse(lines[0]) if lines else None
+        _seen.text = text
+        _reached.clear()
+    return _seen.point
+
+
+def read_arming(path: str | os.PathLike[str]) -> str:
+    """The text of an arming file (``""`` where there is none)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def point_lines(text: str) -> list[str]:
+    """The point lines of an arming file's ``text``, in order (blank and ``#`` lines
+    left out)."""
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def took_armed_line() -> bool:
+    """Whether this process took :data:`ARMING`'s first point line (the one it saw):
+    the file renamed to a name of this process's own (of processes racing, one
+    succeeds), then written back without that line. A file armed anew meanwhile is
+    put back untouched."""
+    assert ARMING is not None
+    mine = f"{ARMING}.{os.getpid()}.taken"
+    try:
+        os.replace(ARMING, mine)
+    except FileNotFoundError:
+        return False
+    text = read_arming(mine)
+    if text != _seen.text:
+        os.replace(mine, ARMING)
+        return False
+    arm(ARMING, *point_lines(text)[1:])
+    os.unlink(mine)
+    return True
+
+
+def arm(path: str | os.PathLike[str], *points: str) -> None:
+    """Arm ``points`` (each ``NAME`` or ``NAME:N``, in order; none: nothing) for the
+    processes whose ``REPLAYBUFFER_CRASH_ARMING`` is ``path``: written whole (a
+    temporary file renamed over it), with a fresh ``#`` line so that their counts
+    start afresh.
+
+    Raises:
+        ValueError: a point is refused by :func:`parse`, or is not one line (nothing
+            is written).
+    """
+    for point in points:
+        if "\n" in point or parse(point) is None:
+            raise ValueError(f"arm: each point must be one NAME or NAME:N, got {point!r}")
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(f"{point}\n" for point in points) + f"# {os.urandom(8).hex()}\n")
+    os.replace(tmp, path)
+
+
+def still_armed(path: str | os.PathLike[str]) -> list[str]:
+    """The points of the arming file ``path`` that no process has ended at yet."""
+    return point_lines(read_arming(path))
 
 
 def first_to_crash() -> bool:

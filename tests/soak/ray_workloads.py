@@ -1,9 +1,11 @@
-"""The soak's Ray workload: a :class:`~replaybuffer.distributed.RayReplayBuffer` of two
-shards on one local cluster (started lazily, once for the whole soak, and shut down at
-its end by :func:`shutdown`), collectors writing numbered steps through
-``ShardWriter``s while a learner samples, one shard process ended (``SIGKILL`` of its
-pid at a random moment, or a ``ray.*`` crash point armed in the shards' processes
-through their ``runtime_env``), then the invariants:
+"""The soak's Ray workload: on the 2-shard
+:class:`~replaybuffer.distributed.RayReplayBuffer` that the soak's Ray faults share
+(:mod:`soak.reused_shards`: one local cluster, started lazily and shut down at the
+soak's end by :func:`shutdown`; a buffer serves several faults), collectors writing
+numbered steps through ``ShardWriter``s while a learner samples, one shard process
+ended (``SIGKILL`` of its pid at a random moment, or a ``ray.*`` crash point armed in
+the shards' processes), then the invariants, per fault (counted from the buffer's
+ledger: every writer's steps on each shard, the losses heard before the fault):
 
 * every sampled item is one whole write (``payload`` is ``t + w / 8`` throughout, for
   the writer ``w`` and step ``t`` it names), during the fault and after;
@@ -17,12 +19,15 @@ through their ``runtime_env``), then the invariants:
 * ``stats()`` is the sum of the shards' counters, and each shard's limiter counts as
   many inserts as it holds steps (a restarted shard's counters were restored with its
   checkpoint, then counted on);
-* the other shard kept its process, lost nothing and was written and sampled meanwhile.
+* the other shard kept its process, lost nothing more and holds every step written to
+  it meanwhile, and was written and sampled meanwhile.
 
-A point is armed in both shards' processes with ``REPLAYBUFFER_CRASH_ONCE`` (see
-:mod:`replaybuffer.crash_points`): the first process to reach it ends, no other, and
-Ray's restart of it (same environment) runs on. The ``ray.start.*`` points are held
-off until the scenario kills a shard, so that a restart reaches them.
+A point is armed in both shards' processes while they run (the file of
+``REPLAYBUFFER_CRASH_ARMING``, see :mod:`replaybuffer.crash_points`): the first
+process to reach it ends, no other, and Ray's restart of it runs on. The ``ray.start.*``
+points are armed when the scenario kills a shard, so that a restart reaches them; a
+sequence of them (:data:`START_ORDER`) ends the restarts that follow one another, one
+point each (the bounded soak's chained fault: a SIGKILL and every start point).
 """
 
 from __future__ import annotations
@@ -36,63 +41,40 @@ from typing import Any
 
 import numpy as np
 
-PAYLOAD = 16
-STEPS = 240
-"""Steps each collector writes."""
-SHARDS = 2
-RAW = 10
-"""The writer number (``w``) of the raw writer's steps (shard ``s``: ``RAW + s``)."""
-_cluster = {"started": False}
+from soak.ray_items import RAW, SHARDS, STEPS, items
+from soak.reused_shards import SOAK, ReusedShards
 
 
-def spec() -> dict[str, Any]:
-    from replaybuffer.specs import ArraySpec
-    return {"w": ArraySpec((), np.int64), "t": ArraySpec((), np.int64),
-            "payload": ArraySpec((PAYLOAD,), np.float32)}
+START_ORDER = ("ray.start.record", "ray.start.forget_held", "ray.start.settle",
+               "ray.start.mark")
+"""The start points in the order that a chain of restarts reaches them, one each: a
+start killed at ``record`` left no valid record, so the next one stores it and reaches
+``forget_held``; the one after completes that record, past ``forget_held``, to
+``settle`` (the pending records are still there); the next completes it to ``mark``."""
 
 
-def items(w: int, t: np.ndarray) -> dict[str, np.ndarray]:
-    """Steps ``t`` (int64 ``[T]``) of writer ``w`` as one row's ``extend`` items
-    (leaves ``[1, T, ...]``)."""
-    t = np.asarray(t, np.int64)
-    payload = t.astype(np.float32) + np.float32(w / 8)
-    return {"w": np.full((1, len(t)), w, np.int64), "t": t[None],
-            "payload": np.repeat(payload[None, :, None], PAYLOAD, 2)}
+def start_chain(points: list[str]) -> list[str]:
+    """``points`` (start points) in :data:`START_ORDER`.
+
+    Raises:
+        KeyError: a start point that has no place in :data:`START_ORDER` yet.
+    """
+    unknown = sorted(set(points) - set(START_ORDER))
+    if unknown:
+        raise KeyError(f"start points {unknown} have no place in START_ORDER "
+                       "(tests/soak/ray_workloads.py): which restart reaches them?")
+    return [p for p in START_ORDER if p in points]
 
 
-def shard_buffer() -> Any:
-    """A shard's buffer: one row, room for every step written (nothing evicted), a
-    rate limiter whose counters a restart restores."""
-    import replaybuffer as rb
-    buffer = rb.UniformReplayBuffer(spec(), 1, 16 * STEPS, seed=0)
-    buffer.rate_limiter = rb.MinSize(1)
-    return buffer
-
-
-def worker_path() -> str:
-    """The shards' ``PYTHONPATH``: the tests folder (this module's factory) and the
-    caller's path, absolute (a worker's directory is not the caller's)."""
-    here = Path(__file__).resolve().parent.parent
-    parts = [str(here)] + [str(Path(p).resolve()) for p in
-                           os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join(parts)
-
-
-def ensure_cluster() -> None:
-    """Start the local cluster unless one is up (once per soak)."""
-    import ray
-    if not ray.is_initialized():
-        from ray_cluster import start_local_cluster
-        start_local_cluster()
-        _cluster["started"] = True
+def prepare(seed: int, home: Path) -> None:
+    """Start the cluster and the first shared buffer while the soak goes on
+    (:meth:`~soak.reused_shards.Soak.prepare`)."""
+    SOAK.prepare(seed, home)
 
 
 def shutdown() -> None:
-    """Shut down the cluster if this module started it."""
-    if _cluster["started"]:
-        import ray
-        ray.shutdown()
-        _cluster["started"] = False
+    """Close the soak's shared buffer; shut the cluster down if the soak started it."""
+    SOAK.shutdown()
 
 
 class RawWriter:
@@ -102,8 +84,8 @@ class RawWriter:
     chunk at every pair. A call that raised (its process died) is reported lost with
     the next, as a ``ShardWriter`` reports it."""
 
-    def __init__(self, actor: Any, shard: int, size: int):
-        self.actor, self.w, self.size = actor, RAW + shard, size
+    def __init__(self, actor: Any, w: int, size: int):
+        self.actor, self.w, self.size = actor, w, size
         self.name = os.urandom(8).hex()
         self.written = 0
 
@@ -191,13 +173,13 @@ class Pause:
                 time.sleep(0.005)
 
 
-def collect(writer: Any, shard: int, rng: np.random.Generator, progress: list[int],
+def collect(writer: Any, shard: int, w: int, rng: np.random.Generator, progress: list[int],
             errors: list[str], pause: Pause) -> None:
-    """Write steps ``0..STEPS-1`` of writer ``w = shard`` one at a time, paced, with a
-    flush now and then and at the end (which waits out a restart)."""
+    """Write steps ``0..STEPS-1`` of writer ``w`` to ``shard`` one at a time, paced,
+    with a flush now and then and at the end (which waits out a restart)."""
     try:
         for t in range(STEPS):
-            writer.add_batch({k: v[:, 0] for k, v in items(shard, np.array([t])).items()})
+            writer.add_batch({k: v[:, 0] for k, v in items(w, np.array([t])).items()})
             progress[shard] = t + 1
             if t % 16 == 15:
                 time.sleep(float(rng.uniform(0, 0.03)))
@@ -224,7 +206,7 @@ def back(buffer: Any, shard: int, incarnation: int) -> dict[str, Any]:
 
 
 def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
-                  pause: Pause, threads: list[threading.Thread], gate: Path,
+                  pause: Pause, threads: list[threading.Thread], point: str,
                   rng: np.random.Generator) -> bool:
     """``ray.applied.mark`` for a writer that goes silent: with the collectors held,
     the raw writer's in-order chunks until one ends its process (its mark stored, its
@@ -233,7 +215,7 @@ def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
     process, which must know that a process applied it (the second one settled its
     pending record at its start). Whether the point was reached."""
     pause.hold(threads)
-    gate.unlink()
+    SOAK.cluster.arm(point)
     seq = 0
     while seq < 200 and raw.call(seq, seq, None):
         seq += 1
@@ -254,86 +236,105 @@ def silent_writer(buffer: Any, raw: RawWriter, victim: int, incarnation: int,
 
 
 def ray_fault(rng: np.random.Generator, tmp: Path, tally: Any, point: str | None = None,
-              count: int = 1) -> None:
+              count: int = 1, chain: tuple[str, ...] = ()) -> None:
     """The scenario (module docstring): ``point`` ``None``: a shard's process
     SIGKILLed at a random moment; else that crash point armed for its ``count``-th
     pass (a ``ray.applied.*`` point's pass drawn further on, so that checkpoints come
     before it; a ``ray.start.*`` point's first, in the process that follows a
-    SIGKILL)."""
-    from replaybuffer.distributed import RayReplayBuffer
-    ensure_cluster()
-    gate = tmp / "crashed"
+    SIGKILL); ``chain``: start points (:data:`START_ORDER`) armed after it, for the
+    restarts that follow, one each. On the soak's shared buffer (a new one, in
+    ``tmp``, when it serves no more); nothing is left armed once the fault is over."""
+    shards = SOAK.shards_for_a_fault(rng, tmp)
+    failures = len(tally.failures)
+    try:
+        fault(shards, rng, tally, point, count, chain)
+    except BaseException:
+        shards.failed = True
+        raise
+    finally:
+        SOAK.cluster.arm()  # a point never reached must not end a later fault's process
+    if len(tally.failures) > failures:
+        shards.failed = True  # its ledger may be off: the next fault gets a new buffer
+
+
+def fault(shards: ReusedShards, rng: np.random.Generator, tally: Any, point: str | None,
+          count: int, chain: tuple[str, ...]) -> None:
+    """:func:`ray_fault` on ``shards``."""
+    cluster = SOAK.cluster
     start = point is not None and point.startswith("ray.start.")
     held = point is not None and point.startswith("ray.held.")
     if point is not None and point.startswith("ray.applied."):
         count += int(rng.integers(0, 16))
     # ray.applied.mark: half the time a writer that goes silent across two restarts
     # (its report reaches the third process: the second one's settle must be whole).
-    silent = point == "ray.applied.mark" and bool(rng.integers(2))
-    if start or silent:
-        gate.touch()  # held off: the first processes pass it
+    silent = point == "ray.applied.mark" and not chain and bool(rng.integers(2))
     if start:
         count = 1  # a start passes it once (a pending record each: one writer's here)
-    tally.scenario = (f"ray_fault({point}:{count}{', silent writer' if silent else ''})"
-                      if point else "ray_fault(sigkill)")
-    options = None
-    if point is not None:
-        options = {"runtime_env": {"env_vars": {
-            "REPLAYBUFFER_CRASH_AT": f"{point}:{count}", "REPLAYBUFFER_CRASH_ONCE": str(gate),
-            "PYTHONPATH": worker_path()}}}
-    with RayReplayBuffer(shard_buffer, SHARDS, checkpoint_dir=tmp / "shards",
-                         checkpoint_every=int(rng.integers(16, 64)), max_restarts=4,
-                         seed=int(rng.integers(2**31)), actor_options=options) as buffer:
-        before = buffer.describe()
-        progress = [0] * SHARDS
-        errors: list[str] = []
-        writers = [buffer.writer(s, chunk_steps=int(rng.integers(1, 9))) for s in range(SHARDS)]
-        pause = Pause()
-        threads = [threading.Thread(target=collect, daemon=True,
-                                    args=(writers[s], s, np.random.default_rng(rng.integers(2**31)),
-                                          progress, errors, pause)) for s in range(SHARDS)]
-        for thread in threads:
-            thread.start()
-        learner = Learner(buffer)
-        wait_until(lambda: all(d is not None and d["size"] > 0 for d in buffer.describe()),
-                   60)  # (every shard empty at once: the learner's draw is refused)
-        learner.start()
-        victim = int(rng.integers(SHARDS))
-        raw = RawWriter(buffer.actors[victim], victim, int(rng.integers(1, 4)))
-        at = int(rng.integers(16, STEPS - 32))
-        wait_until(lambda: min(progress) >= at, 60)
-        batches_before = learner.batches
-        if silent:
-            tally.faults["ray_sigkill"] += 1  # the second process
-            silent_writer(buffer, raw, victim, before[victim]["incarnation"], pause,
-                          threads, gate, rng)
-        elif held:
-            raw.pairs(count)
-        elif point is None or start:
-            gate.unlink(missing_ok=True)  # a start point is armed from now on
-            os.kill(before[victim]["pid"], signal.SIGKILL)
-        tally.faults["ray_sigkill" if point is None or start else "ray_crash_point"] += 1
-        crashed = point is None or wait_until(gate.exists, 60)
-        tally.check(crashed, f"{point}:{count} was never reached")
-        for thread in threads:
-            thread.join(120)
-        buffer.wait_for_shards(60)
-        # The client learns of a restart only from a call: one killed after the last
-        # write is not yet known down, and a write racing its restart is (rightly)
-        # reported lost. So the step below is written once the new process answered.
-        wait_until(lambda: restarted(buffer, before), 60)
-        for s, writer in enumerate(writers):  # a step after every fault: it must be held
-            writer.add_batch({k: v[:, 0] for k, v in items(s, np.array([STEPS])).items()})
-            writer.flush()
-        time.sleep(0.2)  # a few more batches with every shard back
-        learner.stop.set()
-        learner.join(60)
-        tally.check(not errors, f"collectors failed: {errors[:2]}")
-        tally.check(not learner.errors, f"the learner failed: {learner.errors[:2]}")
-        tally.check(learner.torn == 0, f"{learner.torn} items sampled torn")
-        tally.check(learner.batches > batches_before,
-                    "the learner drew nothing from the fault on")
-        check_shards(buffer, before, {victim: raw}, tally)
+    sequence = ([] if point is None else [f"{point}:{count}"]) + [f"{p}:1" for p in chain]
+    tally.scenario = (f"ray_fault({', then '.join(sequence)}"
+                      f"{', silent writer' if silent else ''})" if point else
+                      f"ray_fault(sigkill{''.join(', then ' + p for p in sequence)})")
+    buffer = shards.buffer
+    base = shards.next_fault()
+    before = buffer.describe()
+    lost_before = [shards.lost(s) for s in range(SHARDS)]
+    missing_before = [shards.missing(s, int(d["size"])) for s, d in enumerate(before)]
+    if point is not None and not (start or silent):
+        cluster.arm(*sequence)  # from the collectors' first chunk on
+    progress = [0] * SHARDS
+    errors: list[str] = []
+    writers = [buffer.writer(s, chunk_steps=int(rng.integers(1, 9))) for s in range(SHARDS)]
+    pause = Pause()
+    threads = [threading.Thread(target=collect, daemon=True,
+                                args=(writers[s], s, base + s,
+                                      np.random.default_rng(rng.integers(2**31)),
+                                      progress, errors, pause)) for s in range(SHARDS)]
+    for thread in threads:
+        thread.start()
+    learner = Learner(buffer)
+    wait_until(lambda: all(d is not None and d["size"] > 0 for d in buffer.describe()),
+               60)  # (every shard empty at once: the learner's draw is refused)
+    learner.start()
+    victim = int(rng.integers(SHARDS))
+    raw = RawWriter(buffer.actors[victim], base + RAW + victim, int(rng.integers(1, 4)))
+    at = int(rng.integers(16, STEPS - 32))
+    wait_until(lambda: min(progress) >= at, 60)
+    batches_before = learner.batches
+    if silent:
+        tally.faults["ray_sigkill"] += 1  # the second process
+        silent_writer(buffer, raw, victim, before[victim]["incarnation"], pause,
+                      threads, sequence[0], rng)
+    elif held:
+        raw.pairs(count)
+    elif point is None or start:
+        cluster.arm(*sequence)  # start points: armed for the restarts from now on
+        os.kill(before[victim]["pid"], signal.SIGKILL)
+    tally.faults["ray_sigkill" if point is None or start else "ray_crash_point"] += 1
+    tally.faults["ray_crash_point"] += len(chain)
+    crashed = wait_until(lambda: not cluster.still_armed(), 60 * max(1, len(sequence)))
+    tally.check(crashed, f"{cluster.still_armed()} of {sequence} never reached")
+    for thread in threads:
+        thread.join(120)
+    buffer.wait_for_shards(60)
+    # The client learns of a restart only from a call: one killed after the last
+    # write is not yet known down, and a write racing its restart is (rightly)
+    # reported lost. So the step below is written once the new process answered.
+    wait_until(lambda: restarted(buffer, before), 60)
+    for s, writer in enumerate(writers):  # a step after every fault: it must be held
+        writer.add_batch({k: v[:, 0] for k, v in items(base + s, np.array([STEPS])).items()})
+        writer.flush()
+    time.sleep(0.2)  # a few more batches with every shard back
+    learner.stop.set()
+    learner.join(60)
+    for s in range(SHARDS):
+        shards.record(s, base + s, STEPS + 1)
+    shards.record(victim, raw.w, raw.written)
+    tally.check(not errors, f"collectors failed: {errors[:2]}")
+    tally.check(not learner.errors, f"the learner failed: {learner.errors[:2]}")
+    tally.check(learner.torn == 0, f"{learner.torn} items sampled torn")
+    tally.check(learner.batches > batches_before,
+                "the learner drew nothing from the fault on")
+    check_shards(shards, before, lost_before, missing_before, base, tally)
 
 
 def restarted(buffer: Any, before: list[Any]) -> bool:
@@ -384,10 +385,14 @@ def drawn_items(buffer: Any, total: int) -> dict[int, dict[int, tuple[int, int]]
     return seen
 
 
-def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
-                 tally: Any) -> None:
-    """The invariants after the fault (module docstring)."""
+def check_shards(shards: ReusedShards, before: list[Any], lost_before: list[int],
+                 missing_before: list[int], base: int, tally: Any) -> None:
+    """The invariants after the fault (module docstring); ``before``: the shards as
+    the fault began, ``lost_before``/``missing_before``: per shard, the steps the
+    client had heard lost and the steps written and not held then; ``base``: the
+    fault's writer numbers."""
     import ray
+    buffer = shards.buffer
     after = buffer.describe()
     deadline = time.monotonic() + 60
     while not all(after) and time.monotonic() < deadline:  # killed after its last write:
@@ -406,9 +411,7 @@ def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
         held = seen[s]
         tally.check(len(held) == sizes[s], f"shard {s} holds {sizes[s]} steps, "
                                            f"{len(held)} whole ones can be drawn")
-        written = {s: STEPS + 1}
-        if s in raws:
-            written[raws[s].w] = raws[s].written
+        written = shards.written[s]
         by_writer: dict[int, list[int]] = {}
         for local in sorted(held):
             w, t = held[local]
@@ -419,15 +422,15 @@ def check_shards(buffer: Any, before: list[Any], raws: dict[int, RawWriter],
                         f"{[t for t in ts if not 0 <= t < written.get(w, 0)][:4]}")
             tally.check(all(a < b for a, b in zip(ts, ts[1:])),
                         f"shard {s}: writer {w}'s steps not once each in order")
-        tally.check(by_writer.get(s, [-1])[-1] == STEPS,
+        tally.check(by_writer.get(base + s, [-1])[-1] == STEPS,
                     f"shard {s}: the step flushed after the faults ({STEPS}) is not held")
-        losses = [loss for loss in buffer.losses if loss.shard == s]
-        lost = sum(loss.steps_lost for loss in losses)
-        expected = sum(written.values()) - sizes[s]
+        lost = shards.lost(s)
+        expected = shards.missing(s, sizes[s])
         if s not in died:
-            tally.check(lost == 0 and expected == 0,
-                        f"shard {s}, which kept its process, lost {lost} (missing "
-                        f"{expected})")
+            tally.check(lost == lost_before[s] and expected == missing_before[s],
+                        f"shard {s}, which kept its process, lost "
+                        f"{lost - lost_before[s]} (missing "
+                        f"{expected - missing_before[s]})")
             continue
         tally.check(lost == expected,
                     f"shard {s} reports {lost} steps lost; {expected} written are not "
