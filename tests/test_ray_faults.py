@@ -74,6 +74,31 @@ def test_a_restarted_shard_keeps_its_limiter_counters_and_stats_sum_them(tmp_pat
         assert (after.inserts, after.samples, after.size) == (20, 8, 20)
 
 
+def test_a_shard_restarted_after_a_clear_keeps_the_limiter_counters_saved_with_it(tmp_path):
+    """A clear saves the empty buffer at last_id -1: the counters saved with it must be
+    the ones a restart restores, not pruned by the older saves' higher ids."""
+    with RayReplayBuffer(limited, 1, checkpoint_dir=tmp_path, seed=4) as buffer:
+        for _ in range(3):  # three saves, with counter files at ids 9, 19, 29
+            buffer.extend({"x": np.arange(10)[None]}, shard=0)
+            buffer.flush()
+            buffer.checkpoint()
+        buffer.get_next(8)
+        buffer.clear()
+        before = buffer.stats()
+        assert (before.inserts, before.samples, before.size) == (30, 8, 0)
+        kill_and_wait_restarted(buffer, 0)
+        buffer.wait_for_shards()
+        after = buffer.stats()
+        assert (after.inserts, after.samples, after.size) == (30, 8, 0)
+        buffer.extend({"x": np.arange(5)[None]}, shard=0)  # and the series goes on
+        buffer.flush()
+        buffer.checkpoint()
+        kill_and_wait_restarted(buffer, 0)
+        buffer.wait_for_shards()
+        again = buffer.stats()
+        assert (again.inserts, again.samples, again.size) == (35, 8, 5)
+
+
 def test_writes_after_a_restart_are_applied_when_flush_returns_and_losses_count(tmp_path):
     """Items 12 and 15: a restart between two calls is recorded; a writer's steps
     count in steps_lost; writes after the restart land before flush returns."""

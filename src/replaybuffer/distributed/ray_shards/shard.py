@@ -388,6 +388,9 @@ class ShardActor:
         self.holding.clear()
         self.files.mark = self.saved_last_id = self.buffer.last_id
         if self.root is not None:
+            # Killed between the two, a restart loads the checkpoint before the clear
+            # with fresh limiter counters (as a shard that never saved them).
+            self.files.forget_limiters()
             self.save()  # type: ignore[operator]
         return self.describe()
 

@@ -358,6 +358,13 @@ class ShardHome:
         for old in saved[:-keep]:
             (folder / f"{old}.json").unlink(missing_ok=True)
 
+    def forget_limiters(self) -> None:
+        """Delete every saved limiter counter file: a clear starts the checkpoint series'
+        ids again from -1, and the old files' higher ids would otherwise outrank (and
+        prune) the counters saved with the cleared buffer's checkpoints."""
+        for path in (self.home / "limiter").glob("*.json"):
+            path.unlink(missing_ok=True)
+
     def limiter_state(self, last_id: int) -> dict[str, Any] | None:
         """The counters saved with the checkpoint of ``last_id`` (``None``: none)."""
         path = self.home / "limiter" / f"{last_id}.json"
