@@ -239,7 +239,7 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
     it, at the end of construction and wherever a part it reads is replaced (a save's
     snapshot wraps the storage, :meth:`snapshot`, and unwraps it,
     :meth:`release_snapshot`): a read then tests one attribute instead of four.
-    ``tests/test_prioritized_direct_reads.py`` fails if a new assignment of one of
+    ``tests/test_prioritized_direct_calls.py`` fails if a new assignment of one of
     those parts does not refresh it."""
 
     def _refresh_direct_reads(self) -> None:
