@@ -395,7 +395,7 @@ def test_a_dataset_over_fifo_shards_reads_on_pull_in_order(buffers):
         return rb.FIFOReplayBuffer(SPEC, 1, 100)
 
     with RayReplayBuffer(fifo, 1, seed=0) as buffer:
-        buffer.extend(items(np.arange(12)[None]), shard=0)
+        buffer.extend(items(np.arange(16)[None]), shard=0)
         buffer.flush()
         stream = iter(buffer.as_dataset(4))
         for start in (0, 4, 8):
@@ -403,3 +403,9 @@ def test_a_dataset_over_fifo_shards_reads_on_pull_in_order(buffers):
             np.testing.assert_array_equal(batch["x"], np.arange(start, start + 4))
             assert stream.in_flight() == 0
         stream.close()
+        for bad in ({"batches_per_call": 2}, {"batches_per_call": 0},
+                    {"group_from_one_shard": True}, {"group_from_one_shard": 1}):
+            with pytest.raises(ValueError, match="one batch at each pull"):
+                buffer.as_dataset(4, **bad)  # read on pull: nothing to group, refused
+        batch, _ = buffer.get_next(4, timeout=0)  # and nothing was consumed by them
+        np.testing.assert_array_equal(batch["x"], np.arange(12, 16))

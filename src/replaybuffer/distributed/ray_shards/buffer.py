@@ -351,7 +351,8 @@ class RayReplayBuffer(ShardWrites):
 
         Raises:
             ValueError: ``prefetch`` or ``batches_per_call`` below 1 (or not an int),
-                ``group_from_one_shard`` not a bool, a bad size.
+                ``group_from_one_shard`` not a bool, a bad size; on FIFO shards any
+                prefetch, ``batches_per_call`` other than 1 or ``group_from_one_shard``.
         """
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
@@ -363,6 +364,11 @@ class RayReplayBuffer(ShardWrites):
             if prefetch or num_parallel_calls:
                 raise ValueError(f"{self.buffer_class} shards read each window once, in "
                                  "order: no prefetch or num_parallel_calls")
+            if batches_per_call != 1 or group_from_one_shard is not False:
+                raise ValueError(
+                    f"{self.buffer_class} shards are read one batch at each pull: "
+                    f"batches_per_call must be 1 and group_from_one_shard False, got "
+                    f"{batches_per_call!r} and {group_from_one_shard!r}")
             return ShardStream(self, sample_batch_size, num_steps, 0, within_episodes)
         depth = prefetch or max(DEFAULT_PREFETCH, num_parallel_calls or 0)
         return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes,
