@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,8 @@ NUM_STEPS = 2
 
 SOAK_VARIABLE = "REPLAYBUFFER_SOAK_SECONDS"
 """The environment variable that sets how long the suite's soak runs (seconds)."""
+STANDBY_VICTIMS = 3
+"""Writers to kill started ahead of their turn (:func:`run_stress`)."""
 
 
 def soak_seconds(default: float) -> float:
@@ -179,16 +182,22 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
     out = ctx.Queue()
     rng = np.random.default_rng(seed)
     ready, go, victim_ready = ctx.Queue(), ctx.Event(), ctx.Queue()
-    standby: tuple[Any, Any] | None = None
+    # Writers to kill, started ahead (each imports while earlier ones write) and writing
+    # once its event is set: several, so that a slow process start on a loaded machine
+    # does not space the kills out (at least STANDBY_VICTIMS kills in any run).
+    standby: deque[tuple[Any, Any]] = deque()
+    started_pids: set[int] = set()
 
     def next_victim() -> tuple[Any, Any]:
-        """A writer to kill, started now (it imports while the last one writes) and
-        writing once its event is set."""
         victim_go = ctx.Event()
         victim = ctx.Process(target=_writer,
                              args=(buffer, seconds, out, victim_ready, victim_go))
         victim.start()
         return victim, victim_go
+
+    def wait_started(pid: int | None) -> None:
+        while pid not in started_pids:
+            started_pids.add(victim_ready.get(timeout=300))
 
     try:
         procs = [ctx.Process(target=_writer, args=(buffer, seconds, out, ready, go))
@@ -199,17 +208,18 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
                                                         go)))
         for p in procs:
             p.start()
-        standby = next_victim() if kill_every else None
+        if kill_every:
+            standby.extend(next_victim() for _ in range(STANDBY_VICTIMS))
         for _ in procs:  # every process started: the clock starts
             ready.get(timeout=300)
         go.set()
         start = time.monotonic()
         end = start + seconds
-        while standby is not None and time.monotonic() < end - 0.5:
-            victim, victim_go = standby
-            victim_ready.get(timeout=300)  # killed while writing, not while starting
+        while standby and time.monotonic() < end - 0.5:
+            victim, victim_go = standby.popleft()
+            wait_started(victim.pid)  # killed while writing, not while starting
             victim_go.set()
-            standby = next_victim()
+            standby.append(next_victim())
             time.sleep(float(rng.uniform(0.3, kill_every or 1.0)))
             if victim.is_alive() and victim.pid is not None:  # (a started one has a pid)
                 os.kill(victim.pid, signal.SIGKILL)
@@ -236,8 +246,8 @@ def run_stress(seconds: float = 8.0, writers: int = 4, samplers: int = 2,
                 report.stale += stale
         report.stats = buffer.stats()
     finally:
-        if standby is not None:
-            standby[0].kill()
-            standby[0].join()
+        for waiting, _ in standby:
+            waiting.kill()
+            waiting.join()
         buffer.close()
     return report
