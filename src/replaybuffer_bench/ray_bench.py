@@ -1,11 +1,12 @@
 """``replaybuffer bench --ray``: a :class:`~replaybuffer.distributed.RayReplayBuffer`
-with 1, 2, 4 and 8 shards fed by 4 collector tasks, sampled by the learner (this
-process).
+with 1, 2, 4 and 8 shards fed by 4 collectors (Ray actors), sampled by the learner
+(this process).
 
 Per workload (control, frames), batch mode (``--shards-per-batch``: ``1``, Ape-X's one
 shard per batch, or ``all``) and shard count: a local Ray cluster (``num_cpus=2``),
 uniform shards holding 100k control (20k frames) items between them, prefilled with
-1000 items each; 4 collector tasks (collector ``k`` writes to shard ``k % shards``
+1000 items each; 4 collectors (:class:`Collector` actors, their processes started
+before the timed window; collector ``k`` writes to shard ``k % shards``
 through a :class:`~replaybuffer.distributed.ShardWriter` sending chunks of
 ``--chunk-steps``, ``extend`` of 32 steps at a time) run for ``--seconds`` while the
 learner iterates ``as_dataset(256, prefetch=--prefetch, batches_per_call=
@@ -25,7 +26,8 @@ about every 100 steps and send a chunk each time).
 
 CPU per sampled batch (Linux, :mod:`.process_cpu`): the learner, the shards together,
 the collectors' processes and Ray's own (GCS, raylet, idle workers), measured over the
-sampling run; and the CPU each shard spends while nothing calls it (1 s before the
+sampling run (the window whose batches it is divided by); and the CPU each shard
+spends while nothing calls it (1 s before the
 run: Ray's worker wakes every 10 ms to check for signals, whatever the actor). On a
 machine with fewer cores than processes, samples/s follow these sums.
 
@@ -93,27 +95,43 @@ def episode(spec: Any, rng: np.random.Generator) -> Any:
     return items
 
 
-def _collect(writer: Any, spec: Any, seconds: float, seed: int) -> tuple[int, int]:
-    """Write episodes of :data:`EPISODE_STEPS` steps, ``extend`` calls of up to
-    :data:`CHUNK` steps (the last of an episode shorter), for ``seconds``; the steps
-    sent and the id of the process that sent them."""
-    import os
+class Collector:
+    """One collector (a Ray actor in :func:`run_ray`): its episode's pieces made, and
+    its process started, before the row's timed window, so that the window measures
+    writing alone. Started as tasks, 2 of the 4 collectors began 2-5 s into a 5 s
+    window (Ray started a worker process for each, importing Ray, numpy and this
+    harness, a CPU-second or more each on the shared 2-core machine), so rows mixed
+    2 and 4 writers with process start-ups, and those start-ups' CPU was counted for
+    no collector.
 
-    from replaybuffer import nest
+    Args:
+        spec: the workload's data spec.
+        seed: the seed of the collector's random episode.
+    """
 
-    rng = np.random.default_rng(seed)
-    steps_of = episode(spec, rng)
-    pieces = [nest.map_structure(lambda a, t=t: a[:, t:t + CHUNK], steps_of)
-              for t in range(0, EPISODE_STEPS, CHUNK)]
-    sizes = [min(CHUNK, EPISODE_STEPS - t) for t in range(0, EPISODE_STEPS, CHUNK)]
-    deadline = time.perf_counter() + seconds
-    steps = k = 0
-    while time.perf_counter() < deadline:
-        writer.extend(pieces[k])
-        steps += sizes[k]
-        k = (k + 1) % len(pieces)
-    writer.flush()
-    return steps, os.getpid()
+    def __init__(self, spec: Any, seed: int):
+        from replaybuffer import nest
+
+        steps_of = episode(spec, np.random.default_rng(seed))
+        self.pieces = [nest.map_structure(lambda a, t=t: a[:, t:t + CHUNK], steps_of)
+                       for t in range(0, EPISODE_STEPS, CHUNK)]
+        self.sizes = [min(CHUNK, EPISODE_STEPS - t) for t in range(0, EPISODE_STEPS, CHUNK)]
+
+    def pid(self) -> int:
+        """The collector's process id (its CPU is metered from before the window)."""
+        return os.getpid()
+
+    def collect(self, writer: Any, seconds: float) -> int:
+        """Write the episode, ``extend`` calls of up to :data:`CHUNK` steps (the last
+        of an episode shorter), through ``writer`` for ``seconds``; the steps sent."""
+        deadline = time.perf_counter() + seconds
+        steps = k = 0
+        while time.perf_counter() < deadline:
+            writer.extend(self.pieces[k])
+            steps += self.sizes[k]
+            k = (k + 1) % len(self.pieces)
+        writer.flush()
+        return steps
 
 
 def idle_shard_cpu(pids: list[int], seconds: float = 1.0) -> float | None:
@@ -179,13 +197,16 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         shard_pids = [int(d["pid"]) for d in buffer.describe() if d is not None]
         idle_ms = idle_shard_cpu(shard_pids)
         learner = os.getpid()
-        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)])
-        task = ray.remote(num_cpus=0)(_collect)
+        remote_collector: Any = ray.remote(num_cpus=0)(Collector)
+        actors: list[Any] = [remote_collector.remote(spec, k) for k in range(collectors)]
+        collector_pids = ray.get([actor.pid.remote() for actor in actors])
+        meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)
+                          | set(collector_pids)])
         meter.start()
         start = time.perf_counter()
-        runs = [task.remote(buffer.writer(k % shards, chunk_steps=chunk_steps), spec,
-                            seconds, k)
-                for k in range(collectors)]
+        runs = [actor.collect.remote(buffer.writer(k % shards, chunk_steps=chunk_steps),
+                                     seconds)
+                for k, actor in enumerate(actors)]
         sampled = 0
         stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch,
                                         batches_per_call=batches_per_call,
@@ -194,13 +215,15 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             next(stream)
             sampled += SAMPLE
         sample_seconds = time.perf_counter() - start
-        stream.close()
-        collected = ray.get(runs)
-        insert_seconds = time.perf_counter() - start
+        # The CPU over the batches' window: metered until the collectors had flushed,
+        # a row whose collectors ended late divided their CPU by too few batches.
         meter.stop()
-        inserted = sum(steps for steps, _ in collected)
-        # Collector tasks may start workers after the meter did: those are not counted.
-        cpu = cpu_per_batch(meter, learner, shard_pids, {pid for _, pid in collected},
+        stream.close()
+        inserted = sum(ray.get(runs))
+        insert_seconds = time.perf_counter() - start
+        for actor in actors:
+            ray.kill(actor)
+        cpu = cpu_per_batch(meter, learner, shard_pids, set(collector_pids),
                             sampled // SAMPLE)
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
@@ -210,7 +233,10 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             "collectors": collectors, "inserts_per_s": inserted / insert_seconds,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
             "zero_copy_share": zero_copy_share, "seconds": seconds,
-            "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms}
+            "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms,
+            "collector_pids": collector_pids,
+            "collectors_metered": sum(meter.spent([pid]) is not None
+                                      for pid in collector_pids)}
 
 
 def run_idle(shards: int, shards_per_batch: int | None, prefetch: int = 4,
