@@ -59,7 +59,7 @@ from replaybuffer.distributed.errors import (ShardsUnavailableError,
 from replaybuffer.distributed.ray_shards.batches import shaped
 from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
 from replaybuffer.distributed.ray_shards.outbox import Outbox
-from replaybuffer.distributed.ray_shards.pipeline import ShardStream
+from replaybuffer.distributed.ray_shards.pipeline import ShardStream, dataset_depth
 from replaybuffer.distributed.ray_shards.priority_updates import PriorityUpdates
 from replaybuffer.distributed.ray_shards.sampling import PendingBatch, ShardSampler
 from replaybuffer.distributed.ray_shards.shard import ShardActor
@@ -357,20 +357,9 @@ class RayReplayBuffer(ShardWrites):
         sample_batch_size = positive_or_none(sample_batch_size, "sample_batch_size")
         num_steps = positive_or_none(num_steps, "num_steps")
         num_parallel_calls = positive_or_none(num_parallel_calls, "num_parallel_calls")
-        if prefetch is not None and (type(prefetch) is not int or prefetch < 1):
-            raise ValueError(f"prefetch must be a positive int (batches in flight) or "
-                             f"None, got {prefetch!r}")
-        if self._consumes:
-            if prefetch or num_parallel_calls:
-                raise ValueError(f"{self.buffer_class} shards read each window once, in "
-                                 "order: no prefetch or num_parallel_calls")
-            if batches_per_call != 1 or group_from_one_shard is not False:
-                raise ValueError(
-                    f"{self.buffer_class} shards are read one batch at each pull: "
-                    f"batches_per_call must be 1 and group_from_one_shard False, got "
-                    f"{batches_per_call!r} and {group_from_one_shard!r}")
-            return ShardStream(self, sample_batch_size, num_steps, 0, within_episodes)
-        depth = prefetch or max(DEFAULT_PREFETCH, num_parallel_calls or 0)
+        depth = dataset_depth(prefetch, num_parallel_calls, DEFAULT_PREFETCH,
+                              self.buffer_class if self._consumes else None,
+                              batches_per_call, group_from_one_shard)
         return ShardStream(self, sample_batch_size, num_steps, depth, within_episodes,
                            batches_per_call, group_from_one_shard)
 

@@ -44,6 +44,35 @@ if TYPE_CHECKING:
 Element = tuple[Any, BufferInfo]
 
 
+def dataset_depth(prefetch: int | None, num_parallel_calls: int | None, default: int,
+                  consumed_by: str | None, batches_per_call: int,
+                  group_from_one_shard: bool) -> int:
+    """The batches a dataset keeps requested ahead: ``prefetch``, else ``default`` or
+    ``num_parallel_calls`` when larger; 0 where the shards consume what they give
+    (``consumed_by``: their buffer class's name), which are read on pull, one batch at
+    a time, in order.
+
+    Raises:
+        ValueError: ``prefetch`` not a positive int or ``None``; on consuming shards,
+            any ``prefetch`` or ``num_parallel_calls``, ``batches_per_call`` other than
+            1 or ``group_from_one_shard`` (they would be ignored).
+    """
+    if prefetch is not None and (type(prefetch) is not int or prefetch < 1):
+        raise ValueError(f"prefetch must be a positive int (batches in flight) or "
+                         f"None, got {prefetch!r}")
+    if consumed_by is None:
+        return prefetch or max(default, num_parallel_calls or 0)
+    if prefetch or num_parallel_calls:
+        raise ValueError(f"{consumed_by} shards read each window once, in order: no "
+                         "prefetch or num_parallel_calls")
+    if batches_per_call != 1 or group_from_one_shard is not False:
+        raise ValueError(
+            f"{consumed_by} shards are read one batch at each pull: batches_per_call "
+            f"must be 1 and group_from_one_shard False, got {batches_per_call!r} and "
+            f"{group_from_one_shard!r}")
+    return 0
+
+
 class ShardStream:
     """An endless stream of ``get_next(sample_batch_size, num_steps)`` batches from a
     :class:`~replaybuffer.distributed.RayReplayBuffer`, ``prefetch`` in flight. Each
