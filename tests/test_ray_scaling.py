@@ -407,5 +407,8 @@ def test_a_dataset_over_fifo_shards_reads_on_pull_in_order(buffers):
                     {"group_from_one_shard": True}, {"group_from_one_shard": 1}):
             with pytest.raises(ValueError, match="one batch at each pull"):
                 buffer.as_dataset(4, **bad)  # read on pull: nothing to group, refused
+        for bad in ({"prefetch": 2}, {"num_parallel_calls": 2}):
+            with pytest.raises(ValueError, match="read each window once"):
+                buffer.as_dataset(4, **bad)
         batch, _ = buffer.get_next(4, timeout=0)  # and nothing was consumed by them
         np.testing.assert_array_equal(batch["x"], np.arange(12, 16))
