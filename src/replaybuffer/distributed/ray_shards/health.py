@@ -216,21 +216,18 @@ class Acknowledgements:
             except (RayActorError, ActorUnavailableError):
                 pass  # the shard died or restarts: its next start settles the loss
             except RayError as exc:
-                # The shard's own exception where there is one (a task error's text is
-                # its whole remote traceback).
-                cause = exc.cause if isinstance(exc, RayTaskError) and \
-                    exc.cause is not None else exc
                 warnings.warn(f"a shard could not take the client's acknowledgement of "
-                              f"its loss ({type(cause).__name__}: {cause}); its next "
-                              f"process will count that loss again", RuntimeWarning,
-                              stacklevel=2)
+                              f"its loss ({failure_cause(exc)}); its next process will "
+                              f"count that loss again", RuntimeWarning, stacklevel=2)
 
 
 def failure_cause(exc: BaseException) -> str:
     """What went wrong in a shard, in one line: the original exception of a task
     error, or the last line of an actor's death report (its creation's exception)."""
     if isinstance(exc, RayTaskError):
-        cause = exc.as_instanceof_cause()
+        # The shard's own exception where Ray kept it: the text of the error as an
+        # instance of its cause is the whole remote traceback.
+        cause = exc.cause if exc.cause is not None else exc.as_instanceof_cause()
         return f"{type(cause).__name__}: {cause}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
