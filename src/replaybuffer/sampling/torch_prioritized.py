@@ -37,7 +37,7 @@ cross the write head. Float64 rounding can carry a target to the edge of that sh
 (odds about 1e-16): the running sums bound a segment exactly, so the target is held
 below its end; the tree's path sums may differ from the bounds in the last bit, so a
 tree search that lands outside is redone at the middle of its segment instead of
-redrawn, which would need the host.
+redrawn, which would need the host (:mod:`~replaybuffer.sampling.torch_tree_ranges`).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
                                                           checked_on_device,
                                                           device_arguments)
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
+from replaybuffer.sampling.torch_tree_ranges import tree_draw, tree_range_mass
 
 
 class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
@@ -261,6 +262,11 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
 
     def on_clear(self, ring: Ring) -> None:
         super().on_clear(ring)
+        # A queued no-mass check is about the priorities the clear forgets (as a
+        # restore's are replaced): dropped, never raised about the new ones. A refused
+        # update's error is about the caller's values and is still raised; the outcomes
+        # of updates before the clear note nothing (DevicePriorityUpdates.forget).
+        self._draw_checks.clear()
         if self._device_updates is not None:
             self._device_updates.forget()
         self._tree.clear()
@@ -278,9 +284,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         first, span = _valid_positions(ring, num_steps)
         if isinstance(self._tree, TorchPrefixSums):
             return float(self._tree.range_mass(first, span))
-        if span == ring.capacity:
-            return float(self._tree.root())
-        return float(_tree_segments(self._tree, first, span)[2])
+        return float(tree_range_mass(self._tree, first, span))
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
@@ -297,22 +301,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         tree = self._tree
         if isinstance(tree, TorchPrefixSums):
             positions, mass = tree.draw(u, first, span)
-        elif span == ring.capacity:
-            mass = tree.root()
-            positions = tree.find(u * mass)
-        else:
-            bounds, masses, mass = _tree_segments(tree, first, span)
-            u = u * mass
-            # The second segment only where it has mass (rounding may carry u past the
-            # first's share when the second is empty).
-            first_segment = (u < masses[0]) | (masses[1] <= 0)
-            start = torch.where(first_segment, bounds[0], bounds[2])
-            positions = tree.find(start + torch.where(first_segment, u, u - masses[0]))
-            # Rounding may carry a target past its segment's edge, where the tree's
-            # path sums and the bounds differ in the last bit (module docstring).
-            outside = (positions - first) % ring.capacity >= span
-            middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
-            positions = torch.where(outside, tree.find(middle), positions)
+        else:  # (torch_tree_ranges: the tree's search of the cyclic range)
+            positions, mass = tree_draw(tree, u, first, span)
         if self._zeros:  # only where a range may be empty
             if self._draw_checks.deferred(self.draw_checks_on_device):
                 self._draw_checks.push(mass, num_steps)
@@ -469,21 +459,6 @@ class DrawMassChecks:
         """Forget the checks queued (the state they were drawn from is gone)."""
         if self._checks is not None:
             self._checks.clear()
-
-
-def _tree_segments(tree: TorchSegmentTree, first: int, span: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
-    ``[first, first + span)``: float64 tensors of each segment's prefix sums at its
-    start and end (``[start0, end0, start1, end1]``, the second segment repeating the
-    first's start when the range does not wrap, so that its mass is 0), the segments'
-    masses and their total."""
-    cap = tree.capacity
-    ends = [first, min(first + span, cap)]
-    ends += [0, first + span - cap] if first + span > cap else [first, first]
-    bounds = tree.prefix_sums(to_device(np.array(ends, np.int64), tree.device))
-    masses = bounds[1::2] - bounds[0::2]
-    return bounds, masses, masses.sum()
 
 
 def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:
