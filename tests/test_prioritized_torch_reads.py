@@ -1,7 +1,8 @@
 """PrioritizedReplayBuffer.get_next's short path on torch storage drawn on the host
-(``buffers/prioritized.py``, ``_direct_backend``): the same tensors as the general read
-path (``ReadPath.draw``) gives, byte for byte, with the same dtypes, shapes and device,
-for items, ids, probabilities and weights; what it does not serve goes the general way.
+(``buffers/prioritized.py``, ``_direct_backend``; TensorFlow storage's too): the same
+tensors as the general read path (``ReadPath.draw``) gives, byte for byte, with the
+same dtypes, shapes and device, for items, ids, probabilities and weights; what it
+does not serve goes the general way.
 """
 
 from __future__ import annotations
@@ -130,3 +131,45 @@ def test_reads_the_short_path_leaves_go_the_general_way():
     items, info = buf.get_next(4)
     assert isinstance(info.ids, torch.Tensor) and info.ids.dtype == torch.int64
     assert info.probabilities.dtype == info.weights.dtype == torch.float32
+
+
+def test_reads_during_a_save_take_the_short_path_of_the_storage_a_snapshot_wraps():
+    """A save's snapshot wraps the storage and its release unwraps it: the short path
+    follows (its from_numpy is the storage's each time), and reads meanwhile give a
+    twin's tensors."""
+    buf, twin = filled_pair(2, 10, 12, seed=6)
+    with buf._lock:
+        buf.snapshot()
+    assert buf._direct_backend is not None and buf._direct_backend == \
+        buf._storage.from_numpy
+    buf._sampler.sample = general_draw_refused
+    assert_same_read(buf.get_next(16), twin.get_next(16))
+    with buf._lock:
+        buf.release_snapshot()
+    assert buf._direct_backend == buf._storage.from_numpy
+    assert_same_read(buf.get_next(16), twin.get_next(16))
+
+
+def test_tensorflow_storage_takes_the_short_path_with_the_general_paths_tensors():
+    """The short path serves any storage whose from_numpy is not numpy's: TensorFlow
+    storage's reads are the general path's tensors too."""
+    tf = pytest.importorskip("tensorflow")
+    pair = []
+    for _ in range(2):
+        buf = PrioritizedReplayBuffer(SPEC, 2, 8, storage="tensorflow", seed=5)
+        rng = np.random.default_rng(5)
+        for _ in range(11):
+            buf.add_batch({"obs": rng.random((2, 3), dtype=np.float32),
+                           "act": rng.integers(0, 9, 2), "done": rng.random(2) < 0.5})
+        pair.append(buf)
+    short, general = pair
+    assert short._direct_backend is not None
+    short._sampler.sample = general_draw_refused
+    for _ in range(2):
+        (g_items, g_info), (w_items, w_info) = short.get_next(32), general.draw(32, None)
+        for g, w in zip([*g_items.values(), *g_info], [*w_items.values(), *w_info]):
+            assert isinstance(g, tf.Tensor) and isinstance(w, tf.Tensor)
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert g.numpy().tobytes() == w.numpy().tobytes()
+        short.update_priorities(g_info.ids, np.arange(1.0, 33.0))
+        general.update_priorities(w_info.ids, np.arange(1.0, 33.0))
