@@ -101,7 +101,7 @@ def test_draws_with_mass_after_zeros_were_stored_never_read_back(monkeypatch, se
     slots, none read back, none refused."""
     buf = buffer(search)
     buf.update_priorities(np.array([2, 5]), np.zeros(2))
-    assert buf.sampler._zeros
+    assert buf.sampler._empty.possible
     for _ in range(40):
         (_, positions), info = draw_without_host_reads(monkeypatch, buf, 64)
         assert not np.isin(positions.numpy(), [2, 5]).any()

@@ -59,6 +59,7 @@ from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.device_check_choice import CheckChoice, ChoosesChecks
 from replaybuffer.sampling.torch_deferred_checks import DeviceChecks
+from replaybuffer.sampling.torch_empty_ranges import EmptyRanges
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
@@ -127,29 +128,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
             if normalize == "buffer":
                 self._mins = TorchSegmentTree(self.capacity, self.device, "min")
-        self._forget_values()
-
-    # ---------------------------------------------------------- empty ranges
-    def _forget_values(self) -> None:
-        """No value written yet (a new or cleared sampler)."""
-        # The smallest value written since, and whether a written slot may hold 0 or
-        # a value too small to survive in the running sums: then a range may have no
-        # mass, which only the host can report as an error, and the running sums must
-        # hold empty slots.
-        self._smallest = math.inf
-        self._zeros = False
-        if isinstance(self._tree, TorchPrefixSums):
-            self._tree.may_hold_empty = False
-
-    def _note_values(self, smallest: float, largest: float) -> None:
-        """Values written, from ``smallest`` to ``largest`` (scaled, float64). A range's
-        mass is a difference of running sums: values below the total's last bit (about
-        capacity * largest * 2**-52) can cancel to nothing, as a 0 does."""
-        self._smallest = min(self._smallest, smallest)
-        if not self._smallest > largest * self.capacity * 2.0**-52:
-            self._zeros = True
-            if isinstance(self._tree, TorchPrefixSums):
-                self._tree.may_hold_empty = True
+        # Whether a range may have no mass (then draws check it): torch_empty_ranges.
+        self._empty = EmptyRanges(self.capacity, self.running_sums)
 
     # ------------------------------------------------------------------- trees
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
@@ -168,7 +148,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
                 raise ValueError("update: expected a finite total priority, got inf with "
                                  "these values (float64 overflow); nothing was updated")
         if scaled.size:
-            self._note_values(float(scaled.min()), largest)
+            self._empty.note(float(scaled.min()), largest)
         slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
         values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
@@ -192,7 +172,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             smallest = largest = 1.0 if smallest > 0 else 0.0
         elif self.alpha != 1.0:
             smallest, largest = smallest ** self.alpha, largest ** self.alpha
-        self._note_values(smallest, largest)
+        self._empty.note(smallest, largest)
         self._tree.assign(to_device(positions.astype(np.int64, copy=False), self.device),
                           updates.scale(raw))
 
@@ -229,9 +209,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         if self._pending:
             self._flush()
         updates.apply(ring, self.key_base, self._tree, item_ids, values)  # type: ignore[arg-type]
-        # Until its outcome is read, the update may have written zeros: the sums hold
-        # empty slots exactly meanwhile.
-        self._tree.may_hold_empty = True  # type: ignore[union-attr]
+        self._empty.unknown()  # (until its outcome is read, it may have written zeros)
         return int(item_ids.shape[0])
 
     def settle(self, wait: bool = True, draws: bool = True) -> None:
@@ -247,11 +225,10 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             return
         notes, error = updates.outcomes(wait)
         for smallest, largest, raw in notes:
-            self._note_values(smallest, largest)
+            self._empty.note(smallest, largest)
             self.max_priority = max(self.max_priority, raw)
         if not len(updates.checks):
-            assert isinstance(self._tree, TorchPrefixSums)
-            self._tree.may_hold_empty = self._zeros
+            self._empty.settled()
         if error is not None:
             raise ValueError(error)
 
@@ -272,7 +249,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         self._tree.clear()
         if self._mins is not None:
             self._mins.clear()
-        self._forget_values()
+        self._empty.forget()
 
     # ---------------------------------------------------------------- sampling
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
@@ -303,7 +280,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             positions, mass = tree.draw(u, first, span)
         else:  # (torch_tree_ranges: the tree's search of the cyclic range)
             positions, mass = tree_draw(tree, u, first, span)
-        if self._zeros:  # only where a range may be empty
+        if self._empty.possible:  # only where a range may be empty
             if self._draw_checks.deferred(self.draw_checks_on_device):
                 self._draw_checks.push(mass, num_steps)
             else:  # one scalar back to the host
@@ -344,7 +321,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         self.settle(wait=False)
         if self._pending:
             self._flush()
-        return not self._zeros
+        return not self._empty.possible
 
     def record_updates(self, recorder: Any) -> None:
         """Record device updates per batch size into captures ``recorder()`` makes
@@ -399,8 +376,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if self._min is not None else None
         # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
-        self._forget_values()
-        self._note_values(float(leaves.min()), float(leaves.max()))
+        self._empty.forget()
+        self._empty.note(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
 
 
