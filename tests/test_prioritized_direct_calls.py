@@ -179,16 +179,23 @@ def parts_allow(buf):
 
 def test_direct_reads_says_what_the_parts_say():
     """The flag is the parts' test: numpy storage, no frame codec, no device sampling
-    (True); a frame stack or torch storage (False: those reads take the general path,
-    and still read what it reads)."""
+    (True); a frame stack or torch storage (False). Torch storage drawn on the host
+    takes the short path of another backend instead (``_direct_backend``, its
+    ``from_numpy``: tests/test_prioritized_torch_reads.py); a frame stack neither."""
     plain = filled(1)
     assert plain._direct_reads is True and parts_allow(plain)
+    assert plain._direct_backend is None
     framed = PrioritizedReplayBuffer({"f": np.zeros((2, 3), np.uint8), "a": np.int64(0)},
                                      1, 10, frame_stack="f", seed=0)
     assert framed._direct_reads is False and not parts_allow(framed)
+    assert framed._direct_backend is None
     pytest.importorskip("torch")
     on_torch = PrioritizedReplayBuffer(SPEC, 1, 10, storage="torch", seed=0)
     assert on_torch._direct_reads is False and not parts_allow(on_torch)
+    assert on_torch._direct_backend == on_torch._storage.from_numpy
+    on_device = PrioritizedReplayBuffer(SPEC, 1, 10, storage="torch", seed=0,
+                                        sample_on_device=True)
+    assert on_device._direct_reads is False and on_device._direct_backend is None
     on_torch.add_batch({"obs": np.ones((1, 3), np.float32), "act": np.zeros(1, np.int64)})
     items, info = on_torch.get_next(4)
     assert tuple(items["obs"].shape) == (4, 3) and info.weights.shape == (4,)

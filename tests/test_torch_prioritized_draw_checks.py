@@ -101,7 +101,7 @@ def test_draws_with_mass_after_zeros_were_stored_never_read_back(monkeypatch, se
     slots, none read back, none refused."""
     buf = buffer(search)
     buf.update_priorities(np.array([2, 5]), np.zeros(2))
-    assert buf.sampler._zeros
+    assert buf.sampler._empty.possible
     for _ in range(40):
         (_, positions), info = draw_without_host_reads(monkeypatch, buf, 64)
         assert not np.isin(positions.numpy(), [2, 5]).any()
@@ -116,6 +116,26 @@ def test_a_restore_drops_the_checks_of_draws_from_the_state_it_replaces(search):
     buf.sampler.sample(buf._ring, 4, 1)
     buf.load_state_dict(state)
     assert buf.get_next(4)[1].probabilities.shape == (4,)
+
+
+def test_a_clear_drops_the_checks_of_draws_from_the_priorities_it_forgets(search):
+    """A no-mass draw's check queued before ``clear()`` is not raised after it (the
+    priorities it was about are gone): the refilled buffer's reads, updates and mass
+    are its own; a no-mass draw after the clear is checked (and raised) as before."""
+    buf = buffer(search)
+    buf.update_priorities(np.arange(10), np.zeros(10))
+    buf.sampler.sample(buf._ring, 4, 1)  # its check queued, not yet raised
+    assert len(buf.sampler._draw_checks._checks) == 1
+    buf.clear()
+    for t in range(10):
+        buf.add_batch(np.array([t]))
+    assert buf.get_next(4)[1].probabilities.shape == (4,)
+    assert buf.update_priorities(np.arange(10, 20), np.arange(1.0, 11.0)) == 10
+    assert buf.sampler.valid_mass(buf._ring, 1) > 0.0
+    buf.update_priorities(np.arange(10, 20), np.zeros(10))
+    buf.sampler.sample(buf._ring, 4, 1)
+    with pytest.raises(EmptyBufferError, match="earlier draw"):
+        buf.get_next(4)
 
 
 def test_the_default_on_the_cpu_raises_at_the_draw(search):

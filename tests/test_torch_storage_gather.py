@@ -1,9 +1,10 @@
-"""The CPU torch storage's usual gather (storage/record_tensors.py) and its from_numpy.
+"""The CPU torch storage's gather (storage/torch_storage.py) and its from_numpy.
 
-The usual read (every leaf, all packed in records, numpy positions) takes its own path:
-each tensor must hold what the numpy storage's gather gives, byte for byte, in the
-leaf's dtype and shape, for positions of any shape (taken modulo the capacity); and no
-returned tensor may share memory with the storage or with another batch.
+On the CPU the torch storage reads through the numpy storage it holds (the one copy of
+the record layout) and wraps each leaf with ``torch.from_numpy``: each tensor must hold
+what a numpy storage's gather gives, byte for byte, in the leaf's dtype and shape, for
+positions of any shape (taken modulo the capacity); and no returned tensor may share
+memory with the storage or with another batch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from hypothesis import strategies as st  # noqa: E402
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.specs import ArraySpec  # noqa: E402
 from replaybuffer.storage.numpy_storage import PACK_MAX_BYTES, NumpyStorage  # noqa: E402
-from replaybuffer.storage.record_tensors import RecordTensors  # noqa: E402
 from replaybuffer.storage.torch_storage import TorchStorage  # noqa: E402
 
 DTYPES = [np.bool_, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32,
@@ -66,38 +66,43 @@ def test_gather_matches_numpy_storage_byte_for_byte(specs, capacity, outer, seed
     as the general path (``which`` every leaf)."""
     rng = np.random.default_rng(seed)
     ours, reference = filled(specs, capacity, rng)
-    assert (ours._usual is not None) == (len(specs) > 1 and all(
-        s.nbytes <= PACK_MAX_BYTES for s in specs))
     positions = rng.integers(-2 * capacity, 3 * capacity, outer)
     want = reference.gather(positions)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when it wraps read-only memory
         got = ours.gather(positions)
         general = ours.gather(positions, list(range(len(specs))))
-    assert len(got) == len(want) == len(specs)
-    for g, w, a in zip(got, want, general):
+        from_tensor = ours.gather(torch.from_numpy(positions))  # a CPU sampler's
+    assert len(got) == len(want) == len(from_tensor) == len(specs)
+    for g, w, a, t in zip(got, want, general, from_tensor):
         assert_same(g, np.asarray(w))
         assert_same(a, np.asarray(w))
+        assert_same(t, np.asarray(w))
 
 
-def test_batches_never_share_memory_with_each_other_or_the_storage():
+@pytest.mark.parametrize("first_leaf", [3, PACK_MAX_BYTES + 1])  # packed, or its own
+@pytest.mark.parametrize("which", [None, [0, 1, 2]])
+def test_batches_never_share_memory_with_each_other_or_the_storage(first_leaf, which):
     """The first batch is unchanged by a second gather, by writes into the storage and
-    by writes into the second batch; and writing into a batch leaves the storage."""
-    specs = [ArraySpec((3,), np.float32), ArraySpec((), np.float32), ArraySpec((), np.int32)]
+    by writes into the second batch; and writing into a batch leaves the storage: for
+    leaves all packed in records and for a leaf in an array of its own, by the usual
+    read and by ``which``."""
+    specs = [ArraySpec((first_leaf,), np.float32), ArraySpec((), np.float32),
+             ArraySpec((), np.int32)]
     ours, _ = filled(specs, 8, np.random.default_rng(0))
-    assert ours._usual is not None
     positions = np.array([0, 1, 2, 3])
-    first = ours.gather(positions)
+    first = ours.gather(positions, which)
     kept = [t.clone() for t in first]
-    second = ours.gather(positions)
+    second = ours.gather(positions, which)
     for t in second:
         t.fill_(7)
-    ours.write(0, [np.full((8, 3), -1, np.float32), np.full(8, -1, np.float32),
+    ours.write(0, [np.full((8, first_leaf), -1, np.float32), np.full(8, -1, np.float32),
                    np.full(8, -1, np.int32)])
     for t, k in zip(first, kept):
         assert torch.equal(t, k)
-    first[0].fill_(5)
-    assert (ours.gather(positions)[0] == -1).all()
+    for t in first:
+        t.fill_(5)
+    assert all((t == -1).all() for t in ours.gather(positions, which))
 
 
 def test_get_next_on_torch_storage_gives_the_numpy_storage_batch():
@@ -141,18 +146,17 @@ def test_from_numpy_wraps_fresh_arrays_and_copies_the_rest():
     assert storage.from_numpy(tensor) is tensor
 
 
-def test_record_tensors_only_over_fields_of_one_record_array():
-    """``RecordTensors.of`` refuses arrays that are not two or more fields of one array
-    of ``capacity`` records; the storage then gathers as before."""
-    separate = [np.zeros((4, 2), np.float32), np.zeros(4, np.int32)]
-    assert RecordTensors.of(separate, 4) is None
-    packed = NumpyStorage([ArraySpec((2,), np.float32), ArraySpec((), np.int32)], 4).arrays
-    assert RecordTensors.of(packed, 4) is not None
-    assert RecordTensors.of(packed, 5) is None
-    assert RecordTensors.of(packed[:1], 4) is None
-    unpacked = NumpyStorage([ArraySpec((2,), np.float32), ArraySpec((), np.int32)], 4,
-                            pack=False).arrays
-    assert RecordTensors.of(unpacked, 4) is None
-    frames = TorchStorage([ArraySpec((PACK_MAX_BYTES + 1,), np.uint8),
-                           ArraySpec((), np.float32), ArraySpec((), np.int32)], 4)
-    assert frames._usual is None
+@pytest.mark.parametrize("first_leaf", [3, PACK_MAX_BYTES + 1])
+def test_the_tensors_are_views_of_the_numpy_storage_held(first_leaf):
+    """One copy of the layout: each stored tensor is the held numpy storage's array
+    (same address, shape and strides), so its gather reads what the tensors hold."""
+    specs = [ArraySpec((first_leaf,), np.float32), ArraySpec((), np.float32),
+             ArraySpec((), np.int32)]
+    ours, _ = filled(specs, 5, np.random.default_rng(2))
+    held = ours._records.arrays
+    for tensor, array in zip(ours.arrays, held):
+        assert tensor.data_ptr() == array.ctypes.data
+        assert tuple(tensor.shape) == array.shape
+        assert tuple(tensor.stride()) == tuple(n // array.itemsize for n in array.strides)
+    ours.arrays[1][2] = 42.0
+    assert ours.gather(np.array([2]))[1].item() == 42.0

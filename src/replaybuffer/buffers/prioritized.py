@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -242,10 +242,20 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
     ``tests/test_prioritized_direct_calls.py`` fails if a new assignment of one of
     those parts does not refresh it."""
 
+    _direct_backend: Callable[[np.ndarray], Any] | None = None
+    """The storage's ``from_numpy`` where the short path serves a storage of another
+    backend (torch storage drawn on the host: its leaves come back as tensors, and ids,
+    probabilities and weights are wrapped as the general path's ``package`` wraps
+    them); ``None`` where :attr:`_direct_reads` is true or the parts allow no short
+    path. Decided with it, by :meth:`_refresh_direct_reads`."""
+
     def _refresh_direct_reads(self) -> None:
-        """Decide :attr:`_direct_reads` anew from the parts as they are now."""
-        self._direct_reads = (self._codec is None and self._device_update is None
-                              and self._storage.from_numpy is identity)
+        """Decide :attr:`_direct_reads` and :attr:`_direct_backend` anew from the parts
+        as they are now."""
+        parts = self._codec is None and self._device_update is None
+        to_backend = self._storage.from_numpy
+        self._direct_reads = parts and to_backend is identity
+        self._direct_backend = to_backend if parts and to_backend is not identity else None
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
@@ -266,26 +276,57 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         """As :meth:`ReplayBuffer.get_next <replaybuffer.UniformReplayBuffer.get_next>`;
         ``BufferInfo`` also carries the importance ``weights`` (float32 ``[S]``).
 
-        The usual read (a batch of single steps from numpy storage, no rate limiter,
-        frame stacks or device sampling) goes from here to the sampler and the
-        storage's gather directly: the same draws, ids, probabilities, weights and
-        items as the general read path (``ReadPath.draw``) gives, without its layers.
+        The usual read (a batch of single steps, no rate limiter, frame stacks or
+        device sampling) goes from here to the sampler and the storage's gather
+        directly: the same draws, ids, probabilities, weights and items as the general
+        read path (``ReadPath.draw``) gives, without its layers; on a storage of
+        another backend (torch storage sampled on the host) the same tensors, ids,
+        probabilities and weights wrapped by its ``from_numpy`` as that path wraps them.
         """
         if (type(sample_batch_size) is int and sample_batch_size > 0 and num_steps is None
-                and not within_episodes and timeout is None and self._direct_reads):
-            lock = self._lock
-            lock.acquire()  # (not `with`: its exit costs 0.09 us more a call)
-            try:  # (a limiter is attached under the lock: asked under it)
-                if self._limiter is None and self._ring.last_id >= 0:
-                    ids, positions, probabilities, weights = self._sampler.sample_steps(
-                        self._ring, sample_batch_size)
-                    return self._structure.unflatten(self._storage.gather(positions)), \
-                        _new_tuple(BufferInfo, (ids, probabilities, weights))
-            finally:
-                lock.release()
+                and not within_episodes and timeout is None):
+            if self._direct_reads:
+                lock = self._lock
+                lock.acquire()  # (not `with`: its exit costs 0.09 us more a call)
+                try:  # (a limiter is attached under the lock: asked under it)
+                    if self._limiter is None and self._ring.last_id >= 0:
+                        ids, positions, probabilities, weights = \
+                            self._sampler.sample_steps(self._ring, sample_batch_size)
+                        return self._structure.unflatten(self._storage.gather(positions)), \
+                            _new_tuple(BufferInfo, (ids, probabilities, weights))
+                finally:
+                    lock.release()
+            elif self._direct_backend is not None:
+                read = self._backend_read(sample_batch_size)
+                if read is not None:
+                    return read
         return super().get_next(sample_batch_size, num_steps, time_stacked,
                                 within_episodes=within_episodes, timeout=timeout,
                                 block=block)
+
+    def _backend_read(self, sample_batch_size: int) -> tuple[Any, BufferInfo] | None:
+        """The short path for a storage of another backend (:attr:`_direct_backend`):
+        the numpy short path's draw and gather, then ids (int64 ``[S]``),
+        probabilities and weights (float32 ``[S]``) wrapped by the storage's
+        ``from_numpy`` as ``package`` wraps them (weights first), outside the lock;
+        ``None`` where the general path must serve the read (a limiter, nothing
+        stored)."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._limiter is not None or self._ring.last_id < 0:
+                return None
+            to_backend = self._direct_backend
+            assert to_backend is not None
+            ids, positions, probabilities, weights = self._sampler.sample_steps(
+                self._ring, sample_batch_size)
+            leaves = self._storage.gather(positions)
+        finally:
+            lock.release()
+        # (fresh arrays of this call alone: wrapped without the lock)
+        weights = to_backend(weights)
+        return self._structure.unflatten(leaves), _new_tuple(
+            BufferInfo, (to_backend(ids), to_backend(probabilities), weights))
 
 
 # BufferInfo made from a tuple without the named tuple's Python-level __new__ (as its

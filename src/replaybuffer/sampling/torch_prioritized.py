@@ -37,7 +37,7 @@ cross the write head. Float64 rounding can carry a target to the edge of that sh
 (odds about 1e-16): the running sums bound a segment exactly, so the target is held
 below its end; the tree's path sums may differ from the bounds in the last bit, so a
 tree search that lands outside is redone at the middle of its segment instead of
-redrawn, which would need the host.
+redrawn, which would need the host (:mod:`~replaybuffer.sampling.torch_tree_ranges`).
 """
 
 from __future__ import annotations
@@ -59,12 +59,14 @@ from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
 from replaybuffer.sampling.device_check_choice import CheckChoice, ChoosesChecks
 from replaybuffer.sampling.torch_deferred_checks import DeviceChecks
+from replaybuffer.sampling.torch_empty_ranges import EmptyRanges
 from replaybuffer.sampling.torch_generator import DeviceGenerator, refuse_episodes
 from replaybuffer.sampling.torch_prefix_sums import TorchPrefixSums
 from replaybuffer.sampling.torch_priority_updates import (DevicePriorityUpdates,
                                                           checked_on_device,
                                                           device_arguments)
 from replaybuffer.sampling.torch_tree import TorchSegmentTree
+from replaybuffer.sampling.torch_tree_ranges import tree_draw, tree_range_mass
 
 
 class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
@@ -126,29 +128,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             self._tree = TorchSegmentTree(self.capacity, self.device, "sum")
             if normalize == "buffer":
                 self._mins = TorchSegmentTree(self.capacity, self.device, "min")
-        self._forget_values()
-
-    # ---------------------------------------------------------- empty ranges
-    def _forget_values(self) -> None:
-        """No value written yet (a new or cleared sampler)."""
-        # The smallest value written since, and whether a written slot may hold 0 or
-        # a value too small to survive in the running sums: then a range may have no
-        # mass, which only the host can report as an error, and the running sums must
-        # hold empty slots.
-        self._smallest = math.inf
-        self._zeros = False
-        if isinstance(self._tree, TorchPrefixSums):
-            self._tree.may_hold_empty = False
-
-    def _note_values(self, smallest: float, largest: float) -> None:
-        """Values written, from ``smallest`` to ``largest`` (scaled, float64). A range's
-        mass is a difference of running sums: values below the total's last bit (about
-        capacity * largest * 2**-52) can cancel to nothing, as a 0 does."""
-        self._smallest = min(self._smallest, smallest)
-        if not self._smallest > largest * self.capacity * 2.0**-52:
-            self._zeros = True
-            if isinstance(self._tree, TorchPrefixSums):
-                self._tree.may_hold_empty = True
+        # Whether a range may have no mass (then draws check it): torch_empty_ranges.
+        self._empty = EmptyRanges(self.capacity, self.running_sums)
 
     # ------------------------------------------------------------------- trees
     def _set(self, positions: np.ndarray, priorities: np.ndarray, largest: float) -> None:
@@ -167,7 +148,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
                 raise ValueError("update: expected a finite total priority, got inf with "
                                  "these values (float64 overflow); nothing was updated")
         if scaled.size:
-            self._note_values(float(scaled.min()), largest)
+            self._empty.note(float(scaled.min()), largest)
         slots = to_device(np.ascontiguousarray(positions, np.int64), self.device)
         values = to_device(np.ascontiguousarray(scaled, np.float64), self.device)
         self._tree.assign(slots, values)
@@ -191,7 +172,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             smallest = largest = 1.0 if smallest > 0 else 0.0
         elif self.alpha != 1.0:
             smallest, largest = smallest ** self.alpha, largest ** self.alpha
-        self._note_values(smallest, largest)
+        self._empty.note(smallest, largest)
         self._tree.assign(to_device(positions.astype(np.int64, copy=False), self.device),
                           updates.scale(raw))
 
@@ -228,9 +209,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         if self._pending:
             self._flush()
         updates.apply(ring, self.key_base, self._tree, item_ids, values)  # type: ignore[arg-type]
-        # Until its outcome is read, the update may have written zeros: the sums hold
-        # empty slots exactly meanwhile.
-        self._tree.may_hold_empty = True  # type: ignore[union-attr]
+        self._empty.unknown()  # (until its outcome is read, it may have written zeros)
         return int(item_ids.shape[0])
 
     def settle(self, wait: bool = True, draws: bool = True) -> None:
@@ -246,11 +225,10 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
             return
         notes, error = updates.outcomes(wait)
         for smallest, largest, raw in notes:
-            self._note_values(smallest, largest)
+            self._empty.note(smallest, largest)
             self.max_priority = max(self.max_priority, raw)
         if not len(updates.checks):
-            assert isinstance(self._tree, TorchPrefixSums)
-            self._tree.may_hold_empty = self._zeros
+            self._empty.settled()
         if error is not None:
             raise ValueError(error)
 
@@ -261,12 +239,17 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
 
     def on_clear(self, ring: Ring) -> None:
         super().on_clear(ring)
+        # A queued no-mass check is about the priorities the clear forgets (as a
+        # restore's are replaced): dropped, never raised about the new ones. A refused
+        # update's error is about the caller's values and is still raised; the outcomes
+        # of updates before the clear note nothing (DevicePriorityUpdates.forget).
+        self._draw_checks.clear()
         if self._device_updates is not None:
             self._device_updates.forget()
         self._tree.clear()
         if self._mins is not None:
             self._mins.clear()
-        self._forget_values()
+        self._empty.forget()
 
     # ---------------------------------------------------------------- sampling
     def valid_mass(self, ring: Ring, num_steps: int) -> float:
@@ -278,9 +261,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         first, span = _valid_positions(ring, num_steps)
         if isinstance(self._tree, TorchPrefixSums):
             return float(self._tree.range_mass(first, span))
-        if span == ring.capacity:
-            return float(self._tree.root())
-        return float(_tree_segments(self._tree, first, span)[2])
+        return float(tree_range_mass(self._tree, first, span))
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
@@ -297,23 +278,9 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         tree = self._tree
         if isinstance(tree, TorchPrefixSums):
             positions, mass = tree.draw(u, first, span)
-        elif span == ring.capacity:
-            mass = tree.root()
-            positions = tree.find(u * mass)
-        else:
-            bounds, masses, mass = _tree_segments(tree, first, span)
-            u = u * mass
-            # The second segment only where it has mass (rounding may carry u past the
-            # first's share when the second is empty).
-            first_segment = (u < masses[0]) | (masses[1] <= 0)
-            start = torch.where(first_segment, bounds[0], bounds[2])
-            positions = tree.find(start + torch.where(first_segment, u, u - masses[0]))
-            # Rounding may carry a target past its segment's edge, where the tree's
-            # path sums and the bounds differ in the last bit (module docstring).
-            outside = (positions - first) % ring.capacity >= span
-            middle = start + torch.where(first_segment, masses[0], masses[1]) / 2
-            positions = torch.where(outside, tree.find(middle), positions)
-        if self._zeros:  # only where a range may be empty
+        else:  # (torch_tree_ranges: the tree's search of the cyclic range)
+            positions, mass = tree_draw(tree, u, first, span)
+        if self._empty.possible:  # only where a range may be empty
             if self._draw_checks.deferred(self.draw_checks_on_device):
                 self._draw_checks.push(mass, num_steps)
             else:  # one scalar back to the host
@@ -354,7 +321,7 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         self.settle(wait=False)
         if self._pending:
             self._flush()
-        return not self._zeros
+        return not self._empty.possible
 
     def record_updates(self, recorder: Any) -> None:
         """Record device updates per batch size into captures ``recorder()`` makes
@@ -409,8 +376,8 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if self._min is not None else None
         # Empty slots hold 0 too, so this is conservative (a scalar sync per sample).
-        self._forget_values()
-        self._note_values(float(leaves.min()), float(leaves.max()))
+        self._empty.forget()
+        self._empty.note(float(leaves.min()), float(leaves.max()))
         self._generator.restore(state, self._rng)
 
 
@@ -469,21 +436,6 @@ class DrawMassChecks:
         """Forget the checks queued (the state they were drawn from is gone)."""
         if self._checks is not None:
             self._checks.clear()
-
-
-def _tree_segments(tree: TorchSegmentTree, first: int, span: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sum tree's ``(bounds, masses, mass)`` of the cyclic position range
-    ``[first, first + span)``: float64 tensors of each segment's prefix sums at its
-    start and end (``[start0, end0, start1, end1]``, the second segment repeating the
-    first's start when the range does not wrap, so that its mass is 0), the segments'
-    masses and their total."""
-    cap = tree.capacity
-    ends = [first, min(first + span, cap)]
-    ends += [0, first + span - cap] if first + span > cap else [first, first]
-    bounds = tree.prefix_sums(to_device(np.array(ends, np.int64), tree.device))
-    masses = bounds[1::2] - bounds[0::2]
-    return bounds, masses, masses.sum()
 
 
 def _valid_positions(ring: Ring, num_steps: int) -> tuple[int, int]:

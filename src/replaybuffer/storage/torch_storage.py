@@ -1,4 +1,36 @@
-"""Storage in torch tensors on any device (CPU, CUDA, MPS)."""
+"""Storage in torch tensors on any device (CPU, CUDA, MPS).
+
+On the CPU the storage holds a :class:`~replaybuffer.storage.numpy_storage.NumpyStorage`
+(small leaves packed into one record per position), the one copy of the record layout,
+and its gather reads through that storage's: one ``take`` of whole records, the fields
+typed over the taken block by one C call, then ``map(torch.from_numpy, ...)``. A batch of
+the control workload is seven tensors (five leaves, ids, probabilities), and in torch
+2.13 on one thread every way of making a tensor costs about the same, 0.4-0.6 us of
+thread CPU, made and freed (measured per batch of 256, one process):
+
+============================================  =========================================
+candidate                                      us per batch of 5 leaves
+============================================  =========================================
+``torch.from_numpy`` of each numpy field view  2.3-2.4 (0.07 the view, 0.47 the tensor)
+one ``from_numpy`` of the block + views        0.6 + 0.6-1.6 per view (``narrow`` 1.6,
+                                               ``select`` 1.0, ``as_strided`` 1.1,
+                                               ``view(dtype)`` 0.6)
+``split_with_sizes`` of the block              0.8 + 0.35-0.45 per piece (2.8 for 6),
+                                               and scalars then need ``squeeze``
+``unbind`` of a ``[k, B]`` block               0.45 per piece (11.8 for 26)
+the same under ``inference_mode``              0.34 per piece, plus 1.2-1.5 to enter,
+                                               and inference tensors out (refused by
+                                               autograd later)
+nested tensor over the block, ``unbind``       2.6 for 3 pieces
+``torch.from_dlpack`` / ``torch.frombuffer``   1.7 / 0.8 each
+============================================  =========================================
+
+So the floor is one tensor construction per returned tensor, and ``from_numpy`` of a
+numpy field view is the cheapest one: a view made in C++ by a many-output op costs as
+much per piece (autograd's view bookkeeping and the Python object), never less. Reading
+through the numpy storage's own gather rather than a second copy of its layout here
+costs nothing measurable (within 0.2 us a batch, same-process A/B).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +46,6 @@ from replaybuffer.storage.base import checked_leaves, leaf_nbytes, leaves_state
 from replaybuffer.storage.exact_writer import ExactWriter, exact_writer
 from replaybuffer.storage.leaf_checker import LeafChecker
 from replaybuffer.storage.numpy_storage import NumpyStorage
-from replaybuffer.storage.record_tensors import RecordTensors
 from replaybuffer.storage.stream_reads import PendingReads
 from replaybuffer.storage.torch_packing import PackedLeaves
 
@@ -76,16 +107,13 @@ class TorchStorage:
         self.capacity = int(capacity)
         self._dtypes = [torch_dtype(s.dtype) for s in self.specs]
         requested = torch.device(device if device is not None else "cpu")
-        # The record layout of numpy storage, with tensor views of it (CPU only).
+        # The record layout of numpy storage, with tensor views of it (CPU only): its
+        # one copy of the layout, read by its own gather (the module docstring).
         self._records: NumpyStorage | None = None
         self._packed: PackedLeaves | None = None
-        # The usual CPU read (every leaf, all packed in records): one take, a tensor
-        # per leaf, nothing else (storage/record_tensors.py says why this is the floor).
-        self._usual: RecordTensors | None = None
         if requested.type == "cpu" and self.numpy_views:
             self._records = NumpyStorage(self.specs, self.capacity)
             self.arrays = [torch.from_numpy(a) for a in self._records.arrays]
-            self._usual = RecordTensors.of(self._records.arrays, self.capacity)
         else:
             try:
                 self._packed = PackedLeaves([s.shape for s in self.specs], self._dtypes,
@@ -183,23 +211,24 @@ class TorchStorage:
 
     def gather(self, positions: np.ndarray | torch.Tensor, which: Sequence[int] | None = None
                ) -> list[torch.Tensor]:
-        if which is None and self._usual is not None and type(positions) is np.ndarray:
-            return self._usual.gather(positions)
-        indices = self._all if which is None else which
-        if isinstance(positions, torch.Tensor):  # drawn on the device (device sampling)
-            if self._records is None:
-                return self._gather_on_device(positions, indices)
-            positions = positions.numpy()
-        if self._records is not None:  # one take of the records, tensor views of it
-            gathered = self._records.gather(positions, which)
-            # One torch.from_numpy per leaf (about 0.5 us each, the floor of any tensor
-            # construction: see storage/record_tensors.py).
+        records = self._records
+        if records is not None:  # on the CPU: the numpy storage's gather, tensors of it
+            if type(positions) is not np.ndarray and isinstance(positions, torch.Tensor):
+                positions = positions.numpy()  # (a CPU sampler's tensor)
+            # The usual read is numpy's (one take of whole records, the fields typed by
+            # one C call) and one torch.from_numpy per leaf, the floor of any tensor
+            # construction (the module docstring); each a view of memory gathered
+            # fresh for this call.
+            gathered = records.gather(positions, which)
             if type(positions) is np.ndarray and positions.ndim:
                 return list(map(torch.from_numpy, gathered))
             # take() gives numpy scalars for 0-d reads, read-only as arrays (and fields
             # typed over them likewise): copied, so that no tensor wraps read-only memory
             return [torch.from_numpy(a if type(a) is np.ndarray and a.flags.writeable
                                      else np.array(a)) for a in gathered]
+        indices = self._all if which is None else which
+        if isinstance(positions, torch.Tensor):  # drawn on the device (device sampling)
+            return self._gather_on_device(positions, indices)
         flat = torch.from_numpy(np.remainder(positions, self.capacity, dtype=np.int64)
                                 .reshape(-1))
         return self._gather_on_device(flat.to(self.device, non_blocking=True), indices,
