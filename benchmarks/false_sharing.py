@@ -17,7 +17,9 @@ writers on adjacent rows, ``2x8`` two writers eight rows apart (both in a buffer
 that the cases differ only in which rows are written), ``1x1+s`` one writer
 and a sampler, ``1x1o+s`` one writer on another buffer (of the same shape) and the
 sampler on a buffer filled beforehand (what a busy neighbour core costs the sampler
-without any shared line), ``0+s`` the sampler alone. On a 16-core machine:
+without any shared line), ``0+s`` the sampler alone; ``/D`` slows the writers down
+``D`` times by spinning between their batches of adds (their cores stay as busy), e.g.
+``1x1/4+s``: how the sampler's cost follows the rate of the steps written beside it. On a 16-core machine:
 ``--cases 8x1,8x8,8x1+s,1x1+s,0+s``.
 
 ``--stores`` measures the stores alone: two processes pinned to CPUs 0 and 1, each
@@ -60,7 +62,7 @@ def _pin(cpu: int) -> None:
 
 
 def _writer(buffer: SharedReplayBuffer, cpu: int, ready: Any, go: Any, seconds: float,
-            out: Any) -> None:
+            out: Any, slowdown: int = 1) -> None:
     _pin(cpu)
     rng = np.random.default_rng(cpu)
     batches = [random_items(buffer.data_spec, (1,), rng) for _ in range(16)]
@@ -69,13 +71,20 @@ def _writer(buffer: SharedReplayBuffer, cpu: int, ready: Any, go: Any, seconds: 
     rows = buffer.claim_rows(1)
     ready.put(1)
     go.wait()
-    done, cpu_start = 0, time.thread_time()
+    done, cpu = 0, 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
+        began, cpu_began = time.perf_counter(), time.thread_time()
         for batch in batches:
             buffer.add_batch(batch)
         done += len(batches)
-    out.put(("writer", rows[0], done, time.thread_time() - cpu_start))
+        cpu += time.thread_time() - cpu_began  # the adds' CPU, not the spinning's
+        if slowdown > 1:  # spin (the core stays busy) for (slowdown - 1) times as long
+            spin_start = time.perf_counter()
+            until = spin_start + (spin_start - began) * (slowdown - 1)
+            while time.perf_counter() < until:
+                pass
+    out.put(("writer", rows[0], done, cpu))
 
 
 def _sampler(buffer: SharedReplayBuffer, cpu: int, ready: Any, go: Any, seconds: float,
@@ -126,20 +135,22 @@ def run_stores(padded: bool, iterations: int) -> float:
     return statistics.mean(figures)
 
 
-def parse_case(case: str) -> tuple[int, int, bool, bool]:
-    """``WRITERS[xSPACING][o][+s]`` -> (writers, spacing, elsewhere, sampler)."""
+def parse_case(case: str) -> tuple[int, int, bool, bool, int]:
+    """``WRITERS[xSPACING][o][/SLOWDOWN][+s]`` -> (writers, spacing, elsewhere, sampler,
+    slowdown)."""
     sampler = case.endswith("+s")
     body = case[:-2] if sampler else case
+    body, _, slowdown = body.partition("/")
     elsewhere = body.endswith("o")
     body = body[:-1] if elsewhere else body
     writers, _, spacing = body.partition("x")
-    return int(writers), int(spacing or 1), elsewhere, sampler
+    return int(writers), int(spacing or 1), elsewhere, sampler, int(slowdown or 1)
 
 
 def run_case(case: str, seconds: float, num_rows: int) -> dict[str, Any]:
     """One round of ``case`` on a buffer of ``num_rows`` rows (at least the case's
     writers times its spacing): per process kind, microseconds of thread CPU per call."""
-    writers, spacing, elsewhere, sampling = parse_case(case)
+    writers, spacing, elsewhere, sampling, slowdown = parse_case(case)
     ctx = mp.get_context("fork")
     num_rows = max(num_rows, writers * spacing)
     spec = control_spec()
@@ -164,7 +175,7 @@ def run_case(case: str, seconds: float, num_rows: int) -> dict[str, Any]:
         procs = []
         for k in range(writers):  # one at a time: writer k claims row k * spacing
             procs.append(ctx.Process(target=_writer,
-                                     args=(written, k, ready, go, seconds, out)))
+                                     args=(written, k, ready, go, seconds, out, slowdown)))
             procs[-1].start()
             ready.get(timeout=120)
         if sampling:
