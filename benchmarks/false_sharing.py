@@ -71,20 +71,20 @@ def _writer(buffer: SharedReplayBuffer, cpu: int, ready: Any, go: Any, seconds: 
     rows = buffer.claim_rows(1)
     ready.put(1)
     go.wait()
-    done, cpu = 0, 0.0
+    done, spent = 0, 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         began, cpu_began = time.perf_counter(), time.thread_time()
         for batch in batches:
             buffer.add_batch(batch)
         done += len(batches)
-        cpu += time.thread_time() - cpu_began  # the adds' CPU, not the spinning's
+        spent += time.thread_time() - cpu_began  # the adds' CPU, not the spinning's
         if slowdown > 1:  # spin (the core stays busy) for (slowdown - 1) times as long
             spin_start = time.perf_counter()
             until = spin_start + (spin_start - began) * (slowdown - 1)
             while time.perf_counter() < until:
                 pass
-    out.put(("writer", rows[0], done, cpu))
+    out.put(("writer", rows[0], done, spent))
 
 
 def _sampler(buffer: SharedReplayBuffer, cpu: int, ready: Any, go: Any, seconds: float,
@@ -129,7 +129,7 @@ def run_stores(padded: bool, iterations: int) -> float:
         p.start()
     time.sleep(0.2)
     go.set()
-    figures = [out.get(timeout=300) for _ in procs]
+    figures: list[float] = [out.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(30)
     return statistics.mean(figures)
