@@ -21,7 +21,8 @@ from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, KeptRow, kept_row, no_kept_row, scale
+from replaybuffer.sampling.priority_scale import (BOUND_SLACK, FINITE, KeptRow, kept_row,
+                                                  no_kept_row, scale)
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.tree_kernels import direct_entry
 from replaybuffer.sampling.trees import MinTree, SumTree
