@@ -274,7 +274,7 @@ def close_shards(actors: Sequence[Any], acknowledgements: Acknowledgements | Non
     refs = [actor.remove_files.remote() for actor in actors]
     deadline = time.monotonic() + timeout
     try:
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)[0] if refs else []
     except RayError:
         ready = []
     problems = []
@@ -298,7 +298,7 @@ def close_shards(actors: Sequence[Any], acknowledgements: Acknowledgements | Non
     late = [ref for ref in refs if ref not in answered]
     if late:  # their shards are gone now: read the errors, so Ray logs none unhandled
         try:
-            gone, _ = ray.wait(late, num_returns=len(late), timeout=1.0)
+            gone, _ = ray.wait(late, num_returns=len(late), timeout=2.0)
         except RayError:
             gone = []
         for ref in gone:
