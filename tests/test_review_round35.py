@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from replaybuffer.sampling import priority_scale
-from replaybuffer.sampling.priority_scale import exponent, exponent_row
+from replaybuffer.sampling.priority_scale import ExponentRows, exponent, exponent_row
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.ring import Ring
 
@@ -25,11 +25,14 @@ def test_an_exponent_row_is_made_once_per_value_and_size(value, dtype):
     change from call to call (a shard's share of each update or draw), b401dd4 made
     a new row (np.full, about 1.5 us) at every call, where the 0-d exponent it
     replaced was made once per value. Asked again for a size it has made, after other
-    sizes, exponent_row gives back the row it made: nothing is made per call."""
-    first = exponent_row(value, dtype, 32)
+    sizes, the sampler's rows (ExponentRows, the one cache of them since exponent_row
+    keeps none) give back the row they made: nothing is made per call."""
+    rows = ExponentRows(value, dtype)
+    first = rows.made(32)
     for count in (256, 31, 200, 33):
-        exponent_row(value, dtype, count)
-    again = exponent_row(value, dtype, 32)
+        assert rows.get(count) is None
+        rows.made(count)
+    again = rows.get(32)
     assert again is first
     # ... and it is still the exponent it was: read-only, the 0-d exponent's bits.
     assert not again.flags.writeable
@@ -37,11 +40,24 @@ def test_an_exponent_row_is_made_once_per_value_and_size(value, dtype):
     assert bits(np.power(bases, again)) == bits(np.power(bases, exponent(value, dtype)))
 
 
-def test_a_large_row_is_made_each_time_and_not_kept():
-    """Guard: rows above KEPT_ROW_COUNT are not kept (the kept rows' memory stays bounded)."""
-    big = priority_scale.KEPT_ROW_COUNT + 1
+def test_the_kept_rows_memory_stays_bounded():
+    """Guard: the kept rows' memory stays bounded (at most KEPT_ROWS rows and
+    KEPT_EXPONENTS exponents, the oldest made dropped first); exponent_row itself
+    keeps nothing."""
+    big = priority_scale.KEPT_EXPONENTS // 4
     assert exponent_row(0.6, np.float64, big) is not exponent_row(0.6, np.float64, big)
     assert exponent_row(0.6, np.float64, big).shape == (big,)
+    rows = ExponentRows(0.6, np.float64)
+    for count in range(1, 3 * priority_scale.KEPT_ROWS):
+        rows.made(count)
+        assert len(rows) <= priority_scale.KEPT_ROWS
+        assert rows.held == sum(row.size for row in rows.values())
+        assert rows.held <= priority_scale.KEPT_EXPONENTS
+    assert rows.get(3 * priority_scale.KEPT_ROWS - 1) is not None  # the newest kept
+    assert rows.get(1) is None  # the oldest dropped
+    for _ in range(5):
+        rows.made(big)
+        assert rows.held <= priority_scale.KEPT_EXPONENTS
 
 
 def test_updates_of_changing_sizes_write_what_the_general_path_writes():

@@ -18,6 +18,10 @@ threads pace each other), up to ``timeout`` seconds, then :class:`RateLimitedErr
 ``block=False`` returns at once instead. The arithmetic lives in :meth:`RateLimiter.
 can_insert` and :meth:`RateLimiter.can_sample`, pure functions of the counters.
 
+The counters run for as long as the limiter is attached: a buffer's ``clear()`` empties
+the buffer (the size goes to 0, so samples wait for ``min_size_to_sample`` items again)
+but keeps ``inserts``, ``samples`` and the diff, so the run's ratio holds across it.
+
 Configurations that could leave both sides waiting for each other are refused: by the
 constructors (a window narrower than one item each way, as Reverb refuses), when the
 limiter is attached (a ``min_size_to_sample`` larger than the buffer can hold), and at

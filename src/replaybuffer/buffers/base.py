@@ -239,6 +239,11 @@ class ReplayBuffer(WritePath, Datasets, ReadPath, EpisodeRecording, RateLimiting
     def clear(self, zero_storage: bool = False) -> None:
         """Forget every step: ``last_id`` goes back to -1.
 
+        An attached rate limiter keeps its counters (inserts, samples, the diff): it
+        paces the whole run, so samples wait until ``min_size_to_sample`` items are in
+        again and the diff goes on from where it was. Attach a new limiter to count
+        afresh (docs/rate-limiters.md).
+
         Args:
             zero_storage: also overwrite the stored arrays with zeros (otherwise they
                 are only unlinked, which is O(1)).

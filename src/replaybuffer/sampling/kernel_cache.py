@@ -21,6 +21,16 @@ never ``NUMBA_CACHE_DIR`` (a user's setting is followed, as numba follows it). T
 processes importing in another order record other supersets; each holds the true
 callees, so neither discards what the other compiled while the sources stand.
 
+A process keeps the stamps it imported its kernel modules with, and numba saves or
+loads an entry of one of our kernels only while the kernel's stamp file holds those
+(:func:`compiled`: numba's dispatcher with a cache that asks :func:`own_stamps` first).
+Without that, a process started before a callee was edited, compiling a *new* signature
+afterwards (a call with new argument types, ``tree_kernels.direct_entry``), saved its
+old machine code beside the entries a newer process had compiled under the new stamps,
+and a later process loaded it. What remains: a process that reads the stamp file just
+before a newer one rewrites it may still save once; the newer process discards that
+entry only if it checks after the save (a window of one file write).
+
 Not covered (numba's own limit): a plain module-level constant a kernel reads from a
 module without kernels is frozen into the compiled code as well.
 """
@@ -32,6 +42,16 @@ import os
 import sys
 import tempfile
 from typing import Any, Callable
+
+numba_caching: Any
+numba_config: Any
+numba_registry: Any
+try:  # optional: pip install 'replaybuffer[fast]'
+    from numba.core import caching as numba_caching
+    from numba.core import config as numba_config
+    from numba.core import registry as numba_registry
+except ImportError:  # pragma: no cover - depends on the installed extras
+    numba_caching = numba_config = numba_registry = None
 
 #: Source files of the modules with compiled kernels seen so far in this process,
 #: and their stamps (read once per process: a source edited while a process runs is
@@ -108,3 +128,49 @@ def _write(path: str, stamps: dict[str, list[int]]) -> None:
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def own_stamps(fn: Callable[..., Any], cache_path: str) -> bool:
+    """Whether ``fn``'s stamp file (in numba's ``cache_path`` for it) holds this
+    process's stamps for every kernel module both list (or there is none): only then
+    is an entry this process compiles its callees' current code, and one it loads the
+    code it imported."""
+    recorded = _recorded(_stamp_file(cache_path, fn))
+    if recorded is None:
+        return True
+    return all(tuple(stamp) == _stamps[path] for path, stamp in recorded.items()
+               if path in _stamps)
+
+
+if numba_caching is not None:
+    class OwnStampsCache(numba_caching.FunctionCache):  # type: ignore[misc]
+        """numba's cache of one function, which loads and saves only under this
+        process's stamps (:func:`own_stamps`)."""
+
+        def load_overload(self, sig: Any, target_context: Any) -> Any:
+            if not own_stamps(self._py_func, self.cache_path):
+                return None  # compiled here from the code this process imported
+            return super().load_overload(sig, target_context)
+
+        def save_overload(self, sig: Any, data: Any) -> None:
+            if own_stamps(self._py_func, self.cache_path):
+                super().save_overload(sig, data)
+
+    class OwnStampsDispatcher(numba_registry.CPUDispatcher):  # type: ignore[misc]
+        """numba's CPU dispatcher (what ``numba.njit`` makes) caching through
+        :class:`OwnStampsCache`."""
+
+        def enable_caching(self) -> None:
+            self._cache = OwnStampsCache(self.py_func)
+
+
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``numba.njit(cache=True, nogil=True, boundscheck=False)(fn)`` whose cache loads
+    and saves only under this process's stamps (needs numba)."""
+    if numba_config.DISABLE_JIT:
+        return fn  # as numba.njit does
+    dispatcher = OwnStampsDispatcher(py_func=fn, locals={}, targetoptions={
+        "nopython": True, "nogil": True, "boundscheck": False})
+    dispatcher.enable_caching()
+    result: Callable[..., Any] = dispatcher
+    return result

@@ -137,9 +137,7 @@ class PrioritizedSampler(StepDraws, PriorityWrites):
         # each call, to the same value); an update's scratch of the last batch size
         # (its scaled values and positions, never handed out).
         self._bound = self._bound_max = self._bound_floor = math.nan
-        self._alpha_row = (math.nan, 0, exponent(0.0, np.float64))
         self._beta_exponent = (math.nan, exponent(0.0, np.float32))
-        self._beta_row = (math.nan, 0, exponent(0.0, np.float32))
         self._scratch = (np.empty(0), np.empty(0, np.int64))
 
     # ---------------------------------------------------------------- schedule

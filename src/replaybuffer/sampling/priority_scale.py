@@ -1,4 +1,6 @@
-"""Priorities as the sum tree stores them: ``priority ** alpha``, and a bound of them.
+"""Priorities as the sum tree stores them: ``priority ** alpha``, and a bound of them;
+the exponents as rows for ``np.power`` (:func:`exponent_row`), kept per sampler by size
+(:class:`ExponentRows`, read through :func:`kept_row`).
 
 The sum tree holds ``v = p ** alpha`` per storage position (:mod:`replaybuffer.sampling.
 prioritized`). Drawing by rejection (:mod:`~replaybuffer.sampling.rejection`) needs an
@@ -35,6 +37,7 @@ def exponent_row(value: float, dtype: type, count: int) -> np.ndarray:
     """``value`` as ``np.power``'s exponent for ``count`` bases of ``dtype`` (float64 or
     float32): a read-only row of ``count`` copies where numpy's power gives the bits of
     the 0-d :func:`exponent` (the Python float's) with it, else that 0-d exponent.
+    Made anew (about 1.5 us): callers keep theirs in :class:`ExponentRows`.
 
     Why: numpy's power runs its loop over two contiguous rows about 0.15 us faster (256
     bases) than over a broadcast 0-d exponent. But it computes some exponents given as
@@ -42,19 +45,7 @@ def exponent_row(value: float, dtype: type, count: int) -> np.ndarray:
     which round otherwise than its power), and those must keep the scalar's bits. Which
     exponents do is asked of numpy, not listed: both ways are compared once per value
     and dtype on a spread of bases (where the two ways round differently they differ
-    on a large share of such bases), :func:`_row_matches`.
-
-    Rows of up to :data:`KEPT_ROW_COUNT` bases are kept (read-only, so shared): making
-    one costs about 1.5 us, ten times what a call saves with it, and callers keep only
-    the last batch size's, so sizes that change from call to call (a shard's share of
-    each update or draw) would otherwise make one at every call."""
-    if count <= KEPT_ROW_COUNT:
-        return _kept_row(value, dtype, count)
-    return _made_row(value, dtype, count)
-
-
-def _made_row(value: float, dtype: type, count: int) -> np.ndarray:
-    """:func:`exponent_row`, made anew."""
+    on a large share of such bases), :func:`_row_matches`."""
     if not _row_matches(float(value), np.dtype(dtype).char):
         return exponent(value, dtype)
     row: np.ndarray = np.full(count, value, dtype)
@@ -62,9 +53,71 @@ def _made_row(value: float, dtype: type, count: int) -> np.ndarray:
     return row
 
 
-#: The largest row :func:`exponent_row` keeps, and how many it keeps (at most 4 MiB).
-KEPT_ROW_COUNT, _KEPT_ROWS = 4096, 128
-_kept_row = lru_cache(maxsize=_KEPT_ROWS)(_made_row)
+#: How many rows an :class:`ExponentRows` keeps, and how many exponents in all (4 MiB of
+#: float64); a single larger row is kept alone.
+KEPT_ROWS, KEPT_EXPONENTS = 128, 1 << 19
+
+
+class ExponentRows(dict[int, np.ndarray]):
+    """The :func:`exponent_row` s of one ``value`` and ``dtype`` that a sampler made, by
+    ``count``: the one cache of them (:func:`exponent_row` keeps none), so that sizes
+    changing from call to call (a shard's share of each update or draw) find the row
+    they made earlier instead of making one at every call.
+
+    Bounded: at most :data:`KEPT_ROWS` rows and :data:`KEPT_EXPONENTS` exponents, the
+    oldest made dropped first (a single larger row is kept alone, so a fixed large
+    batch size is made once too). Rows are read-only, so they are handed out as they
+    are kept. A sampler reads it through :func:`kept_row`.
+    """
+
+    __slots__ = ("value", "dtype", "held")
+
+    def __init__(self, value: float, dtype: type):
+        super().__init__()
+        self.value = value
+        self.dtype = dtype
+        self.held = 0  # exponents in the rows kept
+
+    def made(self, count: int) -> np.ndarray:
+        """The row for ``count`` bases, made now and kept (the caller found none)."""
+        row = exponent_row(self.value, self.dtype, count)
+        while self and (len(self) >= KEPT_ROWS or self.held + row.size > KEPT_EXPONENTS):
+            self.held -= self.pop(next(iter(self))).size  # the oldest made
+        self[count] = row
+        self.held += row.size
+        return row
+
+
+KeptRow = tuple[float, int, np.ndarray, ExponentRows]
+"""``(value, count, row, rows)``: the row a sampler used last (for ``count`` bases of
+``value``) and the :class:`ExponentRows` it came from."""
+
+
+def no_kept_row(dtype: type) -> KeptRow:
+    """A :data:`KeptRow` of no value (NaN: every value differs), for a sampler's first
+    call; nothing is ever kept in its rows."""
+    return math.nan, 0, exponent(0.0, dtype), ExponentRows(math.nan, dtype)
+
+
+def kept_row(kept: KeptRow, value: float, count: int, dtype: type) -> KeptRow:
+    """The :data:`KeptRow` for ``count`` bases of ``value`` (``dtype``'s), where
+    ``kept``, the one used last, is for another value or count: from ``kept``'s rows
+    while the value is theirs, else from new rows (the old value's are dropped).
+
+    Why a sampler holds the last one beside its rows rather than asking them at every
+    call: its update (and draw) asks for its batch size's row each time, and the usual
+    size is the last one. Comparing ``kept``'s value and count is the cheapest test of
+    that: asking the rows instead (``rows.value``, ``rows.get(count)``) cost 0.07-0.13 us
+    more of an ``update_priorities(256)`` of 6 us, an ``lru_cache`` call 0.15-0.19 us
+    (median thread CPU, interleaved rounds, on a shared 2-core machine). The last one
+    is an entry of the rows, not a second cache: it is never made or kept elsewhere."""
+    rows = kept[3]
+    if rows.value != value:
+        rows = ExponentRows(value, dtype)
+    row = rows.get(count)
+    if row is None:
+        row = rows.made(count)
+    return value, count, row, rows
 
 
 @lru_cache(maxsize=64)

@@ -21,7 +21,8 @@ from replaybuffer.sampling import tree_kernels
 from replaybuffer.sampling.fused_update import write_live
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.outside_mass import OutsideMass
-from replaybuffer.sampling.priority_scale import BOUND_SLACK, FINITE, exponent_row, scale
+from replaybuffer.sampling.priority_scale import (BOUND_SLACK, FINITE, KeptRow, kept_row,
+                                                  no_kept_row, scale)
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.tree_kernels import direct_entry
 from replaybuffer.sampling.trees import MinTree, SumTree
@@ -43,9 +44,10 @@ class PriorityWrites:
     _min: MinTree | None
     _outside: OutsideMass | None
     _pending: list[tuple[np.ndarray, float]]
-    # (alpha, the batch size S, alpha as np.power's kept exponent for S priorities:
-    # priority_scale.exponent_row)
-    _alpha_row: tuple[float, int, np.ndarray]
+    # alpha as np.power's exponent row for the last batch size S, and the rows by size
+    # it came from (priority_scale.kept_row); the class's, of no alpha, is replaced at
+    # the first update, before anything is kept in it.
+    _alpha_kept: KeptRow = no_kept_row(np.float64)
     # The fused write's entry point (tree_kernels.direct_entry) and the sum tree it was
     # made for: int64 item ids (C-contiguous, aligned), this scratch, that tree's arrays,
     # ints; made at the first such write to each tree.
@@ -82,8 +84,15 @@ class PriorityWrites:
         ``priorities`` (float64 ``[S]``, checked by the caller: finite and >= 0).
 
         ``largest`` is ``priorities.max()`` if the caller knows it. Returns how many
-        were applied; ids of overwritten (or cleared) steps are ignored.
+        were applied; ids of overwritten (or cleared) steps are ignored. Ids of another
+        integer dtype are converted (the buffers pass int64; the compiled write's entry
+        is made for int64 ids and takes no other).
+
+        Raises:
+            TypeError: ``item_ids`` are not integers (nothing is changed).
         """
+        if item_ids.dtype is not _INT64:  # (one identity test on the usual call)
+            item_ids = int64_item_ids(item_ids)
         if self._pending:
             self._flush()
         B = ring.batch_size
@@ -97,10 +106,9 @@ class PriorityWrites:
                 values, positions = self._scratch = (np.empty(count),
                                                      np.empty(count, np.int64))
             alpha = self.alpha
-            kept = self._alpha_row
+            kept = self._alpha_kept
             if kept[0] != alpha or kept[1] != count:  # (alpha is a plain attribute)
-                kept = self._alpha_row = (alpha, count, exponent_row(alpha, np.float64,
-                                                                      count))
+                kept = self._alpha_kept = kept_row(kept, alpha, count, np.float64)
             direct = False
             if alpha != 1.0 and alpha != 0.0:  # scale()'s usual case, inline (a call less)
                 scaled = np.power(priorities, kept[2], values)
@@ -168,3 +176,19 @@ class PriorityWrites:
         out = np.full(item_ids.shape, np.nan)
         out[live] = self._sum.get(positions)
         return out
+
+
+_INT64 = np.dtype(np.int64)
+
+
+def int64_item_ids(item_ids: np.ndarray) -> np.ndarray:
+    """``item_ids`` of any integer dtype as int64 (a new array ``[S]``). An unsigned id
+    past int64's range becomes negative, which no step has: stale, as it was.
+
+    Raises:
+        TypeError: naming ``item_ids``, int64 and the dtype given, for non-integers.
+    """
+    if item_ids.dtype.kind not in "iu":
+        raise TypeError(f"item_ids must be integer item ids (int64, as BufferInfo.ids "
+                        f"gives them), got an array of dtype {item_ids.dtype}")
+    return item_ids.astype(np.int64)

@@ -41,7 +41,7 @@ from replaybuffer.sampling.fused_rejection import steps as rejection_steps
 from replaybuffer.sampling.generator_draws import bit_source
 from replaybuffer.sampling.importance import probabilities_and_ratios
 from replaybuffer.sampling.item_ids import to_item_ids
-from replaybuffer.sampling.priority_scale import exponent_row
+from replaybuffer.sampling.priority_scale import KeptRow, kept_row, no_kept_row
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.trees import MinTree, SumTree
@@ -69,9 +69,10 @@ class StepDraws:
     beta_start: float
     beta_final: float | None
     sample_calls: int
-    # (beta, the batch size S, beta as np.power's kept float32 exponent for S weights:
-    # priority_scale.exponent_row)
-    _beta_row: tuple[float, int, np.ndarray]
+    # beta as np.power's float32 exponent row for the last batch size S, and the rows
+    # by size it came from (priority_scale.kept_row); the class's, of no beta, is
+    # replaced at the first draw, before anything is kept in it.
+    _beta_kept: KeptRow = no_kept_row(np.float32)
     # The generator whose C source (bit_source's pair and its lock, None for a bit
     # generator a kernel cannot call) is kept, and the descent's targets (float64
     # [count], scratch: never handed out).
@@ -205,9 +206,9 @@ class StepDraws:
             # weights (this path has none), without its call and tests, and with the
             # exponent kept as a row where numpy's power gives the same bits with it
             beta, count = self.beta_start, len(weights)
-            kept = self._beta_row
+            kept = self._beta_kept
             if kept[0] != beta or kept[1] != count:
-                kept = self._beta_row = (beta, count, exponent_row(beta, np.float32, count))
+                kept = self._beta_kept = kept_row(kept, beta, count, np.float32)
             np.power(weights, kept[2], weights)
             self.sample_calls += 1
         else:

@@ -57,10 +57,10 @@ def compile_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
     # cache: compiled once per machine, not per process (a few hundred ms each), and
     # discarded when a kernel module it may call changed (numba checks only fn's own
-    # file: kernel_cache); nogil: a sampling thread does not hold up a collecting one.
+    # file: kernel_cache), saved and loaded only under the stamps this process imported
+    # with; nogil: a sampling thread does not hold up a collecting one.
     kernel_cache.check(fn, function_cache)
-    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
-    return compiled
+    return kernel_cache.compiled(fn)
 
 
 def direct_entry(kernel: Callable[..., Any], *example: Any) -> Callable[..., Any]:

@@ -57,7 +57,8 @@ from replaybuffer.arguments import check_timeout, positive_or_none
 from replaybuffer.distributed.errors import (ShardsUnavailableError,
                                              ShardStartError, not_supported)
 from replaybuffer.distributed.ray_shards.batches import shaped
-from replaybuffer.distributed.ray_shards.health import ShardHealth, failure_cause
+from replaybuffer.distributed.ray_shards.health import (ShardHealth, close_shards,
+                                                        failure_cause)
 from replaybuffer.distributed.ray_shards.outbox import Outbox
 from replaybuffer.distributed.ray_shards.pipeline import ShardStream, dataset_depth
 from replaybuffer.distributed.ray_shards.priority_updates import PriorityUpdates
@@ -400,15 +401,21 @@ class RayReplayBuffer(ShardWrites):
                             "checkpoint(); each shard saves there")
 
     def close(self) -> None:
-        """Kill the shard actors (their checkpoints stay; temporary files go)."""
-        refs = [actor.remove_files.remote() for actor in self._actors]
-        try:
-            ray.wait(refs, num_returns=len(refs), timeout=5.0)
-        except RayError:
-            pass
-        for actor in self._actors:
-            ray.kill(actor, no_restart=True)
-        self._actors.clear()
+        """Kill the shard actors (their checkpoints stay; temporary files go).
+
+        Each shard removes its temporary files and the acknowledgements of losses still
+        in flight are read, within 5 s together; a removal that failed in a shard, or a
+        shard that did not answer in time, is a ``RuntimeWarning`` naming the shard and
+        the cause, given once every shard is killed. A dead shard is skipped (its files
+        stay). Closing again does nothing; a dead shard never makes it raise
+        (:func:`~.health.close_shards`).
+        """
+        if not self._actors:
+            return
+        health = getattr(self, "_health", None)  # (none yet when a start failed)
+        actors = list(self._actors)
+        self._actors.clear()  # closed even if a warning is raised as an error
+        close_shards(actors, None if health is None else health.acknowledgements)
 
     def __enter__(self) -> "RayReplayBuffer":
         return self

@@ -17,7 +17,9 @@ to its next process, so a process killed before its answer left leaves its loss 
 next one rather than unreported. The acknowledgements' outcomes are read without
 waiting (:class:`Acknowledgements`), at the client's later answers: one that reached a
 shard that died or is restarting is dropped (its next process carries the loss, counted
-twice, never missed); one that failed in the shard is a ``RuntimeWarning``.
+twice, never missed); one that failed in the shard is a ``RuntimeWarning``. Those still
+in flight when the buffer closes are read then, within a bound (:meth:`Acknowledgements.
+settle`), before the shards are killed.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class ShardHealth:
         self._seen: dict[int, set[int]] = {}  # incarnations each shard has had
         self._acked: dict[int, tuple[int, int]] = {}  # per shard (incarnation, steps)
         self.acknowledgements = Acknowledgements()
-        for actor, incarnation in zip(actors, incarnations):  # what describe showed
-            self.acknowledgements.sent(actor.acknowledge.remote(incarnation, -1))
+        for shard, (actor, incarnation) in enumerate(zip(actors, incarnations)):  # described
+            self.acknowledgements.sent(actor.acknowledge.remote(incarnation, -1), shard)
 
     def observe(self, shard: int, status: Sequence[int]) -> None:
         """A shard's status from one of its answers: ``(incarnation,
@@ -115,7 +117,7 @@ class ShardHealth:
                 (acked[0] != incarnation or acked[1] < steps_lost):
             self._acked[shard] = (incarnation, steps_lost)  # the loss is held above
             self.acknowledgements.sent(
-                self._actors[shard].acknowledge.remote(incarnation, steps_lost))
+                self._actors[shard].acknowledge.remote(incarnation, steps_lost), shard)
 
     def renamed(self, shard: int, incarnation: int, last_id: int) -> None:
         """The shard became a new incarnation on purpose (``clear``): no loss."""
@@ -183,11 +185,13 @@ class Acknowledgements:
     learner's path), but its outcome must be read: an error nobody reads is logged by
     Ray as unhandled when its reference goes. :meth:`collect` reads those that have
     arrived without waiting (``ray.wait(timeout=0)``); the health calls it at its next
-    answers while any is in flight.
+    answers while any is in flight. At the buffer's close, :meth:`settle` reads those
+    still in flight within a short bound.
     """
 
     def __init__(self) -> None:
         self._refs: list[Any] = []
+        self._shards: dict[Any, int] = {}  # each ref's shard, for the warning
         self._lock = threading.Lock()  # answers are observed from prefetch threads too
 
     @property
@@ -195,30 +199,116 @@ class Acknowledgements:
         """How many were sent and not yet read back."""
         return len(self._refs)
 
-    def sent(self, ref: Any) -> None:
-        """Keep ``ref`` (an ``acknowledge`` call's ``ObjectRef``) until it is read."""
+    def sent(self, ref: Any, shard: int) -> None:
+        """Keep ``ref`` (an ``acknowledge`` call's ``ObjectRef`` to ``shard``) until it
+        is read."""
         with self._lock:
             self._refs.append(ref)
+            self._shards[ref] = shard
 
     def collect(self) -> None:
         """Read the outcomes that have arrived, without waiting. One that reached a
         shard that died or is restarting is dropped: its next process carries the loss
-        (counted twice, never missed). One that failed in the shard is a
-        ``RuntimeWarning`` naming the cause (the same double count follows)."""
+        (counted twice, never missed). Those that failed in their shard are one
+        ``RuntimeWarning`` naming each shard and cause (the same double count follows),
+        given once every ready outcome is read: a warning raised as an error (``-W
+        error``) leaves none of them unread."""
+        message = self.read(0.0)
+        if message:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def read(self, timeout: float) -> str:
+        """Read the outcomes that arrive within ``timeout`` s (:meth:`collect`'s
+        handling); returns the warning their failures make ("" if none)."""
         with self._lock:
             if not self._refs:
-                return
+                return ""
             ready, self._refs = ray.wait(self._refs, num_returns=len(self._refs),
-                                         timeout=0, fetch_local=False)
-        for ref in ready:
+                                         timeout=timeout, fetch_local=False)
+            shards = [self._shards.pop(ref) for ref in ready]
+        failures: list[tuple[int, str]] = []
+        for shard, ref in zip(shards, ready):
             try:
                 ray.get(ref)
             except (RayActorError, ActorUnavailableError):
                 pass  # the shard died or restarts: its next start settles the loss
             except RayError as exc:
-                warnings.warn(f"a shard could not take the client's acknowledgement of "
-                              f"its loss ({failure_cause(exc)}); its next process will "
-                              f"count that loss again", RuntimeWarning, stacklevel=2)
+                failures.append((shard, failure_cause(exc)))
+        if len(failures) == 1:
+            return (f"shard {failures[0][0]} could not take the client's acknowledgement "
+                    f"of its loss ({failures[0][1]}); its next process will count that "
+                    f"loss again")
+        if failures:
+            return (f"shards {sorted({shard for shard, _ in failures})} could not take "
+                    f"the client's acknowledgements of their losses ("
+                    + "; ".join(f"shard {shard}: {cause}" for shard, cause in failures)
+                    + "); their next processes will count those losses again")
+        return ""
+
+    def settle(self, timeout: float) -> str:
+        """Read every acknowledgement still in flight, waiting at most ``timeout`` s for
+        them (the buffer's close, before its shards go); returns :meth:`read`'s warning.
+        One not back by then is dropped unread: its shard did not answer in time, and a
+        shard that never took it carries the loss to its next process."""
+        try:
+            return self.read(timeout)
+        finally:
+            with self._lock:
+                self._refs.clear()
+                self._shards.clear()
+
+
+def close_shards(actors: Sequence[Any], acknowledgements: Acknowledgements | None,
+                 timeout: float = 5.0) -> None:
+    """Close a buffer's shards (``actors``, in shard order): each removes its temporary
+    files, the acknowledgements still in flight are read (both within ``timeout`` s
+    together), then every shard is killed (its checkpoints stay).
+
+    What the shards answered is read, never dropped: a removal that failed in a shard
+    and a shard that did not answer within ``timeout`` (its files may stay) are one
+    ``RuntimeWarning`` naming each shard and cause, with the acknowledgements' failures
+    (:meth:`Acknowledgements.read`), given after every shard is killed, so that a
+    warning raised as an error leaves no shard running. A shard that is dead (or
+    restarting) is skipped silently: its files stay where it left them (a temporary
+    directory under the system's), and killing it again is harmless."""
+    refs = [actor.remove_files.remote() for actor in actors]
+    deadline = time.monotonic() + timeout
+    try:
+        ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)[0] if refs else []
+    except RayError:
+        ready = []
+    problems = []
+    if acknowledgements is not None:
+        problems.append(acknowledgements.settle(max(0.0, deadline - time.monotonic())))
+    answered = set(ready)
+    for shard, ref in enumerate(refs):
+        if ref not in answered:
+            problems.append(f"shard {shard} did not answer within {timeout:g} s: its "
+                            f"temporary files may stay")
+            continue
+        try:
+            ray.get(ref)
+        except (RayActorError, ActorUnavailableError):
+            pass  # dead or restarting: skipped (its files stay where it left them)
+        except RayError as exc:
+            problems.append(f"shard {shard} could not remove its temporary files "
+                            f"({failure_cause(exc)})")
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    late = [ref for ref in refs if ref not in answered]
+    if late:  # their shards are gone now: read the errors, so Ray logs none unhandled
+        try:
+            gone, _ = ray.wait(late, num_returns=len(late), timeout=2.0)
+        except RayError:
+            gone = []
+        for ref in gone:
+            try:
+                ray.get(ref)
+            except RayError:
+                pass
+    message = "; ".join(problem for problem in problems if problem)
+    if message:
+        warnings.warn(f"closing the Ray buffer: {message}", RuntimeWarning, stacklevel=3)
 
 
 def failure_cause(exc: BaseException) -> str:
