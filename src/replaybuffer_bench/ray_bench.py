@@ -31,6 +31,16 @@ spends while nothing calls it (1 s before the
 run: Ray's worker wakes every 10 ms to check for signals, whatever the actor). On a
 machine with fewer cores than processes, samples/s follow these sums.
 
+CPU per operation (a second table, JSON ``cpu_per_operation``: :func:`per_operation`):
+each part divided by its own operations, since inserts/s and samples/s move together
+on a machine whose cores every process shares (an unpaced collector takes more CPU
+where more shard processes take its writes): the learner's and the shards' draw
+threads' per batch sampled, the collectors' and the shards' writes thread's per step
+inserted, and per shard and second its main thread and Ray's threads in it
+(:mod:`.shard_threads`). ``--insert-rate R``: the collectors write at most ``R`` steps
+a second together (:data:`PACE_STEPS`), so that samples/s compare across shard counts
+at equal inserts/s.
+
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
 without a copy (they come back read-only: the row reports the share of the batch's
@@ -59,6 +69,11 @@ CHUNK = 32
 EPISODE_STEPS = 1000
 """Steps of a collector's episode (FIRST, MID..., LAST)."""
 FIRST, MID, LAST = 0, 1, 2
+PACE_STEPS = 256
+"""A collector held to an insert rate sleeps once it is this many steps ahead, until it
+is on time: about 100 wake-ups a second at 25k steps/s. Sleeping whenever it was ahead
+(after every 32-step ``extend``) doubled its CPU per step (6.9 us against 3.5: a
+process woken from sleep runs on cold caches)."""
 BATCHES_PER_CALL = {"control": 32, "frames": 2}
 """Per workload, the batches the learner's dataset starts together unless
 ``--batches-per-call`` says (and keeps as many in flight, at least 4, unless
@@ -125,13 +140,13 @@ class Collector:
     def collect(self, writer: Any, seconds: float, rate: float | None = None) -> int:
         """Write the episode, ``extend`` calls of up to :data:`CHUNK` steps (the last
         of an episode shorter), through ``writer`` for ``seconds``; the steps sent.
-        ``rate``: at most this many steps a second (the collector sleeps when ahead;
-        ``None``: as fast as it can)."""
+        ``rate``: at most this many steps a second (the collector sleeps when
+        :data:`PACE_STEPS` ahead; ``None``: as fast as it can)."""
         start = time.perf_counter()
         deadline = start + seconds
         steps = k = 0
         while (now := time.perf_counter()) < deadline:
-            if rate is not None and steps > rate * (now - start):
+            if rate is not None and steps >= rate * (now - start) + PACE_STEPS:
                 time.sleep(min(steps / rate - (now - start), deadline - now))
                 continue
             writer.extend(self.pieces[k])
