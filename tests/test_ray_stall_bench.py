@@ -49,5 +49,7 @@ def test_a_row_at_an_insert_rate_is_paced_and_split_per_operation(cluster):
                        "shard_main_ms_per_s", "shard_ray_ms_per_s"}
     assert all(value is not None and value > 0 for value in op.values())
     assert op["learner_us_per_batch"] == row["cpu_us_per_batch"]["learner"]
+    idle = row["idle_shard_ms_per_s_by_thread"]  # per shard, nothing calling it
+    assert set(idle) == {"writes", "calls", "main", "ray"} and idle["main"] > 0
     table = ray_bench.format_per_operation([row])
     assert "| control | 2 | 4,000/s |" in table

@@ -156,13 +156,19 @@ class Collector:
         return steps
 
 
-def idle_shard_cpu(pids: list[int], seconds: float = 1.0) -> float | None:
+def idle_shard_cpu(pids: list[int], seconds: float = 1.0,
+                   threads: ShardThreadMeter | None = None) -> float | None:
     """The CPU milliseconds per second each of the shard processes ``pids`` spends
-    while nothing calls it (their mean; ``None`` without ``/proc``)."""
+    while nothing calls it (their mean; ``None`` without ``/proc``); ``threads``, if
+    given, metered over the same time (its ``spent`` then per role)."""
     meter = CpuMeter(pids)
     meter.start()
+    if threads is not None:
+        threads.start()
     time.sleep(seconds)
     meter.stop()
+    if threads is not None:
+        threads.stop()
     spent = meter.spent(pids)
     return None if spent is None else spent / len(pids) / seconds * 1e3
 
@@ -244,7 +250,11 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         zero_copy_share = mapped / sum(leaf.nbytes for leaf in part.values())
         batch_bytes = sum(leaf.nbytes for leaf in items.values())
         shard_pids = [int(d["pid"]) for d in buffer.describe() if d is not None]
-        idle_ms = idle_shard_cpu(shard_pids)
+        threads = ShardThreadMeter(shard_threads(buffer.actors, shard_pids))
+        idle_s = 1.0
+        idle_ms = idle_shard_cpu(shard_pids, idle_s, threads)
+        idle_roles = None if threads.spent is None else \
+            {role: value / shards / idle_s * 1e3 for role, value in threads.spent.items()}
         learner = os.getpid()
         remote_collector: Any = ray.remote(num_cpus=0)(Collector)
         actors: list[Any] = [remote_collector.remote(spec, k) for k in range(collectors)]
@@ -253,7 +263,6 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
                           | set(collector_pids)])
         # Until every collector has flushed: per step inserted, every step's CPU.
         writes_meter = CpuMeter(collector_pids)
-        threads = ShardThreadMeter(shard_threads(buffer.actors, shard_pids))
         share = None if insert_rate is None else insert_rate / collectors
         meter.start()
         writes_meter.start()
@@ -294,6 +303,7 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
             "zero_copy_share": zero_copy_share, "seconds": seconds,
             "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms,
+            "idle_shard_ms_per_s_by_thread": idle_roles,
             "collector_pids": collector_pids, "insert_rate": insert_rate,
             "cpu_per_operation": per_op,
             "collectors_metered": sum(meter.spent([pid]) is not None
@@ -394,7 +404,7 @@ def format_per_operation(rows: list[dict[str, Any]]) -> str:
              "shard_write_us_per_step", "shard_main_ms_per_s", "shard_ray_ms_per_s")
     lines = ["| workload | shards | insert rate | inserts/s | samples/s | CPU us per batch: "
              "learner / shards' draws | CPU us per step: collectors / shards' writes | "
-             "per shard, ms/s: main thread / Ray's threads |",
+             "per shard, ms/s: main thread / Ray's threads (idle: the same) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         op = r.get("cpu_per_operation")
@@ -402,11 +412,13 @@ def format_per_operation(rows: list[dict[str, Any]]) -> str:
             continue
         v = ["-" if op.get(n) is None else
              f"{op[n]:,.{1 if n.endswith(('step', '_s')) else 0}f}" for n in names]
+        idle = r.get("idle_shard_ms_per_s_by_thread")
+        idle_text = "" if idle is None else f" ({idle['main']:.1f} / {idle['ray']:.1f})"
         rate = "as fast as they can" if r.get("insert_rate") is None \
             else f"{r['insert_rate']:,.0f}/s"
         lines.append(f"| {r['workload']} | {r['shards']} | {rate} | "
                      f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} | "
-                     f"{v[0]} / {v[1]} | {v[2]} / {v[3]} | {v[4]} / {v[5]} |")
+                     f"{v[0]} / {v[1]} | {v[2]} / {v[3]} | {v[4]} / {v[5]}{idle_text} |")
     return "\n".join(lines)
 
 
