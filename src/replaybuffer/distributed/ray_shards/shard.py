@@ -51,14 +51,15 @@ learner's batch could wait milliseconds behind chunks. A tenth of the default bo
 that wait at 0.5 ms for a little more switching."""
 
 TASK_EVENTS = False
-"""``enable_task_events`` of the calls a shard answers many times a second (``write``, ``draw``,
-``mass_status``, ``update_priorities``): Ray records no task events for them. Each
-event (submitted, running, finished) is buffered in the caller and the shard and sent
-to Ray's GCS every second, for its dashboard and ``ray list tasks``: at a call per
-group of 32 control batches and 4 collectors' chunks, Ray's own processes spent about
-a third less CPU per batch without them (measured on a shared 2-core machine;
-docs/distributed/ray.md, "Ray's own CPU"). Such calls still fail, retry and raise as
-before; they are only missing from Ray's task listings."""
+"""``enable_task_events`` of the calls a shard answers many times a second (``write``,
+``draw``, ``mass_status``, ``update_priorities``): Ray records no task events for them.
+Each event (submitted, running, finished) is buffered in the caller and the shard and
+sent to Ray's GCS every second, for its dashboard and ``ray list tasks``: at a call per
+group of 32 control batches and 4 collectors' chunks, Ray's own processes spent 52-65
+us of CPU per batch without them against 61-149 with (a fifth to a half less; measured
+on a shared 2-core machine, docs/distributed/ray.md, "Ray's own CPU"); a call's
+latency was level (8 actors called in turn, 1.2-1.5 ms either way). Such calls still
+fail, retry and raise as before; they are only missing from Ray's task listings."""
 
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 """One write: the buffer method's name (or :data:`PACKED_EXTEND`), its arguments and
