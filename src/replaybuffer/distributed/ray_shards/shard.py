@@ -56,7 +56,7 @@ TASK_EVENTS = False
 Each event (submitted, running, finished) is buffered in the caller and the shard and
 sent to Ray's GCS every second, for its dashboard and ``ray list tasks``: at a call per
 group of 32 control batches and 4 collectors' chunks, Ray's own processes spent 52-65
-us of CPU per batch without them against 61-149 with (a fifth to a half less; measured
+us of CPU per batch without them against 61-149 with (a sixth to a half less; measured
 on a shared 2-core machine, docs/distributed/ray.md, "Ray's own CPU"); a call's
 latency was level (8 actors called in turn, 1.2-1.5 ms either way). Such calls still
 fail, retry and raise as before; they are only missing from Ray's task listings."""
