@@ -71,3 +71,89 @@ def test_cpu_figures_are_formatted_with_gaps_where_none_was_read():
                                 "ray": 20.2}, "idle_shard_cpu_ms_per_s": 9.04}
     assert format_cpu(row) == "512 / 1,400 / - / 20 (idle shard 9.0 ms/s)"
     assert format_cpu({}) == "- / - / - / -"
+
+
+class CountingWriter:
+    """A writer that notes the steps it was given and when."""
+
+    def __init__(self):
+        self.steps, self.flushed = [], False
+
+    def extend(self, items):
+        self.steps.append(len(items["step_type"][0]))
+
+    def flush(self):
+        self.flushed = True
+
+
+def test_a_paced_collector_writes_no_faster_than_its_rate_and_an_unpaced_one_does():
+    from replaybuffer_bench.processes import WORKLOADS
+    from replaybuffer_bench.ray_bench import CHUNK, PACE_STEPS, Collector
+
+    collector = Collector(WORKLOADS["control"][0](), 0)
+    paced = CountingWriter()
+    sent = collector.collect(paced, 0.5, rate=2000.0)
+    assert sent == sum(paced.steps) and paced.flushed
+    # ahead of its rate by less than PACE_STEPS before the extend it then started
+    assert 0 < sent < 2000 * 0.5 + PACE_STEPS + CHUNK
+    free = CountingWriter()
+    assert collector.collect(free, 0.5) > 4 * (2000 * 0.5 + PACE_STEPS + CHUNK)
+
+
+def test_per_operation_figures_divide_each_part_by_its_own_operations():
+    from replaybuffer_bench.ray_bench import per_operation
+
+    roles = {"writes": 2.0, "calls": 0.5, "main": 0.08, "ray": 0.4}
+    op = per_operation(120.0, 3.0, roles, shards=4, batches=1000, steps=1_000_000,
+                       seconds=2.0)
+    assert op == {"learner_us_per_batch": 120.0, "shard_draw_us_per_batch": 500.0,
+                  "collector_us_per_step": 3.0, "shard_write_us_per_step": 2.0,
+                  "shard_main_ms_per_s": 10.0, "shard_ray_ms_per_s": 50.0}
+    blank = per_operation(None, None, None, shards=4, batches=0, steps=0, seconds=2.0)
+    assert set(blank.values()) == {None}
+
+
+def test_a_shards_threads_are_told_apart_by_role():
+    from replaybuffer_bench.shard_threads import role_of
+
+    pid, writes, name = 100, 105, "ray::ShardActor"
+    assert role_of(100, name, pid, writes, name) == "main"
+    assert role_of(105, name, pid, writes, name) == "writes"
+    assert role_of(107, name, pid, writes, name) == "calls"
+    assert role_of(101, "worker.io", pid, writes, name) == "ray"
+    assert role_of(102, "client.poll0", pid, writes, name) == "ray"
+
+
+@linux
+def test_a_thread_meter_puts_a_busy_threads_cpu_in_its_role():
+    import threading
+
+    from replaybuffer_bench.shard_threads import ShardThreadMeter
+
+    go, burned, leave = threading.Event(), threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def busy():
+        tid.append(threading.get_native_id())
+        go.wait()
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        burned.set()
+        leave.wait()
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    while not tid:
+        time.sleep(0.01)
+    meter = ShardThreadMeter([(os.getpid(), tid[0])])  # the busy thread as "writes"
+    meter.start()
+    go.set()
+    burned.wait()
+    meter.stop()
+    leave.set()
+    worker.join()
+    assert meter.spent is not None
+    assert 0.3 <= meter.spent["writes"] < 0.45
+    assert meter.spent["main"] < 0.1  # this thread waited
+    assert meter.spent["calls"] < 0.05  # the other threads named as the main one idle

@@ -327,6 +327,18 @@ def test_a_writer_sends_chunks_and_keeps_its_order(make):
     np.testing.assert_array_equal(steps[2]["x"], steps[0]["x"] + 2)
 
 
+def test_a_writers_calls_go_to_its_own_shard_one_per_chunk(make):
+    """A collector's remote calls per step do not grow with the shard count: its
+    writer sends each chunk whole to its own shard, never split over the others."""
+    buffer = make(seed=9)
+    writer = buffer.writer(1, chunk_steps=16, chunk_seconds=60)
+    for t in range(0, 160, 8):
+        writer.extend(items(np.arange(t, t + 8)[None]))
+    writer.flush()
+    assert writer._outbox._seq == {1: 10}  # 160 steps, 10 chunks of 16, one shard
+    assert [d["size"] for d in buffer.describe()] == [0, 160, 0]
+
+
 def test_a_writer_sends_at_an_episode_end_and_after_chunk_seconds(make):
     buffer = make(seed=7)
     writer = buffer.writer(0, chunk_steps=64, chunk_seconds=60)

@@ -33,3 +33,23 @@ def test_every_collector_is_metered_and_writes_in_the_row(cluster):
     cpu = row["cpu_us_per_batch"]
     assert all(cpu[group] is not None for group in ("learner", "shards", "collectors"))
     assert row["inserts_per_s"] > 0 and row["samples_per_s"] > 0
+
+
+def test_a_row_at_an_insert_rate_is_paced_and_split_per_operation(cluster):
+    rate, seconds = 4000.0, 0.5
+    row = ray_bench.run_ray("control", 2, 2, seconds, batches_per_call=2,
+                            insert_rate=rate)
+    assert row["insert_rate"] == rate
+    # each collector less than PACE_STEPS and an extend ahead of its share at the end
+    ahead = ray_bench.PACE_STEPS + ray_bench.CHUNK
+    assert 0 < row["inserts_per_s"] < rate + 2 * ahead / seconds
+    op = row["cpu_per_operation"]
+    assert set(op) == {"learner_us_per_batch", "shard_draw_us_per_batch",
+                       "collector_us_per_step", "shard_write_us_per_step",
+                       "shard_main_ms_per_s", "shard_ray_ms_per_s"}
+    assert all(value is not None and value > 0 for value in op.values())
+    assert op["learner_us_per_batch"] == row["cpu_us_per_batch"]["learner"]
+    idle = row["idle_shard_ms_per_s_by_thread"]  # per shard, nothing calling it
+    assert set(idle) == {"writes", "calls", "main", "ray"} and idle["main"] > 0
+    table = ray_bench.format_per_operation([row])
+    assert "| control | 2 | 4,000/s |" in table

@@ -31,6 +31,16 @@ spends while nothing calls it (1 s before the
 run: Ray's worker wakes every 10 ms to check for signals, whatever the actor). On a
 machine with fewer cores than processes, samples/s follow these sums.
 
+CPU per operation (a second table, JSON ``cpu_per_operation``: :func:`per_operation`):
+each part divided by its own operations, since inserts/s and samples/s move together
+on a machine whose cores every process shares (an unpaced collector takes more CPU
+where more shard processes take its writes): the learner's and the shards' draw
+threads' per batch sampled, the collectors' and the shards' writes thread's per step
+inserted, and per shard and second its main thread and Ray's threads in it
+(:mod:`.shard_threads`). ``--insert-rate R``: the collectors write at most ``R`` steps
+a second together (:data:`PACE_STEPS`), so that samples/s compare across shard counts
+at equal inserts/s.
+
 Bytes per sampled batch: a shard gathers its part (one copy) and Ray writes it into
 its object store (one copy); ``ray.get`` maps arrays that are contiguous in the store
 without a copy (they come back read-only: the row reports the share of the batch's
@@ -51,6 +61,7 @@ import numpy as np
 
 from replaybuffer_bench.process_cpu import CpuMeter, descendants
 from replaybuffer_bench.processes import WORKLOADS, run_single
+from replaybuffer_bench.shard_threads import ShardThreadMeter, shard_threads
 from replaybuffer_bench.workloads import random_items
 
 SAMPLE = 256
@@ -58,6 +69,11 @@ CHUNK = 32
 EPISODE_STEPS = 1000
 """Steps of a collector's episode (FIRST, MID..., LAST)."""
 FIRST, MID, LAST = 0, 1, 2
+PACE_STEPS = 256
+"""A collector held to an insert rate sleeps once it is this many steps ahead, until it
+is on time: about 100 wake-ups a second at 25k steps/s. Sleeping whenever it was ahead
+(after every 32-step ``extend``) doubled its CPU per step (6.9 us against 3.5: a
+process woken from sleep runs on cold caches)."""
 BATCHES_PER_CALL = {"control": 32, "frames": 2}
 """Per workload, the batches the learner's dataset starts together unless
 ``--batches-per-call`` says (and keeps as many in flight, at least 4, unless
@@ -121,12 +137,18 @@ class Collector:
         """The collector's process id (its CPU is metered from before the window)."""
         return os.getpid()
 
-    def collect(self, writer: Any, seconds: float) -> int:
+    def collect(self, writer: Any, seconds: float, rate: float | None = None) -> int:
         """Write the episode, ``extend`` calls of up to :data:`CHUNK` steps (the last
-        of an episode shorter), through ``writer`` for ``seconds``; the steps sent."""
-        deadline = time.perf_counter() + seconds
+        of an episode shorter), through ``writer`` for ``seconds``; the steps sent.
+        ``rate``: at most this many steps a second (the collector sleeps when
+        :data:`PACE_STEPS` ahead; ``None``: as fast as it can)."""
+        start = time.perf_counter()
+        deadline = start + seconds
         steps = k = 0
-        while time.perf_counter() < deadline:
+        while (now := time.perf_counter()) < deadline:
+            if rate is not None and steps >= rate * (now - start) + PACE_STEPS:
+                time.sleep(min(steps / rate - (now - start), deadline - now))
+                continue
             writer.extend(self.pieces[k])
             steps += self.sizes[k]
             k = (k + 1) % len(self.pieces)
@@ -134,13 +156,19 @@ class Collector:
         return steps
 
 
-def idle_shard_cpu(pids: list[int], seconds: float = 1.0) -> float | None:
+def idle_shard_cpu(pids: list[int], seconds: float = 1.0,
+                   threads: ShardThreadMeter | None = None) -> float | None:
     """The CPU milliseconds per second each of the shard processes ``pids`` spends
-    while nothing calls it (their mean; ``None`` without ``/proc``)."""
+    while nothing calls it (their mean; ``None`` without ``/proc``); ``threads``, if
+    given, metered over the same time (its ``spent`` then per role)."""
     meter = CpuMeter(pids)
     meter.start()
+    if threads is not None:
+        threads.start()
     time.sleep(seconds)
     meter.stop()
+    if threads is not None:
+        threads.stop()
     spent = meter.spent(pids)
     return None if spent is None else spent / len(pids) / seconds * 1e3
 
@@ -160,13 +188,40 @@ def cpu_per_batch(meter: CpuMeter, learner: int, shards: list[int],
     return out
 
 
+def per_operation(learner_us: float | None, collectors_s: float | None,
+                  shards_s: dict[str, float] | None, shards: int, batches: int,
+                  steps: int, seconds: float) -> dict[str, float | None]:
+    """The row's CPU per operation: per batch sampled, the learner's
+    (``learner_us_per_batch``) and the shards' threads that draw
+    (``shard_draw_us_per_batch``); per step inserted, the collectors'
+    (``collector_us_per_step``) and the shards' writes thread
+    (``shard_write_us_per_step``); per shard and second, its main thread
+    (``shard_main_ms_per_s``) and Ray's threads in it (``shard_ray_ms_per_s``: the
+    calls' bytes sent and received, and timers). ``collectors_s`` and ``shards_s``
+    (per role of :data:`~.shard_threads.ROLES`) span ``seconds``, until the
+    collectors flushed their ``steps``; ``None`` where not read."""
+    def per(value: float | None, count: float, scale: float) -> float | None:
+        return None if value is None or not count else value / count * scale
+
+    roles = shards_s or {}
+    return {"learner_us_per_batch": learner_us,
+            "shard_draw_us_per_batch": per(roles.get("calls"), batches, 1e6),
+            "collector_us_per_step": per(collectors_s, steps, 1e6),
+            "shard_write_us_per_step": per(roles.get("writes"), steps, 1e6),
+            "shard_main_ms_per_s": per(roles.get("main"), shards * seconds, 1e3),
+            "shard_ray_ms_per_s": per(roles.get("ray"), shards * seconds, 1e3)}
+
+
 def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             shards_per_batch: int | None = 1, prefetch: int = 4,
             chunk_steps: int = 256, batches_per_call: int = 2,
-            group_from_one_shard: bool = False) -> dict[str, Any]:
+            group_from_one_shard: bool = False,
+            insert_rate: float | None = None) -> dict[str, Any]:
     """One row: ``shards`` shards, ``collectors`` writers, the learner through a
     dataset with ``prefetch`` batches in flight, started ``batches_per_call`` at a
-    time (each group from one shard with ``group_from_one_shard``)."""
+    time (each group from one shard with ``group_from_one_shard``). ``insert_rate``:
+    the collectors together write at most this many steps a second (each an equal
+    share; ``None``: as fast as they can)."""
     import ray
 
     from replaybuffer.distributed import RayReplayBuffer
@@ -195,17 +250,26 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         zero_copy_share = mapped / sum(leaf.nbytes for leaf in part.values())
         batch_bytes = sum(leaf.nbytes for leaf in items.values())
         shard_pids = [int(d["pid"]) for d in buffer.describe() if d is not None]
-        idle_ms = idle_shard_cpu(shard_pids)
+        threads = ShardThreadMeter(shard_threads(buffer.actors, shard_pids))
+        idle_s = 1.0
+        idle_ms = idle_shard_cpu(shard_pids, idle_s, threads)
+        idle_roles = None if threads.spent is None else \
+            {role: value / shards / idle_s * 1e3 for role, value in threads.spent.items()}
         learner = os.getpid()
         remote_collector: Any = ray.remote(num_cpus=0)(Collector)
         actors: list[Any] = [remote_collector.remote(spec, k) for k in range(collectors)]
         collector_pids = ray.get([actor.pid.remote() for actor in actors])
         meter = CpuMeter([learner, *set(descendants(learner)) | set(shard_pids)
                           | set(collector_pids)])
+        # Until every collector has flushed: per step inserted, every step's CPU.
+        writes_meter = CpuMeter(collector_pids)
+        share = None if insert_rate is None else insert_rate / collectors
         meter.start()
+        writes_meter.start()
+        threads.start()
         start = time.perf_counter()
         runs = [actor.collect.remote(buffer.writer(k % shards, chunk_steps=chunk_steps),
-                                     seconds)
+                                     seconds, share)
                 for k, actor in enumerate(actors)]
         sampled = 0
         stream = iter(buffer.as_dataset(SAMPLE, prefetch=prefetch,
@@ -221,10 +285,15 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
         stream.close()
         inserted = sum(ray.get(runs))
         insert_seconds = time.perf_counter() - start
+        writes_meter.stop()
+        threads.stop()
         for actor in actors:
             ray.kill(actor)
         cpu = cpu_per_batch(meter, learner, shard_pids, set(collector_pids),
                             sampled // SAMPLE)
+        per_op = per_operation(cpu["learner"], writes_meter.spent(collector_pids),
+                               threads.spent, shards, sampled // SAMPLE, inserted,
+                               insert_seconds)
     return {"peer": "replaybuffer[ray]", "workload": workload, "shards": shards,
             "shards_per_batch": shards_per_batch or "all", "prefetch": prefetch,
             "chunk_steps": chunk_steps, "batches_per_call": batches_per_call,
@@ -234,7 +303,9 @@ def run_ray(workload: str, shards: int, collectors: int, seconds: float,
             "samples_per_s": sampled / sample_seconds, "batch_bytes": batch_bytes,
             "zero_copy_share": zero_copy_share, "seconds": seconds,
             "cpu_us_per_batch": cpu, "idle_shard_cpu_ms_per_s": idle_ms,
-            "collector_pids": collector_pids,
+            "idle_shard_ms_per_s_by_thread": idle_roles,
+            "collector_pids": collector_pids, "insert_rate": insert_rate,
+            "cpu_per_operation": per_op,
             "collectors_metered": sum(meter.spent([pid]) is not None
                                       for pid in collector_pids)}
 
@@ -327,6 +398,30 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_per_operation(rows: list[dict[str, Any]]) -> str:
+    """The collectors' rows' CPU per operation (:func:`per_operation`), a table."""
+    names = ("learner_us_per_batch", "shard_draw_us_per_batch", "collector_us_per_step",
+             "shard_write_us_per_step", "shard_main_ms_per_s", "shard_ray_ms_per_s")
+    lines = ["| workload | shards | insert rate | inserts/s | samples/s | CPU us per batch: "
+             "learner / shards' draws | CPU us per step: collectors / shards' writes | "
+             "per shard, ms/s: main thread / Ray's threads (idle: the same) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        op = r.get("cpu_per_operation")
+        if op is None:
+            continue
+        v = ["-" if op.get(n) is None else
+             f"{op[n]:,.{1 if n.endswith(('step', '_s')) else 0}f}" for n in names]
+        idle = r.get("idle_shard_ms_per_s_by_thread")
+        idle_text = "" if idle is None else f" ({idle['main']:.1f} / {idle['ray']:.1f})"
+        rate = "as fast as they can" if r.get("insert_rate") is None \
+            else f"{r['insert_rate']:,.0f}/s"
+        lines.append(f"| {r['workload']} | {r['shards']} | {rate} | "
+                     f"{r['inserts_per_s']:,.0f} | {r['samples_per_s']:,.0f} | "
+                     f"{v[0]} / {v[1]} | {v[2]} / {v[3]} | {v[4]} / {v[5]}{idle_text} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     import ray
 
@@ -352,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-single", action="store_true",
                         help="skip the one-process row of each workload")
     parser.add_argument("--collectors", type=int, default=4)
+    parser.add_argument("--insert-rate", type=float, default=None,
+                        help="steps a second the collectors write together, at most "
+                             "(default: as fast as they can); samples/s at an equal "
+                             "insert rate compare across shard counts")
     parser.add_argument("--seconds", type=float, default=None,
                         help="seconds per row (default 5; 2 for --idle's dataset)")
     parser.add_argument("--json", metavar="FILE")
@@ -395,12 +494,15 @@ def main(argv: list[str] | None = None) -> int:
                                         args.seconds or 5.0,
                                         None if mode == "all" else int(mode),
                                         prefetch, args.chunk_steps, per_call,
-                                        one_shard(workload)))
+                                        one_shard(workload), args.insert_rate))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
     print()
     print(format_rows(rows))
+    if any("cpu_per_operation" in r for r in rows):
+        print()
+        print(format_per_operation(rows))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

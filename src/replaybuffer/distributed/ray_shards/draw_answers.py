@@ -47,11 +47,17 @@ default) and puts larger ones into its object store, which costs the caller, the
 shard and Ray's raylet about 1.4 ms more CPU per call (measured on a shared 2-core
 machine: 2.7 ms against 1.5 ms for an answer of 4 control batches, 119 KB); 4 KiB
 are left for the reply's other fields and Ray's framing."""
-MAX_INLINE_RETURNS = 4
-"""The most return values a call's answer is split into to stay inline. Each costs
-the caller and the shard about 30-50 us more; an answer that needs more of them goes
-into the object store whole (at 32 control batches, 11 inline returns cost as much
-CPU as the store and fewer calls a second)."""
+MAX_INLINE_RETURNS = 12
+"""The most return values a call's answer is split into to stay inline; an answer that
+needs more of them goes into the object store whole. Each return costs the caller and
+the shard about 30-50 us more, and the store costs Ray's raylet more than that: with
+the bench's groups of 32 control batches (11 inline returns), Ray's own processes
+spent 14-21 us of CPU per batch with 1 shard and 29-35 with 8, against 61-79 and
+84-149 at a limit of 4 (the store), samples/s level or higher (1 shard 361-585k
+against 424-511k, 8 shards 324-376k against 108-306k; ``python -m
+replaybuffer_bench.ray_bench --workloads control --shards 1,8 --seconds 5
+--no-single``, 3 interleaved rounds on a shared 2-core machine, load 4-12; the
+project's own quiet A/B agreed: a third of Ray's CPU, samples/s level)."""
 
 Drawn = tuple[list[np.ndarray], np.ndarray, np.ndarray]
 """One drawn batch on the shard: its flattened item leaves ``[n, T, ...]`` (``[n,
