@@ -32,6 +32,7 @@ import ray._private.worker as ray_worker  # noqa: E402
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
 from replaybuffer.distributed.ray_shards.health import Acknowledgements  # noqa: E402
+from replaybuffer.distributed.ray_shards.shard_home import ShardHome  # noqa: E402
 
 SPEC = {"x": rb.ArraySpec((), np.int64)}
 
@@ -60,28 +61,17 @@ def freed() -> None:
     time.sleep(1.0)  # Ray reports an unread error when it frees the object
 
 
-class StrictRemoval:
-    """A shard's files whose removal reports its errors (``ShardHome.remove`` ignores
-    them), over a home that is a file where a directory should be: a real OSError."""
-
-    def __init__(self, home: Path):
-        self.home = home
-
-    def remove(self) -> None:
-        shutil.rmtree(self.home)
-
-
 class SlowRemoval:
     def remove(self) -> None:
         time.sleep(8.0)
 
 
 def break_removal(shard) -> str:
-    """Run in the shard (``__ray_call__``): its home becomes a file, removed strictly."""
+    """Run in the shard (``__ray_call__``): its home becomes a file where its files'
+    removal expects a directory (a real OSError in ``ShardHome.remove``)."""
     home = Path(shard.files.home)
     shutil.rmtree(home, ignore_errors=True)
     home.write_text("not a directory")
-    shard.files = StrictRemoval(home)
     return str(home)
 
 
@@ -110,8 +100,8 @@ def test_a_shard_whose_files_cannot_be_removed_is_a_warning_naming_it(unhandled)
     kept = Path(ray.get(buffer.actors[0].__ray_call__.remote(home_of)))
     assert kept.is_dir()
     with pytest.warns(RuntimeWarning, match=r"closing the Ray buffer: shard 1 could not "
-                      r"remove its temporary files \(NotADirectoryError: .*Not a "
-                      r"directory"):
+                      r"remove its temporary files \(OSError: could not remove "
+                      r"\S*shard-001: NotADirectoryError: .*Not a directory"):
         buffer.close()
     assert not kept.exists()  # shard 0's went
     assert buffer.actors == ()
@@ -180,3 +170,19 @@ def test_failed_acknowledgements_ready_together_are_all_read_under_W_error(unhan
     ray.kill(refusing, no_restart=True)
     freed()
     assert unhandled == []
+
+
+def test_shard_home_remove_reports_what_it_could_not_remove(tmp_path):
+    """No cluster: the removal itself. Gone already is fine, a failure is an OSError
+    naming the path and cause, a checkpoint directory is never removed."""
+    home = ShardHome(tmp_path / "shard", temporary=True)
+    assert (tmp_path / "shard" / "mark").exists()
+    home.remove()
+    assert not (tmp_path / "shard").exists()
+    home.remove()  # again: nothing to do
+    (tmp_path / "shard").write_text("not a directory")
+    with pytest.raises(OSError, match=r"could not remove .*shard.*: NotADirectoryError"):
+        home.remove()
+    kept = ShardHome(tmp_path / "kept", temporary=False)
+    kept.remove()
+    assert (tmp_path / "kept" / "mark").exists()

@@ -374,9 +374,26 @@ class ShardHome:
         return state
 
     def remove(self) -> None:
-        """Delete the directory if it is a temporary one (no checkpoint directory)."""
-        if self.temporary:
-            shutil.rmtree(self.home, ignore_errors=True)
+        """Delete the directory if it is a temporary one (no checkpoint directory).
+        Removes all it can; what it could not is an ``OSError`` naming the first path
+        and cause and how many failed (the buffer's ``close`` warns with it). Gone
+        already is fine: a second call does nothing."""
+        if not self.temporary:
+            return
+        failed: list[tuple[str, BaseException]] = []
+
+        def note(_function: Any, path: str, info: Any) -> None:
+            # Gone already is fine; a path rmtree fails on twice (its listing, then
+            # its removal) is counted once.
+            if not isinstance(info[1], FileNotFoundError) and \
+                    all(path != seen for seen, _ in failed):
+                failed.append((path, info[1]))
+        shutil.rmtree(self.home, onerror=note)
+        if failed:
+            path, cause = failed[0]
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            raise OSError(f"could not remove {path}{more}: {type(cause).__name__}: "
+                          f"{cause}")
 
 
 def writer_key(writer: str) -> int:
