@@ -55,3 +55,20 @@ def test_boolean_priorities_are_refused_and_change_nothing():
     with pytest.raises(ValueError, match="update_priorities: expected numbers, got bool"):
         buffer.update_priorities(np.arange(2), np.array([True, False]))
     assert held_priorities(buffer) == before
+
+
+def test_boolean_ids_are_refused_by_the_shared_buffer_too():
+    """The shared buffer checks its arguments with the same ``checked_priorities``: on
+    108b677 a boolean mask updated its items 0 and 1."""
+    from replaybuffer.distributed import SharedReplayBuffer
+
+    with SharedReplayBuffer({"x": np.int64(0)}, 1, 10, prioritized=True, seed=0) as shared:
+        for i in range(6):
+            shared.add_batch({"x": np.array([i])})
+        shared.update_priorities(np.arange(6), np.arange(1.0, 7.0))
+        counts = np.bincount(np.asarray(shared.get_next(4000)[0]["x"]), minlength=6)
+        with pytest.raises(ValueError, match="ids must be integers.*got bool"):
+            shared.update_priorities(np.array([True, False]), np.array([500.0, 700.0]))
+        after = np.bincount(np.asarray(shared.get_next(4000)[0]["x"]), minlength=6)
+        # Item 1 would take ~700 / 714 of the draws had the mask been applied.
+        assert after[1] < 1000 and abs(int(after[1]) - int(counts[1])) < 400
