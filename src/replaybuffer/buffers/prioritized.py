@@ -339,8 +339,11 @@ _FLOATS = (_FLOAT64, np.dtype(np.float32))
 
 def _as_numpy(values: Any, dtype: type) -> np.ndarray:
     arr = values if type(values) is np.ndarray else to_numpy(values)
-    if arr.dtype.kind not in "iufb":
+    # Booleans are refused as the device path refuses them: a mask passed as ids would
+    # otherwise update items 0 and 1, and one passed as priorities set them to 0 or 1.
+    if dtype is np.int64 and arr.dtype.kind in "fb":
+        raise ValueError(f"update_priorities: ids must be integers (pass BufferInfo.ids), "
+                         f"got {arr.dtype}")
+    if arr.dtype.kind not in "iuf":
         raise ValueError(f"update_priorities: expected numbers, got {arr.dtype}")
-    if dtype is np.int64 and arr.dtype.kind == "f":
-        raise ValueError("update_priorities: ids must be integers (pass BufferInfo.ids)")
     return arr.astype(dtype, copy=False)
