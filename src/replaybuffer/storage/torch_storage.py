@@ -141,6 +141,28 @@ class TorchStorage:
         # The gathers since the last write, which the next write waits for.
         self._reads = PendingReads(self.device) if self._cuda else None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The storage for ``copy.deepcopy`` and pickling: its specs, capacity, device,
+        layout and leaves (:meth:`state_dict`'s numpy copies, read after the last
+        write on CUDA). Copied attribute by attribute, the tensors over the CPU's
+        records (or a device block's views) would be copied apart from the memory the
+        copy's gathers read, so a write to the copy would not show in its reads;
+        :meth:`__setstate__` builds the copy as the constructor does and loads them."""
+        self.before_read()
+        state = {"specs": self.specs, "capacity": self.capacity,
+                 "device": str(self.device), "numpy_views": self._records is not None,
+                 "leaves": leaves_state(self)["leaves"]}
+        self.after_read()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy from :meth:`__getstate__`'s state, in the original's layout on its
+        device (``ValueError`` where this process has no such device)."""
+        if state["numpy_views"] != type(self).numpy_views:
+            self.numpy_views = state["numpy_views"]  # the original's layout, this one
+        TorchStorage.__init__(self, state["specs"], state["capacity"], state["device"])
+        self.load(state["leaves"])
+
     @property
     def nbytes(self) -> int:
         return leaf_nbytes(self.specs, self.capacity)
