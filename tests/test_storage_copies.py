@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replaybuffer.specs import ArraySpec
+from replaybuffer.storage.base import to_numpy
 from replaybuffer.storage.numpy_storage import NumpyStorage
 
 # Small leaves (packed into records) and one large one (an array of its own).
@@ -33,6 +34,11 @@ def make(kind: str, monkeypatch: pytest.MonkeyPatch):
     from replaybuffer.storage.torch_storage import TorchStorage
     if kind == "torch device layout":  # the CPU twin of a GPU's packed blocks
         monkeypatch.setattr(TorchStorage, "numpy_views", False)
+    if kind == "torch cuda":
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+        return TorchStorage(SPECS, CAPACITY, "cuda")
     return TorchStorage(SPECS, CAPACITY, "cpu")
 
 
@@ -49,12 +55,12 @@ def put(storage, start: int, data: list[np.ndarray]) -> None:
 
 def read(storage) -> list[np.ndarray]:
     """Every position through the storage's gather, as numpy arrays."""
-    return [np.array(np.asarray(a)) for a in storage.gather(np.arange(CAPACITY))]
+    return [np.array(to_numpy(a)) for a in storage.gather(np.arange(CAPACITY))]
 
 
 def read_leaves(storage) -> list[np.ndarray]:
     """Every position through the storage's ``arrays`` (the views writes go through)."""
-    return [np.array(np.asarray(a)) for a in storage.arrays]
+    return [np.array(to_numpy(a)) for a in storage.arrays]
 
 
 def assert_holds(storage, model: list[np.ndarray]) -> None:
@@ -99,7 +105,7 @@ def test_a_copy_reads_its_own_writes_and_the_original_is_unaffected(kind, clone,
         assert_holds(copied, models[id(copied)])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["torch cuda"])
 @pytest.mark.parametrize("clone", sorted(CLONES))
 def test_a_copys_zero_and_load_reach_its_reads(kind, clone, monkeypatch):
     """``zero`` and ``load`` (restores) of a copy are its own too."""

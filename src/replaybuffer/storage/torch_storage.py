@@ -318,7 +318,7 @@ class TorchStorage:
         writeable and of a dtype torch holds, made for this read alone and shared with
         nothing that is written later (the ids, probabilities and weights of
         ``StepDraws.sample_steps``, whose docstring promises this). On the CPU it is
-        plain ``torch.from_numpy`` (no copy; about 1 us a read less than
+        plain ``torch.from_numpy`` (no copy; 0.4-1.3 us a read less than
         :meth:`from_numpy`'s checks for three arrays); on a device, :meth:`from_numpy`.
         Given any other array, the CPU's ``torch.from_numpy`` may share memory that
         changes later, or refuse it: callers promise freshness."""
