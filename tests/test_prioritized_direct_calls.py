@@ -181,7 +181,7 @@ def test_direct_reads_says_what_the_parts_say():
     """The flag is the parts' test: numpy storage, no frame codec, no device sampling
     (True); a frame stack or torch storage (False). Torch storage drawn on the host
     takes the short path of another backend instead (``_direct_backend``, its
-    ``from_numpy``: tests/test_prioritized_torch_reads.py); a frame stack neither."""
+    ``wraps_fresh``: tests/test_prioritized_torch_reads.py); a frame stack neither."""
     plain = filled(1)
     assert plain._direct_reads is True and parts_allow(plain)
     assert plain._direct_backend is None
@@ -192,7 +192,7 @@ def test_direct_reads_says_what_the_parts_say():
     pytest.importorskip("torch")
     on_torch = PrioritizedReplayBuffer(SPEC, 1, 10, storage="torch", seed=0)
     assert on_torch._direct_reads is False and not parts_allow(on_torch)
-    assert on_torch._direct_backend == on_torch._storage.from_numpy
+    assert on_torch._direct_backend == on_torch._storage.wraps_fresh
     on_device = PrioritizedReplayBuffer(SPEC, 1, 10, storage="torch", seed=0,
                                         sample_on_device=True)
     assert on_device._direct_reads is False and on_device._direct_backend is None

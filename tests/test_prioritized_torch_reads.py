@@ -135,18 +135,18 @@ def test_reads_the_short_path_leaves_go_the_general_way():
 
 def test_reads_during_a_save_take_the_short_path_of_the_storage_a_snapshot_wraps():
     """A save's snapshot wraps the storage and its release unwraps it: the short path
-    follows (its from_numpy is the storage's each time), and reads meanwhile give a
+    follows (its wraps_fresh is the storage's each time), and reads meanwhile give a
     twin's tensors."""
     buf, twin = filled_pair(2, 10, 12, seed=6)
     with buf._lock:
         buf.snapshot()
     assert buf._direct_backend is not None and buf._direct_backend == \
-        buf._storage.from_numpy
+        buf._storage.wraps_fresh
     buf._sampler.sample = general_draw_refused
     assert_same_read(buf.get_next(16), twin.get_next(16))
     with buf._lock:
         buf.release_snapshot()
-    assert buf._direct_backend == buf._storage.from_numpy
+    assert buf._direct_backend == buf._storage.wraps_fresh
     assert_same_read(buf.get_next(16), twin.get_next(16))
 
 

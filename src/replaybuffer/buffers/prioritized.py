@@ -243,11 +243,13 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
     those parts does not refresh it."""
 
     _direct_backend: Callable[[np.ndarray], Any] | None = None
-    """The storage's ``from_numpy`` where the short path serves a storage of another
-    backend (torch storage drawn on the host: its leaves come back as tensors, and ids,
-    probabilities and weights are wrapped as the general path's ``package`` wraps
-    them); ``None`` where :attr:`_direct_reads` is true or the parts allow no short
-    path. Decided with it, by :meth:`_refresh_direct_reads`."""
+    """What wraps ids, probabilities and weights where the short path serves a storage
+    of another backend (torch storage drawn on the host: its leaves come back as
+    tensors): the storage's ``wraps_fresh`` where it has one (those arrays are fresh,
+    as ``sample_steps`` promises: on the CPU plain ``torch.from_numpy``), else its
+    ``from_numpy``: the same tensors as the general path's ``package`` makes. ``None``
+    where :attr:`_direct_reads` is true or the parts allow no short path. Decided with
+    it, by :meth:`_refresh_direct_reads`."""
 
     def _refresh_direct_reads(self) -> None:
         """Decide :attr:`_direct_reads` and :attr:`_direct_backend` anew from the parts
@@ -255,7 +257,11 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
         parts = self._codec is None and self._device_update is None
         to_backend = self._storage.from_numpy
         self._direct_reads = parts and to_backend is identity
-        self._direct_backend = to_backend if parts and to_backend is not identity else None
+        # The short path's ids, probabilities and weights are fresh arrays (the contract
+        # of sample_steps): a storage that says how it wraps such arrays (torch storage
+        # on the CPU: plain torch.from_numpy) is spared its from_numpy's checks.
+        fresh = getattr(self._storage, "wraps_fresh", to_backend)
+        self._direct_backend = fresh if parts and to_backend is not identity else None
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
@@ -307,8 +313,9 @@ class PrioritizedReplayBuffer(PrioritizedMixin, CapturedReads, ReplayBuffer):
     def _backend_read(self, sample_batch_size: int) -> tuple[Any, BufferInfo] | None:
         """The short path for a storage of another backend (:attr:`_direct_backend`):
         the numpy short path's draw and gather, then ids (int64 ``[S]``),
-        probabilities and weights (float32 ``[S]``) wrapped by the storage's
-        ``from_numpy`` as ``package`` wraps them (weights first), outside the lock;
+        probabilities and weights (float32 ``[S]``) wrapped by
+        :attr:`_direct_backend` into the tensors ``package`` makes (weights first),
+        outside the lock;
         ``None`` where the general path must serve the read (a limiter, nothing
         stored)."""
         lock = self._lock

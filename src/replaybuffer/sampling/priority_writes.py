@@ -170,7 +170,14 @@ class PriorityWrites:
 
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
         """Current ``priority ** alpha`` (float64 ``[S]``) of live item ids (int64
-        ``[S]``; NaN for stale ones)."""
+        ``[S]``; NaN for stale ones). Ids of another integer dtype are converted, as
+        :meth:`update_priorities` converts them.
+
+        Raises:
+            TypeError: ``item_ids`` are not integers (nothing is changed).
+        """
+        if item_ids.dtype is not _INT64:
+            item_ids = int64_item_ids(item_ids)
         self._flush()
         live, positions = live_positions(ring, self.key_base, item_ids)
         out = np.full(item_ids.shape, np.nan)

@@ -124,7 +124,14 @@ class StepDraws:
         float32, float32, each ``[count]``), bit for bit the same, for the buffer's
         usual read (``PrioritizedReplayBuffer.get_next``) without the general result's
         tuple and dict (module docstring). Needs a step stored. (A subclass that draws
-        otherwise overrides both: the device sampler's buffers never call this.)"""
+        otherwise overrides both: the device sampler's buffers never call this.)
+
+        Contract (the buffer wraps them without a copy or a check, torch storage's
+        ``wraps_fresh``; ``tests/test_step_draws_fresh.py``): the ids, probabilities
+        and weights are numpy arrays made by this call, C-contiguous, aligned and
+        writeable, of exactly int64, float32 and float32, and share no memory with the
+        sampler's state or with any earlier call's results, on every path (compiled
+        or numpy, rejection or descent, with or without a min tree)."""
         if self._pending:
             self._flush()
         rng = self._rng

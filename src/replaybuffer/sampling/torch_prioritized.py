@@ -54,6 +54,7 @@ from replaybuffer.sampling.episodes import EpisodeIndex
 from replaybuffer.sampling.item_ids import live_positions
 from replaybuffer.sampling.prioritized import PrioritizedSampler
 from replaybuffer.sampling.priority_range import require_mass
+from replaybuffer.sampling.priority_writes import int64_item_ids
 from replaybuffer.sampling.ring import Ring
 from replaybuffer.sampling.sampler import SampleIndices
 from replaybuffer.sampling.trees import MinTree, SumTree
@@ -340,7 +341,15 @@ class TorchPrioritizedSampler(PrioritizedSampler, metaclass=ChoosesChecks):
 
     # ------------------------------------------------------------- priorities
     def priorities(self, ring: Ring, item_ids: np.ndarray) -> np.ndarray:
-        """Current ``priority ** alpha`` of live item ids (NaN for stale ones), numpy."""
+        """Current ``priority ** alpha`` (float64 ``[S]``, numpy) of live item ids
+        (``[S]``, any integer dtype, converted to int64 as :meth:`update_priorities`
+        converts them; NaN for stale ones).
+
+        Raises:
+            TypeError: ``item_ids`` are not integers (nothing is changed).
+        """
+        if item_ids.dtype != np.int64:
+            item_ids = int64_item_ids(item_ids)
         self.settle()
         self._flush()
         live, positions = live_positions(ring, self.key_base, item_ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import operator
 from typing import Any, Callable, Sequence
 
@@ -51,6 +52,16 @@ def record_dtype(specs: Sequence[ArraySpec]) -> np.dtype:
                      "itemsize": itemsize})
 
 
+def _in_mapped_file(array: np.ndarray) -> bool:
+    """Whether ``array`` is (a view of) a file mapped in memory."""
+    base: Any = array
+    while base is not None:
+        if isinstance(base, (np.memmap, mmap.mmap)):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
 class NumpyStorage:
     """Numpy arrays, ``[capacity, *spec.shape]`` per leaf.
 
@@ -84,10 +95,6 @@ class NumpyStorage:
         if self.packed:
             self._record_dtype = record_dtype([self.specs[i] for i in self.packed])
             self._records = self._allocate("records", (self.capacity,), self._record_dtype)
-            # Gathering through a plain void view of the records is a byte copy per
-            # item; taking from a structured dtype goes through its slower field logic.
-            self._record_bytes = self._records.view(np.dtype((np.void,
-                                                              self._record_dtype.itemsize)))
             self._field = {i: f"f{k}" for k, i in enumerate(self.packed)}
             # The usual gather (every leaf, all of them packed, so two or more): the
             # record fields in leaf order read off one block by one C call, without
@@ -95,14 +102,53 @@ class NumpyStorage:
             if len(self.packed) == len(self.specs):
                 self._all_fields = operator.itemgetter(
                     *(self._field[i] for i in range(len(self.specs))))
-            for i, name in self._field.items():
-                self.arrays[i] = self._records[name]
+            self._view_records()
         for i, spec in enumerate(self.specs):
             if i not in self.packed:
                 self.arrays[i] = self._allocate(f"leaf_{i:03d}", (self.capacity,) + spec.shape,
                                                 spec.dtype)
         self._own = [i for i in range(len(self.specs)) if i not in self.packed]
         self.checker = LeafChecker(self.specs)
+
+    def _view_records(self) -> None:
+        """The views of the records: the plain bytes a gather takes from, and each
+        packed leaf's field (``arrays[i]``). Made at construction and anew in a copy
+        (:meth:`__setstate__`), where views copied apart from the records would no
+        longer see the copy's writes."""
+        assert self._records is not None
+        # Gathering through a plain void view of the records is a byte copy per
+        # item; taking from a structured dtype goes through its slower field logic.
+        self._record_bytes = self._records.view(np.dtype((np.void,
+                                                          self._record_dtype.itemsize)))
+        for i, name in self._field.items():
+            self.arrays[i] = self._records[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The storage for ``copy.deepcopy`` and pickling: its attributes but the views
+        of the records, which :meth:`__setstate__` makes anew over the copied records
+        (copied apart from them, a write to the copy would not show in its reads).
+
+        Raises:
+            TypeError: arrays that are files mapped in memory (the memory-mapped and
+                shared storages), which a copy in this process's memory would silently
+                detach from them.
+        """
+        if any(_in_mapped_file(a) for a in self.arrays):
+            raise TypeError(f"a {type(self).__name__} cannot be copied or pickled: its "
+                            f"arrays are files mapped in memory, and a copy would no "
+                            f"longer write to them (save the buffer and restore it "
+                            f"instead)")
+        state = dict(self.__dict__)
+        state.pop("_record_bytes", None)
+        state["arrays"] = [None if i in self._field else a
+                           for i, a in enumerate(self.arrays)]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy from :meth:`__getstate__`'s state: its views made over its records."""
+        self.__dict__.update(state)
+        if self._records is not None:
+            self._view_records()
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A zeroed array for the records or one leaf (``name``); subclasses put it
