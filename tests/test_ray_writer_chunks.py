@@ -54,6 +54,13 @@ def test_a_writer_sends_256_steps_a_call_by_default(buffer):
     np.testing.assert_array_equal(window["x"][0], np.arange(300))
 
 
+def test_the_buffers_writers_default_to_the_same_chunk_size(buffer):
+    """``RayReplayBuffer.writer(i)`` gives a writer of the default chunk size, as one
+    made directly (it gave 64)."""
+    assert buffer.writer(0).chunk_steps == CHUNK_STEPS
+    assert buffer.writer(0, chunk_steps=8).chunk_steps == 8
+
+
 def test_a_step_waits_at_most_chunk_seconds_at_the_default_size(buffer):
     """With the defaults (256 steps, 0.05 s), a write made once ``chunk_seconds`` have
     passed since the oldest unsent step sends the chunk, however few it holds."""

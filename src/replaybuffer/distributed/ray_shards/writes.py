@@ -15,7 +15,7 @@ from replaybuffer.distributed.ray_shards.health import ShardHealth
 from replaybuffer.distributed.ray_shards.outbox import Outbox
 from replaybuffer.distributed.ray_shards.priority_updates import PriorityUpdates
 from replaybuffer.distributed.ray_shards.sampling import ShardSampler
-from replaybuffer.distributed.ray_shards.writer import ShardWriter
+from replaybuffer.distributed.ray_shards.writer import CHUNK_STEPS, ShardWriter
 
 
 class ShardWrites:
@@ -149,7 +149,8 @@ class ShardWrites:
         self._sampler.set_masses(shard, answer[1])
         self._health.observe(shard, answer[3])
 
-    def writer(self, shard: int, *, chunk_steps: int = 64, chunk_seconds: float = 0.05
+    def writer(self, shard: int, *, chunk_steps: int = CHUNK_STEPS,
+               chunk_seconds: float = 0.05
                ) -> ShardWriter:
         """A writer to ``shard`` alone, which pickles: hand it to a collector (a Ray
         actor, a process) so its steps stay one sequence in one shard. It sends steps
