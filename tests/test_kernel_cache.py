@@ -5,34 +5,15 @@ over a temporary two-module package, as a working tree's edits are seen."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("numba")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-CALLEE = """
-from replaybuffer.sampling.tree_kernels import compile_kernel
-
-@compile_kernel
-def step(x):
-    return x + {increment}
-"""
-
-CALLER = """
-from replaybuffer.sampling.tree_kernels import compile_kernel
-from kernels.callee import step
-
-@compile_kernel
-def twice(x):
-    return step(step(x))
-"""
+from kernel_package import CALLEE, environment, make_package, write  # noqa: E402
 
 OTHER = """
 import numba
@@ -53,26 +34,15 @@ print(value, other, hits)
 
 
 def run(root: Path) -> tuple[int, int, int]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "REPLAYBUFFER_NUMBA")}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(SRC)])
-    done = subprocess.run([sys.executable, "-c", RUN], cwd=root, env=env,
+    done = subprocess.run([sys.executable, "-c", RUN], cwd=root, env=environment(root),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     value, other, hits = (int(v) for v in done.stdout.split())
     return value, other, hits
 
 
-def write(path: Path, text: str) -> None:
-    path.write_text(textwrap.dedent(text))
-
-
 def test_a_changed_callee_in_another_module_is_not_run_from_a_stale_cache(tmp_path):
-    package = tmp_path / "kernels"
-    package.mkdir()
-    write(package / "__init__.py", "")
-    write(package / "callee.py", CALLEE.format(increment=1))
-    write(package / "caller.py", CALLER)
+    package = make_package(tmp_path, increment=1)
     write(package / "other.py", OTHER)
     assert run(tmp_path) == (3, 6, 0)  # compiled, and saved
     assert run(tmp_path) == (3, 6, 1)  # loaded from the cache: it is still used

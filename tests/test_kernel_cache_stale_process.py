@@ -8,10 +8,8 @@ fresh process over a temporary two-module package, as a working tree's edits are
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -19,24 +17,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-CALLEE = """
-from replaybuffer.sampling.tree_kernels import compile_kernel
-
-@compile_kernel
-def step(x):
-    return x + {increment}
-"""
-
-CALLER = """
-from replaybuffer.sampling.tree_kernels import compile_kernel
-from kernels.callee import step
-
-@compile_kernel
-def twice(x):
-    return step(step(x))
-"""
+from kernel_package import CALLEE, environment, make_package, write  # noqa: E402
 
 # argv: a value to call twice with (int or float); then, if given, a file to wait for
 # and a second value to call it with after it appears (a new signature, compiled then).
@@ -59,13 +40,6 @@ if len(sys.argv) > 2:
 """
 
 
-def environment(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "REPLAYBUFFER_NUMBA")}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(SRC)])
-    return env
-
-
 def run(root: Path, value: str) -> tuple[str, int]:
     done = subprocess.run([sys.executable, "-c", RUN, value], cwd=root,
                           env=environment(root), capture_output=True, text=True,
@@ -75,16 +49,8 @@ def run(root: Path, value: str) -> tuple[str, int]:
     return result, int(hits)
 
 
-def write(path: Path, text: str) -> None:
-    path.write_text(textwrap.dedent(text))
-
-
 def test_an_old_process_s_new_signature_is_not_loaded_by_a_later_process(tmp_path):
-    package = tmp_path / "kernels"
-    package.mkdir()
-    write(package / "__init__.py", "")
-    write(package / "callee.py", CALLEE.format(increment=1))
-    write(package / "caller.py", CALLER)
+    package = make_package(tmp_path, increment=1)
     go = tmp_path / "go"
     old = subprocess.Popen([sys.executable, "-c", RUN, "1", str(go), "1.0"], cwd=tmp_path,
                            env=environment(tmp_path), stdout=subprocess.PIPE,
