@@ -102,3 +102,20 @@ def test_a_buffer_of_another_structure_is_told_to_use_the_driver_spec():
                                            r"StepDriver\(env, policy\)\.data_spec"):
         rb.StepDriver(env, lambda obs: np.zeros(1, np.int64), [buffer.add_batch])
     assert len(buffer) == 0
+
+
+def test_no_window_within_episodes_says_the_episodes_are_too_short():
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    rng = np.random.default_rng(0)
+    policy = lambda obs: rng.integers(0, 2, len(obs))  # noqa: E731
+    probe = rb.StepDriver(env, policy)
+    buffer = rb.UniformReplayBuffer(probe.data_spec, 2, 1000, track_episodes=True, seed=0)
+    rb.StepDriver(env, policy, [buffer.add_batch], num_steps=300, seed=0).run()
+    held = len(buffer)
+    with pytest.raises(rb.EmptyBufferError, match=r"no window of num_steps=100 lies within "
+                                                  r"one episode: every episode .* is shorter "
+                                                  r"than 100 steps.*Ask for fewer num_steps"):
+        buffer.get_next(2, num_steps=100, within_episodes=True)
+    assert len(buffer) == held
+    items, _ = buffer.get_next(2, num_steps=4, within_episodes=True)  # short ones still fit
+    assert items.observation.shape == (2, 4, 4)
