@@ -119,3 +119,16 @@ def test_no_window_within_episodes_says_the_episodes_are_too_short():
     assert len(buffer) == held
     items, _ = buffer.get_next(2, num_steps=4, within_episodes=True)  # short ones still fit
     assert items.observation.shape == (2, 4, 4)
+
+
+def test_extend_given_one_step_without_its_time_axis_points_to_add_batch():
+    buffer = rb.UniformReplayBuffer({"obs": rb.ArraySpec((4,), np.float32)}, 2, 10, seed=0)
+    with pytest.raises(rb.SpecError, match=r"extend takes leaves \[batch_size, num_steps, "
+                                           r"\*spec\.shape\].*one step is add_batch"):
+        buffer.extend({"obs": np.zeros((2, 4), np.float32)})
+    assert len(buffer) == 0
+    with pytest.raises(rb.SpecError) as info:  # a wrong spec shape gets no such hint
+        buffer.extend({"obs": np.zeros((2, 3, 5), np.float32)})
+    assert "add_batch" not in str(info.value) and len(buffer) == 0
+    buffer.extend({"obs": np.zeros((2, 3, 4), np.float32)})
+    assert len(buffer) == 6
