@@ -132,3 +132,21 @@ def test_extend_given_one_step_without_its_time_axis_points_to_add_batch():
     assert "add_batch" not in str(info.value) and len(buffer) == 0
     buffer.extend({"obs": np.zeros((2, 3, 4), np.float32)})
     assert len(buffer) == 6
+
+
+def test_reopen_of_a_missing_path_or_of_a_checkpoint_says_which(tmp_path):
+    with pytest.raises(rb.CheckpointError, match=r"no buffer at .*gone: the path does not "
+                                                 r"exist"):
+        rb.reopen(tmp_path / "gone")
+    buffer = rb.UniformReplayBuffer({"x": rb.ArraySpec((), np.float32)}, 1, 4)
+    buffer.add_batch({"x": np.zeros(1, np.float32)})
+    buffer.save(tmp_path / "ckpt")
+    with pytest.raises(rb.CheckpointError, match=r"holds no buffer on mmap storage .*it holds "
+                                                 r"a checkpoint: load it with "
+                                                 r"replaybuffer\.load\("):
+        rb.reopen(tmp_path / "ckpt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(rb.CheckpointError) as info:
+        rb.reopen(tmp_path / "empty")
+    assert "holds no buffer on mmap storage" in str(info.value) and "load" not in str(info.value)
+    assert len(rb.load(tmp_path / "ckpt")) == 1  # the checkpoint is untouched
