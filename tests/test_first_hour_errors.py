@@ -150,3 +150,17 @@ def test_reopen_of_a_missing_path_or_of_a_checkpoint_says_which(tmp_path):
         rb.reopen(tmp_path / "empty")
     assert "holds no buffer on mmap storage" in str(info.value) and "load" not in str(info.value)
     assert len(rb.load(tmp_path / "ckpt")) == 1  # the checkpoint is untouched
+
+
+def test_array_spec_mistakes_say_how_to_write_it():
+    with pytest.raises(rb.SpecError, match=r"shape must be a tuple of ints, got 4 \(one "
+                                           r"dimension is written \(4,\)\)"):
+        rb.ArraySpec(4, np.float32)
+    with pytest.raises(rb.SpecError) as info:
+        rb.ArraySpec((None,), np.float32)
+    assert "one dimension" not in str(info.value)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(rb.SpecError, match=r"dtype torch\.float32 is not a numpy dtype: pass "
+                                           r"one such as np\.float32 \(rb\.spec_from_tensor"):
+        rb.ArraySpec((4,), torch.float32)
+    assert rb.spec_from_tensor_spec(torch.zeros(4)) == rb.ArraySpec((4,), np.float32)

@@ -42,13 +42,18 @@ class ArraySpec:
         try:
             shape_t = tuple(int(d) for d in shape)
         except TypeError as exc:  # None dims, non-iterables
-            raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}") from exc
+            hint = f" (one dimension is written ({shape},))" if isinstance(shape, int) else ""
+            raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}"
+                            + hint) from exc
         if any(d < 0 for d in shape_t):
             raise SpecError(f"ArraySpec shape must be non-negative, got {shape_t}")
         try:
             dt = np.dtype(dtype)
         except TypeError as exc:
-            raise SpecError(f"ArraySpec dtype {dtype!r} is not a numpy dtype") from exc
+            # A torch or TensorFlow dtype is the likely slip; the tensor-spec path takes them.
+            raise SpecError(f"ArraySpec dtype {dtype!r} is not a numpy dtype: pass one such as "
+                            "np.float32 (rb.spec_from_tensor_spec takes torch and "
+                            "TensorFlow tensors and specs)") from exc
         if dt.hasobject:
             raise SpecError(f"ArraySpec dtype {dt} holds Python objects; use a numeric dtype")
         if dt.byteorder not in "=|":  # stored data is always native byte order
