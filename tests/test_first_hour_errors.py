@@ -164,3 +164,18 @@ def test_array_spec_mistakes_say_how_to_write_it():
                                            r"one such as np\.float32 \(rb\.spec_from_tensor"):
         rb.ArraySpec((4,), torch.float32)
     assert rb.spec_from_tensor_spec(torch.zeros(4)) == rb.ArraySpec((4,), np.float32)
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed: rb.UniformReplayBuffer({"x": rb.ArraySpec((), np.float32)}, 1, 4, seed=seed),
+    lambda seed: rb.PrioritizedReplayBuffer({"x": rb.ArraySpec((), np.float32)}, 1, 4,
+                                            seed=seed),
+    lambda seed: rb.TransitionReplayBuffer(rb.ArraySpec((2,), np.float32),
+                                           rb.ArraySpec((), np.int64), 8, seed=seed),
+])
+def test_a_bad_seed_is_named_at_construction(make):
+    with pytest.raises(TypeError, match=r"seed: expected an int in \[0, 2\*\*64\), got str 'a'"):
+        make("a")
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\*\*64\), got -1"):
+        make(-1)
+    assert make(np.int64(3)) is not None and make(None) is not None
