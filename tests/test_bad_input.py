@@ -141,7 +141,7 @@ def test_bad_constructor_arguments():
         rb.UniformReplayBuffer(spec, 1, 5, storage="disk")
     with pytest.raises(ValueError, match="storage='torch'"):
         rb.UniformReplayBuffer(spec, 1, 5, device="cuda")
-    with pytest.raises(rb.SpecError, match="not an ArraySpec"):
+    with pytest.raises(rb.SpecError, match=r"leaf \['a'\] is 3 \(int\): expected an ArraySpec"):
         rb.UniformReplayBuffer({"a": 3}, 1, 5)
 
 

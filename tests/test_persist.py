@@ -216,5 +216,5 @@ BUILT_ONLY = {"unknown config", "unknown storage"}
 
 
 def test_load_of_a_missing_directory(tmp_path):
-    with pytest.raises(rb.CheckpointError, match="not a directory"):
+    with pytest.raises(rb.CheckpointError, match="nowhere: the path does not exist"):
         rb.load(tmp_path / "nowhere")

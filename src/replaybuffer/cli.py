@@ -201,7 +201,8 @@ def _inspect(args: argparse.Namespace) -> int:
         manifest = verify(path / "state" if mmap else path)
         files = _mmap_files(path, manifest) if mmap else None
     except CheckpointError as exc:
-        print(f"corrupt or incomplete: {exc}", file=sys.stderr)
+        # A path that is not there is a typo, not damage: say only what is missing.
+        print(f"corrupt or incomplete: {exc}" if path.exists() else str(exc), file=sys.stderr)
         return 1
     if args.json:  # the manifest alone, so that stdout parses as JSON
         print(json.dumps(manifest, indent=1))

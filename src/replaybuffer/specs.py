@@ -42,13 +42,18 @@ class ArraySpec:
         try:
             shape_t = tuple(int(d) for d in shape)
         except TypeError as exc:  # None dims, non-iterables
-            raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}") from exc
+            hint = f" (one dimension is written ({shape},))" if isinstance(shape, int) else ""
+            raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}"
+                            + hint) from exc
         if any(d < 0 for d in shape_t):
             raise SpecError(f"ArraySpec shape must be non-negative, got {shape_t}")
         try:
             dt = np.dtype(dtype)
         except TypeError as exc:
-            raise SpecError(f"ArraySpec dtype {dtype!r} is not a numpy dtype") from exc
+            # A torch or TensorFlow dtype is the likely slip; the tensor-spec path takes them.
+            raise SpecError(f"ArraySpec dtype {dtype!r} is not a numpy dtype: pass one such as "
+                            "np.float32 (rb.spec_from_tensor_spec takes torch and "
+                            "TensorFlow tensors and specs)") from exc
         if dt.hasobject:
             raise SpecError(f"ArraySpec dtype {dt} holds Python objects; use a numeric dtype")
         if dt.byteorder not in "=|":  # stored data is always native byte order
@@ -195,6 +200,20 @@ def spec_from_space(space: Any) -> Any:
         return {key: spec_from_space(sub) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):
         return tuple(spec_from_space(sub) for sub in space.spaces)
+    if hasattr(space, "observation_space") and hasattr(space, "action_space"):
+        # The usual first mistake: the environment itself instead of one of its spaces.
+        # A vector env's own spaces carry the env axis; one env's are its single_*.
+        single = "single_" if hasattr(space, "single_observation_space") else ""
+        raise SpecError(
+            f"spec_from_space: got an environment ({type(space).__name__}), not a space: "
+            f"pass env.{single}observation_space or env.{single}action_space; for whole "
+            "trajectories use "
+            "StepDriver(env, policy).data_spec, for transitions "
+            "TransitionReplayBuffer.from_env(env, capacity=...)")
+    if not isinstance(space, spaces.Space):
+        raise SpecError(f"spec_from_space: expected a gymnasium space, got "
+                        f"{type(space).__name__} (rb.spec_from_example takes example arrays, "
+                        "rb.spec_from_tensor_spec anything with .shape and .dtype)")
     raise SpecError(
         f"cannot store gymnasium space {type(space).__name__}: it has no fixed shape "
         "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")
@@ -266,19 +285,25 @@ def as_data_spec(data_spec: Any) -> Any:
     Returns the same nest with every leaf an :class:`ArraySpec`. Raises
     :class:`SpecError` for a nest with no leaves or a leaf that is none of these.
     """
-    def convert(x: Any) -> Any:
+    def convert(x: Any, path: str) -> Any:
         if isinstance(x, ArraySpec):
             return x
         if _is_space(x):
             return spec_from_space(x)
         if hasattr(x, "shape") and hasattr(x, "dtype"):
             return spec_from_tensor_spec(x)
-        raise SpecError(f"data_spec leaf {x!r} is not an ArraySpec, a gymnasium space or an "
-                        "object with .shape and .dtype")
+        # A bare int is most often a shape written where a spec belongs ({"obs": (4,)}).
+        hint = (" (a shape alone is not a spec: write rb.ArraySpec(shape, dtype))"
+                if isinstance(x, int) else "")
+        raise SpecError(f"data_spec leaf {path} is {x!r} ({type(x).__name__}): expected an "
+                        "ArraySpec, a gymnasium space or an object with .shape and .dtype"
+                        + hint)
 
     # Spaces are leaves to optree; converting one may produce a nest (Dict, Tuple),
     # so convert and flatten again.
-    converted = nest.map_structure(convert, data_spec)
+    leaves, structure = nest.flatten(data_spec)
+    converted = nest.unflatten(structure, [
+        convert(leaf, path) for leaf, path in zip(leaves, nest.leaf_paths(data_spec))])
     leaves, _ = nest.flatten(converted)
     if not leaves:
         raise SpecError(f"data_spec {data_spec!r} has no array leaves")

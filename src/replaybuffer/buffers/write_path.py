@@ -170,7 +170,17 @@ class WritePath(BufferParts):
         leaves = self.flatten_items(items, "extend")
         B = self.batch_size
         num_steps = self.leading_dim(leaves, 1, "extend", f"[batch_size={B}, num_steps]")
-        arrays = self.convert_leaves(leaves, (B, num_steps), f"[batch_size={B}, num_steps={num_steps}]")
+        try:
+            arrays = self.convert_leaves(leaves, (B, num_steps),
+                                         f"[batch_size={B}, num_steps={num_steps}]")
+        except SpecError as exc:
+            # One step given as [batch_size, *spec.shape]: its first spec dimension was
+            # taken for num_steps, so the shape error alone would puzzle.
+            if np.ndim(leaves[0]) == 1 + len(self._specs[0].shape):
+                raise SpecError(f"extend: {exc}; extend takes leaves [batch_size, num_steps, "
+                                "*spec.shape], a num_steps axis after the rows (one step "
+                                "is add_batch)") from None
+            raise
         # Slot-major layout: [B, T, ...] -> [T, B, ...] -> [T * B, ...].
         return self.write_steps([a.swapaxes(0, 1).reshape((-1,) + s.shape)
                                   for a, s in zip(arrays, self._specs)], num_steps, timeout,

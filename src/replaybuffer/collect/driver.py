@@ -103,15 +103,21 @@ class Driver:
         outer = (self.env.num_envs,)
         checked = []
         for leaf, spec, path in zip(leaves, self._action_specs, self._action_paths):
-            arr = as_leaf_array(leaf, f"action{path if path != '<root>' else ''}")
+            where = f"action{path if path != '<root>' else ''}"
+            arr = as_leaf_array(leaf, where)
             try:
-                check_leaf(path, arr.shape, arr.dtype, spec, outer, f"[num_envs={outer[0]}]")
+                check_leaf(where, arr.shape, arr.dtype, spec, outer, f"[num_envs={outer[0]}]")
             except SpecError as exc:
-                raise SpecError(f"policy returned bad actions: {exc}") from None
+                # A single env is driven as a batch of one: the usual slip is a bare action.
+                hint = ("; a single env is driven as a batch of one: the policy gets "
+                        "observations [1, ...] and returns actions [1, ...]"
+                        if not self.env.vector and arr.shape == spec.shape else "")
+                raise SpecError(f"policy returned bad actions: {exc}{hint}") from None
             if isinstance(spec, BoundedArraySpec) and spec.dtype.kind in "iu" and arr.size and (
                     (arr < spec.minimum).any() or (arr > spec.maximum).any()):
                 raise SpecError(f"policy returned actions outside [{spec.minimum.min()}, "
-                                f"{spec.maximum.max()}] at action{path}: {arr.tolist()}")
+                                f"{spec.maximum.max()}] (the action space's bounds) in "
+                                f"{where}: {arr.tolist()}")
             checked.append(arr.astype(spec.dtype, copy=False))
         return structure.unflatten(checked)
 
@@ -183,7 +189,8 @@ def _check_buffer_observer(observer: Observer, data_spec: Trajectory) -> None:
     if want_structure != have_structure:
         raise SpecError(f"the buffer's data_spec has structure {nest.describe(want_structure)} "
                         f"but the environment gives trajectories of "
-                        f"{nest.describe(have_structure)}")
+                        f"{nest.describe(have_structure)}: build the buffer from the "
+                        "driver's spec, StepDriver(env, policy).data_spec")
     for path, w, h in zip(nest.leaf_paths(spec), want, have):
         if isinstance(w, ArraySpec) and (w.shape != h.shape or not can_store(h.dtype, w.dtype)):
             raise SpecError(f"the buffer's leaf {path} is {w.shape} {w.dtype.name} but the "

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from replaybuffer import registry
 from replaybuffer.errors import CheckpointError
-from replaybuffer.persist.layout import MMAP_DATA, MMAP_STATE
+from replaybuffer.persist.layout import MANIFEST, MMAP_DATA, MMAP_STATE
 from replaybuffer.persist.manifest import read_manifest
-from replaybuffer.persist.series import read_newest
+from replaybuffer.persist.series import checkpoints, read_newest
 from replaybuffer.persist.savable import SavableBuffer
 from replaybuffer.persist.spec_codec import decode_spec
 from replaybuffer.persist.state_files import internalise_arrays
@@ -42,9 +42,16 @@ def save_mmap_state(buffer: SavableBuffer, chunk_bytes: int) -> Path:
 def reopen_buffer(path: str | os.PathLike[str]) -> SavableBuffer:
     """:func:`replaybuffer.persist.reopen` (see there)."""
     root = Path(path)
+    if not root.exists():
+        raise CheckpointError(f"no buffer at {root}: the path does not exist (pass the path= "
+                              "a buffer on mmap storage was built with)")
     if not (root / MMAP_STATE).is_dir() or not (root / MMAP_DATA).is_dir():
+        # The two ways to keep a buffer are easily swapped: point to the other one.
+        saved = root.is_dir() and (bool(checkpoints(root)) or (root / MANIFEST).is_file())
         raise CheckpointError(f"{root} holds no buffer on mmap storage (it needs a state and "
-                              "a data directory)")
+                              "a data directory)" + (
+                                  f"; it holds a checkpoint: load it with "
+                                  f"replaybuffer.load({str(root)!r})" if saved else ""))
     manifest = read_newest(root / MMAP_STATE, read_manifest)
     directory = Path(manifest["directory"])
     if not manifest.get("state_only") or manifest["storage"] != "mmap":

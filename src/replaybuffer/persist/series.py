@@ -237,8 +237,12 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     series, or ``path`` itself when it holds a manifest (one checkpoint, or a format-1
     save). Raises :class:`CheckpointError` when there is none."""
     root = Path(path)
+    if not root.exists():
+        raise CheckpointError(f"no checkpoint at {root}: the path does not exist (pass the "
+                              "directory given to buffer.save)")
     if not root.is_dir():
-        raise CheckpointError(f"{root} is not a directory")
+        raise CheckpointError(f"{root} is a file, not a checkpoint: pass the directory "
+                              "given to buffer.save (it holds ckpt-NNNNNN directories)")
     done = checkpoints(root)
     if done:
         return done[-1]

@@ -361,5 +361,9 @@ class EpisodeIndex:
 
 
 def no_window_error(num_steps: int) -> EmptyBufferError:
-    return EmptyBufferError(f"no window of num_steps={num_steps} lies within one episode. "
-                            "Make sure to add items before sampling the buffer.")
+    """What a read of windows within episodes raises when none fits: every episode held
+    (or the part of it still held) is shorter than ``num_steps``, or nothing is."""
+    return EmptyBufferError(f"no window of num_steps={num_steps} lies within one episode: "
+                            f"every episode (or part of one) the buffer holds is shorter "
+                            f"than {num_steps} steps, or it holds none. Ask for fewer "
+                            "num_steps, or add longer episodes first.")

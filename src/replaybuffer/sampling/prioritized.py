@@ -75,7 +75,7 @@ from replaybuffer.sampling.priority_scale import exponent, scaled_bound
 from replaybuffer.sampling.proportional_descent import WHOLE, draw_descending
 from replaybuffer.sampling.rejection import ACCEPT_MIN, draw_rejecting
 from replaybuffer.sampling.ring import Ring
-from replaybuffer.sampling.sampler import SampleIndices, make_rng
+from replaybuffer.sampling.sampler import SampleIndices, check_seed, make_rng
 from replaybuffer.sampling.step_draws import StepDraws, Steps
 from replaybuffer.sampling.trees import MinTree, SumTree
 
@@ -113,7 +113,8 @@ class PrioritizedSampler(StepDraws, PriorityWrites):
         self.beta_start = float(beta)
         self.beta_final = None if beta_final is None else float(beta_final)
         self.beta_steps = beta_steps
-        self._rng = make_rng(seed)
+        # Checked here so that a bad seed= is named, not left to numpy's SeedSequence.
+        self._rng = make_rng(None if seed is None else check_seed(seed))
         self.normalize = normalize
         self._sum = SumTree(self.capacity)
         self._min = MinTree(self.capacity) if normalize == "buffer" else None

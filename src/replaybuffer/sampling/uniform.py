@@ -8,7 +8,7 @@ import numpy as np
 
 from replaybuffer.sampling.episodes import EpisodeIndex, no_window_error
 from replaybuffer.sampling.ring import Ring
-from replaybuffer.sampling.sampler import SampleIndices, make_rng
+from replaybuffer.sampling.sampler import SampleIndices, check_seed, make_rng
 
 
 class UniformSampler:
@@ -22,7 +22,8 @@ class UniformSampler:
     """
 
     def __init__(self, seed: int | None = None):
-        self._rng = make_rng(seed)
+        # Checked here so that a bad seed= is named, not left to numpy's SeedSequence.
+        self._rng = make_rng(None if seed is None else check_seed(seed))
 
     def sample(self, ring: Ring, sample_batch_size: int, num_steps: int,
                rng: np.random.Generator | None = None,
