@@ -4,6 +4,8 @@ Each error must name what was wrong, what was expected and what to do, and leave
 nothing changed behind it.
 """
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -179,3 +181,13 @@ def test_a_bad_seed_is_named_at_construction(make):
     with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\*\*64\), got -1"):
         make(-1)
     assert make(np.int64(3)) is not None and make(None) is not None
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", 3.5])
+def test_a_device_torch_cannot_name_is_refused_naming_device(device):
+    """torch's own error names no argument (``Expected one of cpu, cuda, ...``)."""
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"device must be a torch device or its name .* "
+                                         rf"got {re.escape(repr(device))}"):
+        rb.UniformReplayBuffer({"x": rb.ArraySpec((), np.float32)}, 2, 4, storage="torch",
+                               device=device)

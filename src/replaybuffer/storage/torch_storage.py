@@ -106,7 +106,11 @@ class TorchStorage:
         self.specs = tuple(specs)
         self.capacity = int(capacity)
         self._dtypes = [torch_dtype(s.dtype) for s in self.specs]
-        requested = torch.device(device if device is not None else "cpu")
+        try:
+            requested = torch.device(device if device is not None else "cpu")
+        except (RuntimeError, TypeError) as exc:  # torch's text names no argument
+            raise ValueError(f"device must be a torch device or its name ('cpu', 'cuda', "
+                             f"'cuda:1', ...), got {device!r}: {exc}") from None
         # The record layout of numpy storage, with tensor views of it (CPU only): its
         # one copy of the layout, read by its own gather (the module docstring).
         self._records: NumpyStorage | None = None
