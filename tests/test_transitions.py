@@ -119,7 +119,8 @@ def test_true_final_observations_with_torch_storage_and_a_real_env():
 
 
 def test_last_and_all_shapes_with_vector_envs():  # Pearl item 42
-    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
     buffer = rb.TransitionReplayBuffer.from_env(env, 20)
     obs, _ = env.reset(seed=0)
     for _ in range(10):
@@ -131,6 +132,23 @@ def test_last_and_all_shapes_with_vector_envs():  # Pearl item 42
     assert last.observations.shape == (2, 5, 4) and last.actions.shape == (2, 5)
     assert last.next_observations.shape == (2, 5, 4) and last.rewards.shape == (2, 5)
     np.testing.assert_array_equal(last.observations[:, 1:], last.next_observations[:, :-1])
+
+
+@pytest.mark.parametrize("kind", ["TransitionReplayBuffer", "RolloutBuffer"])
+def test_from_env_refuses_a_vector_env_with_next_step_autoreset(kind):
+    """gymnasium's default autoreset makes the step after an episode's end a reset with
+    no transition, which add (every env at once) cannot leave out: refused by name,
+    with the mode that works; that mode is taken."""
+    make = getattr(rb, kind).from_env
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    with pytest.raises(ValueError, match=rf"{kind}.from_env: the vector env resets with "
+                                         r"autoreset_mode NEXT_STEP .*AutoresetMode.SAME_STEP"):
+        make(env, 20)
+    same_step = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode":
+                                            gym.vector.AutoresetMode.SAME_STEP})
+    assert make(same_step, 20).num_envs == 2
+    assert rb.TransitionReplayBuffer.from_env(gym.make("CartPole-v1"), 20).num_envs == 1
 
 
 def test_bad_input_is_refused_and_changes_nothing():

@@ -255,10 +255,17 @@ class TransitionReplayBuffer(TransitionCheckpoints):
 
     @classmethod
     def from_env(cls, env: Any, capacity: int, **kwargs: Any) -> Self:
-        """A buffer shaped by a gymnasium env or vector env (``num_envs`` from it)."""
+        """A buffer shaped by a gymnasium env or vector env (``num_envs`` from it).
+
+        Raises:
+            ValueError: a vector env with ``NEXT_STEP`` autoreset (gymnasium's default),
+                whose step after an episode's end is no transition (see
+                :func:`refuse_next_step_autoreset`).
+        """
         import gymnasium as gym
 
         if isinstance(env, gym.vector.VectorEnv):
+            refuse_next_step_autoreset(env, f"{cls.__name__}.from_env")
             return cls(spec_from_space(env.single_observation_space),
                        spec_from_space(env.single_action_space), capacity,
                        num_envs=env.num_envs, **kwargs)
@@ -448,3 +455,23 @@ class PrioritizedTransitionReplayBuffer(PrioritizedMixin, TransitionReplayBuffer
 
 __all__ = ["COPY_COMPARE_MAX", "SINGLE_FLAGS", "PrioritizedTransitionReplayBuffer",
            "TransitionReplayBuffer", "Transitions", "rows_differ", "single_reward"]
+
+
+def refuse_next_step_autoreset(env: Any, caller: str) -> None:
+    """Raise ``ValueError`` for a vector env that resets with ``NEXT_STEP`` autoreset.
+
+    Under it the step after an episode's end only resets that env: it is no transition,
+    yet ``add`` takes every env's step together and cannot leave one out, so a usual
+    collection loop would store, silently, a transition from the final observation to
+    the reset one with reward 0. ``SAME_STEP`` reports the final observation in
+    ``info["final_obs"]`` of the step that ends the episode, which ``add`` takes."""
+    import gymnasium as gym
+
+    mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+    if mode == gym.vector.AutoresetMode.NEXT_STEP:
+        raise ValueError(
+            f"{caller}: the vector env resets with autoreset_mode NEXT_STEP (gymnasium's "
+            "default), whose step after an episode's end is no transition, and add() "
+            "takes every env's step together: build it with autoreset_mode="
+            "gymnasium.vector.AutoresetMode.SAME_STEP and add each ended episode's "
+            "info['final_obs'] as its next observation (docs/buffers/transitions.md)")
