@@ -42,7 +42,8 @@ class ArraySpec:
         try:
             shape_t = tuple(int(d) for d in shape)
         except TypeError as exc:  # None dims, non-iterables
-            hint = f" (one dimension is written ({shape},))" if isinstance(shape, int) else ""
+            hint = (f" (one dimension is written ({shape},))"
+                    if isinstance(shape, (int, np.integer)) else "")
             raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}"
                             + hint) from exc
         if any(d < 0 for d in shape_t):
