@@ -79,3 +79,12 @@ def test_update_priorities_still_names_itself():
 def test_array_spec_of_a_numpy_integer_shape_says_how_to_write_one_dimension(shape):
     with pytest.raises(SpecError, match=re.escape("(one dimension is written (3,))")):
         rb.ArraySpec(shape, np.float32)
+
+
+def test_spec_from_space_given_a_legacy_gym_space_says_it_is_one():
+    # 6c24279 said "expected a gymnasium space, got Box": a Box is what it takes.
+    legacy_box = type("Box", (), {"__module__": "gym.spaces.box", "shape": (3,),
+                                  "dtype": np.dtype(np.float32)})()
+    with pytest.raises(SpecError, match=r"got Box of the legacy gym package: make the env "
+                                        r"with gymnasium"):
+        rb.spec_from_space(legacy_box)
