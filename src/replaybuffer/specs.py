@@ -42,7 +42,8 @@ class ArraySpec:
         try:
             shape_t = tuple(int(d) for d in shape)
         except TypeError as exc:  # None dims, non-iterables
-            hint = f" (one dimension is written ({shape},))" if isinstance(shape, int) else ""
+            hint = (f" (one dimension is written ({shape},))"
+                    if isinstance(shape, (int, np.integer)) else "")
             raise SpecError(f"ArraySpec shape must be a tuple of ints, got {shape!r}"
                             + hint) from exc
         if any(d < 0 for d in shape_t):
@@ -211,9 +212,13 @@ def spec_from_space(space: Any) -> Any:
             "StepDriver(env, policy).data_spec, for transitions "
             "TransitionReplayBuffer.from_env(env, capacity=...)")
     if not isinstance(space, spaces.Space):
+        # A space of the legacy gym package bears gymnasium's names (Box, Dict...).
+        legacy = (" of the legacy gym package: make the env with gymnasium"
+                  if type(space).__module__.partition(".")[0] == "gym" else "")
         raise SpecError(f"spec_from_space: expected a gymnasium space, got "
-                        f"{type(space).__name__} (rb.spec_from_example takes example arrays, "
-                        "rb.spec_from_tensor_spec anything with .shape and .dtype)")
+                        f"{type(space).__name__}{legacy} (rb.spec_from_example takes "
+                        "example arrays, rb.spec_from_tensor_spec anything with .shape "
+                        "and .dtype)")
     raise SpecError(
         f"cannot store gymnasium space {type(space).__name__}: it has no fixed shape "
         "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")

@@ -139,7 +139,7 @@ class PrioritizedMixin:
 
     def priorities(self, ids: Any) -> np.ndarray:
         """``priority ** alpha`` currently stored for item ``ids`` (NaN if stale)."""
-        ids_arr = _as_numpy(ids, np.int64)
+        ids_arr = _as_numpy(ids, np.int64, "priorities")
         with self._lock:
             return self._sampler.priorities(self._ring, ids_arr)
 
@@ -344,13 +344,13 @@ _INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
 _FLOATS = (_FLOAT64, np.dtype(np.float32))
 
 
-def _as_numpy(values: Any, dtype: type) -> np.ndarray:
+def _as_numpy(values: Any, dtype: type, caller: str = "update_priorities") -> np.ndarray:
     arr = values if type(values) is np.ndarray else to_numpy(values)
     # Booleans are refused as the device path refuses them: a mask passed as ids would
     # otherwise update items 0 and 1, and one passed as priorities set them to 0 or 1.
     if dtype is np.int64 and arr.dtype.kind in "fb":
-        raise ValueError(f"update_priorities: ids must be integers (pass BufferInfo.ids), "
+        raise ValueError(f"{caller}: ids must be integers (pass BufferInfo.ids), "
                          f"got {arr.dtype}")
     if arr.dtype.kind not in "iuf":
-        raise ValueError(f"update_priorities: expected numbers, got {arr.dtype}")
+        raise ValueError(f"{caller}: expected numbers, got {arr.dtype}")
     return arr.astype(dtype, copy=False)

@@ -467,8 +467,17 @@ def refuse_next_step_autoreset(env: Any, caller: str) -> None:
     ``info["final_obs"]`` of the step that ends the episode, which ``add`` takes."""
     import gymnasium as gym
 
-    mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-    if mode == gym.vector.AutoresetMode.NEXT_STEP:
+    modes = getattr(gym.vector, "AutoresetMode", None)
+    if modes is None:  # gymnasium 1.0: every vector env resets with NEXT_STEP
+        raise ValueError(
+            f"{caller}: gymnasium {gym.__version__}'s vector envs reset with NEXT_STEP "
+            "autoreset, whose step after an episode's end is no transition, and add() "
+            "takes every env's step together: use gymnasium >= 1.1 and build the env "
+            "with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP "
+            "(docs/buffers/transitions.md)")
+    mode = env.metadata.get("autoreset_mode", modes.NEXT_STEP)
+    # A mode given by its value ("NextStep"), as gymnasium's constructors take it.
+    if getattr(mode, "value", mode) == modes.NEXT_STEP.value:
         raise ValueError(
             f"{caller}: the vector env resets with autoreset_mode NEXT_STEP (gymnasium's "
             "default), whose step after an episode's end is no transition, and add() "
