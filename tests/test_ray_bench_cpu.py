@@ -157,3 +157,14 @@ def test_a_thread_meter_puts_a_busy_threads_cpu_in_its_role():
     assert 0.3 <= meter.spent["writes"] < 0.45
     assert meter.spent["main"] < 0.1  # this thread waited
     assert meter.spent["calls"] < 0.05  # the other threads named as the main one idle
+
+
+@pytest.mark.parametrize("rate", ["0", "-5", "nan", "inf", "fast"])
+def test_an_insert_rate_that_is_not_above_0_is_refused_before_anything_starts(rate, capsys):
+    """A rate of 0 or below divided by zero or slept a negative time in each collector."""
+    from replaybuffer_bench import ray_bench
+
+    with pytest.raises(SystemExit) as exit_info:
+        ray_bench.main(["--insert-rate", rate])
+    assert exit_info.value.code == 2
+    assert f"expected steps a second above 0, got {rate!r}" in capsys.readouterr().err

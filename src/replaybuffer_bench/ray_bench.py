@@ -51,6 +51,7 @@ the client concatenates the shards' parts (one copy).
 from __future__ import annotations
 
 import argparse
+import math
 import functools
 import json
 import os
@@ -422,6 +423,17 @@ def format_per_operation(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+
+def _positive_rate(text: str) -> float:
+    """``--insert-rate``'s value: a finite number of steps a second above 0."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (0 < rate < math.inf):
+        raise argparse.ArgumentTypeError(f"expected steps a second above 0, got {text!r}")
+    return rate
+
 def main(argv: list[str] | None = None) -> int:
     import ray
 
@@ -447,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-single", action="store_true",
                         help="skip the one-process row of each workload")
     parser.add_argument("--collectors", type=int, default=4)
-    parser.add_argument("--insert-rate", type=float, default=None,
+    parser.add_argument("--insert-rate", type=_positive_rate, default=None,
                         help="steps a second the collectors write together, at most "
                              "(default: as fast as they can); samples/s at an equal "
                              "insert rate compare across shard counts")

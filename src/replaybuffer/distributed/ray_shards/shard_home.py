@@ -52,6 +52,7 @@ import json
 import mmap
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -388,7 +389,10 @@ class ShardHome:
             if not isinstance(info[1], FileNotFoundError) and \
                     all(path != seen for seen, _ in failed):
                 failed.append((path, info[1]))
-        shutil.rmtree(self.home, onerror=note)
+        if sys.version_info >= (3, 12):  # onerror is deprecated there (a warning a call)
+            shutil.rmtree(self.home, onexc=lambda f, p, e: note(f, p, (type(e), e, None)))
+        else:
+            shutil.rmtree(self.home, onerror=note)
         if failed:
             path, cause = failed[0]
             more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
