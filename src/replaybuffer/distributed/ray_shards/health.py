@@ -190,20 +190,19 @@ class Acknowledgements:
     """
 
     def __init__(self) -> None:
-        self._refs: list[Any] = []
-        self._shards: dict[Any, int] = {}  # each ref's shard, for the warning
+        # Each ref sent and not yet read, with its shard (for the warning), in order.
+        self._shards: dict[Any, int] = {}
         self._lock = threading.Lock()  # answers are observed from prefetch threads too
 
     @property
     def in_flight(self) -> int:
         """How many were sent and not yet read back."""
-        return len(self._refs)
+        return len(self._shards)
 
     def sent(self, ref: Any, shard: int) -> None:
         """Keep ``ref`` (an ``acknowledge`` call's ``ObjectRef`` to ``shard``) until it
         is read."""
         with self._lock:
-            self._refs.append(ref)
             self._shards[ref] = shard
 
     def collect(self) -> None:
@@ -221,10 +220,10 @@ class Acknowledgements:
         """Read the outcomes that arrive within ``timeout`` s (:meth:`collect`'s
         handling); returns the warning their failures make ("" if none)."""
         with self._lock:
-            if not self._refs:
+            if not self._shards:
                 return ""
-            ready, self._refs = ray.wait(self._refs, num_returns=len(self._refs),
-                                         timeout=timeout, fetch_local=False)
+            ready, _ = ray.wait(list(self._shards), num_returns=len(self._shards),
+                                timeout=timeout, fetch_local=False)
             shards = [self._shards.pop(ref) for ref in ready]
         failures: list[tuple[int, str]] = []
         for shard, ref in zip(shards, ready):
@@ -254,7 +253,6 @@ class Acknowledgements:
             return self.read(timeout)
         finally:
             with self._lock:
-                self._refs.clear()
                 self._shards.clear()
 
 
