@@ -90,8 +90,8 @@ def _recorded(path: str) -> dict[str, list[int]] | None:
     return found if isinstance(found, dict) else None
 
 
-def check(fn: Callable[..., Any], cache_type: Any) -> None:
-    """Discard ``fn``'s cache entry (``cache_type(fn)``: numba's ``FunctionCache``)
+def check(fn: Callable[..., Any]) -> None:
+    """Discard ``fn``'s cache entry (numba's ``FunctionCache`` of it; needs numba)
     when a kernel module it may call changed since the entry's stamps were recorded;
     then record the current ones. Any failure to read or write leaves numba's entry as
     numba would (a cache that cannot be written is numba's to report)."""
@@ -104,7 +104,7 @@ def check(fn: Callable[..., Any], cache_type: Any) -> None:
             return
         _stamps[source] = stamp
     try:
-        cache = cache_type(fn)
+        cache = numba_caching.FunctionCache(fn)
         path = _stamp_file(cache.cache_path, fn)
         recorded = _recorded(path)
         if recorded is not None and all(

@@ -39,12 +39,10 @@ import numpy as np
 from replaybuffer.sampling import kernel_cache
 
 numba: Any
-function_cache: Any  # numba's FunctionCache: our kernels' entries (kernel_cache)
 try:  # optional: pip install 'replaybuffer[fast]'
     import numba
-    from numba.core.caching import FunctionCache as function_cache
 except ImportError:  # pragma: no cover - depends on the installed extras
-    numba = function_cache = None
+    numba = None
 
 #: Whether the compiled loops can be used (numba imports and is not switched off).
 AVAILABLE: bool = numba is not None and os.environ.get("REPLAYBUFFER_NUMBA", "1") != "0"
@@ -59,7 +57,7 @@ def compile_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
     # discarded when a kernel module it may call changed (numba checks only fn's own
     # file: kernel_cache), saved and loaded only under the stamps this process imported
     # with; nogil: a sampling thread does not hold up a collecting one.
-    kernel_cache.check(fn, function_cache)
+    kernel_cache.check(fn)
     return kernel_cache.compiled(fn)
 
 
