@@ -1,9 +1,11 @@
 """What the tests on a local Ray cluster share: starting it, killing a shard's process
-and waiting for its restart, the chi-square check of sampling distributions, and a
-handle that counts the client's mass questions."""
+and waiting for its restart, recording the errors Ray would log as unhandled, the
+chi-square check of sampling distributions, and a handle that counts the client's mass
+questions."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -20,6 +22,23 @@ def start_local_cluster() -> None:
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
+
+
+def record_unhandled_errors(monkeypatch) -> list[BaseException]:
+    """The errors Ray logs as unhandled from now on (an error nobody read, when its
+    object is freed), recorded: Ray's handler patched through ``monkeypatch``."""
+    import ray._private.worker as ray_worker
+
+    seen: list[BaseException] = []
+    monkeypatch.setattr(ray_worker, "_unhandled_error_handler", seen.append)
+    return seen
+
+
+def free_dropped_refs() -> None:
+    """Let Ray free the objects whose references were dropped: it reports an unread
+    error (to :func:`record_unhandled_errors`) only then."""
+    gc.collect()
+    time.sleep(1.0)
 
 
 def kill_and_wait_restarted(buffer, shard: int) -> None:

@@ -6,7 +6,6 @@ Ray's "Unhandled error" log, and none stays in flight."""
 
 from __future__ import annotations
 
-import gc
 import time
 import warnings
 
@@ -15,9 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray_cluster import kill_and_wait_restarted, start_local_cluster  # noqa: E402
+from ray_cluster import free_dropped_refs, kill_and_wait_restarted, record_unhandled_errors, start_local_cluster  # noqa: E402
 
-import ray._private.worker as ray_worker  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -40,9 +38,7 @@ def cluster():
 @pytest.fixture
 def unhandled(monkeypatch):
     """The errors Ray would log as unhandled (its handler, patched to record them)."""
-    seen: list[BaseException] = []
-    monkeypatch.setattr(ray_worker, "_unhandled_error_handler", seen.append)
-    return seen
+    return record_unhandled_errors(monkeypatch)
 
 
 @ray.remote(max_restarts=1, max_task_retries=0)
@@ -64,8 +60,7 @@ def settle(health: ShardHealth, status, seconds: float = 30.0) -> None:
     while health.acknowledgements.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
         health.observe(0, status)
-    gc.collect()
-    time.sleep(1.0)  # Ray reports an unread error when it frees the object
+    free_dropped_refs()
 
 
 def test_an_acknowledgement_that_fails_in_the_shard_is_a_warning_not_unhandled(unhandled):
@@ -114,8 +109,7 @@ def test_an_acknowledgement_to_a_shard_that_dies_just_then_is_read_and_dropped(
                     break
                 time.sleep(0.1)
             assert acks.in_flight == 0
-        gc.collect()
-        time.sleep(1.0)
+        free_dropped_refs()
         assert unhandled == []
         # Counted twice at most, never missed (documented): the second process
         # carries the loss unless the acknowledgement landed before the kill.

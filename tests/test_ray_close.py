@@ -14,7 +14,6 @@ unread (``Acknowledgements``), on a local Ray cluster (num_cpus=2):
 
 from __future__ import annotations
 
-import gc
 import shutil
 import time
 import warnings
@@ -25,9 +24,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray_cluster import start_local_cluster  # noqa: E402
+from ray_cluster import record_unhandled_errors, free_dropped_refs, start_local_cluster  # noqa: E402
 
-import ray._private.worker as ray_worker  # noqa: E402
 
 import replaybuffer as rb  # noqa: E402
 from replaybuffer.distributed import RayReplayBuffer  # noqa: E402
@@ -51,14 +49,7 @@ def cluster():
 @pytest.fixture
 def unhandled(monkeypatch):
     """The errors Ray would log as unhandled (its handler, patched to record them)."""
-    seen: list[BaseException] = []
-    monkeypatch.setattr(ray_worker, "_unhandled_error_handler", seen.append)
-    return seen
-
-
-def freed() -> None:
-    gc.collect()
-    time.sleep(1.0)  # Ray reports an unread error when it frees the object
+    return record_unhandled_errors(monkeypatch)
 
 
 class SlowRemoval:
@@ -109,7 +100,7 @@ def test_a_shard_whose_files_cannot_be_removed_is_a_warning_naming_it(unhandled)
         warnings.simplefilter("error")
         buffer.close()  # again: nothing to do, nothing said
     broken.unlink()
-    freed()
+    free_dropped_refs()
     assert unhandled == []
 
 
@@ -121,7 +112,7 @@ def test_a_dead_shard_is_skipped_silently_and_close_is_idempotent(unhandled):
         buffer.close()
         buffer.close()
     assert buffer.actors == ()
-    freed()
+    free_dropped_refs()
     assert unhandled == []
 
 
@@ -133,7 +124,7 @@ def test_a_shard_that_does_not_answer_in_time_is_a_warning(unhandled):
                       r"temporary files may stay"):
         buffer.close()
     assert time.monotonic() - start < 30  # bounded (5 s, then the kill)
-    freed()
+    free_dropped_refs()
     assert unhandled == []  # its removal's error (the kill) was read after the kill
 
 
@@ -148,7 +139,7 @@ def test_acknowledgements_in_flight_at_close_are_read(unhandled):
         buffer.close()
     assert acks.in_flight == 0
     ray.kill(refusing, no_restart=True)
-    freed()
+    free_dropped_refs()
     assert unhandled == []
 
 
@@ -168,7 +159,7 @@ def test_failed_acknowledgements_ready_together_are_all_read_under_W_error(unhan
     assert acks.in_flight == 0
     del refs
     ray.kill(refusing, no_restart=True)
-    freed()
+    free_dropped_refs()
     assert unhandled == []
 
 
