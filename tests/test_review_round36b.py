@@ -26,8 +26,8 @@ class BareVectorEnv(gym.vector.VectorEnv):
 
 def test_from_env_on_gymnasium_without_autoreset_modes_refuses_with_a_value_error(
         monkeypatch):
-    # gymnasium 1.0 (pyproject allows >= 1.0) has no AutoresetMode: its vector envs all
-    # reset with NEXT_STEP. 6c24279 raised AttributeError from inside from_env.
+    # gymnasium 1.0 (below pyproject's >= 1.1, installed anyway) has no AutoresetMode:
+    # its vector envs all reset with NEXT_STEP. 6c24279 raised AttributeError from inside from_env.
     env = BareVectorEnv({})
     monkeypatch.delattr(gym.vector, "AutoresetMode")
     with pytest.raises(ValueError, match=r"TransitionReplayBuffer\.from_env: gymnasium .*"
